@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// embedding: out[t, :] = table[ids[t], :], decoding the table's weight format.
+//
+// Bindings (group 0)
+//   0 params  uniform     Params                      mirrors gpu::kernels::embedding::Params
+//   1 ids     read        u32 (num_tokens)            row of the table for each token
+//   2 w       read        u32 (part_rows, row_bytes)  raw rows first_row .. first_row + part_rows
+//   3 out     read_write  f32 (num_tokens, k)
+// Workgroup: 64 invocations; one invocation decodes one W_BLOCK-element chunk of one token's row.
+// Tokens whose id lies outside this part are left to the dispatch of the part that holds them.
+// Grid: (ceil(ceil(k / W_BLOCK) / 64), num_tokens, 1).
+
+#include shared/weight_bytes.wgsl
+#include weight_format
+
+struct Params {
+    num_tokens: u32,
+    k: u32,
+    row_bytes: u32,
+    first_row: u32,
+    part_rows: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let blk = gid.x;
+    let t = gid.y;
+    let k = params.k;
+    let row = ids[t] - params.first_row; // wraps past part_rows when ids[t] < first_row
+    if (blk * W_BLOCK >= k || row >= params.part_rows) {
+        return;
+    }
+    let values = w_block(row * params.row_bytes, blk, k);
+    let k0 = blk * W_BLOCK;
+    for (var j = 0u; j < min(W_BLOCK, k - k0); j++) {
+        out[t * k + k0 + j] = values[j];
+    }
+}

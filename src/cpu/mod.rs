@@ -1,0 +1,122 @@
+//! Plain-loop CPU versions of every GPU kernel: the oracle the kernel tests compare against.
+//!
+//! Written for clarity, not speed, and independent of the shaders: sums are carried in f64 so
+//! they are closer to the exact value than any f32 kernel, and tests bound the GPU's distance.
+//! Shapes are row-major and named as in the kernel headers.
+
+/// `y (m, n) = x (m, k) · w (n, k)ᵀ`.
+pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut y = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for p in 0..k {
+                s += f64::from(x[i * k + p]) * f64::from(w[j * k + p]);
+            }
+            y[i * n + j] = s as f32;
+        }
+    }
+    y
+}
+
+/// `out (ids.len(), k) = table[ids[t], :]`.
+pub fn embedding(table: &[f32], k: usize, ids: &[u32]) -> Vec<f32> {
+    ids.iter().flat_map(|&id| table[id as usize * k..(id as usize + 1) * k].iter().copied()).collect()
+}
+
+/// `y = x / sqrt(mean(x²) + eps) * weight`, row by row over rows of length `weight.len()`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let n = weight.len();
+    x.chunks(n)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n as f64;
+            let scale = 1.0 / (ms + f64::from(eps)).sqrt();
+            row.iter().zip(weight).map(move |(&v, &w)| (f64::from(v) * scale * f64::from(w)) as f32)
+        })
+        .collect()
+}
+
+/// Softmax of each row of length `n`.
+pub fn softmax(x: &[f32], n: usize) -> Vec<f32> {
+    x.chunks(n)
+        .flat_map(|row| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f64> = row.iter().map(|&v| (f64::from(v) - f64::from(max)).exp()).collect();
+            let sum: f64 = exps.iter().sum();
+            exps.into_iter().map(move |e| (e / sum) as f32)
+        })
+        .collect()
+}
+
+/// Index of the largest value of each row of length `n`; ties to the lowest index, NaN ignored.
+pub fn argmax(x: &[f32], n: usize) -> Vec<u32> {
+    x.chunks(n)
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] || row[best].is_nan() && !v.is_nan() {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
+/// Rotate x (num_tokens, num_heads, head_dim) in place by the angle table of
+/// `gpu::kernels::rope::cos_sin_table`; `neox` pairs (i, i + half), otherwise (2i, 2i + 1).
+pub fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: &[u32], cos_sin: &[f32], neox: bool) {
+    let half = head_dim / 2;
+    for (t, &pos) in positions.iter().enumerate() {
+        for h in 0..num_heads {
+            let base = (t * num_heads + h) * head_dim;
+            for i in 0..half {
+                let (c, s) = (cos_sin[(pos as usize * half + i) * 2], cos_sin[(pos as usize * half + i) * 2 + 1]);
+                let (a, b) = if neox { (base + i, base + i + half) } else { (base + 2 * i, base + 2 * i + 1) };
+                let (xa, xb) = (f64::from(x[a]), f64::from(x[b]));
+                x[a] = (xa * f64::from(c) - xb * f64::from(s)) as f32;
+                x[b] = (xb * f64::from(c) + xa * f64::from(s)) as f32;
+            }
+        }
+    }
+}
+
+/// `silu(gate) * up`, element by element.
+pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = f64::from(g);
+            (g / (1.0 + (-g).exp()) * f64::from(u)) as f32
+        })
+        .collect()
+}
+
+/// Causal grouped-query attention of one query row against the keys and values it may see.
+///
+/// `q` is (num_heads, head_dim); `keys` and `values` are the visible positions in order, each
+/// (num_kv_heads, head_dim). Returns (num_heads, head_dim).
+pub fn attention_one(q: &[f32], keys: &[&[f32]], values: &[&[f32]], num_heads: usize, num_kv_heads: usize, scale: f32) -> Vec<f32> {
+    let head_dim = q.len() / num_heads;
+    let group = num_heads / num_kv_heads;
+    let mut out = vec![0.0; q.len()];
+    for h in 0..num_heads {
+        let kvh = h / group;
+        let qh = &q[h * head_dim..(h + 1) * head_dim];
+        let scores: Vec<f64> = keys
+            .iter()
+            .map(|k| {
+                let kh = &k[kvh * head_dim..(kvh + 1) * head_dim];
+                qh.iter().zip(kh).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * f64::from(scale)
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        for d in 0..head_dim {
+            let o: f64 = weights.iter().zip(values).map(|(w, v)| w * f64::from(v[kvh * head_dim + d])).sum();
+            out[h * head_dim + d] = (o / total) as f32;
+        }
+    }
+    out
+}

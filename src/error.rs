@@ -1,0 +1,44 @@
+//! The one error type of the library: every public fallible path returns [`WeftError`].
+
+use thiserror::Error;
+
+pub type Result<T, E = WeftError> = std::result::Result<T, E>;
+
+#[derive(Debug, Error)]
+pub enum WeftError {
+    /// wgpu found no adapter at all: the usual cause is a machine without a GPU driver.
+    #[error(
+        "no GPU adapter found (Vulkan/Metal/DX12/WebGPU). On a machine without a GPU, install \
+         Mesa's software Vulkan driver: apt-get install mesa-vulkan-drivers{hint}"
+    )]
+    NoAdapter { hint: String },
+
+    /// `WGPU_ADAPTER_NAME` was set but matched none of the adapters present.
+    #[error("WGPU_ADAPTER_NAME={wanted:?} matches no adapter; the adapters present are: {available}")]
+    AdapterNotFound { wanted: String, available: String },
+
+    #[error("could not open the GPU device {adapter:?}: {reason}")]
+    Device { adapter: String, reason: String },
+
+    /// A validation or out-of-memory error reported by wgpu while recording or submitting work.
+    #[error("GPU error in {context}: {reason}")]
+    Gpu { context: String, reason: String },
+
+    /// Reading a buffer back from the GPU failed (device lost, mapping refused).
+    #[error("reading GPU buffer back failed: {0}")]
+    Readback(String),
+
+    /// Operands of a kernel or tensor operation do not fit together.
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+
+    /// The request is well formed but the device or build cannot serve it.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl WeftError {
+    pub(crate) fn shape(op: &'static str, detail: impl Into<String>) -> Self {
+        WeftError::Shape { op, detail: detail.into() }
+    }
+}

@@ -1,0 +1,207 @@
+//! Opening the GPU: instance, adapter choice, device with the adapter's real limits.
+
+use std::sync::Arc;
+
+use crate::error::{Result, WeftError};
+use crate::gpu::pipelines::PipelineCache;
+
+/// Choices made when opening the device. Environment variables are read too (see [`GpuContext::new`]).
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Cap on the bytes one storage binding may span, below the device's own limit. Tensors
+    /// larger than this are split over several buffers; tests force a tiny cap to exercise that.
+    pub max_binding_bytes: Option<u64>,
+    /// Use only core WebGPU even where the adapter offers more (shader-f16, subgroups).
+    pub baseline_only: bool,
+}
+
+/// Optional adapter features weft knows how to use. Every kernel has a path that needs none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuFeatures {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamp_query: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+}
+
+/// The opened device. Cheap to share: hand it around as `Arc<GpuContext>`.
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    features: GpuFeatures,
+    limits: wgpu::Limits,
+    max_binding_bytes: u64,
+    pub(crate) pipelines: PipelineCache,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("features", &self.features)
+            .field("max_binding_bytes", &self.max_binding_bytes)
+            .finish()
+    }
+}
+
+impl GpuContext {
+    /// Open the best adapter.
+    ///
+    /// Honours wgpu's environment overrides: `WGPU_BACKEND` (e.g. `vulkan`, `metal`, `dx12`),
+    /// `WGPU_ADAPTER_NAME` (substring of the adapter name), `WGPU_POWER_PREF` (`low`/`high`);
+    /// and weft's own `WEFT_MAX_BINDING_BYTES` (same as [`GpuOptions::max_binding_bytes`]).
+    pub async fn new(options: GpuOptions) -> Result<Arc<GpuContext>> {
+        // The GL backend lacks what compute-only inference needs; it is not even compiled in.
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc.with_env());
+        let adapter = pick_adapter(&instance).await?;
+        let info = adapter.get_info();
+        let offered = adapter.features();
+
+        let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
+        if !options.baseline_only {
+            wanted |= wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        }
+        let required_features = offered & wanted;
+        // Ask for everything the adapter has: wgpu's defaults (128 MiB bindings, 256 MiB
+        // buffers) would split tensors the hardware could hold whole.
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("weft"),
+                required_features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| WeftError::Device { adapter: info.name.clone(), reason: e.to_string() })?;
+        device.on_uncaptured_error(Arc::new(|e| tracing::error!("uncaptured GPU error: {e}")));
+
+        let adapter_info = adapter.get_info();
+        let features = GpuFeatures {
+            shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
+            subgroups: required_features.contains(wgpu::Features::SUBGROUP),
+            timestamp_query: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroup_min_size: adapter_info.subgroup_min_size,
+            subgroup_max_size: adapter_info.subgroup_max_size,
+        };
+        let device_cap = u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+        let requested_cap = options.max_binding_bytes.or_else(|| {
+            std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok())
+        });
+        // Bindings must be 4-byte multiples, so the cap is rounded down to one.
+        let max_binding_bytes = requested_cap.map_or(device_cap, |c| c.min(device_cap)) & !3;
+        tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, "GPU opened");
+        Ok(Arc::new(GpuContext {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            max_binding_bytes,
+            pipelines: PipelineCache::default(),
+        }))
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    pub fn features(&self) -> GpuFeatures {
+        self.features
+    }
+
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// Largest byte span of one storage binding; tensors above it are split by rows.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding_bytes
+    }
+
+    /// A human-readable report of adapter, features and the limits weft cares about.
+    pub fn describe(&self) -> String {
+        let l = &self.limits;
+        let f = &self.features;
+        format!(
+            "adapter: {} ({:?}, {:?}, driver {} {})\n\
+             features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
+             limits: storage binding {} MiB, buffer {} MiB, workgroup {} invocations, \
+             workgroup memory {} KiB, {} storage buffers per stage",
+            self.info.name,
+            self.info.device_type,
+            self.info.backend,
+            self.info.driver,
+            self.info.driver_info,
+            f.shader_f16,
+            f.subgroups,
+            f.subgroup_min_size,
+            f.subgroup_max_size,
+            f.timestamp_query,
+            l.max_storage_buffer_binding_size >> 20,
+            l.max_buffer_size >> 20,
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroup_storage_size >> 10,
+            l.max_storage_buffers_per_shader_stage,
+        )
+    }
+
+    /// Wait for the GPU until `future` (a map callback or error scope) can finish.
+    ///
+    /// Natively nothing advances wgpu's callbacks unless someone polls, so this blocks in
+    /// `poll`; in the browser the event loop delivers them and this only awaits.
+    pub(crate) async fn settle<T>(&self, future: impl std::future::Future<Output = T>) -> Result<T> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| WeftError::Gpu { context: "waiting for the GPU".into(), reason: e.to_string() })?;
+        Ok(future.await)
+    }
+}
+
+async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        let needle = wanted.to_lowercase();
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&needle))
+            .ok_or_else(|| WeftError::AdapterNotFound {
+                wanted,
+                available: if names.is_empty() { "none".into() } else { names.join(", ") },
+            });
+    }
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::from_env()
+                .unwrap_or(wgpu::PowerPreference::HighPerformance),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| {
+            tracing::debug!("request_adapter: {e}");
+            WeftError::NoAdapter { hint: no_adapter_hint() }
+        })
+}
+
+/// Extra advice when the environment explains why no adapter was found.
+fn no_adapter_hint() -> String {
+    let mut hint = String::new();
+    if let Ok(icd) = std::env::var("VK_ICD_FILENAMES") {
+        hint.push_str(&format!(
+            " (VK_ICD_FILENAMES={icd} is set; check that it names an installed driver, e.g. \
+             /usr/share/vulkan/icd.d/lvp_icd.x86_64.json)"
+        ));
+    }
+    if let Ok(backend) = std::env::var("WGPU_BACKEND") {
+        hint.push_str(&format!(" (WGPU_BACKEND={backend} limits the backends searched)"));
+    }
+    hint
+}

@@ -1,0 +1,86 @@
+//! Typed dispatch functions, one module per kernel family: each checks its operands, fills the
+//! kernel's `Params` uniform and pushes [`Dispatch`](super::Dispatch)es onto a recording.
+//!
+//! Every `Params` struct mirrors the WGSL struct of the same kernel field for field; the
+//! `wgsl_params_match_rust` test compares them through naga.
+
+pub mod elementwise;
+pub mod embedding;
+pub mod matmul;
+pub mod paged;
+pub mod reduce;
+pub mod rope;
+
+use crate::error::{Result, WeftError};
+use crate::gpu::GpuTensor;
+use crate::quant::DType;
+
+/// A `#[repr(C)]` uniform struct shared with a shader; `FIELDS` lists (name, byte offset).
+pub trait ShaderParams: bytemuck::Pod {
+    const FIELDS: &'static [(&'static str, usize)];
+}
+
+macro_rules! shader_params {
+    ($(#[$meta:meta])* $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name {
+            $(pub $field: $ty),*
+        }
+
+        impl $crate::gpu::kernels::ShaderParams for $name {
+            const FIELDS: &'static [(&'static str, usize)] =
+                &[$((stringify!($field), std::mem::offset_of!($name, $field))),*];
+        }
+    };
+}
+pub(crate) use shader_params;
+
+/// (kernel file stem, WGSL struct name, size, fields) of every params struct, for the tidy test.
+pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'static str, usize)])> {
+    fn entry<P: ShaderParams>(kernel: &'static str, wgsl: &'static str) -> (&'static str, &'static str, usize, &'static [(&'static str, usize)]) {
+        (kernel, wgsl, std::mem::size_of::<P>(), P::FIELDS)
+    }
+    vec![
+        entry::<matmul::Params>("matmul", "Params"),
+        entry::<embedding::Params>("embedding", "Params"),
+        entry::<reduce::RmsNormParams>("rms_norm", "Params"),
+        entry::<reduce::RowParams>("softmax", "Params"),
+        entry::<reduce::RowParams>("argmax", "Params"),
+        entry::<rope::Params>("rope", "Params"),
+        entry::<elementwise::Params>("silu_mul", "Params"),
+        entry::<elementwise::Params>("add", "Params"),
+        entry::<paged::KvWriteParams>("kv_write", "KvWriteParams"),
+        entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
+    ]
+}
+
+/// Elements one `w_block` call decodes: `W_BLOCK` in `shaders/formats/<dtype>.wgsl`.
+pub(crate) fn decode_block_elems(dtype: DType) -> usize {
+    if dtype.is_quantized() { dtype.block_elems() } else { 8 }
+}
+
+/// Fail unless `t` has dtype `dtype` and, where `shape` gives `Some`, those dimensions.
+pub(crate) fn expect(op: &'static str, name: &str, t: &GpuTensor, dtype: DType, shape: &[Option<usize>]) -> Result<()> {
+    let dims_ok = t.shape().len() == shape.len()
+        && t.shape().iter().zip(shape).all(|(&got, want)| want.is_none_or(|w| w == got));
+    if t.dtype() != dtype || !dims_ok {
+        let want: Vec<String> = shape.iter().map(|d| d.map_or("_".into(), |d| d.to_string())).collect();
+        return Err(WeftError::shape(
+            op,
+            format!(
+                "{name} must be {dtype} of shape [{}], got {} of shape {:?}",
+                want.join(", "),
+                t.dtype(),
+                t.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `value` as a u32 shader field, or a shape error naming it.
+pub(crate) fn u32_of(op: &'static str, name: &str, value: usize) -> Result<u32> {
+    u32::try_from(value).map_err(|_| WeftError::shape(op, format!("{name} = {value} does not fit in 32 bits")))
+}

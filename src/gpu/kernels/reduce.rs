@@ -1,0 +1,58 @@
+//! Row-wise kernels with a workgroup reduction: RMSNorm, softmax, argmax.
+//! One workgroup per row, so at most 65535 rows per dispatch.
+
+use super::{expect, shader_params, u32_of};
+use crate::error::Result;
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::quant::DType;
+
+shader_params!(RmsNormParams { rows: u32, n: u32, eps: f32 });
+shader_params!(RowParams { rows: u32, n: u32 });
+
+fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
+    expect(op, "x", x, DType::F32, &[None, None])?;
+    Ok((x.shape()[0], x.shape()[1]))
+}
+
+/// Record `y = rms_norm(x) * weight`: x and y (rows, n) F32, weight (n) F32.
+pub fn rms_norm(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, weight: &GpuTensor, y: &GpuTensor, eps: f32) -> Result<()> {
+    const OP: &str = "rms_norm";
+    let (rows, n) = rows_of(OP, x)?;
+    expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
+    expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
+    let params = RmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
+    let bindings = [
+        x.single_part(OP)?.binding(ctx, x.row_bytes())?,
+        weight.single_part(OP)?.binding(ctx, weight.row_bytes())?,
+        y.single_part(OP)?.binding(ctx, y.row_bytes())?,
+    ];
+    let variant = ShaderVariant { kernel: "rms_norm", weight: None };
+    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    Ok(())
+}
+
+/// Record an in-place softmax over each row of x (rows, n) F32.
+pub fn softmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<()> {
+    const OP: &str = "softmax";
+    let (rows, n) = rows_of(OP, x)?;
+    let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
+    let bindings = [x.single_part(OP)?.binding(ctx, x.row_bytes())?];
+    let variant = ShaderVariant { kernel: "softmax", weight: None };
+    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    Ok(())
+}
+
+/// Record `out[r] = argmax(x[r, :])`: x (rows, n) F32, out (rows) U32; ties to the lowest index.
+pub fn argmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, out: &GpuTensor) -> Result<()> {
+    const OP: &str = "argmax";
+    let (rows, n) = rows_of(OP, x)?;
+    expect(OP, "out", out, DType::U32, &[Some(rows)])?;
+    let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
+    let bindings = [
+        x.single_part(OP)?.binding(ctx, x.row_bytes())?,
+        out.single_part(OP)?.binding(ctx, out.row_bytes())?,
+    ];
+    let variant = ShaderVariant { kernel: "argmax", weight: None };
+    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! Everything that touches wgpu: the device, tensors in GPU buffers, the pipeline cache and the
+//! typed dispatch functions of every kernel.
+//!
+//! **Invariant:** this module (and `rt`) is the only place with `cfg(target_arch)` or a blocking
+//! `poll`; model and engine code only record dispatches over prepared tensors.
+
+mod context;
+pub mod kernels;
+mod pipelines;
+mod recording;
+mod tensor;
+
+pub use context::{GpuContext, GpuFeatures, GpuOptions};
+pub use pipelines::{ShaderVariant, compose_shader, embedded_shader_files, shader_variants};
+pub use recording::{Dispatch, Recording};
+pub use tensor::{GpuTensor, GpuTensorFactory, TensorFactory, TensorPart};

@@ -1,0 +1,14 @@
+//! weft: a continuous-batching LLM inference runtime whose compute is WGSL run through wgpu.
+//!
+//! The library compiles natively (Vulkan, Metal, DX12) and to `wasm32-unknown-unknown` (WebGPU).
+//! This crate is the foundation: the GPU context, tensors, the kernel library and plain CPU
+//! references of every kernel. See ARCHITECTURE.md for the map.
+
+pub mod cpu;
+pub mod error;
+pub mod gpu;
+pub mod quant;
+pub mod rt;
+
+pub use error::{Result, WeftError};
+pub use quant::DType;

@@ -1,0 +1,11 @@
+//! The tiny runtime shim: the only place outside `gpu/` that knows which target it runs on.
+//!
+//! Library code is async and never blocks; a native caller that has no executor of its own
+//! drives a future to completion with [`block_on`]. In the browser futures are spawned on the
+//! page's event loop instead, so `block_on` does not exist there.
+
+/// Run a future to completion on the current thread (native only).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    pollster::block_on(future)
+}

@@ -1,0 +1,79 @@
+//! Shared helpers: one device per test binary, seeded random data, tolerance checks.
+
+use std::sync::{Arc, OnceLock};
+
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::{DType, WeftError};
+
+/// Unit roundoff of f32.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+fn open(options: GpuOptions) -> Option<GpuTensorFactory> {
+    match weft::rt::block_on(GpuContext::new(options)) {
+        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
+        Err(e @ WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("skipping GPU test: {e}");
+            None
+        }
+        Err(e) => panic!("opening the GPU failed: {e}"),
+    }
+}
+
+/// The device all tests share, or `None` (test skipped) where there is no adapter.
+pub fn gpu() -> Option<&'static GpuTensorFactory> {
+    static GPU: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
+    GPU.get_or_init(|| open(GpuOptions::default())).as_ref()
+}
+
+/// A second device whose storage bindings are capped at 1 MiB, so modest tensors split.
+pub fn gpu_with_tiny_bindings() -> Option<&'static GpuTensorFactory> {
+    static GPU: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
+    GPU.get_or_init(|| open(GpuOptions { max_binding_bytes: Some(1 << 20), ..Default::default() })).as_ref()
+}
+
+pub fn ctx(f: &GpuTensorFactory) -> &Arc<GpuContext> {
+    f.context()
+}
+
+/// Deterministic pseudo-random values in [-scale, scale) (xorshift; tests need no rand crate).
+pub fn random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Weights as the GPU will see them: the encoded bytes and their exact f32 decoding.
+pub fn weights(dtype: DType, len: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let bytes = weft::quant::quantize(dtype, &random(len, seed, 1.0)).unwrap();
+    let decoded = weft::quant::dequantize(dtype, &bytes).unwrap();
+    (bytes, decoded)
+}
+
+/// Assert |got - want| <= bound[i] elementwise, naming the first offender.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], bound: impl Fn(usize) -> f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - f64::from(w)).abs();
+        assert!(err <= bound(i), "{what}: element {i}: gpu {g} vs cpu {w} (error {err:e} > bound {:e})", bound(i));
+    }
+}
+
+pub fn run(f: &GpuTensorFactory, rec: &weft::gpu::Recording) {
+    weft::rt::block_on(f.context().submit(rec)).unwrap();
+}
+
+pub fn read_f32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<f32> {
+    use weft::gpu::TensorFactory;
+    weft::rt::block_on(f.download_f32(t)).unwrap()
+}
+
+pub fn read_u32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<u32> {
+    use weft::gpu::TensorFactory;
+    weft::rt::block_on(f.download_u32(t)).unwrap()
+}

@@ -1,0 +1,54 @@
+//! silu_mul and add against the CPU. Lengths straddle the 256-invocation workgroup and, for add,
+//! the 65535-workgroup fold into a second grid dimension.
+
+use weft::DType;
+use weft::gpu::kernels::elementwise::{add, silu_mul};
+use weft::gpu::{Recording, TensorFactory};
+
+use crate::common::*;
+
+/// Tolerance: WGSL's exp is accurate to 3 + 2|x| ULP; with |x| <= 8 that is 19 ULP, followed by
+/// an add, a divide and a multiply (one rounding each): 24·u relative.
+#[test]
+fn silu_mul_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &len in &[1, 255, 257, 5000] {
+        let gate = random(len, 1, 8.0);
+        let up = random(len, 2, 2.0);
+        let (g, u, o) = (
+            f.upload_f32(&[len], &gate).unwrap(),
+            f.upload_f32(&[len], &up).unwrap(),
+            f.zeros(&[len], DType::F32).unwrap(),
+        );
+        let mut rec = Recording::new();
+        silu_mul(ctx(f), &mut rec, &g, &u, &o).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::silu_mul(&gate, &up);
+        assert_close(&format!("silu_mul len={len}"), &read_f32(f, &o), &want, |i| 24.0 * U * f64::from(want[i].abs()) + 1e-30);
+    }
+}
+
+/// One f32 addition: exact up to one rounding, so the GPU must match the CPU's f32 sum bit for bit.
+#[test]
+fn add_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &len in &[3, 256, 1000, 65535 * 256 + 300] {
+        let a = random(len, 3, 1.0);
+        let b = random(len, 4, 1.0);
+        let (at, bt) = (f.upload_f32(&[len], &a).unwrap(), f.upload_f32(&[len], &b).unwrap());
+        let mut rec = Recording::new();
+        add(ctx(f), &mut rec, &at, &bt).unwrap();
+        run(f, &rec);
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert!(read_f32(f, &at) == want, "add len={len} differs from the CPU sum");
+    }
+}
+
+#[test]
+fn operands_of_different_shapes_are_errors() {
+    let Some(f) = gpu() else { return };
+    let a = f.zeros(&[4, 8], DType::F32).unwrap();
+    let b = f.zeros(&[4, 9], DType::F32).unwrap();
+    let err = add(ctx(f), &mut Recording::new(), &a, &b).unwrap_err();
+    assert!(err.to_string().contains("delta must be F32 of shape [4, 8]"), "{err}");
+}

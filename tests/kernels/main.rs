@@ -1,0 +1,16 @@
+//! Kernel tests: every GPU kernel (and every weight format) against the plain CPU references in
+//! `weft::cpu`, plus batch invariance, tensor splitting and WGSL validation.
+//!
+//! GPU tests run on whatever adapter wgpu picks (lavapipe in CI). With no adapter they print a
+//! notice and pass, unless `WEFT_REQUIRE_GPU=1` (set by `cargo xtask test`), where they fail.
+
+mod common;
+mod elementwise;
+mod embedding;
+mod invariance;
+mod matmul;
+mod paged;
+mod reduce;
+mod rope;
+mod split;
+mod wgsl;

@@ -1,0 +1,84 @@
+//! matmul against `cpu::matmul` for every weight format and shapes that are not multiples of
+//! the workgroup (64 columns) or the row tile (4 rows).
+//!
+//! Tolerance: the GPU sums k products in f32 where the reference sums in f64. Decoding is exact
+//! (an f16 scale times a small integer fits f32's mantissa; Q4_1 adds its offset with one
+//! rounding), so the error is that of an f32 dot product: at most (k + 2)·u·Σ|x·w| by the
+//! standard bound, checked with a factor 2 for the in-block partial sums.
+
+use weft::DType;
+use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::{Recording, TensorFactory};
+
+use crate::common::*;
+
+const SHAPES: &[(usize, usize, usize)] = &[(1, 64, 1), (1, 576, 100), (3, 96, 65), (17, 256, 130), (64, 128, 67)];
+const FLOAT_ONLY_SHAPES: &[(usize, usize, usize)] = &[(5, 45, 70), (2, 3, 129)];
+
+fn check(dtype: DType) {
+    let Some(f) = gpu() else { return };
+    let shapes = SHAPES.iter().chain(if dtype.is_quantized() { &[][..] } else { FLOAT_ONLY_SHAPES });
+    for (case, &(m, k, n)) in shapes.enumerate() {
+        let x = random(m * k, case as u64 + 1, 1.0);
+        let (w_bytes, w) = weights(dtype, n * k, case as u64 + 100);
+        let xt = f.upload_f32(&[m, k], &x).unwrap();
+        let wt = f.upload(&[n, k], dtype, &w_bytes).unwrap();
+        let yt = f.zeros(&[m, n], DType::F32).unwrap();
+        let mut rec = Recording::new();
+        matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::matmul(&x, &w, m, k, n);
+        let got = read_f32(f, &yt);
+        assert_close(&format!("{dtype} m={m} k={k} n={n}"), &got, &want, |i| {
+            let (r, c) = (i / n, i % n);
+            let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
+            2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
+        });
+    }
+}
+
+#[test]
+fn f32_matches_cpu() {
+    check(DType::F32);
+}
+
+#[test]
+fn f16_matches_cpu() {
+    check(DType::F16);
+}
+
+#[test]
+fn q8_0_matches_cpu() {
+    check(DType::Q8_0);
+}
+
+#[test]
+fn q4_0_matches_cpu() {
+    check(DType::Q4_0);
+}
+
+#[test]
+fn q4_1_matches_cpu() {
+    check(DType::Q4_1);
+}
+
+#[test]
+fn mismatched_shapes_are_errors() {
+    let Some(f) = gpu() else { return };
+    let x = f.zeros(&[2, 64], DType::F32).unwrap();
+    let w = f.zeros(&[8, 32], DType::Q8_0).unwrap();
+    let y = f.zeros(&[2, 8], DType::F32).unwrap();
+    let err = matmul(ctx(f), &mut Recording::new(), &x, &w, &y).unwrap_err();
+    assert!(err.to_string().contains("x must be F32 of shape [_, 32]"), "{err}");
+    let w = f.zeros(&[8, 64], DType::Q8_0).unwrap();
+    let y = f.zeros(&[3, 8], DType::F32).unwrap();
+    let err = matmul(ctx(f), &mut Recording::new(), &x, &w, &y).unwrap_err();
+    assert!(err.to_string().contains("y must be F32 of shape [2, 8]"), "{err}");
+}
+
+#[test]
+fn quantized_rows_must_be_whole_blocks() {
+    let Some(f) = gpu() else { return };
+    let err = f.zeros(&[4, 48], DType::Q4_0).unwrap_err();
+    assert!(err.to_string().contains("blocks of 32"), "{err}");
+}

@@ -1,0 +1,168 @@
+//! Paged KV: kv_write puts rows in the right slots, and paged_attention over scattered blocks
+//! equals plain attention over each sequence's keys, for decode tokens and prefill chunks that
+//! start mid-sequence, with and without a sliding window, on a layer that is not the first.
+
+use weft::DType;
+use weft::gpu::kernels::paged::{PagedKv, kv_write, paged_attention};
+use weft::gpu::{GpuTensor, GpuTensorFactory, Recording, TensorFactory};
+
+use crate::common::*;
+
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const BLOCK: usize = 16;
+const KV_DIM: usize = KV_HEADS * HEAD_DIM;
+
+/// Sequences with their K/V written into a two-layer cache, addressed through layer 1.
+pub struct Filled {
+    pub lens: Vec<usize>,
+    /// Per sequence, per position: K and V rows of KV_DIM.
+    pub k: Vec<Vec<Vec<f32>>>,
+    pub v: Vec<Vec<Vec<f32>>>,
+    pub tables: Vec<u32>,
+    pub max_blocks: usize,
+    pub k_cache: GpuTensor,
+    pub v_cache: GpuTensor,
+    pub slots_per_layer: usize,
+}
+
+impl Filled {
+    pub fn cache(&self) -> PagedKv<'_> {
+        PagedKv {
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            block_size: BLOCK,
+            first_slot: self.slots_per_layer,
+            num_slots: self.slots_per_layer,
+        }
+    }
+}
+
+pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
+    let max_blocks = lens.iter().map(|l| l.div_ceil(BLOCK)).max().unwrap();
+    let needed: usize = lens.iter().map(|l| l.div_ceil(BLOCK)).sum();
+    let num_blocks = needed + 3;
+    // Hand out physical blocks in a scrambled order so logical and physical never line up.
+    let mut free: Vec<u32> = (0..num_blocks as u32).map(|b| (b * 7 + 3) % num_blocks as u32).collect();
+    let mut tables = vec![u32::MAX; lens.len() * max_blocks];
+    let (mut k, mut v) = (Vec::new(), Vec::new());
+    let (mut all_k, mut all_v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    for (s, &len) in lens.iter().enumerate() {
+        for b in 0..len.div_ceil(BLOCK) {
+            tables[s * max_blocks + b] = free.pop().unwrap();
+        }
+        let ks: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64, 1.0)).collect();
+        let vs: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64 + 500_000, 1.0)).collect();
+        for p in 0..len {
+            all_k.extend(&ks[p]);
+            all_v.extend(&vs[p]);
+            slots.push(tables[s * max_blocks + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+        }
+        k.push(ks);
+        v.push(vs);
+    }
+    // One padding token: its slot is u32::MAX and it must write nothing.
+    all_k.extend(vec![9.0; KV_DIM]);
+    all_v.extend(vec![9.0; KV_DIM]);
+    slots.push(u32::MAX);
+    let tokens = slots.len();
+    let slots_per_layer = num_blocks * BLOCK;
+    let filled = Filled {
+        lens: lens.to_vec(),
+        k,
+        v,
+        tables,
+        max_blocks,
+        k_cache: f.zeros(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], DType::F32).unwrap(),
+        v_cache: f.zeros(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], DType::F32).unwrap(),
+        slots_per_layer,
+    };
+    let kt = f.upload_f32(&[tokens, KV_HEADS, HEAD_DIM], &all_k).unwrap();
+    let vt = f.upload_f32(&[tokens, KV_HEADS, HEAD_DIM], &all_v).unwrap();
+    let st = f.upload_u32(&[tokens], &slots).unwrap();
+    let mut rec = Recording::new();
+    kv_write(ctx(f), &mut rec, &kt, &vt, &st, &filled.cache()).unwrap();
+    run(f, &rec);
+    filled
+}
+
+/// Attention for the given (sequence, position) query tokens; returns (q, gpu output).
+pub fn attend(f: &GpuTensorFactory, filled: &Filled, queries: &[(usize, usize)], window: Option<usize>, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let n = queries.len();
+    let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
+    let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
+    let qt = f.upload_f32(&[n, HEADS, HEAD_DIM], &q).unwrap();
+    let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();
+    let it = f.upload_u32(&[n, 2], &info).unwrap();
+    let out = f.zeros(&[n, HEADS, HEAD_DIM], DType::F32).unwrap();
+    let mut rec = Recording::new();
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    paged_attention(ctx(f), &mut rec, &qt, &filled.cache(), &bt, &it, &out, window, scale).unwrap();
+    run(f, &rec);
+    (q, read_f32(f, &out))
+}
+
+#[test]
+fn kv_write_fills_the_right_slots() {
+    let Some(f) = gpu() else { return };
+    let filled = fill(f, &[1, 17, 40]);
+    let k_cache = read_f32(f, &filled.k_cache);
+    let v_cache = read_f32(f, &filled.v_cache);
+    let mut written = 0;
+    for (s, &len) in filled.lens.iter().enumerate() {
+        for p in 0..len {
+            let slot = filled.slots_per_layer
+                + filled.tables[s * filled.max_blocks + p / BLOCK] as usize * BLOCK
+                + p % BLOCK;
+            assert_eq!(&k_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.k[s][p][..], "K seq {s} pos {p}");
+            assert_eq!(&v_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.v[s][p][..], "V seq {s} pos {p}");
+            written += KV_DIM;
+        }
+    }
+    // Layer 0 and every slot no token owns stay zero; the padding token wrote nothing.
+    let nonzero = k_cache.iter().filter(|&&x| x != 0.0).count();
+    assert!(nonzero <= written && !k_cache.contains(&9.0));
+}
+
+/// Tolerance: a score's f32 dot product errs by at most (head_dim + 2)·u·Σ|q·k|·scale, which is
+/// also the relative error it puts on that key's weight; exp adds up to 3 + 2·|score| ULP and
+/// the running sums about L/16 + 40 roundings. The output, a weighted mean of V rows, moves by
+/// at most twice the relative weight error times max|v|.
+#[test]
+fn attention_matches_cpu_for_decode_and_prefill_chunks() {
+    let Some(f) = gpu() else { return };
+    let filled = fill(f, &[1, 17, 40, 100]);
+    let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
+    queries.extend((30..40).map(|p| (2, p))); // a prefill chunk starting at position 30
+    for window in [None, Some(8)] {
+        let (q, got) = attend(f, &filled, &queries, window, 42);
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        for (t, &(s, p)) in queries.iter().enumerate() {
+            let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let keys: Vec<&[f32]> = filled.k[s][first..=p].iter().map(|r| &r[..]).collect();
+            let values: Vec<&[f32]> = filled.v[s][first..=p].iter().map(|r| &r[..]).collect();
+            let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
+            let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
+            let max_qk: f64 = keys
+                .iter()
+                .map(|k| (0..HEADS * HEAD_DIM).map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs())).sum::<f64>())
+                .fold(0.0, f64::max);
+            let weight_err = (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U;
+            let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
+            assert_close(&format!("seq {s} pos {p} window {window:?}"), got_t, &want, |_| 2.0 * weight_err);
+        }
+    }
+}
+
+#[test]
+fn attention_rejects_heads_that_do_not_group() {
+    let Some(f) = gpu() else { return };
+    let filled = fill(f, &[4]);
+    let q = f.zeros(&[1, 4, HEAD_DIM], DType::F32).unwrap(); // 4 heads over 3 KV heads
+    let bt = f.upload_u32(&[1, 1], &filled.tables).unwrap();
+    let it = f.upload_u32(&[1, 2], &[0, 0]).unwrap();
+    let out = f.zeros(&[1, 4, HEAD_DIM], DType::F32).unwrap();
+    let err = paged_attention(ctx(f), &mut Recording::new(), &q, &filled.cache(), &bt, &it, &out, None, 1.0).unwrap_err();
+    assert!(err.to_string().contains("multiple of num_kv_heads"), "{err}");
+}

@@ -1,0 +1,70 @@
+//! rms_norm, softmax and argmax against the CPU, with rows shorter and longer than the
+//! 64-invocation workgroup.
+
+use weft::DType;
+use weft::gpu::kernels::reduce::{argmax, rms_norm, softmax};
+use weft::gpu::{Recording, TensorFactory};
+
+use crate::common::*;
+
+const SHAPES: &[(usize, usize)] = &[(1, 7), (3, 64), (5, 576), (2, 4099)];
+
+/// Tolerance: each invocation adds about n/64 squares, then 6 tree levels; inverseSqrt is within
+/// 2 ULP; then two multiplies. That is (n/64 + 12)·u relative, checked with a factor 2.
+#[test]
+fn rms_norm_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &(rows, n) in SHAPES {
+        let x = random(rows * n, n as u64, 3.0);
+        let w = random(n, 7, 1.5);
+        let (xt, wt, yt) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[n], &w).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
+        let mut rec = Recording::new();
+        rms_norm(ctx(f), &mut rec, &xt, &wt, &yt, 1e-5).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::rms_norm(&x, &w, 1e-5);
+        let rel = 2.0 * (n as f64 / 64.0 + 12.0) * U;
+        assert_close(&format!("rms_norm {rows}x{n}"), &read_f32(f, &yt), &want, |i| rel * f64::from(want[i].abs()) + 1e-30);
+    }
+}
+
+/// Tolerance: exp of x - max in [-16, 0] is within 3 + 2·16 = 35 ULP, the row sum adds about
+/// n/64 + 6 roundings, the final multiply one more: (n/64 + 42)·u relative, factor 2 margin.
+#[test]
+fn softmax_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &(rows, n) in SHAPES {
+        let x = random(rows * n, n as u64 + 1, 8.0);
+        let xt = f.upload_f32(&[rows, n], &x).unwrap();
+        let mut rec = Recording::new();
+        softmax(ctx(f), &mut rec, &xt).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::softmax(&x, n);
+        let rel = 2.0 * (n as f64 / 64.0 + 42.0) * U;
+        assert_close(&format!("softmax {rows}x{n}"), &read_f32(f, &xt), &want, |i| rel * f64::from(want[i]) + 1e-30);
+    }
+}
+
+#[test]
+fn argmax_matches_cpu_and_breaks_ties_low() {
+    let Some(f) = gpu() else { return };
+    for &(rows, n) in SHAPES.iter().chain(&[(4, 49152)]) {
+        let mut x = random(rows * n, n as u64 + 2, 1.0);
+        // Plant ties: the maximum appears twice in each row; the lower index must win.
+        for r in 0..rows {
+            let (a, b) = (n / 3 + r % 2, n - 1);
+            x[r * n + a] = 2.0;
+            x[r * n + b] = 2.0;
+        }
+        x[0] = f32::NAN; // a NaN never wins
+        let xt = f.upload_f32(&[rows, n], &x).unwrap();
+        let out = f.zeros(&[rows], DType::U32).unwrap();
+        let mut rec = Recording::new();
+        argmax(ctx(f), &mut rec, &xt, &out).unwrap();
+        run(f, &rec);
+        assert_eq!(read_u32(f, &out), weft::cpu::argmax(&x, n), "argmax {rows}x{n}");
+    }
+}

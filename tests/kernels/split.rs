@@ -1,0 +1,62 @@
+//! Tensors larger than one storage binding: with bindings capped at 1 MiB, weights split over
+//! several buffers, and upload/download, views, matmul and embedding still see one tensor.
+
+use weft::DType;
+use weft::gpu::kernels::embedding::embedding;
+use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::{Recording, TensorFactory};
+
+use crate::common::*;
+
+#[test]
+fn big_weights_split_and_still_multiply_and_gather() {
+    let Some(f) = gpu_with_tiny_bindings() else { return };
+    assert_eq!(f.context().max_binding_bytes(), 1 << 20);
+    for (dtype, n, k) in [(DType::F32, 700, 512), (DType::Q8_0, 2100, 512), (DType::Q4_1, 1800, 1024)] {
+        let (bytes, w) = weights(dtype, n * k, 77);
+        let wt = f.upload(&[n, k], dtype, &bytes).unwrap();
+        assert!(wt.parts().len() > 1, "{dtype} {n}x{k} should split");
+        assert!(wt.parts().iter().all(|p| (p.num_rows() * wt.row_bytes()) as u64 <= 1 << 20));
+        assert_eq!(weft::rt::block_on(f.download(&wt)).unwrap(), bytes, "{dtype} round trip");
+
+        // A view spanning a part boundary reads back the right rows.
+        let boundary = wt.parts()[0].rows.end;
+        let view = wt.slice_rows(boundary - 3..boundary + 2).unwrap();
+        let rb = wt.row_bytes();
+        assert_eq!(weft::rt::block_on(f.download(&view)).unwrap(), bytes[(boundary - 3) * rb..(boundary + 2) * rb]);
+
+        let m = 3;
+        let x = random(m * k, 78, 1.0);
+        let xt = f.upload_f32(&[m, k], &x).unwrap();
+        let yt = f.zeros(&[m, n], DType::F32).unwrap();
+        let ids: Vec<u32> = vec![0, boundary as u32 - 1, boundary as u32, n as u32 - 1];
+        let it = f.upload_u32(&[ids.len()], &ids).unwrap();
+        let et = f.zeros(&[ids.len(), k], DType::F32).unwrap();
+        let mut rec = Recording::new();
+        matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+        embedding(ctx(f), &mut rec, &wt, &it, &et).unwrap();
+        assert_eq!(rec.len(), 2 * wt.parts().len(), "one dispatch per part and kernel");
+        run(f, &rec);
+        let want = weft::cpu::matmul(&x, &w, m, k, n);
+        // Same bound as the matmul tests; |x|, |w| <= 1 so Σ|x·w| <= k.
+        assert_close(&format!("split {dtype} matmul"), &read_f32(f, &yt), &want, |_| 2.0 * (k as f64 + 2.0) * U * k as f64);
+        assert!(read_f32(f, &et) == weft::cpu::embedding(&w, k, &ids), "split {dtype} embedding");
+    }
+}
+
+#[test]
+fn activations_that_split_are_refused_with_advice() {
+    let Some(f) = gpu_with_tiny_bindings() else { return };
+    let x = f.zeros(&[600, 512], DType::F32).unwrap(); // 1.2 MB: two parts
+    let w = f.zeros(&[8, 512], DType::F32).unwrap();
+    let y = f.zeros(&[600, 8], DType::F32).unwrap();
+    let err = matmul(ctx(f), &mut Recording::new(), &x, &w, &y).unwrap_err();
+    assert!(err.to_string().contains("smaller batch"), "{err}");
+}
+
+#[test]
+fn a_row_larger_than_a_binding_is_refused() {
+    let Some(f) = gpu_with_tiny_bindings() else { return };
+    let err = f.zeros(&[2, 300_000], DType::F32).unwrap_err();
+    assert!(err.to_string().contains("more than the 1048576 bytes"), "{err}");
+}

@@ -1,0 +1,89 @@
+//! Static checks of the shaders, no GPU needed: every variant parses and validates with naga for
+//! the portable baseline (no f16, no subgroups, <= 256 invocations, <= 16 KiB workgroup memory,
+//! <= 8 storage buffers), every params struct matches its Rust mirror, every file is embedded
+//! and starts with the header the style card asks for.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+fn parse(variant: weft::gpu::ShaderVariant) -> naga::Module {
+    let source = weft::gpu::compose_shader(variant).unwrap();
+    naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{variant}: {}", e.emit_to_string(&source)))
+}
+
+#[test]
+fn every_shader_validates_for_the_baseline_profile() {
+    let variants = weft::gpu::shader_variants();
+    assert!(variants.len() >= 18, "expected every kernel and weight variant, got {}", variants.len());
+    for variant in variants {
+        let module = parse(variant);
+        // unpack2x16float is core WGSL; naga lists it as a capability only because some old
+        // GL/D3D targets lack it. Nothing else (no f16 type, no subgroups) is allowed.
+        Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{variant} fails baseline validation: {e:?}"));
+        let [entry] = &module.entry_points[..] else { panic!("{variant}: expected one entry point") };
+        let invocations: u32 = entry.workgroup_size.iter().product();
+        assert!(invocations <= 256, "{variant}: {invocations} invocations per workgroup");
+
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let shared: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum();
+        assert!(shared <= 16 * 1024, "{variant}: {shared} bytes of workgroup memory");
+        let storage = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| matches!(g.space, naga::AddressSpace::Storage { .. }))
+            .count();
+        assert!(storage <= 8, "{variant}: {storage} storage buffers");
+    }
+}
+
+#[test]
+fn wgsl_params_match_rust() {
+    for (kernel, wgsl_name, size, fields) in weft::gpu::kernels::params_layouts() {
+        let variant = weft::gpu::shader_variants().into_iter().find(|v| v.kernel == kernel).unwrap();
+        let module = parse(variant);
+        let (handle, ty) = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some(wgsl_name))
+            .unwrap_or_else(|| panic!("{kernel}: no struct {wgsl_name}"));
+        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("{kernel}: not a struct") };
+        let wgsl: Vec<(&str, usize)> = members.iter().map(|m| (m.name.as_deref().unwrap(), m.offset as usize)).collect();
+        assert_eq!(wgsl, fields, "{kernel}: field names and offsets");
+        assert_eq!(*span as usize, size, "{kernel}: size of {wgsl_name} ({handle:?})");
+    }
+}
+
+#[test]
+fn every_shader_file_is_embedded_and_has_a_header() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+    let mut on_disk = Vec::new();
+    for dir in ["", "formats/", "shared/"] {
+        for entry in std::fs::read_dir(format!("{root}/{dir}")).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            if name.ends_with(".wgsl") {
+                on_disk.push(format!("{dir}{name}"));
+            }
+        }
+    }
+    on_disk.sort();
+    let mut embedded: Vec<String> = weft::gpu::embedded_shader_files().map(String::from).collect();
+    embedded.sort();
+    assert_eq!(on_disk, embedded, "shaders/ and the embedded list in gpu/pipelines.rs differ");
+
+    for file in on_disk {
+        let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
+        assert!(text.starts_with("// SPDX-License-Identifier: Apache-2.0\n// "), "{file}: SPDX line, then a purpose line");
+        if !file.contains('/') {
+            for section in ["Bindings", "Workgroup", "Grid"] {
+                assert!(text.contains(&format!("// {section}")), "{file}: header lacks a {section} line");
+            }
+        }
+    }
+}
