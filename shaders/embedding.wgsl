@@ -6,9 +6,10 @@
 //   1 ids     read        u32 (num_tokens)            row of the table for each token
 //   2 w       read        u32 (part_rows, row_bytes)  raw rows first_row .. first_row + part_rows
 //   3 out     read_write  f32 (num_tokens, k)
-// Workgroup: 64 invocations; one invocation decodes one W_BLOCK-element chunk of one token's row.
+// Workgroup: 64 invocations; one invocation decodes one 8-element chunk of one token's row,
+// value = d · code + m exactly as quant::dequantize computes it.
 // Tokens whose id lies outside this part are left to the dispatch of the part that holds them.
-// Grid: (ceil(ceil(k / W_BLOCK) / 64), num_tokens, 1).
+// Grid: (ceil(ceil(k / W_BLOCK) · W_CHUNKS / 64), num_tokens, 1).
 
 #include shared/weight_bytes.wgsl
 #include weight_format
@@ -28,16 +29,22 @@ struct Params {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let blk = gid.x;
+    let blk = gid.x / W_CHUNKS;
+    let c = gid.x % W_CHUNKS;
     let t = gid.y;
     let k = params.k;
     let row = ids[t] - params.first_row; // wraps past part_rows when ids[t] < first_row
-    if (blk * W_BLOCK >= k || row >= params.part_rows) {
+    let k0 = blk * W_BLOCK;
+    if (k0 >= k || row >= params.part_rows) {
         return;
     }
-    let values = w_block(row * params.row_bytes, blk, k);
-    let k0 = blk * W_BLOCK;
-    for (var j = 0u; j < min(W_BLOCK, k - k0); j++) {
-        out[t * k + k0 + j] = values[j];
+    let row_byte = row * params.row_bytes;
+    let dm = w_scale(row_byte, blk);
+    let q = w_chunk(row_byte, blk, c, k);
+    for (var j = 0u; j < 8u; j++) {
+        let e = k0 + w_elem(c, j);
+        if (e < k) {
+            out[t * k + e] = dm.x * q[j] + dm.y;
+        }
     }
 }

@@ -6,11 +6,14 @@
 //   1 x       read        f32 (m, k)               activations, row-major
 //   2 w       read        u32 (n_part, row_bytes)  raw rows of one weight part, format in formats/
 //   3 y       read_write  f32 (m, n_total)         columns n_offset .. n_offset + n_part written
-// Workgroup: 64 invocations along n. One invocation computes one output column for TM rows of x:
-// it walks k one weight block at a time, decodes the block once and dots it with each row.
+// Workgroup: 64 invocations along n. One invocation computes one output column for TM rows of x.
+// It walks k one weight block at a time; per block it reads the scale once, decodes the codes
+// 8 at a time and keeps, per row, s = Σ code·x (and Σ x for formats with a min), then adds
+// d·s (+ m·Σx) to the row's total. Every loop has a constant trip count so drivers unroll it and
+// keep the arrays in registers (lavapipe falls off a cliff otherwise).
 // Grid: (ceil(n_part / 64), ceil(m / TM), 1).
-// Batch invariance: y[i, j] = Σ_blocks (Σ_within-block w·x), summed in the same order whatever m
-// is and whichever slot of a tile row i lands in; no reduction crosses invocations.
+// Batch invariance: y[i, j] is summed in an order fixed by k alone, the same whatever m is and
+// whichever slot of a tile row i lands in; no reduction crosses invocations.
 
 #include shared/weight_bytes.wgsl
 #include weight_format
@@ -40,24 +43,44 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     }
     let k = params.k;
     let m0 = wid.y * TM;
-    let rows = min(TM, params.m - m0);
     let row_byte = col * params.row_bytes;
     var acc: array<f32, TM>;
     let num_blocks = (k + W_BLOCK - 1u) / W_BLOCK;
     for (var blk = 0u; blk < num_blocks; blk++) {
-        let wv = w_block(row_byte, blk, k);
         let k0 = blk * W_BLOCK;
-        let valid = min(W_BLOCK, k - k0);
-        for (var r = 0u; r < rows; r++) {
-            let xb = (m0 + r) * k + k0;
-            var s = 0.0;
-            for (var j = 0u; j < valid; j++) {
-                s += wv[j] * x[xb + j];
+        let whole = k0 + W_BLOCK <= k; // only a float format's last block can be partial
+        let dm = w_scale(row_byte, blk);
+        var s: array<f32, TM>;
+        var sx: array<f32, TM>;
+        for (var c = 0u; c < W_CHUNKS; c++) {
+            let q = w_chunk(row_byte, blk, c, k);
+            for (var r = 0u; r < TM; r++) {
+                if (m0 + r < params.m) {
+                    let xb = (m0 + r) * k + k0;
+                    for (var j = 0u; j < 8u; j++) {
+                        let e = w_elem(c, j);
+                        if (whole || k0 + e < k) {
+                            let xv = x[xb + e];
+                            s[r] += q[j] * xv;
+                            if (W_HAS_MIN) {
+                                sx[r] += xv;
+                            }
+                        }
+                    }
+                }
             }
-            acc[r] += s;
+        }
+        for (var r = 0u; r < TM; r++) {
+            if (W_HAS_MIN) {
+                acc[r] += dm.x * s[r] + dm.y * sx[r];
+            } else {
+                acc[r] += dm.x * s[r];
+            }
         }
     }
-    for (var r = 0u; r < rows; r++) {
-        y[(m0 + r) * params.n_total + params.n_offset + col] = acc[r];
+    for (var r = 0u; r < TM; r++) {
+        if (m0 + r < params.m) {
+            y[(m0 + r) * params.n_total + params.n_offset + col] = acc[r];
+        }
     }
 }

@@ -22,7 +22,7 @@ pub fn embedding(ctx: &GpuContext, rec: &mut Recording, table: &GpuTensor, ids: 
     let ids_bind = ids.single_part(OP)?.binding(ctx, ids.row_bytes())?;
     let out_bind = out.single_part(OP)?.binding(ctx, out.row_bytes())?;
     let variant = ShaderVariant { kernel: "embedding", weight: Some(table.dtype()) };
-    let chunks = k.div_ceil(super::decode_block_elems(table.dtype()));
+    let chunks = k.div_ceil(super::decode_block_elems(table.dtype())) * super::decode_chunks(table.dtype());
     for part in table.parts() {
         let params = Params {
             num_tokens: u32_of(OP, "num_tokens", num_tokens)?,

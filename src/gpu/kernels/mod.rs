@@ -56,9 +56,14 @@ pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'
     ]
 }
 
-/// Elements one `w_block` call decodes: `W_BLOCK` in `shaders/formats/<dtype>.wgsl`.
+/// Elements per decoded block: `W_BLOCK` in `shaders/formats/<dtype>.wgsl`.
 pub(crate) fn decode_block_elems(dtype: DType) -> usize {
     if dtype.is_quantized() { dtype.block_elems() } else { 8 }
+}
+
+/// 8-code chunks per decoded block: `W_CHUNKS` in `shaders/formats/<dtype>.wgsl`.
+pub(crate) fn decode_chunks(dtype: DType) -> usize {
+    decode_block_elems(dtype) / 8
 }
 
 /// Fail unless `t` has dtype `dtype` and, where `shape` gives `Some`, those dimensions.

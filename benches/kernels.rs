@@ -1,0 +1,73 @@
+//! `cargo xtask bench-kernels`: GFLOP/s and GB/s of matmul for every weight format at decode
+//! (M = 1) and batched (M = 16, 64) shapes. A benchmark, not a test: it prints a table.
+//!
+//! Each cell records the same matmul `reps` times in one submission (reps chosen so one run takes
+//! about 50 ms), times the pass with GPU timestamp queries where the adapter has them (wall clock
+//! otherwise), and reports the median of 5 runs. GB/s counts the bytes a matmul must move once:
+//! weights as stored, plus x and y in f32.
+
+use std::time::Instant;
+
+use weft::DType;
+use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording, TensorFactory};
+
+const MS: [usize; 3] = [1, 16, 64];
+const KNS: [(usize, usize); 3] = [(576, 1536), (2048, 2048), (4096, 4096)];
+const RUNS: usize = 5;
+const TARGET_SECONDS: f64 = 0.05;
+
+fn main() -> weft::Result<()> {
+    // `cargo bench` passes `--bench`; a name filters the formats (e.g. `q4_1`).
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-')).map(|a| a.to_uppercase());
+    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
+    let factory = GpuTensorFactory::new(ctx.clone());
+    println!("{}", ctx.describe());
+    let clock = if ctx.features().timestamp_query { "GPU timestamps" } else { "wall clock" };
+    println!("matmul y = x·Wᵀ, median of {RUNS} runs, {clock}\n");
+    println!("{:<6} {:>4} {:>11} {:>9} {:>9} {:>10}", "format", "M", "K x N", "GFLOP/s", "GB/s", "us/matmul");
+    for dtype in DType::WEIGHTS {
+        if filter.as_ref().is_some_and(|f| f != dtype.name()) {
+            continue;
+        }
+        for (k, n) in KNS {
+            let w_values: Vec<f32> = (0..n * k).map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0).collect();
+            let w = factory.upload(&[n, k], dtype, &weft::quant::quantize(dtype, &w_values)?)?;
+            for m in MS {
+                let x = factory.upload_f32(&[m, k], &vec![0.5; m * k])?;
+                let y = factory.zeros(&[m, n], DType::F32)?;
+                let record = |reps: usize| -> weft::Result<Recording> {
+                    let mut rec = Recording::new();
+                    for _ in 0..reps {
+                        matmul(&ctx, &mut rec, &x, &w, &y)?;
+                    }
+                    Ok(rec)
+                };
+                let once = time(&ctx, &record(1)?)?; // also warms the pipeline
+                let reps = ((TARGET_SECONDS / once.max(1e-6)) as usize).clamp(1, 200);
+                let rec = record(reps)?;
+                let mut samples = (0..RUNS).map(|_| time(&ctx, &rec)).collect::<weft::Result<Vec<f64>>>()?;
+                samples.sort_by(f64::total_cmp);
+                let seconds = samples[RUNS / 2] / reps as f64;
+                let flops = 2.0 * (m * n * k) as f64;
+                let bytes = (w.size_bytes() + 4 * m * k + 4 * m * n) as f64;
+                println!(
+                    "{:<6} {:>4} {:>11} {:>9.1} {:>9.2} {:>10.1}",
+                    dtype.name(),
+                    m,
+                    format!("{k}x{n}"),
+                    flops / seconds * 1e-9,
+                    bytes / seconds * 1e-9,
+                    seconds * 1e6
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn time(ctx: &GpuContext, rec: &Recording) -> weft::Result<f64> {
+    let started = Instant::now();
+    let gpu = weft::rt::block_on(ctx.submit_timed(rec))?;
+    Ok(gpu.unwrap_or_else(|| started.elapsed().as_secs_f64()))
+}

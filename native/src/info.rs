@@ -1,0 +1,50 @@
+//! `weft info`: the GPU self-check.
+
+use std::time::Instant;
+
+use weft::DType;
+use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording, TensorFactory};
+
+pub fn run(baseline: bool) -> weft::Result<()> {
+    let started = Instant::now();
+    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions { baseline_only: baseline, ..Default::default() }))?;
+    println!("{}", ctx.describe());
+    println!("opened in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+
+    // One real kernel: a Q4_1 matrix (the default model's format) times a small batch, checked
+    // against the CPU reference with the same tolerance as the kernel tests.
+    let (m, k, n) = (4, 576, 1536);
+    let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let w_values: Vec<f32> = (0..n * k).map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0).collect();
+    let w_bytes = weft::quant::quantize(DType::Q4_1, &w_values)?;
+    let w = weft::quant::dequantize(DType::Q4_1, &w_bytes)?;
+    let factory = GpuTensorFactory::new(ctx.clone());
+    let xt = factory.upload_f32(&[m, k], &x)?;
+    let wt = factory.upload(&[n, k], DType::Q4_1, &w_bytes)?;
+    let yt = factory.zeros(&[m, n], DType::F32)?;
+    let mut rec = Recording::new();
+    matmul(&ctx, &mut rec, &xt, &wt, &yt)?;
+    let started = Instant::now();
+    let gpu_seconds = weft::rt::block_on(ctx.submit_timed(&rec))?;
+    let wall = started.elapsed().as_secs_f64();
+    let got = weft::rt::block_on(factory.download_f32(&yt))?;
+    let want = weft::cpu::matmul(&x, &w, m, k, n);
+    let max_err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let bound = 2.0 * (k as f32 + 2.0) * f32::EPSILON / 2.0 * k as f32;
+    println!(
+        "self-check: matmul Q4_1 {m}x{k} · ({n}x{k})ᵀ: y[0][..4] = {:?}, max |gpu - cpu| = {max_err:.2e} \
+         (bound {bound:.2e}), {:.2} ms GPU{}",
+        &got[..4],
+        gpu_seconds.unwrap_or(wall) * 1e3,
+        if gpu_seconds.is_some() { "" } else { " (wall clock; no timestamp queries)" },
+    );
+    if max_err > bound {
+        return Err(weft::WeftError::Unsupported(format!(
+            "the GPU's matmul differs from the CPU by {max_err:e}, above the bound {bound:e}: this \
+             driver computes wrong results"
+        )));
+    }
+    println!("ok");
+    Ok(())
+}
