@@ -41,10 +41,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let row_byte = row * params.row_bytes;
     let dm = w_scale(row_byte, blk);
     let q = w_chunk(row_byte, blk, c, k);
-    for (var j = 0u; j < 8u; j++) {
-        let e = k0 + w_elem(c, j);
-        if (e < k) {
-            out[t * k + e] = dm.x * q[j] + dm.y;
+    for (var half = 0u; half < 2u; half++) {
+        for (var j = 0u; j < 4u; j++) {
+            let e = k0 + w_first(c) + half * W_GAP + j;
+            if (e < k) {
+                out[t * k + e] = dm.x * q[half][j] + dm.y;
+            }
         }
     }
 }

@@ -10,17 +10,13 @@ fn w_scale(row_byte: u32, blk: u32) -> vec2<f32> {
     return vec2<f32>(half_to_f32(w_u16(row_byte + blk * 18u)), 0.0);
 }
 
-fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> array<f32, 8> {
-    var out: array<f32, 8>;
-    let word = w_u32(row_byte + blk * 18u + 2u + 4u * c);
-    for (var j = 0u; j < 4u; j++) {
-        let byte = (word >> (8u * j)) & 0xffu;
-        out[j] = f32(byte & 0xfu) - 8.0;
-        out[j + 4u] = f32(byte >> 4u) - 8.0;
-    }
-    return out;
+fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> mat2x4<f32> {
+    let bytes = vec4<u32>(w_u32(row_byte + blk * 18u + 2u + 4u * c)) >> vec4<u32>(0u, 8u, 16u, 24u);
+    return mat2x4<f32>(vec4<f32>(bytes & vec4<u32>(0xfu)) - 8.0, vec4<f32>((bytes >> vec4<u32>(4u)) & vec4<u32>(0xfu)) - 8.0);
 }
 
-fn w_elem(c: u32, j: u32) -> u32 {
-    return 4u * c + (j & 3u) + 16u * (j >> 2u);
+fn w_first(c: u32) -> u32 {
+    return 4u * c;
 }
+
+const W_GAP: u32 = 16u;

@@ -9,19 +9,19 @@ fn w_scale(row_byte: u32, blk: u32) -> vec2<f32> {
     return vec2<f32>(half_to_f32(w_u16(row_byte + blk * 34u)), 0.0);
 }
 
-fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> array<f32, 8> {
-    var out: array<f32, 8>;
-    let b = row_byte + blk * 34u + 2u + 8u * c;
-    let lo = w_u32(b);
-    let hi = w_u32(b + 4u);
-    for (var j = 0u; j < 4u; j++) {
-        // Shift byte j to the top, then arithmetic-shift back down to sign-extend it.
-        out[j] = f32(bitcast<i32>(lo << (24u - 8u * j)) >> 24u);
-        out[j + 4u] = f32(bitcast<i32>(hi << (24u - 8u * j)) >> 24u);
-    }
-    return out;
+// Four signed bytes of a word, sign-extended: shift each to the top, then arithmetic-shift down.
+fn signed_bytes(word: u32) -> vec4<f32> {
+    let up = vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u);
+    return vec4<f32>(bitcast<vec4<i32>>(up) >> vec4<u32>(24u));
 }
 
-fn w_elem(c: u32, j: u32) -> u32 {
-    return 8u * c + j;
+fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> mat2x4<f32> {
+    let b = row_byte + blk * 34u + 2u + 8u * c;
+    return mat2x4<f32>(signed_bytes(w_u32(b)), signed_bytes(w_u32(b + 4u)));
 }
+
+fn w_first(c: u32) -> u32 {
+    return 8u * c;
+}
+
+const W_GAP: u32 = 4u;

@@ -111,10 +111,19 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let label = variant.to_string();
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(compose_shader(variant)?.into()),
-        });
+        };
+        // Bounds checks stay on. The one check turned off is the iteration counter wgpu adds to
+        // every loop against infinite loops: it hides constant trip counts from the driver,
+        // which then cannot unroll the decode loops (on lavapipe the matmul ran 2x slower).
+        // Every loop in shaders/ counts towards a bound taken from a shape that the dispatch
+        // functions validated, far below u32::MAX, so each one terminates.
+        let mut checks = wgpu::ShaderRuntimeChecks::checked();
+        checks.force_loop_bounding = false;
+        // SAFETY: see above; the shaders are ours and contain no unbounded loop.
+        let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: None,
