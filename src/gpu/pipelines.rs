@@ -1,7 +1,7 @@
 //! WGSL sources, their `#include` composition, and the cache of compiled compute pipelines.
 //!
-//! Kernels live in `shaders/*.wgsl`. A line `#include shared/NAME.wgsl` pastes a shared file; the
-//! line `#include weight_format` pastes `shaders/formats/<dtype>.wgsl`, which gives the kernel a
+//! Kernels live in `shaders/*.wgsl`. A line `#include shared/NAME.wgsl` pastes a shared file
+//! (includes nest); the line `#include weight_format` pastes `shaders/formats/<dtype>.wgsl`, which gives the kernel a
 //! `w_block` decoder for one weight format. That is how one matmul source serves every format
 //! instead of five copies. Bind-group layouts are derived from the WGSL by wgpu (`layout: None`),
 //! never written by hand.
@@ -29,6 +29,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
+    ("shared/float_weights.wgsl", include_str!("../../shaders/shared/float_weights.wgsl")),
     ("shared/weight_bytes.wgsl", include_str!("../../shaders/shared/weight_bytes.wgsl")),
 ];
 
@@ -82,20 +83,25 @@ fn source(path: &str) -> Result<&'static str> {
 /// The full WGSL text of a variant, with its includes resolved.
 pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut out = String::new();
-    for line in source(&format!("{}.wgsl", variant.kernel))?.lines() {
+    expand(&format!("{}.wgsl", variant.kernel), variant, &mut out)?;
+    Ok(out)
+}
+
+fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
+    for line in source(path)?.lines() {
         match line.strip_prefix("#include ") {
             Some("weight_format") => {
                 let dtype = variant.weight.ok_or_else(|| {
                     WeftError::Unsupported(format!("kernel {} needs a weight format", variant.kernel))
                 })?;
-                out.push_str(source(&format!("formats/{}.wgsl", dtype.name().to_lowercase()))?);
+                expand(&format!("formats/{}.wgsl", dtype.name().to_lowercase()), variant, out)?;
             }
-            Some(path) => out.push_str(source(path.trim())?),
+            Some(included) => expand(included.trim(), variant, out)?,
             None => out.push_str(line),
         }
         out.push('\n');
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Compiled pipelines, built on first use and kept for the life of the device.
