@@ -32,12 +32,20 @@ pub enum WeftError {
     #[error("{op}: {detail}")]
     Shape { op: &'static str, detail: String },
 
+    /// A model file or directory that cannot be read: names the file and what is wrong with it.
+    #[error("{file}: {detail}")]
+    Model { file: String, detail: String },
+
     /// The request is well formed but the device or build cannot serve it.
     #[error("{0}")]
     Unsupported(String),
 }
 
 impl WeftError {
+    pub(crate) fn model(file: impl Into<String>, detail: impl Into<String>) -> Self {
+        WeftError::Model { file: file.into(), detail: detail.into() }
+    }
+
     pub(crate) fn shape(op: &'static str, detail: impl Into<String>) -> Self {
         WeftError::Shape { op, detail: detail.into() }
     }

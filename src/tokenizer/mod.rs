@@ -1,0 +1,2 @@
+//! Tokenizers (Hugging Face `tokenizers` under a `Tokenizer` trait), chat templates and
+//! streaming detokenization.
