@@ -2,7 +2,7 @@
 // silu_mul: out[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v): the SwiGLU gate of an MLP.
 //
 // Bindings (group 0)
-//   0 params  uniform     Params   mirrors gpu::kernels::elementwise::Params
+//   0 params  uniform     Params   mirrors gpu::kernels::elementwise::SiluMulParams
 //   1 gate    read        f32 (len)
 //   2 up      read        f32 (len)
 //   3 out     read_write  f32 (len)

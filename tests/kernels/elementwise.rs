@@ -2,7 +2,7 @@
 //! the 65535-workgroup fold into a second grid dimension.
 
 use weft::DType;
-use weft::gpu::kernels::elementwise::{add, silu_mul};
+use weft::gpu::kernels::elementwise::{add, add_bias, silu_mul};
 use weft::gpu::{Recording, TensorFactory};
 
 use crate::common::*;
@@ -42,6 +42,23 @@ fn add_matches_cpu() {
         let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
         assert!(read_f32(f, &at) == want, "add len={len} differs from the CPU sum");
     }
+}
+
+#[test]
+fn add_bias_broadcasts_over_rows() {
+    let Some(f) = gpu() else { return };
+    let (rows, n) = (7, 67);
+    let a = random(rows * n, 5, 1.0);
+    let b = random(n, 6, 1.0);
+    let (at, bt) = (f.upload_f32(&[rows, n], &a).unwrap(), f.upload_f32(&[n], &b).unwrap());
+    let mut rec = Recording::new();
+    add_bias(ctx(f), &mut rec, &at, &bt).unwrap();
+    run(f, &rec);
+    let want: Vec<f32> = a.iter().enumerate().map(|(i, x)| x + b[i % n]).collect();
+    assert!(read_f32(f, &at) == want);
+    let wrong = f.zeros(&[n + 1], DType::F32).unwrap();
+    let err = add_bias(ctx(f), &mut Recording::new(), &at, &wrong).unwrap_err();
+    assert!(err.to_string().contains("bias must be F32 of shape [67]"), "{err}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! One-element-per-invocation kernels: the SwiGLU gate and the residual add.
+//! One-element-per-invocation kernels: the SwiGLU gate, the residual add and bias add.
 
 use super::{shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -6,7 +6,8 @@ use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(Params { len: u32 });
+shader_params!(Params { len: u32, delta_len: u32 });
+shader_params!(SiluMulParams { len: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -27,7 +28,7 @@ fn same_f32(op: &'static str, tensors: &[(&str, &GpuTensor)]) -> Result<usize> {
 pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate: &GpuTensor, up: &GpuTensor, out: &GpuTensor) -> Result<()> {
     const OP: &str = "silu_mul";
     let len = same_f32(OP, &[("gate", gate), ("up", up), ("out", out)])?;
-    let params = Params { len: u32_of(OP, "len", len)? };
+    let params = SiluMulParams { len: u32_of(OP, "len", len)? };
     let bindings = [
         gate.single_part(OP)?.binding(ctx, gate.row_bytes())?,
         up.single_part(OP)?.binding(ctx, up.row_bytes())?,
@@ -42,10 +43,28 @@ pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate: &GpuTensor, up: &Gp
 pub fn add(ctx: &GpuContext, rec: &mut Recording, acc: &GpuTensor, delta: &GpuTensor) -> Result<()> {
     const OP: &str = "add";
     let len = same_f32(OP, &[("acc", acc), ("delta", delta)])?;
-    let params = Params { len: u32_of(OP, "len", len)? };
+    record_add(ctx, rec, OP, acc, delta, len)
+}
+
+/// Record `acc[r, :] += bias` for every row r: acc (rows, n) F32, bias (n) F32.
+pub fn add_bias(ctx: &GpuContext, rec: &mut Recording, acc: &GpuTensor, bias: &GpuTensor) -> Result<()> {
+    const OP: &str = "add_bias";
+    let n = acc.row_elems();
+    if acc.dtype() != DType::F32 || bias.dtype() != DType::F32 || bias.shape() != [n] {
+        return Err(WeftError::shape(
+            OP,
+            format!("bias must be F32 of shape [{n}] for acc of shape {:?}, got {} of shape {:?}", acc.shape(), bias.dtype(), bias.shape()),
+        ));
+    }
+    record_add(ctx, rec, OP, acc, bias, n)
+}
+
+fn record_add(ctx: &GpuContext, rec: &mut Recording, op: &'static str, acc: &GpuTensor, delta: &GpuTensor, delta_len: usize) -> Result<()> {
+    let len = acc.num_elems();
+    let params = Params { len: u32_of(op, "len", len)?, delta_len: u32_of(op, "delta_len", delta_len)? };
     let bindings = [
-        acc.single_part(OP)?.binding(ctx, acc.row_bytes())?,
-        delta.single_part(OP)?.binding(ctx, delta.row_bytes())?,
+        acc.single_part(op)?.binding(ctx, acc.row_bytes())?,
+        delta.single_part(op)?.binding(ctx, delta.row_bytes())?,
     ];
     let variant = ShaderVariant { kernel: "add", weight: None };
     rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(len, WORKGROUP))?);

@@ -49,7 +49,7 @@ pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'
         entry::<reduce::RowParams>("softmax", "Params"),
         entry::<reduce::RowParams>("argmax", "Params"),
         entry::<rope::Params>("rope", "Params"),
-        entry::<elementwise::Params>("silu_mul", "Params"),
+        entry::<elementwise::SiluMulParams>("silu_mul", "Params"),
         entry::<elementwise::Params>("add", "Params"),
         entry::<paged::KvWriteParams>("kv_write", "KvWriteParams"),
         entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
