@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod model;
 pub mod quant;
 pub mod rt;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use error::{Result, WeftError};

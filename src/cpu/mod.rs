@@ -120,3 +120,58 @@ pub fn attention_one(q: &[f32], keys: &[&[f32]], values: &[&[f32]], num_heads: u
     }
     out
 }
+
+/// The sampler's CPU reference: pick a token from `logits` given (temperature, top_k, top_p,
+/// min_p) and a uniform draw `u`, with exact sort-based thresholds. Returns the token and the
+/// cumulative kept mass just before it over the total (for tests to see how close `u` was to a
+/// boundary).
+pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p: f32, u: f32) -> (u32, f64, f64) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if temperature <= 0.0 {
+        return (argmax(logits, logits.len())[0], 0.0, 0.0);
+    }
+    let s: Vec<f64> = logits.iter().map(|&l| f64::from(l - max) / f64::from(temperature)).collect();
+    let mut sorted = s.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let mut tau = f64::NEG_INFINITY;
+    if top_k > 0 && top_k < s.len() {
+        tau = sorted[top_k - 1];
+    }
+    if top_p < 1.0 {
+        let kept: Vec<f64> = sorted.iter().copied().filter(|&v| v >= tau).collect();
+        let total: f64 = kept.iter().map(|v| v.exp()).sum();
+        let mut mass = 0.0;
+        for v in kept {
+            mass += v.exp();
+            if mass >= f64::from(top_p) * total {
+                tau = v;
+                break;
+            }
+        }
+    }
+    if min_p > 0.0 {
+        tau = tau.max(f64::from(min_p).ln());
+    }
+    let total: f64 = s.iter().filter(|&&v| v >= tau).map(|v| v.exp()).sum();
+    let target = f64::from(u) * total;
+    let mut running = 0.0;
+    let mut last = 0;
+    for (i, &v) in s.iter().enumerate() {
+        if v >= tau {
+            let before = running;
+            running += v.exp();
+            last = i;
+            if running > target {
+                return (i as u32, before / total, running / total);
+            }
+        }
+    }
+    (last as u32, 1.0, 1.0)
+}
+
+/// log softmax of a row, in f64.
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln();
+    logits.iter().map(|&l| f64::from(l - max) - log_z).collect()
+}

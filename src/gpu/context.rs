@@ -1,6 +1,6 @@
 //! Opening the GPU: instance, adapter choice, device with the adapter's real limits.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
 use crate::gpu::pipelines::PipelineCache;
@@ -34,6 +34,9 @@ pub struct GpuContext {
     limits: wgpu::Limits,
     max_binding_bytes: u64,
     pub(crate) pipelines: PipelineCache,
+    /// The first error wgpu raised outside any error scope (e.g. a shader that failed to
+    /// compile when its pipeline was built); reported with the next failed submission.
+    uncaptured: Arc<Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -79,7 +82,13 @@ impl GpuContext {
             })
             .await
             .map_err(|e| WeftError::Device { adapter: info.name.clone(), reason: e.to_string() })?;
-        device.on_uncaptured_error(Arc::new(|e| tracing::error!("uncaptured GPU error: {e}")));
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            tracing::error!("GPU error: {e}");
+            // Keep the first: later errors are usually its consequences.
+            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+        }));
 
         let adapter_info = adapter.get_info();
         let features = GpuFeatures {
@@ -104,6 +113,7 @@ impl GpuContext {
             limits,
             max_binding_bytes,
             pipelines: PipelineCache::default(),
+            uncaptured,
         }))
     }
 
@@ -149,6 +159,11 @@ impl GpuContext {
             l.max_compute_workgroup_storage_size >> 10,
             l.max_storage_buffers_per_shader_stage,
         )
+    }
+
+    /// The error wgpu raised outside a scope since the last call, if any.
+    pub(crate) fn take_uncaptured_error(&self) -> Option<String> {
+        self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Wait for the GPU until `future` (a map callback or error scope) can finish.

@@ -22,6 +22,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),
+    ("sample.wgsl", include_str!("../../shaders/sample.wgsl")),
     ("silu_mul.wgsl", include_str!("../../shaders/silu_mul.wgsl")),
     ("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),

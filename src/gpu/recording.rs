@@ -122,7 +122,7 @@ impl GpuContext {
         let encoder = self.encode(recording, None);
         self.queue.submit([encoder.finish()]);
         if let Some(error) = self.settle(scope.pop()).await? {
-            return Err(WeftError::Gpu { context: describe(recording), reason: error.to_string() });
+            return Err(self.gpu_error(recording, error));
         }
         Ok(())
     }
@@ -161,7 +161,7 @@ impl GpuContext {
             let _ = sender.send(r);
         });
         if let Some(error) = self.settle(scope.pop()).await? {
-            return Err(WeftError::Gpu { context: describe(recording), reason: error.to_string() });
+            return Err(self.gpu_error(recording, error));
         }
         receiver
             .await
@@ -174,7 +174,14 @@ impl GpuContext {
     }
 }
 
-fn describe(recording: &Recording) -> String {
-    let names: Vec<String> = recording.kernels().map(|v| v.to_string()).collect();
-    format!("a submission of [{}]", names.join(", "))
+impl GpuContext {
+    /// A failed submission, with the earlier unscoped error that usually explains it.
+    fn gpu_error(&self, recording: &Recording, error: wgpu::Error) -> WeftError {
+        let names: Vec<String> = recording.kernels().map(|v| v.to_string()).collect();
+        let mut reason = error.to_string();
+        if let Some(earlier) = self.take_uncaptured_error() {
+            reason = format!("{reason}\ncaused by an earlier error: {earlier}");
+        }
+        WeftError::Gpu { context: format!("a submission of [{}]", names.join(", ")), reason }
+    }
 }

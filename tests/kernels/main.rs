@@ -12,5 +12,6 @@ mod matmul;
 mod paged;
 mod reduce;
 mod rope;
+mod sample;
 mod split;
 mod wgsl;

@@ -10,6 +10,7 @@ pub mod matmul;
 pub mod paged;
 pub mod reduce;
 pub mod rope;
+pub mod sample;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
@@ -53,6 +54,7 @@ pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'
         entry::<elementwise::Params>("add", "Params"),
         entry::<paged::KvWriteParams>("kv_write", "KvWriteParams"),
         entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
+        entry::<sample::Params>("sample", "Params"),
     ]
 }
 

@@ -1,0 +1,88 @@
+//! The GPU sampler against `cpu::sample`: greedy, temperature, top-k, top-p, min-p and their
+//! combinations, plus log-probabilities and top-n lists.
+//!
+//! Thresholds are exact on the CPU and found by bisection on the GPU, and the running sums are
+//! f32 there; so a draw `u` within 1e-4 of a token boundary may legitimately land on the
+//! neighbour. Such draws are counted, not failed; everything else must pick the same token.
+//! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
+
+use weft::DType;
+use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
+use weft::gpu::{Recording, TensorFactory};
+use weft::sampling::{SamplerRng, SamplingParams, read_sampled, settings_row};
+
+use crate::common::*;
+
+fn cases() -> Vec<SamplingParams> {
+    let p = |temperature, top_k, top_p, min_p, top_logprobs| SamplingParams { temperature, top_k, top_p, min_p, seed: None, top_logprobs };
+    vec![
+        p(0.0, 0, 1.0, 0.0, 5),
+        p(1.0, 0, 1.0, 0.0, 0),
+        p(0.7, 40, 1.0, 0.0, 3),
+        p(1.0, 0, 0.9, 0.0, 0),
+        p(0.8, 50, 0.95, 0.0, 20),
+        p(1.3, 0, 1.0, 0.05, 1),
+        p(1.0, 1, 1.0, 0.0, 0),
+        p(2.0, 5, 0.5, 0.1, 2),
+    ]
+}
+
+#[test]
+fn sampling_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for vocab in [1000, 49152] {
+        let mut rows = Vec::new();
+        let mut rng = SamplerRng::new(vocab as u64);
+        for (c, params) in cases().into_iter().enumerate() {
+            for draw in 0..6 {
+                rows.push((params.clone(), rng.next_uniform(), random(vocab, (c * 10 + draw) as u64 + 1, 6.0)));
+            }
+        }
+        let logits: Vec<f32> = rows.iter().flat_map(|(_, _, l)| l.iter().copied()).collect();
+        let settings: Vec<u32> = rows.iter().flat_map(|(p, u, _)| settings_row(p, *u)).collect();
+        let lt = f.upload_f32(&[rows.len(), vocab], &logits).unwrap();
+        let st = f.upload_u32(&[rows.len(), SETTINGS_PER_ROW], &settings).unwrap();
+        let out = f.zeros(&[rows.len(), OUT_PER_ROW], DType::U32).unwrap();
+        let mut rec = Recording::new();
+        sample(ctx(f), &mut rec, &lt, &st, &out).unwrap();
+        run(f, &rec);
+        let got = read_u32(f, &out);
+        let mut near_boundary = 0;
+        for (r, (p, u, l)) in rows.iter().enumerate() {
+            let s = read_sampled(&got[r * OUT_PER_ROW..(r + 1) * OUT_PER_ROW], p.top_logprobs);
+            let (want, lo, hi) = weft::cpu::sample(l, p.temperature, p.top_k as usize, p.top_p, p.min_p, *u);
+            if s.token != want {
+                let margin = (f64::from(*u) - lo).abs().min((f64::from(*u) - hi).abs());
+                assert!(margin < 1e-4, "vocab {vocab} row {r} {p:?} u={u}: gpu {} cpu {want}", s.token);
+                near_boundary += 1;
+            }
+            let lsm = weft::cpu::log_softmax(l);
+            assert!((f64::from(s.logprob) - lsm[s.token as usize]).abs() < 1e-4, "logprob of row {r}");
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
+            for (n, &(id, lp)) in s.top_logprobs.iter().enumerate() {
+                assert_eq!(id as usize, order[n], "top {n} of row {r}");
+                assert!((f64::from(lp) - lsm[id as usize]).abs() < 1e-4);
+            }
+        }
+        assert!(near_boundary <= 1, "{near_boundary} draws landed next to the CPU's token");
+    }
+}
+
+#[test]
+fn top_k_one_and_greedy_agree_with_argmax() {
+    let Some(f) = gpu() else { return };
+    let vocab = 5000;
+    let l = random(vocab, 99, 3.0);
+    let rows = [SamplingParams::greedy(), SamplingParams { top_k: 1, ..Default::default() }];
+    let settings: Vec<u32> = rows.iter().flat_map(|p| settings_row(p, 0.999)).collect();
+    let lt = f.upload_f32(&[2, vocab], &[l.clone(), l.clone()].concat()).unwrap();
+    let st = f.upload_u32(&[2, SETTINGS_PER_ROW], &settings).unwrap();
+    let out = f.zeros(&[2, OUT_PER_ROW], DType::U32).unwrap();
+    let mut rec = Recording::new();
+    sample(ctx(f), &mut rec, &lt, &st, &out).unwrap();
+    run(f, &rec);
+    let got = read_u32(f, &out);
+    let best = weft::cpu::argmax(&l, vocab)[0];
+    assert_eq!((got[0], got[OUT_PER_ROW]), (best, best));
+}
