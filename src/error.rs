@@ -42,7 +42,7 @@ pub enum WeftError {
 }
 
 impl WeftError {
-    pub(crate) fn model(file: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub fn model(file: impl Into<String>, detail: impl Into<String>) -> Self {
         WeftError::Model { file: file.into(), detail: detail.into() }
     }
 

@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod error;
 pub mod gpu;
+pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod rt;

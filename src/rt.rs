@@ -9,3 +9,10 @@
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     pollster::block_on(future)
 }
+
+/// A boxed future that is `Send` natively; in the browser nothing crosses threads, and wgpu's
+/// futures there are not `Send`.
+#[cfg(not(target_arch = "wasm32"))]
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+#[cfg(target_arch = "wasm32")]
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;

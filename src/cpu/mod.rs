@@ -4,6 +4,8 @@
 //! they are closer to the exact value than any f32 kernel, and tests bound the GPU's distance.
 //! Shapes are row-major and named as in the kernel headers.
 
+pub mod llama;
+
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.
 pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut y = vec![0.0; m * n];

@@ -127,6 +127,18 @@ impl GpuContext {
         Ok(())
     }
 
+    /// Run a recording and read `result` back, in one submission: the step's only readback.
+    pub async fn submit_and_read(&self, recording: &Recording, result: &crate::gpu::GpuTensor) -> Result<Vec<u8>> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut encoder = self.encode(recording, None);
+        let readback = self.encode_readback(&mut encoder, result);
+        self.queue.submit([encoder.finish()]);
+        if let Some(error) = self.settle(scope.pop()).await? {
+            return Err(self.gpu_error(recording, error));
+        }
+        self.finish_readback(readback).await
+    }
+
     /// Like [`submit`](Self::submit), and return the GPU time between the start and the end of
     /// the pass in seconds, where the adapter has timestamp queries.
     pub async fn submit_timed(&self, recording: &Recording) -> Result<Option<f64>> {

@@ -6,14 +6,13 @@
 //! kernel can run once per part. Block-format rows keep their raw GGUF bytes; a part's buffer is
 //! padded to a multiple of 4 bytes because shaders read it as `array<u32>`.
 
-use std::future::Future;
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuContext;
 use crate::quant::DType;
+use crate::rt::BoxFuture;
 
 /// A contiguous run of rows of a tensor, living in one buffer.
 #[derive(Clone, Debug)]
@@ -163,12 +162,6 @@ impl TensorPart {
     }
 }
 
-/// A future that is `Send` natively; in the browser nothing is sent across threads.
-#[cfg(not(target_arch = "wasm32"))]
-pub type TensorFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-#[cfg(target_arch = "wasm32")]
-pub type TensorFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
-
 /// Makes tensors and reads them back. The engine takes one as `Arc<dyn TensorFactory>`.
 pub trait TensorFactory: Send + Sync {
     /// Upload raw bytes laid out as `dtype` (block formats as their GGUF blocks).
@@ -178,7 +171,7 @@ pub trait TensorFactory: Send + Sync {
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor>;
 
     /// Read a tensor's bytes back, in its own layout.
-    fn download<'a>(&'a self, tensor: &'a GpuTensor) -> TensorFuture<'a, Result<Vec<u8>>>;
+    fn download<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u8>>>;
 
     fn upload_f32(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
         self.upload(shape, DType::F32, bytemuck::cast_slice(values))
@@ -188,14 +181,14 @@ pub trait TensorFactory: Send + Sync {
         self.upload(shape, DType::U32, bytemuck::cast_slice(values))
     }
 
-    fn download_f32<'a>(&'a self, tensor: &'a GpuTensor) -> TensorFuture<'a, Result<Vec<f32>>> {
+    fn download_f32<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<f32>>> {
         Box::pin(async move {
             let bytes = self.download(tensor).await?;
             Ok(crate::quant::dequantize(tensor.dtype(), &bytes)?)
         })
     }
 
-    fn download_u32<'a>(&'a self, tensor: &'a GpuTensor) -> TensorFuture<'a, Result<Vec<u32>>> {
+    fn download_u32<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             if tensor.dtype() != DType::U32 {
                 return Err(WeftError::shape("download_u32", format!("tensor is {}", tensor.dtype())));
@@ -288,54 +281,73 @@ impl TensorFactory for GpuTensorFactory {
         self.create(shape, dtype, None)
     }
 
-    fn download<'a>(&'a self, tensor: &'a GpuTensor) -> TensorFuture<'a, Result<Vec<u8>>> {
+    fn download<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u8>>> {
         Box::pin(self.ctx.read_tensor(tensor))
     }
 }
 
+/// A tensor's bytes on their way back to the CPU: copied into `staging` by an encoder, then
+/// mapped once the submission completes.
+pub(crate) struct Readback {
+    staging: wgpu::Buffer,
+    /// Per part: (bytes copied, bytes of padding before the part's first row).
+    spans: Vec<(u64, u64, usize)>,
+}
+
 impl GpuContext {
-    /// Copy every part of `tensor` into one staging buffer, map it, and return the tensor's bytes.
-    pub(crate) async fn read_tensor(&self, tensor: &GpuTensor) -> Result<Vec<u8>> {
-        // Copies need 4-byte aligned offsets and sizes: copy the aligned span around each part.
-        let spans: Vec<(u64, u64, u64)> = tensor
+    /// Record copies of every part of `tensor` into one staging buffer. Copies need 4-byte
+    /// aligned offsets and sizes, so the aligned span around each part is copied.
+    pub(crate) fn encode_readback(&self, encoder: &mut wgpu::CommandEncoder, tensor: &GpuTensor) -> Readback {
+        let spans: Vec<(u64, u64, usize)> = tensor
             .parts()
             .iter()
             .map(|p| {
                 let start = p.offset_bytes & !3;
                 let end = (p.offset_bytes + (p.rows.len() * tensor.row_bytes()) as u64).next_multiple_of(4);
-                (start, end.min(p.buffer.size()), p.offset_bytes - start)
+                (end.min(p.buffer.size()) - start, p.offset_bytes - start, p.rows.len() * tensor.row_bytes())
             })
             .collect();
-        let total: u64 = spans.iter().map(|(s, e, _)| e - s).sum();
+        let total: u64 = spans.iter().map(|s| s.0).sum();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: total.max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = self.device.create_command_encoder(&Default::default());
         let mut at = 0;
-        for (part, (start, end, _)) in tensor.parts().iter().zip(&spans) {
-            encoder.copy_buffer_to_buffer(&part.buffer, *start, &staging, at, end - start);
-            at += end - start;
+        for (part, (len, _, _)) in tensor.parts().iter().zip(&spans) {
+            encoder.copy_buffer_to_buffer(&part.buffer, part.offset_bytes & !3, &staging, at, *len);
+            at += len;
         }
-        self.queue.submit([encoder.finish()]);
+        Readback { staging, spans }
+    }
+
+    /// Map a submitted readback and return the tensor's bytes.
+    pub(crate) async fn finish_readback(&self, readback: Readback) -> Result<Vec<u8>> {
         let (sender, receiver) = futures::channel::oneshot::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        readback.staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = sender.send(r);
         });
         self.settle(receiver)
             .await?
             .map_err(|_| WeftError::Readback("the device was lost before the copy finished".into()))?
             .map_err(|e| WeftError::Readback(e.to_string()))?;
-        let view = staging.get_mapped_range(..).map_err(|e| WeftError::Readback(e.to_string()))?;
-        let mut out = Vec::with_capacity(tensor.size_bytes());
+        let view = readback.staging.get_mapped_range(..).map_err(|e| WeftError::Readback(e.to_string()))?;
+        let mut out = Vec::with_capacity(readback.spans.iter().map(|s| s.2).sum());
         let mut at = 0;
-        for (part, (start, end, skip)) in tensor.parts().iter().zip(&spans) {
+        for (len, skip, bytes) in &readback.spans {
             let from = (at + skip) as usize;
-            out.extend_from_slice(&view[from..from + part.rows.len() * tensor.row_bytes()]);
-            at += end - start;
+            out.extend_from_slice(&view[from..from + bytes]);
+            at += len;
         }
         Ok(out)
+    }
+
+    /// Copy a tensor back to the CPU in a submission of its own.
+    pub(crate) async fn read_tensor(&self, tensor: &GpuTensor) -> Result<Vec<u8>> {
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        let readback = self.encode_readback(&mut encoder, tensor);
+        self.queue.submit([encoder.finish()]);
+        self.finish_readback(readback).await
     }
 }

@@ -1,2 +1,56 @@
 //! Tokenizers (Hugging Face `tokenizers` under a `Tokenizer` trait), chat templates and
 //! streaming detokenization.
+//!
+//! - [`Tokenizer`] is what the engine holds (`Arc<dyn Tokenizer>`): text to ids and back, the
+//!   special ids that matter for generation (BOS, the end-of-generation set) and the model's chat
+//!   template.
+//! - [`HfTokenizer`] implements it on the `tokenizers` crate, built either from a Hugging Face
+//!   model directory (`tokenizer.json` + `tokenizer_config.json`) or from the vocabulary a GGUF
+//!   file carries in its metadata (`tokenizer.ggml.*`, byte-level BPE "gpt2" or SentencePiece
+//!   "llama"), reproducing llama.cpp's pre-tokenizer splits.
+//! - [`ChatTemplate`] renders the model's own Jinja chat template the way transformers does.
+//! - [`DecodeStream`] turns a stream of generated ids into text deltas that never split a
+//!   UTF-8 character.
+//!
+//! Encoding always recognises the vocabulary's special tokens written in the text
+//! (`"<|im_start|>"` becomes one id), as transformers and llama.cpp (`parse_special`) do;
+//! `add_special_tokens` only decides whether BOS/EOS are added around the text.
+
+mod chat;
+mod gguf;
+mod hf;
+mod stream;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use hf::HfTokenizer;
+pub use stream::DecodeStream;
+
+use crate::Result;
+
+/// Text to token ids and back, for one model's vocabulary. Object safe: the engine holds an
+/// `Arc<dyn Tokenizer>`.
+pub trait Tokenizer: Send + Sync {
+    /// The ids of `text`. Special tokens written in the text are recognised as such;
+    /// `add_special_tokens` adds the BOS (and EOS) tokens the model asks for, if any.
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>>;
+
+    /// The text of `ids`. An id outside the vocabulary is an error, not silently dropped.
+    /// `skip_special_tokens` leaves control tokens (`<|im_end|>`, ...) out of the text.
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String>;
+
+    /// The number of ids (one more than the largest id).
+    fn vocab_size(&self) -> usize;
+
+    /// The beginning-of-sequence id, if the vocabulary has one.
+    fn bos_token_id(&self) -> Option<u32>;
+
+    /// The ids that end generation: EOS first, then end-of-turn / end-of-message tokens.
+    fn eos_token_ids(&self) -> &[u32];
+
+    /// The text of one token on its own (lossy where the token is a fragment of a UTF-8
+    /// character); `None` for an id outside the vocabulary.
+    fn token_to_piece(&self, id: u32) -> Option<String>;
+
+    /// The model's chat template, if it has one.
+    fn chat_template(&self) -> Option<&ChatTemplate>;
+}

@@ -1,0 +1,205 @@
+//! The hyper-parameters of a Llama-family model, read from GGUF metadata or a Hugging Face
+//! `config.json`, and the RoPE frequencies they imply.
+
+use serde_json::Value;
+
+use crate::error::{Result, WeftError};
+use crate::model::gguf::GgufFile;
+
+/// How positions stretch beyond the trained context.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor` (all frequencies scaled alike).
+    Linear { factor: f32 },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
+    /// Per-frequency divisors, as GGUF stores Llama 3 scaling (`rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// "llama", "mistral", "qwen2", … (GGUF `general.architecture` or HF `model_type`).
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (Qwen2).
+    pub attention_bias: bool,
+    /// Attend only to this many most recent positions (Mistral).
+    pub sliding_window: Option<usize>,
+}
+
+fn missing(file: &str, key: &str) -> WeftError {
+    WeftError::model(file, format!("missing or malformed metadata {key}"))
+}
+
+impl LlamaConfig {
+    /// From GGUF metadata (`<arch>.*` keys) and the tensors present.
+    pub fn from_gguf(gguf: &GgufFile) -> Result<LlamaConfig> {
+        let file = gguf.name();
+        let arch = gguf.architecture().ok_or_else(|| missing(file, "general.architecture"))?.to_string();
+        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+            return Err(WeftError::model(
+                file,
+                format!("architecture {arch:?} is not supported; weft runs llama, mistral and qwen2 models"),
+            ));
+        }
+        let int = |key: &str| -> Result<usize> {
+            let full = format!("{arch}.{key}");
+            gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
+        };
+        let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
+        let hidden_size = int("embedding_length")?;
+        let num_heads = int("attention.head_count")?;
+        let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
+        let vocab_size = int("vocab_size").unwrap_or_else(|_| embed.shape()[0]);
+        let head_dim = int("attention.key_length").or_else(|_| int("rope.dimension_count")).unwrap_or(hidden_size / num_heads.max(1));
+        let rope_scaling = if let Some(factors) = gguf.tensor("rope_freqs.weight") {
+            let bytes = gguf.tensor_bytes(factors);
+            Some(RopeScaling::FreqFactors(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+        } else if gguf.get_str(&format!("{arch}.rope.scaling.type")) == Some("linear") {
+            Some(RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) })
+        } else {
+            None
+        };
+        let config = LlamaConfig {
+            vocab_size,
+            hidden_size,
+            intermediate_size: int("feed_forward_length")?,
+            num_layers: int("block_count")?,
+            num_heads,
+            num_kv_heads: int("attention.head_count_kv").unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            rope_theta: float("rope.freq_base").unwrap_or(10000.0),
+            rope_scaling,
+            max_position_embeddings: int("context_length")?,
+            tie_word_embeddings: gguf.tensor("output.weight").is_none(),
+            attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
+            sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
+            architecture: arch,
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// From a Hugging Face `config.json`.
+    pub fn from_hf_json(file: &str, json: &str) -> Result<LlamaConfig> {
+        let v: Value = serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
+        let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
+        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+            return Err(WeftError::model(file, format!("model_type {arch:?} is not supported; weft runs llama, mistral and qwen2 models")));
+        }
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let float = |key: &str| v[key].as_f64().map(|x| x as f32);
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let rope_scaling = match &v["rope_scaling"] {
+            Value::Object(s) => {
+                let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("");
+                let f = |key: &str| s.get(key).and_then(Value::as_f64).map(|x| x as f32);
+                match kind {
+                    "linear" => Some(RopeScaling::Linear { factor: f("factor").unwrap_or(1.0) }),
+                    "llama3" => Some(RopeScaling::Llama3 {
+                        factor: f("factor").ok_or_else(|| missing(file, "rope_scaling.factor"))?,
+                        low_freq_factor: f("low_freq_factor").unwrap_or(1.0),
+                        high_freq_factor: f("high_freq_factor").unwrap_or(4.0),
+                        original_max_position_embeddings: s
+                            .get("original_max_position_embeddings")
+                            .and_then(Value::as_u64)
+                            .unwrap_or(8192) as usize,
+                    }),
+                    "default" => None,
+                    other => return Err(WeftError::model(file, format!("rope_scaling type {other:?} is not supported (linear, llama3 are)"))),
+                }
+            }
+            _ => None,
+        };
+        let config = LlamaConfig {
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: int("intermediate_size")?,
+            num_layers: int("num_hidden_layers")?,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim: int("head_dim").unwrap_or(hidden_size / num_heads.max(1)),
+            rms_norm_eps: float("rms_norm_eps").unwrap_or(1e-6),
+            rope_theta: float("rope_theta").unwrap_or(10000.0),
+            rope_scaling,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(4096),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
+            sliding_window: if arch == "mistral" || v["use_sliding_window"].as_bool() == Some(true) {
+                v["sliding_window"].as_u64().map(|w| w as usize)
+            } else {
+                None
+            },
+            architecture: arch,
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    fn check(&self, file: &str) -> Result<()> {
+        let ok = self.num_heads > 0
+            && self.num_kv_heads > 0
+            && self.num_heads % self.num_kv_heads == 0
+            && self.head_dim > 0
+            && self.head_dim % 2 == 0
+            && self.head_dim <= crate::gpu::kernels::paged::MAX_HEAD_DIM
+            && self.num_layers > 0
+            && self.vocab_size > 0;
+        if !ok {
+            return Err(WeftError::model(
+                file,
+                format!(
+                    "unsupported shape: {} heads, {} KV heads, head_dim {}, {} layers (weft needs heads a multiple of KV heads and an even head_dim <= {})",
+                    self.num_heads,
+                    self.num_kv_heads,
+                    self.head_dim,
+                    self.num_layers,
+                    crate::gpu::kernels::paged::MAX_HEAD_DIM
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// RoPE inverse frequencies after scaling, computed in f32 as transformers does.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let base = crate::gpu::kernels::rope::inv_freq(self.head_dim, self.rope_theta);
+        match &self.rope_scaling {
+            None => base,
+            Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
+            Some(RopeScaling::FreqFactors(div)) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
+            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+                let old = *original_max_position_embeddings as f32;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}

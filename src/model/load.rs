@@ -1,0 +1,184 @@
+//! Opening a model from disk or bytes: a GGUF file, or a Hugging Face directory (config.json +
+//! safetensors), as a config plus a [`WeightSource`].
+
+use std::borrow::Cow;
+
+use crate::error::{Result, WeftError};
+use crate::model::gguf::{GgufFile, TensorDType};
+use crate::model::llama::{Checkpoint, HostTensor, WeightSource};
+use crate::quant::DType;
+
+/// Weights read from a GGUF file.
+pub struct GgufWeights<'a> {
+    pub gguf: &'a GgufFile,
+}
+
+impl WeightSource for GgufWeights<'_> {
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint::Gguf
+    }
+
+    fn file(&self) -> &str {
+        self.gguf.name()
+    }
+
+    fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>> {
+        let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
+        let bytes = self.gguf.tensor_bytes(info);
+        let (dtype, bytes) = match info.dtype()? {
+            TensorDType::Native(dtype) => (dtype, Cow::Borrowed(bytes)),
+            TensorDType::Bf16 => (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec())),
+        };
+        Ok(Some(HostTensor { shape: info.shape(), dtype, bytes }))
+    }
+}
+
+/// A GGUF file whose tensor types weft cannot read is refused before anything is uploaded.
+pub fn check_gguf(gguf: &GgufFile) -> Result<()> {
+    gguf.check_tensor_types().map_err(|e| match e {
+        WeftError::Model { .. } => e,
+        other => WeftError::model(gguf.name(), other.to_string()),
+    })
+}
+
+/// Weights of a Hugging Face model directory: `model.safetensors`, or the shards listed by
+/// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors (BF16 widens to F32).
+#[cfg(not(target_arch = "wasm32"))]
+pub struct SafetensorsWeights {
+    dir: String,
+    shards: Vec<memmap2::Mmap>,
+    /// name -> (shard, dtype, shape, byte range within the shard)
+    tensors: std::collections::HashMap<String, (usize, safetensors::Dtype, Vec<usize>, std::ops::Range<usize>)>,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl SafetensorsWeights {
+    pub fn open(dir: &std::path::Path) -> Result<SafetensorsWeights> {
+        let shown = dir.display().to_string();
+        let index_path = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| WeftError::model(index_path.display().to_string(), e.to_string()))?;
+            let index: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| WeftError::model(index_path.display().to_string(), format!("not valid JSON: {e}")))?;
+            let map = index["weight_map"]
+                .as_object()
+                .ok_or_else(|| WeftError::model(index_path.display().to_string(), "no weight_map object"))?;
+            let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(String::from)).collect();
+            names.sort();
+            names.dedup();
+            names
+        } else if dir.join("model.safetensors").exists() {
+            vec!["model.safetensors".into()]
+        } else {
+            return Err(WeftError::model(&shown, "has neither model.safetensors nor model.safetensors.index.json"));
+        };
+        let mut shards = Vec::new();
+        let mut tensors = std::collections::HashMap::new();
+        for (i, name) in shard_names.iter().enumerate() {
+            let path = dir.join(name);
+            let file_name = path.display().to_string();
+            let file = std::fs::File::open(&path).map_err(|e| WeftError::model(&file_name, e.to_string()))?;
+            // SAFETY: the map is read-only; a file changed underneath us is the user's race, as
+            // with every memory-mapped model loader.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| WeftError::model(&file_name, e.to_string()))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
+                .map_err(|e| WeftError::model(&file_name, format!("not a safetensors file: {e}")))?;
+            let data_start = 8 + header_len;
+            for (tensor, info) in meta.tensors() {
+                let (start, end) = info.data_offsets;
+                tensors.insert(tensor, (i, info.dtype, info.shape.clone(), data_start + start..data_start + end));
+            }
+            shards.push(map);
+        }
+        Ok(SafetensorsWeights { dir: shown, shards, tensors })
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl WeightSource for SafetensorsWeights {
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint::HuggingFace
+    }
+
+    fn file(&self) -> &str {
+        &self.dir
+    }
+
+    fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>> {
+        let Some((shard, dtype, shape, range)) = self.tensors.get(name) else { return Ok(None) };
+        let bytes = &self.shards[*shard][range.clone()];
+        let (dtype, bytes) = match dtype {
+            safetensors::Dtype::F32 => (DType::F32, Cow::Borrowed(bytes)),
+            safetensors::Dtype::F16 => (DType::F16, Cow::Borrowed(bytes)),
+            safetensors::Dtype::BF16 => (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec())),
+            other => {
+                return Err(WeftError::model(&self.dir, format!("tensor {name} is {other:?}; weft reads F32, F16 and BF16 safetensors")));
+            }
+        };
+        Ok(Some(HostTensor { shape: shape.clone(), dtype, bytes }))
+    }
+}
+
+/// The checkpoint behind a loaded model.
+enum Checkpointed {
+    Gguf(GgufFile),
+    #[cfg(not(target_arch = "wasm32"))]
+    HuggingFace(SafetensorsWeights),
+}
+
+/// A model opened from disk or bytes: its config, tokenizer and weights, ready to upload.
+pub struct ModelFiles {
+    pub config: crate::model::config::LlamaConfig,
+    pub tokenizer: std::sync::Arc<crate::tokenizer::HfTokenizer>,
+    checkpoint: Checkpointed,
+}
+
+impl ModelFiles {
+    /// A GGUF file, or a Hugging Face directory (config.json, tokenizer.json, safetensors).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(path: &std::path::Path) -> Result<ModelFiles> {
+        let shown = path.display().to_string();
+        if path.is_dir() {
+            let config_path = path.join("config.json");
+            let json = std::fs::read_to_string(&config_path)
+                .map_err(|e| WeftError::model(&shown, format!("is a directory but config.json cannot be read ({e}); a model directory needs config.json, tokenizer.json and safetensors weights")))?;
+            let config = crate::model::config::LlamaConfig::from_hf_json(&config_path.display().to_string(), &json)?;
+            let tokenizer_config = path.join("tokenizer_config.json");
+            let tokenizer = crate::tokenizer::HfTokenizer::from_file(&path.join("tokenizer.json"), tokenizer_config.exists().then_some(tokenizer_config.as_path()))?;
+            let weights = SafetensorsWeights::open(path)?;
+            return Ok(ModelFiles { config, tokenizer: std::sync::Arc::new(tokenizer), checkpoint: Checkpointed::HuggingFace(weights) });
+        }
+        if !path.exists() {
+            return Err(WeftError::model(&shown, "no such file or directory"));
+        }
+        Self::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// GGUF bytes (the browser's path: a download or a picked file).
+    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<ModelFiles> {
+        Self::from_gguf(GgufFile::from_bytes(name, bytes)?)
+    }
+
+    fn from_gguf(gguf: GgufFile) -> Result<ModelFiles> {
+        check_gguf(&gguf)?;
+        let config = crate::model::config::LlamaConfig::from_gguf(&gguf)?;
+        let tokenizer = crate::tokenizer::HfTokenizer::from_gguf_metadata_of(&gguf.metadata, gguf.name())?;
+        Ok(ModelFiles { config, tokenizer: std::sync::Arc::new(tokenizer), checkpoint: Checkpointed::Gguf(gguf) })
+    }
+
+    /// Upload the weights and make an executor with a KV pool of `kv_blocks` blocks of `block_size`.
+    pub fn executor(
+        &self,
+        factory: &crate::gpu::GpuTensorFactory,
+        kv: crate::kv::KvCacheConfig,
+    ) -> Result<crate::model::executor::GpuExecutor> {
+        let model = match &self.checkpoint {
+            Checkpointed::Gguf(gguf) => crate::model::llama::LlamaModel::load(self.config.clone(), &GgufWeights { gguf }, factory)?,
+            #[cfg(not(target_arch = "wasm32"))]
+            Checkpointed::HuggingFace(weights) => crate::model::llama::LlamaModel::load(self.config.clone(), weights, factory)?,
+        };
+        let c = &self.config;
+        let pool = crate::kv::KvPool::new(factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        Ok(crate::model::executor::GpuExecutor::new(factory.clone(), model, pool))
+    }
+}

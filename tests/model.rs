@@ -1,0 +1,253 @@
+//! The GPU Llama forward pass against the plain CPU one (`cpu::llama`) on tiny random models:
+//! GGUF files (llama.cpp's permuted q/k, every weight format), chunked prefill starting at any
+//! position, decode steps, several sequences in one step, and batch invariance.
+//!
+//! Tolerance: logits agree within 1e-4 · max|logit|. The CPU sums in f64; each GPU matmul errs by
+//! at most k·u relative (k <= 96 here), attention and norms add a few ulp, and two layers
+//! compound that to well under 1e-5 relative; 1e-4 leaves a margin without hiding a wrong
+//! pairing or a wrong position (those move logits by whole percents).
+
+use weft::DType;
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::kv::{KvCacheConfig, KvPool};
+use weft::model::config::LlamaConfig;
+use weft::model::executor::{GpuExecutor, ModelExecutor, SampleSpec, SeqInput};
+use weft::model::gguf::GgufFile;
+use weft::model::llama::LlamaModel;
+use weft::model::load::GgufWeights;
+use weft::model::tiny;
+use weft::sampling::SamplingParams;
+
+fn factory() -> Option<GpuTensorFactory> {
+    match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
+        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
+        Err(e) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("skipping: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+const BLOCK: usize = 4;
+
+fn executor(f: &GpuTensorFactory, config: &LlamaConfig, gguf: &GgufFile) -> GpuExecutor {
+    let loaded = LlamaConfig::from_gguf(gguf).unwrap();
+    assert_eq!(&loaded, config, "config read back from the GGUF metadata");
+    let model = LlamaModel::load(loaded, &GgufWeights { gguf }, f).unwrap();
+    let kv = KvPool::new(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+    GpuExecutor::new(f.clone(), model, kv)
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= 1e-4 * scale, "{what}: max error {worst} vs max |logit| {scale}");
+}
+
+/// Two sequences in one step: one prefilled in chunks (3, 5, 1 tokens), one decoding.
+fn run_and_compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType) {
+    let w = tiny::random_weights(config, 7, dtype);
+    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
+    let exec = executor(f, config, &gguf);
+    let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
+    let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
+    let want_a = weft::cpu::llama::forward(config, &w, &a);
+    let want_b = weft::cpu::llama::forward(config, &w, &b);
+    let table_a: Vec<u32> = vec![10, 3, 7];
+    let table_b: Vec<u32> = vec![20, 21];
+    let seq = |tokens: &[u32], start: usize, table: &[u32]| SeqInput { tokens: tokens.to_vec(), start_pos: start, block_table: table.to_vec(), sample: None };
+    // Step 1: a's first chunk and b's prompt.
+    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)])).unwrap();
+    close(&format!("{dtype} a[..3]"), &out[0], &want_a[2]);
+    close(&format!("{dtype} b[..5]"), &out[1], &want_b[4]);
+    // Step 2: a's second chunk (starting at position 3, across a block boundary) and b's decode.
+    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[3..8], 3, &table_a), seq(&b[5..], 5, &table_b)])).unwrap();
+    close(&format!("{dtype} a[..8]"), &out[0], &want_a[7]);
+    close(&format!("{dtype} b[..6]"), &out[1], &want_b[5]);
+    // Step 3: a's last token alone.
+    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[8..], 8, &table_a)])).unwrap();
+    close(&format!("{dtype} a[..9]"), &out[0], &want_a[8]);
+}
+
+#[test]
+fn tiny_gguf_matches_cpu_in_every_weight_format() {
+    let Some(f) = factory() else { return };
+    for dtype in DType::WEIGHTS {
+        run_and_compare(&f, &tiny::tiny_config(), dtype);
+    }
+}
+
+#[test]
+fn untied_head_and_qkv_bias_match_cpu() {
+    let Some(f) = factory() else { return };
+    let config = LlamaConfig { architecture: "qwen2".into(), tie_word_embeddings: false, attention_bias: true, ..tiny::tiny_config() };
+    run_and_compare(&f, &config, DType::Q8_0);
+}
+
+#[test]
+fn sliding_window_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let mut config = LlamaConfig { architecture: "mistral".into(), ..tiny::tiny_config() };
+    config.sliding_window = Some(4);
+    let w = tiny::random_weights(&config, 9, DType::F32);
+    let mut bytes = tiny::gguf_bytes(&config, &w, DType::F32);
+    // gguf_bytes writes no window; append the key through a fresh writer round trip.
+    let gguf = GgufFile::from_bytes("tiny.gguf", std::mem::take(&mut bytes)).unwrap();
+    let mut writer = weft::model::gguf::GgufWriter::new();
+    for (k, v) in &gguf.metadata {
+        writer.metadata(k, v.clone());
+    }
+    writer.metadata("mistral.attention.sliding_window", weft::model::gguf::MetaValue::U32(4));
+    for t in &gguf.tensors {
+        writer.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+    }
+    let gguf = GgufFile::from_bytes("tiny.gguf", writer.to_bytes()).unwrap();
+    let exec = executor(&f, &config, &gguf);
+    let tokens: Vec<u32> = (0..11).map(|i| (i * 37 % 256) as u32).collect();
+    let want = weft::cpu::llama::forward(&config, &w, &tokens);
+    let out = weft::rt::block_on(exec.last_logits(&[SeqInput { tokens, start_pos: 0, block_table: vec![0, 1, 2], sample: None }])).unwrap();
+    close("window 4", &out[0], &want[10]);
+}
+
+#[test]
+fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
+    let Some(f) = factory() else { return };
+    let config = tiny::tiny_config();
+    let w = tiny::random_weights(&config, 3, DType::Q4_1);
+    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::Q4_1)).unwrap();
+    let exec = executor(&f, &config, &gguf);
+    let target = SeqInput { tokens: vec![9, 8, 7, 6, 5], start_pos: 0, block_table: vec![0, 1], sample: None };
+    let alone = weft::rt::block_on(exec.last_logits(std::slice::from_ref(&target))).unwrap();
+    let others: Vec<SeqInput> = (0..6)
+        .map(|i| SeqInput { tokens: (0..(i * 2 + 1) as u32).collect(), start_pos: 0, block_table: vec![10 + 3 * i as u32, 11 + 3 * i as u32, 12 + 3 * i as u32], sample: None })
+        .collect();
+    let mut batch = others.clone();
+    batch.insert(3, target.clone());
+    let together = weft::rt::block_on(exec.last_logits(&batch)).unwrap();
+    assert!(alone[0].iter().zip(&together[3]).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ alone vs in a batch");
+
+    // And the sampler: a seeded temperature draw and greedy pick the same token either way.
+    let spec = SampleSpec { params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() }, uniform: 0.37 };
+    let with = |s: &SeqInput| SeqInput { sample: Some(spec.clone()), ..s.clone() };
+    let a = weft::rt::block_on(exec.execute(&[with(&target)])).unwrap();
+    let mut batch: Vec<SeqInput> = others.iter().map(with).collect();
+    batch.insert(3, with(&target));
+    let b = weft::rt::block_on(exec.execute(&batch)).unwrap();
+    assert_eq!(a[0], b[3]);
+}
+
+#[test]
+fn bad_step_inputs_are_refused() {
+    let Some(f) = factory() else { return };
+    let config = tiny::tiny_config();
+    let w = tiny::random_weights(&config, 3, DType::F32);
+    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::F32)).unwrap();
+    let exec = executor(&f, &config, &gguf);
+    let err = |s: SeqInput| weft::rt::block_on(exec.execute(&[s])).unwrap_err().to_string();
+    let ok = SeqInput { tokens: vec![1, 2], start_pos: 0, block_table: vec![0], sample: None };
+    assert!(err(SeqInput { tokens: vec![256], ..ok.clone() }).contains("outside the vocabulary"));
+    assert!(err(SeqInput { tokens: vec![1; 5], ..ok.clone() }).contains("cannot hold"));
+    assert!(err(SeqInput { block_table: vec![64], ..ok.clone() }).contains("does not exist"));
+    assert!(err(SeqInput { start_pos: 511, ..ok.clone() }).contains("context"));
+    assert!(err(SeqInput { tokens: vec![], ..ok.clone() }).contains("no tokens"));
+    // The executor still works afterwards.
+    assert!(weft::rt::block_on(exec.execute(&[ok])).is_ok());
+}
+
+/// A Hugging Face directory holding `w` in `dtype`, in `shards` safetensors files.
+fn write_hf_dir(dir: &std::path::Path, config: &LlamaConfig, w: &weft::cpu::llama::HfWeights, dtype: safetensors::Dtype, shards: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let json = serde_json::json!({
+        "model_type": config.architecture, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
+        "max_position_embeddings": config.max_position_embeddings, "tie_word_embeddings": config.tie_word_embeddings,
+    });
+    std::fs::write(dir.join("config.json"), json.to_string()).unwrap();
+    let encode = |v: &[f32]| -> Vec<u8> {
+        match dtype {
+            safetensors::Dtype::F32 => bytemuck::cast_slice(v).to_vec(),
+            safetensors::Dtype::F16 => v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
+            safetensors::Dtype::BF16 => v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+            _ => unreachable!(),
+        }
+    };
+    let mut names: Vec<&String> = w.keys().collect();
+    names.sort();
+    let mut weight_map = serde_json::Map::new();
+    for (s, chunk) in names.chunks(names.len().div_ceil(shards)).enumerate() {
+        let file = if shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{shards:05}.safetensors", s + 1) };
+        let data: Vec<(String, Vec<u8>, Vec<usize>)> = chunk
+            .iter()
+            .map(|name| {
+                let v = &w[*name];
+                let shape = if name.ends_with("norm.weight") || name.ends_with("bias") { vec![v.len()] } else {
+                    let cols = if name.contains("down_proj") { config.intermediate_size } else if name.contains("o_proj") { config.num_heads * config.head_dim } else { config.hidden_size };
+                    vec![v.len() / cols, cols]
+                };
+                ((*name).clone(), encode(v), shape)
+            })
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
+            data.iter().map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap())).collect();
+        safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
+        for name in chunk {
+            weight_map.insert((*name).clone(), serde_json::Value::String(file.clone()));
+        }
+    }
+    if shards > 1 {
+        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({ "weight_map": weight_map }).to_string()).unwrap();
+    }
+}
+
+#[test]
+fn hugging_face_directories_match_cpu() {
+    use weft::model::load::SafetensorsWeights;
+    let Some(f) = factory() else { return };
+    let config = tiny::tiny_config();
+    for (dtype, shards) in [(safetensors::Dtype::F32, 1), (safetensors::Dtype::BF16, 3), (safetensors::Dtype::F16, 2)] {
+        // Round the weights through the file's type so the CPU sees exactly what was stored.
+        let mut w = tiny::random_weights(&config, 11, DType::F32);
+        for v in w.values_mut() {
+            for x in v.iter_mut() {
+                *x = match dtype {
+                    safetensors::Dtype::BF16 => half::bf16::from_f32(*x).to_f32(),
+                    safetensors::Dtype::F16 => half::f16::from_f32(*x).to_f32(),
+                    _ => *x,
+                };
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("weft-hf-{}-{dtype:?}", std::process::id()));
+        write_hf_dir(&dir, &config, &w, dtype, shards);
+        let json = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let loaded = LlamaConfig::from_hf_json("config.json", &json).unwrap();
+        assert_eq!(loaded, config);
+        let model = LlamaModel::load(loaded, &SafetensorsWeights::open(&dir).unwrap(), &f).unwrap();
+        let kv = KvPool::new(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 8 }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+        let exec = GpuExecutor::new(f.clone(), model, kv);
+        let tokens: Vec<u32> = vec![4, 8, 15, 16, 23, 42];
+        let want = weft::cpu::llama::forward(&config, &w, &tokens);
+        let out = weft::rt::block_on(exec.last_logits(&[SeqInput { tokens, start_pos: 0, block_table: vec![0, 1], sample: None }])).unwrap();
+        close(&format!("safetensors {dtype:?} in {shards} shards"), &out[0], &want[5]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn broken_hugging_face_directories_name_the_problem() {
+    use weft::model::load::SafetensorsWeights;
+    let dir = std::env::temp_dir().join(format!("weft-hf-broken-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("neither model.safetensors nor model.safetensors.index.json"), "{err}");
+    std::fs::write(dir.join("model.safetensors"), b"garbage").unwrap();
+    let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("model.safetensors") && err.contains("not a safetensors file"), "{err}");
+    let err = LlamaConfig::from_hf_json("config.json", "{\"model_type\": \"gpt2\"}").unwrap_err().to_string();
+    assert!(err.contains("model_type \"gpt2\" is not supported"), "{err}");
+    let err = LlamaConfig::from_hf_json("config.json", "{").unwrap_err().to_string();
+    assert!(err.contains("config.json: not valid JSON"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
