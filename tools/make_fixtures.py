@@ -34,8 +34,10 @@ and falls back to plain GPT-2 byte-level splitting, which loses SmolLM2's indivi
 (SmolLM2's own tokenizer.json is ``Sequence[Digits(individual_digits=true), ByteLevel(
 add_prefix_space=false, use_regex=true)]``; llama.cpp's "smollm" is the regex ``\\p{N}`` followed
 by the GPT-2 regex). Most digit runs still come out one digit per token because the vocabulary
-has no multi-digit tokens, but the split differs next to whitespace (e.g. "a  1": GPT-2 regex
-gives "Ġ","Ġ1"->"Ġ","Ġ","1" while SmolLM2 gives "ĠĠ","1"). The script puts the SmolLM2
+has no multi-digit tokens, but the result differs when whitespace comes right before a digit:
+"a  1" is a,ĠĠ,1 = [81, 256, 33] for SmolLM2/llama.cpp but a,Ġ,Ġ,1 = [81, 216, 216, 33] with the
+plain GPT-2 regex (which splits "  1" into " " + " 1"); likewise "x\r\n42" is x,čĊ,4,2 versus
+x,č,Ċ,4,2. Prompt ids, and so logits, change with it. The script puts the SmolLM2
 pre-tokenizer back, records in tokenizer.json the strings where the unfixed tokenizer differs,
 and, when ``llama_cpp`` (llama-cpp-python) is importable, checks the fixed tokenizer against
 llama.cpp's on every fixture string and prompt.
@@ -540,6 +542,8 @@ def tokenizer_strings():
         "½ ¾ ² ³ ① ② Ⅻ ٣ ४ ๓",  # other Unicode numbers (\p{N}: No, Nl, Nd)
         "１２３ full-width digits",
     )
+    # Whitespace right before digits: where the individual-digit pre-split changes the result
+    add("a  1", "a   12", "x\r\n42", "x \n1", "hello\n\n123", "tab\t\t5", "end \n 7 \n", "(  3  )", "\u00a0\u00a09")
     # Punctuation
     add(
         "!!!", "???", "...", "…", "?!", "--", "---", "—", "–", "(a)", "[b]", "{c}", "<d>", "\"quoted\"",
