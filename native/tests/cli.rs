@@ -50,3 +50,71 @@ fn info_runs_the_self_check() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("shader-f16=false subgroups=false"), "--baseline must drop the optional features:\n{stdout}");
 }
+
+/// Each broken model makes `weft generate` exit non-zero with one line naming the file and
+/// what is wrong with it.
+#[test]
+fn broken_models_are_named_in_one_line() {
+    use weft::model::gguf::{GgmlType, GgufWriter, MetaValue};
+    let dir = std::env::temp_dir().join(format!("weft-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corrupt = dir.join("corrupt.gguf");
+    std::fs::write(&corrupt, b"this is not a model at all").unwrap();
+    let mut q6k = GgufWriter::new();
+    q6k.metadata("general.architecture", MetaValue::String("llama".into()))
+        .tensor("blk.0.ffn_down.weight", &[256, 2], GgmlType::Q6_K, &[0u8; 420]);
+    let unsupported = dir.join("q6k.gguf");
+    std::fs::write(&unsupported, q6k.to_bytes()).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    let mut whole = GgufWriter::new();
+    whole.metadata("general.architecture", MetaValue::String("llama".into())).tensor("token_embd.weight", &[64, 8], GgmlType::F32, &[0u8; 2048]);
+    let bytes = whole.to_bytes();
+    std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
+    let no_config = dir.join("hf-without-config");
+    std::fs::create_dir_all(&no_config).unwrap();
+
+    let cases: [(&std::path::Path, &str); 4] = [
+        (&corrupt, "not a GGUF file"),
+        (&unsupported, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, BF16, Q8_0, Q4_0, Q4_1"),
+        (&truncated, "past the end of the file"),
+        (&no_config, "config.json"),
+    ];
+    for (path, problem) in cases {
+        let (ok, _, stderr) = weft(&["generate", "--model", path.to_str().unwrap(), "--prompt", "hi"], &[]);
+        assert!(!ok, "{path:?} must fail");
+        let line = stderr.trim_end();
+        assert!(!line.contains('\n'), "one line, got:\n{stderr}");
+        assert!(line.contains(&path.display().to_string()), "names the file: {line}");
+        assert!(line.contains(problem), "says {problem:?}: {line}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_default_model_says_how_to_fetch_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["generate", "--prompt", "hi"])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cargo xtask fetch-model") && stderr.contains("--model"), "{stderr}");
+}
+
+#[test]
+fn generate_answers_a_chat_question_with_the_default_model() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !std::path::Path::new(model).exists() {
+        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing");
+        return eprintln!("skipping: no default model");
+    }
+    let args = ["generate", "--model", model, "--chat", "--prompt", "What is the capital of France?", "--temperature", "0", "--max-tokens", "12"];
+    let (ok, stdout, stderr) = weft(&args, &[]);
+    if !ok && !gpu_required() && stderr.contains("no GPU adapter found") {
+        return eprintln!("skipping: no GPU adapter");
+    }
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Paris"), "{stdout}");
+    assert!(stderr.contains("tokens/s"), "{stderr}");
+}

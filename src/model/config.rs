@@ -203,3 +203,74 @@ impl LlamaConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Llama 3.1 8B's frequencies: theta 5e5, head_dim 128, llama3 scaling (factor 8, low 1,
+    /// high 4, original context 8192). Expected values printed by transformers 5.24
+    /// (`ROPE_INIT_FUNCTIONS["llama3"]`, f32); they must agree to f32 rounding.
+    #[test]
+    fn llama3_scaling_matches_transformers() {
+        let config = LlamaConfig {
+            architecture: "llama".into(),
+            vocab_size: 128256,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500000.0,
+            rope_scaling: Some(RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            }),
+            max_position_embeddings: 131072,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            sliding_window: None,
+        };
+        let got = config.inv_freq();
+        let want = [
+            (0, 1.0),
+            (1, 0.8146172165870667),
+            (20, 0.016560440883040428),
+            (30, 0.0013718936825171113),
+            (40, 3.428102354519069e-05),
+            (45, 1.2297638932068367e-05),
+            (50, 4.411534519022098e-06),
+            (63, 3.068925877869333e-07),
+        ];
+        for (i, w) in want {
+            let rel = (f64::from(got[i]) - w).abs() / w;
+            assert!(rel < 1e-6, "inv_freq[{i}] = {} vs {w}", got[i]);
+        }
+    }
+
+    #[test]
+    fn hf_config_errors_name_the_field() {
+        let err = LlamaConfig::from_hf_json("config.json", r#"{"model_type": "llama"}"#).unwrap_err().to_string();
+        assert!(err.contains("config.json") && err.contains("hidden_size"), "{err}");
+        let err = LlamaConfig::from_hf_json(
+            "config.json",
+            r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
+                "intermediate_size": 8, "num_hidden_layers": 1, "vocab_size": 10}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unsupported shape"), "{err}");
+        let err = LlamaConfig::from_hf_json(
+            "config.json",
+            r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
+                "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("rope_scaling type \"yarn\" is not supported"), "{err}");
+    }
+}
