@@ -5,6 +5,7 @@
 //! references of every kernel. See ARCHITECTURE.md for the map.
 
 pub mod cpu;
+pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod kv;

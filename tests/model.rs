@@ -146,7 +146,7 @@ fn bad_step_inputs_are_refused() {
     let exec = executor(&f, &config, &gguf);
     let err = |s: SeqInput| weft::rt::block_on(exec.execute(&[s])).unwrap_err().to_string();
     let ok = SeqInput { tokens: vec![1, 2], start_pos: 0, block_table: vec![0], sample: None };
-    assert!(err(SeqInput { tokens: vec![256], ..ok.clone() }).contains("outside the vocabulary"));
+    assert!(err(SeqInput { tokens: vec![config.vocab_size as u32], ..ok.clone() }).contains("outside the vocabulary"));
     assert!(err(SeqInput { tokens: vec![1; 5], ..ok.clone() }).contains("cannot hold"));
     assert!(err(SeqInput { block_table: vec![64], ..ok.clone() }).contains("does not exist"));
     assert!(err(SeqInput { start_pos: 511, ..ok.clone() }).contains("context"));

@@ -134,3 +134,35 @@ fn logits_and_greedy_tokens_match_transformers() {
     }
     eprintln!("greedy: {} of {} prompts identical for all {STEPS} tokens, {near_ties} diverged at a near-tie", prompts.len() - near_ties, prompts.len());
 }
+
+/// The one-line builder and the engine traits, on the default model: the engine's greedy
+/// tokens are the reference's.
+#[test]
+fn the_engine_builder_serves_the_default_model() {
+    use weft::engine::api::{EngineBuilder, EngineStatus, LlmInferenceEngine};
+    use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+    if model().is_none() {
+        return;
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let engine = match EngineBuilder::from_model(&path).unwrap().kv_memory_bytes(8 << 20).build() {
+        Ok(e) => e,
+        Err(e @ weft::WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => return eprintln!("skipping: {e}"),
+        Err(e) => panic!("{e}"),
+    };
+    let engine: std::sync::Arc<dyn LlmInferenceEngine> = std::sync::Arc::new(engine);
+    let p = &fixtures()[0];
+    let params = GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 6, ignore_eos: true, ..Default::default() };
+    let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
+    assert_eq!(response.token_ids, ids(&p["greedy_ids"])[..6]);
+    assert!(response.text.contains("Paris"), "{}", response.text);
+    assert!(engine.health_check().healthy);
+    assert_eq!(engine.status(), EngineStatus::Running { background_loop: false });
+    let admission = engine.admission_snapshot();
+    assert_eq!((admission.running, admission.waiting), (0, 0));
+    assert!(engine.lora_metrics_snapshot().is_none());
+    assert_eq!(engine.cache_metrics_snapshot().kv.used_blocks, 0);
+    engine.shutdown();
+    assert!(!engine.health_check().healthy);
+    assert_eq!(engine.status(), EngineStatus::ShutDown);
+}

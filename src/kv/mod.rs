@@ -4,6 +4,9 @@
 //! write K/V into the slots those tables name; they never allocate or free blocks.
 //! **Invariant:** the allocator is pure logic (no wgpu); only `KvPool` touches GPU tensors.
 
+mod manager;
+pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats, SeqId};
+
 use std::sync::Arc;
 
 use crate::error::{Result, WeftError};

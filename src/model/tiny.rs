@@ -1,6 +1,7 @@
 //! Tiny random Llama models, written by weft itself, for fast tests: the same weights as a GGUF
-//! file (llama.cpp's layout, q/k rows permuted) and as Hugging Face f32 tensors (for the CPU
-//! oracle in `cpu::llama` and for safetensors directories).
+//! file (llama.cpp's layout, q/k rows permuted, with a byte-level tokenizer and a ChatML
+//! template) and as Hugging Face f32 tensors (for the CPU oracle in `cpu::llama` and for
+//! safetensors directories).
 
 use crate::cpu::llama::HfWeights;
 use crate::model::config::LlamaConfig;
@@ -12,7 +13,7 @@ use crate::quant::DType;
 pub fn tiny_config() -> LlamaConfig {
     LlamaConfig {
         architecture: "llama".into(),
-        vocab_size: 256,
+        vocab_size: TINY_VOCAB.len(),
         hidden_size: 64,
         intermediate_size: 96,
         num_layers: 2,
@@ -27,6 +28,65 @@ pub fn tiny_config() -> LlamaConfig {
         attention_bias: false,
         sliding_window: None,
     }
+}
+
+/// The tiny vocabulary: the 256 bytes in GPT-2's byte alphabet, one merge ("ĠĠ", two spaces),
+/// then the special tokens.
+pub const TINY_VOCAB: [&str; 260] = tiny_vocab();
+
+const fn tiny_vocab() -> [&'static str; 260] {
+    // Filled at compile time from BYTE_TOKENS below.
+    let mut out = [""; 260];
+    let mut i = 0;
+    while i < 256 {
+        out[i] = BYTE_TOKENS[i];
+        i += 1;
+    }
+    out[256] = "ĠĠ";
+    out[257] = "<|endoftext|>";
+    out[258] = "<|im_start|>";
+    out[259] = "<|im_end|>";
+    out
+}
+
+/// `<|endoftext|>`, the tiny tokenizer's end of sequence; `<|im_end|>` ends a chat turn.
+pub const TINY_EOS: u32 = 257;
+pub const TINY_IM_END: u32 = 259;
+
+const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// GPT-2's printable stand-in for each byte (`bytes_to_unicode`).
+const BYTE_TOKENS: [&str; 256] = [
+    "Ā", "ā", "Ă", "ă", "Ą", "ą", "Ć", "ć", "Ĉ", "ĉ", "Ċ", "ċ", "Č", "č", "Ď", "ď", "Đ", "đ", "Ē", "ē", "Ĕ", "ĕ", "Ė", "ė",
+    "Ę", "ę", "Ě", "ě", "Ĝ", "ĝ", "Ğ", "ğ", "Ġ", "!", "\"", "#", "$", "%", "&", "'", "(", ")", "*", "+", ",", "-", ".", "/",
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ":", ";", "<", "=", ">", "?", "@", "A", "B", "C", "D", "E", "F", "G",
+    "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z", "[", "\\", "]", "^", "_",
+    "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w",
+    "x", "y", "z", "{", "|", "}", "~", "ġ", "Ģ", "ģ", "Ĥ", "ĥ", "Ħ", "ħ", "Ĩ", "ĩ", "Ī", "ī", "Ĭ", "ĭ", "Į", "į", "İ", "ı",
+    "Ĳ", "ĳ", "Ĵ", "ĵ", "Ķ", "ķ", "ĸ", "Ĺ", "ĺ", "Ļ", "ļ", "Ľ", "ľ", "Ŀ", "ŀ", "Ł", "ł", "¡", "¢", "£", "¤", "¥", "¦", "§",
+    "¨", "©", "ª", "«", "¬", "Ń", "®", "¯", "°", "±", "²", "³", "´", "µ", "¶", "·", "¸", "¹", "º", "»", "¼", "½", "¾", "¿",
+    "À", "Á", "Â", "Ã", "Ä", "Å", "Æ", "Ç", "È", "É", "Ê", "Ë", "Ì", "Í", "Î", "Ï", "Ð", "Ñ", "Ò", "Ó", "Ô", "Õ", "Ö", "×",
+    "Ø", "Ù", "Ú", "Û", "Ü", "Ý", "Þ", "ß", "à", "á", "â", "ã", "ä", "å", "æ", "ç", "è", "é", "ê", "ë", "ì", "í", "î", "ï",
+    "ð", "ñ", "ò", "ó", "ô", "õ", "ö", "÷", "ø", "ù", "ú", "û", "ü", "ý", "þ", "ÿ",
+];
+
+/// The tokenizer metadata of the tiny vocabulary (GGUF `tokenizer.*` keys).
+pub fn tokenizer_metadata() -> Vec<(&'static str, MetaValue)> {
+    let strings = |v: &[&str]| MetaValue::Array(v.iter().map(|s| MetaValue::String(s.to_string())).collect());
+    let types: Vec<MetaValue> = (0..TINY_VOCAB.len()).map(|i| MetaValue::I32(if i >= 257 { 3 } else { 1 })).collect();
+    vec![
+        ("tokenizer.ggml.model", MetaValue::String("gpt2".into())),
+        ("tokenizer.ggml.pre", MetaValue::String("gpt2".into())),
+        ("tokenizer.ggml.tokens", strings(&TINY_VOCAB)),
+        ("tokenizer.ggml.token_type", MetaValue::Array(types)),
+        ("tokenizer.ggml.merges", strings(&["Ġ Ġ"])),
+        ("tokenizer.ggml.bos_token_id", MetaValue::U32(TINY_EOS)),
+        ("tokenizer.ggml.eos_token_id", MetaValue::U32(TINY_EOS)),
+        ("tokenizer.ggml.eot_token_id", MetaValue::U32(TINY_IM_END)),
+        ("tokenizer.ggml.add_bos_token", MetaValue::Bool(false)),
+        ("tokenizer.chat_template", MetaValue::String(CHATML.into())),
+    ]
 }
 
 /// Deterministic values in [-scale, scale).
@@ -119,6 +179,9 @@ pub fn gguf_bytes(c: &LlamaConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
         .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta))
         .metadata(&key("rope.dimension_count"), MetaValue::U32(c.head_dim as u32));
+    for (k, v) in tokenizer_metadata() {
+        g.metadata(k, v);
+    }
     let permute = arch == "llama" || arch == "mistral";
     let mut put = |layer: Option<usize>, part: Part, rows: usize, cols: usize| {
         let hf = tensor_name(Checkpoint::HuggingFace, layer, part);

@@ -1,0 +1,159 @@
+//! What a caller asks the engine for, and what comes back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, WeftError};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+
+/// The prompt: raw text, token ids, or chat messages rendered with the model's own template.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Chat(Vec<ChatMessage>),
+}
+
+/// Everything about how to continue a prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationParams {
+    pub sampling: SamplingParams,
+    /// Generate at most this many tokens.
+    pub max_tokens: usize,
+    /// Stop before any of these strings; they never appear in the output.
+    pub stop: Vec<String>,
+    /// Stop after generating any of these token ids (the token itself is not part of the text).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Higher runs first when the engine must choose, and is preempted last.
+    pub priority: i32,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        GenerationParams { sampling: SamplingParams::default(), max_tokens: 256, stop: Vec::new(), stop_token_ids: Vec::new(), ignore_eos: false, priority: 0 }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct InferenceRequest {
+    pub prompt: Prompt,
+    pub params: GenerationParams,
+}
+
+impl InferenceRequest {
+    pub fn new(prompt: Prompt, params: GenerationParams) -> Self {
+        InferenceRequest { prompt, params }
+    }
+
+    /// Reject values no engine can honour, naming the field. (The prompt's length against the
+    /// context is checked once it is tokenized.)
+    pub fn validate(&self) -> Result<()> {
+        self.params.sampling.validate()?;
+        let bad = |field: &str, why: &str| Err(WeftError::Unsupported(format!("invalid {field}: {why}")));
+        if self.params.max_tokens == 0 {
+            return bad("max_tokens", "0 (must be at least 1)");
+        }
+        if self.params.stop.len() > 16 {
+            return bad("stop", "more than 16 stop strings");
+        }
+        match &self.prompt {
+            Prompt::Text(t) if t.is_empty() => bad("prompt", "the prompt is empty"),
+            Prompt::Tokens(t) if t.is_empty() => bad("prompt", "no prompt tokens"),
+            Prompt::Chat(m) if m.is_empty() => bad("messages", "there are no messages"),
+            Prompt::Chat(m) => match m.iter().find(|m| !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool")) {
+                Some(m) => bad("messages", &format!("unknown role {:?} (system, user, assistant or tool)", m.role)),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop string or stop token id.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The model's end-of-sequence token.
+    Eos,
+    /// The caller went away or the engine shut down.
+    Cancelled,
+    /// The request failed; the chunk's error says why.
+    Error,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: usize,
+}
+
+/// One generated token's log-probability, with the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// A piece of a streamed response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamChunk {
+    /// New text (never half a UTF-8 character, never part of a stop string).
+    pub text: String,
+    /// The tokens generated since the previous chunk.
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    /// Set on the last chunk only.
+    pub finish_reason: Option<FinishReason>,
+    /// Set on the last chunk only.
+    pub usage: Option<Usage>,
+}
+
+/// A whole response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InferenceResponse {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(prompt: Prompt, f: impl FnOnce(&mut GenerationParams)) -> InferenceRequest {
+        let mut params = GenerationParams::default();
+        f(&mut params);
+        InferenceRequest::new(prompt, params)
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let text = || Prompt::Text("hi".into());
+        let cases = [
+            (req(text(), |p| p.max_tokens = 0), "max_tokens"),
+            (req(text(), |p| p.sampling.temperature = -0.5), "temperature"),
+            (req(text(), |p| p.sampling.top_p = 1.5), "top_p"),
+            (req(Prompt::Text(String::new()), |_| {}), "prompt"),
+            (req(Prompt::Tokens(vec![]), |_| {}), "prompt"),
+            (req(Prompt::Chat(vec![]), |_| {}), "messages"),
+            (req(Prompt::Chat(vec![ChatMessage::new("wizard", "hi")]), |_| {}), "unknown role \"wizard\""),
+            (req(text(), |p| p.stop = vec!["x".into(); 17]), "stop"),
+        ];
+        for (r, field) in cases {
+            let err = r.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+        assert!(req(Prompt::Chat(vec![ChatMessage::user("hi")]), |_| {}).validate().is_ok());
+    }
+}

@@ -1,0 +1,879 @@
+//! `ContinuousBatchScheduler`: which sequences, and which of their tokens, go into each forward
+//! pass. Modelled on vLLM v1's `scheduler.py`.
+//!
+//! One idea carries it: each sequence's computed tokens catch up to its known tokens (prompt plus
+//! generated so far). A prefill, a chunk of a long prefill, a decode, a prefix-cache hit and the
+//! recompute after a preemption are all the same operation: compute tokens
+//! `num_computed_tokens..` of the sequence, as many as the token budget allows.
+//!
+//! ```text
+//!   tokens:  [ p0 p1 p2 p3 p4 p5 p6 p7 | g0 g1 g2 ]      prompt | generated
+//!            [ ---- computed ----- )[- to compute -]       g2 was sampled last step
+//!                               ^ num_computed_tokens
+//! ```
+//!
+//! The contract is two calls per step: `schedule()` returns plain data (what to run), and
+//! `update_from_output(&output, &runner_output)` applies what the model sampled.
+//!
+//! **Invariant:** this module imports no wgpu, async runtime or web-sys: it is pure logic, and
+//! its tests run fake model outputs (a tidy test below checks the imports of this file and of
+//! `kv::manager`).
+//! **Invariant:** one step is one forward pass; no sequence appears twice in it, and it never
+//! holds more than `max_num_batched_tokens` tokens or `max_num_seqs` sequences.
+//! **Invariant:** the scheduler never finishes a sequence: the engine calls `finish`. It only
+//! stops scheduling a sequence that has generated `max_tokens` tokens.
+//! **Invariant:** preemption is explicit and logged: a preempted sequence loses its blocks and
+//! its computed count but keeps its tokens, and is recomputed when readmitted.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::kv::{KvCacheManager, SeqId};
+
+/// Limits of one step and of one sequence.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequences running (holding KV blocks) at most, hence in one step at most.
+    pub max_num_seqs: usize,
+    /// Tokens computed in one step at most (prefill chunks plus decodes): the token budget.
+    pub max_num_batched_tokens: usize,
+    /// Prompt plus generated tokens of one sequence at most.
+    pub max_model_len: usize,
+}
+
+/// A request as the scheduler sees it.
+#[derive(Clone, Debug)]
+pub struct SchedRequest {
+    pub id: SeqId,
+    pub prompt: Vec<u32>,
+    /// Generate at most this many tokens (at least 1).
+    pub max_tokens: usize,
+    /// Higher runs first, and is preempted last.
+    pub priority: i32,
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledSeq {
+    pub id: SeqId,
+    /// The tokens to compute this step, at positions `start_pos..start_pos + tokens.len()`.
+    pub tokens: Vec<u32>,
+    /// Position of `tokens[0]`: the sequence's tokens before it are already in the KV cache.
+    pub start_pos: usize,
+    /// The sequence's KV blocks in token order, covering at least `start_pos + tokens.len()`.
+    pub block_table: Vec<u32>,
+    /// This chunk reaches the end of the known tokens, so a next token must be sampled.
+    pub sample: bool,
+}
+
+/// What to run in one forward pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulerOutput {
+    /// Running sequences first (decodes and unfinished prefills), then newly admitted ones.
+    pub scheduled: Vec<ScheduledSeq>,
+    /// Sequences preempted this step (blocks freed; back in the waiting queue).
+    pub preempted: Vec<SeqId>,
+    /// Sum of `scheduled[i].tokens.len()`.
+    pub num_batched_tokens: usize,
+}
+
+/// What the model runner returns for one step: the token sampled for each sequence whose chunk
+/// had `sample` set.
+#[derive(Clone, Debug, Default)]
+pub struct RunnerOutput {
+    pub sampled: Vec<(SeqId, u32)>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    /// Preemptions since the scheduler was made.
+    pub preemptions: u64,
+    /// Running sequences with more than their last sampled token left to compute (prefill,
+    /// chunked prefill, or the recompute after a preemption).
+    pub prefilling: usize,
+    /// Running sequences whose next step is a single-token decode.
+    pub decoding: usize,
+}
+
+/// A request's state while the scheduler knows it.
+#[derive(Clone, Debug)]
+struct Sequence {
+    /// (num_prompt_tokens + num_generated,) prompt then generated tokens.
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    /// Tokens whose K/V are in this sequence's blocks.
+    num_computed_tokens: usize,
+    max_tokens: usize,
+    priority: i32,
+    /// Order of the latest admission to the running set; the most recent is preempted first
+    /// among equal priorities.
+    admitted_at: u64,
+}
+
+impl Sequence {
+    fn num_generated(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Generated `max_tokens`: waits for the engine to `finish` it, never scheduled again.
+    fn is_done(&self) -> bool {
+        self.num_generated() >= self.max_tokens
+    }
+}
+
+/// Continuous batching over a paged KV cache: decodes and unfinished prefills first, then new
+/// prefills, preempting by recompute when blocks run out. See the module docs.
+pub struct ContinuousBatchScheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    req_to_seq: HashMap<SeqId, Sequence>,
+    /// Highest priority first; within a priority, preempted sequences before new ones, then
+    /// arrival order.
+    waiting: VecDeque<SeqId>,
+    /// Admission order.
+    running: Vec<SeqId>,
+    num_preemptions: u64,
+    admission_clock: u64,
+}
+
+impl ContinuousBatchScheduler {
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
+        ContinuousBatchScheduler {
+            config,
+            kv,
+            req_to_seq: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            num_preemptions: 0,
+            admission_clock: 0,
+        }
+    }
+
+    /// Queue a request. Rejected, with a message naming the problem, when its id is already
+    /// present, the prompt is empty, `max_tokens` is 0, prompt plus `max_tokens` exceed
+    /// `max_model_len`, or the sequence could not finish even holding the whole KV pool alone.
+    pub fn add_request(&mut self, req: SchedRequest) -> Result<(), String> {
+        let num_prompt_tokens = req.prompt.len();
+        if self.req_to_seq.contains_key(&req.id) {
+            return Err(format!("request id {} is already queued or running", req.id));
+        }
+        if num_prompt_tokens == 0 {
+            return Err("the prompt is empty; at least one token is needed".into());
+        }
+        if req.max_tokens == 0 {
+            return Err("max_tokens is 0; at least 1 token must be generated".into());
+        }
+        let max_model_len = self.config.max_model_len;
+        if num_prompt_tokens + req.max_tokens > max_model_len {
+            return Err(format!(
+                "the prompt ({num_prompt_tokens} tokens) plus max_tokens ({}) exceed the maximum length of {max_model_len} tokens",
+                req.max_tokens
+            ));
+        }
+        let usage = self.kv.usage();
+        let block_size = self.kv.block_size();
+        let pool_num_tokens = usage.total_blocks * block_size;
+        if num_prompt_tokens > pool_num_tokens {
+            return Err(format!(
+                "the prompt ({num_prompt_tokens} tokens, {} KV blocks) can never fit the KV pool of {} blocks of {block_size} tokens",
+                num_prompt_tokens.div_ceil(block_size),
+                usage.total_blocks
+            ));
+        }
+        // The last sampled token is never computed, so the KV holds at most this many. A
+        // sequence that cannot hold them even alone would preempt itself forever.
+        let max_kv_tokens = num_prompt_tokens + req.max_tokens - 1;
+        if max_kv_tokens > pool_num_tokens {
+            return Err(format!(
+                "the prompt ({num_prompt_tokens} tokens) plus max_tokens ({}) can never fit the KV pool of {} blocks of {block_size} tokens; \
+                 max_tokens can be at most {}",
+                req.max_tokens,
+                usage.total_blocks,
+                pool_num_tokens + 1 - num_prompt_tokens
+            ));
+        }
+        let priority = req.priority;
+        let seq = Sequence {
+            tokens: req.prompt,
+            num_prompt_tokens,
+            num_computed_tokens: 0,
+            max_tokens: req.max_tokens,
+            priority: req.priority,
+            admitted_at: 0,
+        };
+        // Behind every waiting sequence of the same or higher priority.
+        self.enqueue(req.id, |p| p < priority);
+        self.req_to_seq.insert(req.id, seq);
+        Ok(())
+    }
+
+    /// Pick the next forward pass.
+    ///
+    /// Running sequences first, in admission order: each gets up to its uncomputed tokens within
+    /// the remaining token budget, growing its blocks; when blocks run out, the lowest-priority
+    /// running sequence (the most recently admitted among equals, possibly the one asking) is
+    /// preempted until the grow succeeds or the asker itself was preempted. Then, only if
+    /// nobody was preempted, waiting sequences are admitted in queue order while sequences and
+    /// budget remain, stopping at the first whose blocks are not available.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut token_budget = self.config.max_num_batched_tokens;
+        // (id, num_new_tokens) in scheduling order.
+        let mut req_to_num_new_tokens: Vec<(SeqId, usize)> = Vec::new();
+        let mut preempted: Vec<SeqId> = Vec::new();
+
+        let mut req_index = 0;
+        while req_index < self.running.len() && token_budget > 0 {
+            let id = self.running[req_index];
+            let Some(seq) = self.req_to_seq.get_mut(&id) else {
+                // Unreachable: running ids are always known; drop it rather than loop.
+                self.running.remove(req_index);
+                continue;
+            };
+            if seq.is_done() {
+                req_index += 1;
+                continue;
+            }
+            // A step always computes at least one token. If the runner never returned the last
+            // sample, recompute the last token (same token, same slot) to get its logit again.
+            seq.num_computed_tokens = seq.num_computed_tokens.min(seq.tokens.len() - 1);
+            let num_new_tokens = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            let num_tokens_after = seq.num_computed_tokens + num_new_tokens;
+            loop {
+                if self.kv.grow(id, num_tokens_after) {
+                    req_to_num_new_tokens.push((id, num_new_tokens));
+                    token_budget -= num_new_tokens;
+                    req_index += 1;
+                    break;
+                }
+                let Some(victim_index) = self.preemption_victim() else { break };
+                let victim = self.running.remove(victim_index);
+                if victim_index < req_index {
+                    req_index -= 1;
+                }
+                if let Some(i) = req_to_num_new_tokens.iter().position(|&(v, _)| v == victim) {
+                    // Scheduled earlier this step: its tokens go back to the budget.
+                    token_budget += req_to_num_new_tokens.remove(i).1;
+                }
+                self.preempt(victim);
+                preempted.push(victim);
+                if victim == id {
+                    break;
+                }
+            }
+        }
+
+        // Admitting after a preemption would only take back the blocks just freed.
+        if preempted.is_empty() {
+            while token_budget > 0 && self.running.len() < self.config.max_num_seqs {
+                let Some(&id) = self.waiting.front() else { break };
+                let Some(seq) = self.req_to_seq.get_mut(&id) else {
+                    self.waiting.pop_front();
+                    continue;
+                };
+                // All known tokens at once (a recompute includes the generated ones), so a
+                // chunked prefill never runs out of blocks halfway.
+                let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                seq.num_computed_tokens = num_cached_tokens;
+                let num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                self.admission_clock += 1;
+                seq.admitted_at = self.admission_clock;
+                self.waiting.pop_front();
+                self.running.push(id);
+                req_to_num_new_tokens.push((id, num_new_tokens));
+                token_budget -= num_new_tokens;
+            }
+        }
+
+        let mut output = SchedulerOutput { preempted, ..Default::default() };
+        for (id, num_new_tokens) in req_to_num_new_tokens {
+            let Some(seq) = self.req_to_seq.get(&id) else { continue };
+            let start_pos = seq.num_computed_tokens;
+            let end_pos = start_pos + num_new_tokens;
+            output.scheduled.push(ScheduledSeq {
+                id,
+                tokens: seq.tokens[start_pos..end_pos].to_vec(),
+                start_pos,
+                block_table: self.kv.block_table(id).to_vec(),
+                sample: end_pos == seq.tokens.len(),
+            });
+            output.num_batched_tokens += num_new_tokens;
+        }
+        output
+    }
+
+    /// Apply a step's results: each scheduled sequence's computed count advances by its chunk,
+    /// a sampled token is appended (it is the next decode's input, not yet computed), and the
+    /// newly full blocks enter the prefix cache. Sequences finished since, and chunks that no
+    /// longer match the sequence (an output applied twice), are skipped.
+    pub fn update_from_output(&mut self, out: &SchedulerOutput, runner: &RunnerOutput) {
+        let req_to_sampled: HashMap<SeqId, u32> = runner.sampled.iter().copied().collect();
+        for s in &out.scheduled {
+            let Some(seq) = self.req_to_seq.get_mut(&s.id) else { continue };
+            if s.start_pos != seq.num_computed_tokens || s.start_pos + s.tokens.len() > seq.tokens.len() {
+                continue;
+            }
+            seq.num_computed_tokens += s.tokens.len();
+            if s.sample && seq.num_computed_tokens == seq.tokens.len() && !seq.is_done() {
+                if let Some(&token) = req_to_sampled.get(&s.id) {
+                    seq.tokens.push(token);
+                }
+            }
+            self.kv.mark_computed(s.id, &seq.tokens, seq.num_computed_tokens);
+        }
+    }
+
+    /// The engine is done with `id` (stop, EOS, max_tokens, cancelled): forget it and free its
+    /// blocks. Unknown ids are a no-op.
+    pub fn finish(&mut self, id: SeqId) {
+        if self.req_to_seq.remove(&id).is_none() {
+            return;
+        }
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        self.kv.free(id);
+    }
+
+    /// Prompt plus generated tokens so far.
+    pub fn tokens(&self, id: SeqId) -> Option<&[u32]> {
+        self.req_to_seq.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    pub fn num_generated(&self, id: SeqId) -> Option<usize> {
+        self.req_to_seq.get(&id).map(Sequence::num_generated)
+    }
+
+    /// Whether any request is still queued or running (not yet `finish`ed).
+    pub fn has_unfinished(&self) -> bool {
+        !self.req_to_seq.is_empty()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        let mut stats = SchedulerStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            preemptions: self.num_preemptions,
+            ..Default::default()
+        };
+        for seq in self.running.iter().filter_map(|id| self.req_to_seq.get(id)) {
+            if seq.num_generated() > 0 && seq.num_computed_tokens + 1 >= seq.tokens.len() {
+                stats.decoding += 1;
+            } else {
+                stats.prefilling += 1;
+            }
+        }
+        stats
+    }
+
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    /// Index in `running` of the sequence to preempt: lowest priority, then most recently
+    /// admitted. Sequences that are done are skipped: they free their blocks as soon as the
+    /// engine finishes them, and recomputing one would sample past `max_tokens`.
+    fn preemption_victim(&self) -> Option<usize> {
+        self.running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| self.req_to_seq.get(id).filter(|s| !s.is_done()).map(|s| (i, s)))
+            .min_by_key(|(_, s)| (s.priority, std::cmp::Reverse(s.admitted_at)))
+            .map(|(i, _)| i)
+    }
+
+    /// Free `id`'s blocks and send it back to the front of its priority in the waiting queue;
+    /// its tokens stay, so the readmission recomputes prompt and generated tokens in one go.
+    fn preempt(&mut self, id: SeqId) {
+        self.kv.free(id);
+        self.num_preemptions += 1;
+        let Some(seq) = self.req_to_seq.get_mut(&id) else { return };
+        seq.num_computed_tokens = 0;
+        let priority = seq.priority;
+        tracing::info!(
+            seq = id,
+            priority,
+            num_tokens = seq.tokens.len(),
+            num_generated = seq.num_generated(),
+            num_free_blocks = self.kv.num_available_blocks(),
+            "preempted: KV blocks ran out; the sequence will be recomputed when readmitted"
+        );
+        // Ahead of every waiting sequence of the same or lower priority.
+        self.enqueue(id, |p| p <= priority);
+    }
+
+    /// Insert `id` into the waiting queue before the first sequence whose priority satisfies
+    /// `goes_before`, or at the back.
+    fn enqueue(&mut self, id: SeqId, goes_before: impl Fn(i32) -> bool) {
+        let index = self.waiting.iter().position(|w| self.req_to_seq.get(w).is_some_and(|s| goes_before(s.priority)));
+        self.waiting.insert(index.unwrap_or(self.waiting.len()), id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn config(max_num_seqs: usize, max_num_batched_tokens: usize) -> SchedulerConfig {
+        SchedulerConfig { max_num_seqs, max_num_batched_tokens, max_model_len: 1024 }
+    }
+
+    fn request(id: SeqId, prompt: Vec<u32>, max_tokens: usize, priority: i32) -> SchedRequest {
+        SchedRequest { id, prompt, max_tokens, priority }
+    }
+
+    /// Apply `out` as a runner that samples `token` for every chunk that asks for one.
+    fn run_step(sched: &mut ContinuousBatchScheduler, out: &SchedulerOutput, token: u32) {
+        let sampled = out.scheduled.iter().filter(|s| s.sample).map(|s| (s.id, token)).collect();
+        sched.update_from_output(out, &RunnerOutput { sampled });
+    }
+
+    fn ids(out: &SchedulerOutput) -> Vec<SeqId> {
+        out.scheduled.iter().map(|s| s.id).collect()
+    }
+
+    #[test]
+    fn decodes_run_before_new_prefills() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3, 4, 5], 10, 0)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(out.scheduled.len(), 1);
+        assert_eq!((out.scheduled[0].start_pos, out.scheduled[0].tokens.len(), out.scheduled[0].sample), (0, 5, true));
+        run_step(&mut sched, &out, 100);
+        assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 4, 5, 100][..]));
+
+        sched.add_request(request(2, vec![7; 6], 10, 0)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2]);
+        assert_eq!(out.scheduled[0], ScheduledSeq { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], sample: true });
+        assert_eq!((out.scheduled[1].start_pos, out.scheduled[1].tokens.len()), (0, 6));
+        assert_eq!(out.num_batched_tokens, 7);
+        assert_eq!(sched.stats(), SchedulerStats { running: 2, waiting: 0, preemptions: 0, prefilling: 1, decoding: 1 });
+        run_step(&mut sched, &out, 101);
+        assert_eq!(sched.stats().decoding, 2);
+        assert_eq!(sched.num_generated(2), Some(1));
+    }
+
+    #[test]
+    fn a_long_prompt_is_prefilled_in_chunks() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 8), KvCacheManager::new(64, 4, false));
+        let prompt: Vec<u32> = (0..20).collect();
+        sched.add_request(request(1, prompt.clone(), 4, 0)).unwrap();
+        let mut table = Vec::new();
+        for (start_pos, num_tokens, sample) in [(0, 8, false), (8, 8, false), (16, 4, true)] {
+            let out = sched.schedule();
+            let s = &out.scheduled[0];
+            assert_eq!((s.start_pos, s.tokens.as_slice(), s.sample), (start_pos, &prompt[start_pos..start_pos + num_tokens], sample));
+            // Blocks for the whole prompt from admission on; the table never changes.
+            assert_eq!(s.block_table.len(), 5);
+            if table.is_empty() {
+                table = s.block_table.clone();
+            }
+            assert_eq!(s.block_table, table);
+            assert_eq!(sched.stats().prefilling, 1);
+            run_step(&mut sched, &out, 77);
+        }
+        // The chunks without `sample` produced no token.
+        assert_eq!(sched.num_generated(1), Some(1));
+        let out = sched.schedule();
+        let s = &out.scheduled[0];
+        assert_eq!((s.start_pos, s.tokens.as_slice(), s.sample), (20, &[77][..], true));
+        assert_eq!(&s.block_table[..5], table.as_slice(), "append-only");
+        assert_eq!(s.block_table.len(), 6);
+    }
+
+    #[test]
+    fn a_prefill_chunk_shares_the_budget_with_decodes() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 8), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2], 10, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 3);
+        sched.add_request(request(2, (0..20).collect(), 4, 0)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2]);
+        assert_eq!(out.scheduled[1].tokens.len(), 7);
+        assert_eq!(out.num_batched_tokens, 8);
+        run_step(&mut sched, &out, 4);
+        let out = sched.schedule();
+        assert_eq!((out.scheduled[1].start_pos, out.scheduled[1].tokens.len()), (7, 7));
+    }
+
+    #[test]
+    fn max_num_seqs_is_respected() {
+        let mut sched = ContinuousBatchScheduler::new(config(2, 64), KvCacheManager::new(64, 4, false));
+        for id in 1..=3 {
+            sched.add_request(request(id, vec![id as u32; 3], 5, 0)).unwrap();
+        }
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2]);
+        assert_eq!((sched.stats().running, sched.stats().waiting), (2, 1));
+        run_step(&mut sched, &out, 9);
+        assert_eq!(ids(&sched.schedule()), vec![1, 2], "no room while both run");
+        sched.finish(1);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![2, 3]);
+    }
+
+    #[test]
+    fn admission_waits_for_kv_blocks_without_skipping_the_queue() {
+        // 4 blocks of 4 tokens.
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(4, 4, false));
+        sched.add_request(request(1, vec![1; 12], 4, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 5);
+        // High priority needing 4 blocks is queued ahead of a low priority one needing 1.
+        sched.add_request(request(2, vec![2; 2], 2, 0)).unwrap();
+        sched.add_request(request(3, vec![3; 13], 1, 5)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1], "3 does not fit, and 2 may not jump ahead of it");
+        assert_eq!(sched.stats().waiting, 2);
+        sched.finish(1);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![3]);
+        assert_eq!(sched.kv().usage().free_blocks, 0);
+        sched.finish(3);
+        assert_eq!(ids(&sched.schedule()), vec![2]);
+    }
+
+    /// Three sequences of 3-token prompts filling a 6-block pool of 2-token blocks, admitted in
+    /// the order 1, 2, 3 whatever their priorities, each with 2 tokens generated; the next
+    /// decode of each needs a third block.
+    fn full_pool(priorities: [i32; 3]) -> ContinuousBatchScheduler {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(6, 2, false));
+        let mut admission = SchedulerOutput::default();
+        for (i, priority) in priorities.into_iter().enumerate() {
+            let id = i as SeqId + 1;
+            sched.add_request(request(id, vec![id as u32; 3], 8, priority)).unwrap();
+            // Admitted one per step. Only the last output is applied: an output never applied
+            // is simply scheduled again, so all three prefill together from position 0.
+            admission = sched.schedule();
+        }
+        assert_eq!(ids(&admission), vec![1, 2, 3]);
+        assert!(admission.scheduled.iter().all(|s| s.start_pos == 0 && s.sample));
+        run_step(&mut sched, &admission, 10);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2, 3]);
+        assert!(out.preempted.is_empty());
+        run_step(&mut sched, &out, 11);
+        assert_eq!(sched.kv().usage().free_blocks, 0);
+        sched
+    }
+
+    #[test]
+    fn preemption_takes_the_lowest_priority_most_recent_sequence() {
+        let mut sched = full_pool([1, 0, 0]);
+        let out = sched.schedule();
+        assert_eq!(out.preempted, vec![3], "priority 0, and admitted after 2");
+        assert_eq!(ids(&out), vec![1, 2]);
+        assert_eq!(sched.stats(), SchedulerStats { running: 2, waiting: 1, preemptions: 1, prefilling: 0, decoding: 2 });
+        // It keeps its tokens and will recompute them all.
+        assert_eq!(sched.tokens(3), Some(&[3, 3, 3, 10, 11][..]));
+        assert!(sched.kv().block_table(3).is_empty());
+        run_step(&mut sched, &out, 12);
+        // Once 1 is finished, 3 fits again.
+        sched.finish(1);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![2, 3]);
+        let resumed = &out.scheduled[1];
+        assert_eq!((resumed.start_pos, resumed.tokens.as_slice(), resumed.sample), (0, &[3, 3, 3, 10, 11][..], true));
+        run_step(&mut sched, &out, 13);
+        assert_eq!(sched.tokens(3), Some(&[3, 3, 3, 10, 11, 13][..]));
+        assert_eq!(sched.num_generated(3), Some(3));
+    }
+
+    #[test]
+    fn a_sequence_may_preempt_itself() {
+        let mut sched = full_pool([0, 1, 1]);
+        let out = sched.schedule();
+        assert_eq!(out.preempted, vec![1]);
+        assert_eq!(ids(&out), vec![2, 3]);
+    }
+
+    #[test]
+    fn preempted_sequences_requeue_ahead_of_their_priority() {
+        let mut sched = full_pool([0, 0, 0]);
+        sched.add_request(request(4, vec![4], 1, 0)).unwrap();
+        sched.add_request(request(5, vec![5], 1, 1)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(out.preempted, vec![3]);
+        run_step(&mut sched, &out, 12);
+        // 1 and 2 fill the pool again; 5 waits for room (and nothing was preempted).
+        let out = sched.schedule();
+        assert_eq!((ids(&out), out.preempted.len()), (vec![1, 2], 0));
+        run_step(&mut sched, &out, 13);
+        let out = sched.schedule();
+        assert_eq!(out.preempted, vec![2]);
+        assert_eq!(ids(&out), vec![1]);
+        // Priority first; within it the preempted, earliest admitted first, then new arrivals.
+        assert_eq!(sched.waiting, [5, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_victim_scheduled_earlier_in_the_step_gives_back_its_tokens() {
+        // 4 blocks of 4 tokens: 1 (priority 0) holds 1, 2 (priority 1) holds 2, 3 (priority 1)
+        // holds 1. Then 1 decodes inside its block, but 2 needs a third block: 1, already
+        // scheduled this step, is preempted, and its token goes back to the budget, which 3
+        // needs.
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(4, 4, false));
+        sched.add_request(request(1, vec![1; 2], 10, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 5);
+        sched.add_request(request(2, vec![2; 8], 4, 1)).unwrap();
+        sched.add_request(request(3, vec![3; 2], 4, 1)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2, 3]);
+        run_step(&mut sched, &out, 6);
+        assert_eq!(sched.kv().usage().free_blocks, 0);
+        sched.config.max_num_batched_tokens = 2;
+        let out = sched.schedule();
+        assert_eq!(out.preempted, vec![1]);
+        assert_eq!(ids(&out), vec![2, 3]);
+        assert_eq!(out.num_batched_tokens, 2);
+        assert_eq!(out.scheduled[0].block_table.len(), 3);
+    }
+
+    #[test]
+    fn prefix_cache_hits_skip_the_shared_prefix() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, true));
+        let a: Vec<u32> = (0..20).collect();
+        sched.add_request(request(1, a.clone(), 8, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 50);
+        let mut b = a[..16].to_vec();
+        b.extend([90, 91, 92]);
+        sched.add_request(request(2, b, 8, 0)).unwrap();
+        let out = sched.schedule();
+        let s = &out.scheduled[1];
+        assert_eq!((s.id, s.start_pos, s.tokens.as_slice()), (2, 16, &[90, 91, 92][..]));
+        assert_eq!(s.block_table[..4], out.scheduled[0].block_table[..4]);
+        assert_eq!(sched.kv().prefix_cache_stats().hits, 4);
+        run_step(&mut sched, &out, 51);
+        sched.finish(1);
+        sched.finish(2);
+        let usage = sched.kv().usage();
+        assert_eq!(usage.used_blocks, 0);
+        assert!(usage.cached_blocks >= 5, "a's 5 full blocks stay cached: {usage:?}");
+        assert!(!sched.has_unfinished());
+    }
+
+    #[test]
+    fn finish_frees_blocks_and_unknown_ids_are_harmless() {
+        let mut sched = ContinuousBatchScheduler::new(config(1, 64), KvCacheManager::new(8, 4, false));
+        sched.add_request(request(1, vec![1; 9], 3, 0)).unwrap();
+        sched.add_request(request(2, vec![2; 2], 3, 0)).unwrap();
+        let out = sched.schedule();
+        assert_eq!(sched.kv().usage().used_blocks, 3);
+        run_step(&mut sched, &out, 3);
+        sched.finish(99);
+        sched.finish(2); // still waiting
+        sched.finish(1);
+        sched.finish(1);
+        assert_eq!(sched.kv().usage().free_blocks, 8);
+        assert!(!sched.has_unfinished());
+        assert_eq!(sched.schedule(), SchedulerOutput::default());
+        assert_eq!(sched.tokens(1), None);
+        assert_eq!(sched.num_generated(2), None);
+        sched.update_from_output(&out, &RunnerOutput { sampled: vec![(1, 5)] });
+    }
+
+    #[test]
+    fn a_sequence_at_max_tokens_is_no_longer_scheduled() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(8, 4, false));
+        sched.add_request(request(1, vec![1; 3], 2, 0)).unwrap();
+        for _ in 0..2 {
+            let out = sched.schedule();
+            run_step(&mut sched, &out, 4);
+        }
+        assert_eq!(sched.num_generated(1), Some(2));
+        assert!(sched.schedule().scheduled.is_empty());
+        assert!(sched.has_unfinished(), "only the engine finishes a sequence");
+        sched.finish(1);
+        assert!(!sched.has_unfinished());
+    }
+
+    #[test]
+    fn a_missing_sample_is_recomputed_and_a_stale_output_ignored() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(8, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3], 5, 0)).unwrap();
+        let out = sched.schedule();
+        sched.update_from_output(&out, &RunnerOutput::default());
+        // All 3 tokens computed, no new one: the last is computed again to get a logit.
+        let again = sched.schedule();
+        assert_eq!((again.scheduled[0].start_pos, again.scheduled[0].tokens.as_slice(), again.scheduled[0].sample), (2, &[3][..], true));
+        run_step(&mut sched, &again, 8);
+        run_step(&mut sched, &again, 9);
+        assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 8][..]), "an output applied twice counts once");
+    }
+
+    #[test]
+    fn add_request_rejects_what_can_never_run() {
+        let config = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, max_model_len: 100 };
+        let mut sched = ContinuousBatchScheduler::new(config, KvCacheManager::new(4, 4, false));
+        let err = |sched: &mut ContinuousBatchScheduler, req| sched.add_request(req).unwrap_err();
+        assert!(err(&mut sched, request(1, vec![], 4, 0)).contains("empty"));
+        assert!(err(&mut sched, request(1, vec![1], 0, 0)).contains("max_tokens"));
+        assert!(err(&mut sched, request(1, vec![1; 90], 11, 0)).contains("maximum length of 100"));
+        assert!(err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("prompt (17 tokens, 5 KV blocks) can never fit"));
+        let message = err(&mut sched, request(1, vec![1; 10], 8, 0));
+        assert!(message.contains("max_tokens can be at most 7"), "{message}");
+        sched.add_request(request(1, vec![1; 10], 7, 0)).unwrap();
+        assert!(err(&mut sched, request(1, vec![1], 1, 0)).contains("already"));
+        assert_eq!(sched.stats().waiting, 1);
+    }
+
+    /// A deterministic stand-in for the model: it writes each scheduled token's K/V (here the
+    /// token and its position) into the slot its block table names, and samples a hash of the
+    /// sequence's whole history read back through the block table. A wrong block table, a wrongly
+    /// shared prefix block or a wrong start position changes the tokens.
+    struct FakeModel {
+        block_size: usize,
+        /// slot -> (token, position)
+        slots: HashMap<usize, (u32, usize)>,
+    }
+
+    const VOCAB: u64 = 50;
+    const EOS: u32 = 0;
+
+    impl FakeModel {
+        fn slot(&self, block_table: &[u32], pos: usize) -> usize {
+            block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+        }
+
+        fn run(&mut self, out: &SchedulerOutput) -> RunnerOutput {
+            let mut sampled = Vec::new();
+            for s in &out.scheduled {
+                for (i, &token) in s.tokens.iter().enumerate() {
+                    let slot = self.slot(&s.block_table, s.start_pos + i);
+                    self.slots.insert(slot, (token, s.start_pos + i));
+                }
+                if s.sample {
+                    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+                    for pos in 0..s.start_pos + s.tokens.len() {
+                        let (token, written_pos) = self.slots[&self.slot(&s.block_table, pos)];
+                        assert_eq!(written_pos, pos, "seq {} reads a slot written for another position", s.id);
+                        hash = (hash ^ token as u64).wrapping_mul(0x0100_0000_01b3);
+                    }
+                    sampled.push((s.id, (hash % VOCAB) as u32));
+                }
+            }
+            RunnerOutput { sampled }
+        }
+    }
+
+    struct RunResult {
+        req_to_tokens: HashMap<SeqId, Vec<u32>>,
+        stats: SchedulerStats,
+        num_prefix_hits: u64,
+    }
+
+    /// Drive the scheduler like the engine does until every request is finished (EOS or
+    /// max_tokens), checking each step's output.
+    fn simulate(arrivals: &[(usize, SchedRequest)], config: SchedulerConfig, kv: KvCacheManager) -> RunResult {
+        let mut model = FakeModel { block_size: kv.block_size(), slots: HashMap::new() };
+        let mut sched = ContinuousBatchScheduler::new(config.clone(), kv);
+        let last_arrival = arrivals.iter().map(|(step, _)| *step).max().unwrap_or(0);
+        let max_tokens: HashMap<SeqId, usize> = arrivals.iter().map(|(_, r)| (r.id, r.max_tokens)).collect();
+        let mut req_to_tokens = HashMap::new();
+        for step in 0.. {
+            assert!(step < 10_000, "the run does not finish");
+            for (_, req) in arrivals.iter().filter(|(at, _)| *at == step) {
+                sched.add_request(req.clone()).unwrap();
+            }
+            if step > last_arrival && !sched.has_unfinished() {
+                break;
+            }
+            let out = sched.schedule();
+            // The step's own invariants.
+            assert!(out.num_batched_tokens <= config.max_num_batched_tokens);
+            assert_eq!(out.num_batched_tokens, out.scheduled.iter().map(|s| s.tokens.len()).sum::<usize>());
+            assert!(out.scheduled.len() <= config.max_num_seqs);
+            assert!(sched.stats().running <= config.max_num_seqs);
+            let unique: HashSet<SeqId> = ids(&out).into_iter().collect();
+            assert_eq!(unique.len(), out.scheduled.len(), "a sequence scheduled twice");
+            assert!(out.preempted.iter().all(|id| !unique.contains(id)));
+            if sched.has_unfinished() {
+                assert!(!out.scheduled.is_empty(), "step {step} schedules nothing with requests pending");
+            }
+            for s in &out.scheduled {
+                let tokens = sched.tokens(s.id).unwrap();
+                let end = s.start_pos + s.tokens.len();
+                assert!(!s.tokens.is_empty());
+                assert_eq!(&tokens[s.start_pos..end], s.tokens.as_slice());
+                assert_eq!(s.sample, end == tokens.len());
+                assert!(s.block_table.len() * model.block_size >= end);
+            }
+            let usage = sched.kv().usage();
+            assert_eq!(usage.used_blocks + usage.cached_blocks + usage.free_blocks, usage.total_blocks);
+
+            let runner = model.run(&out);
+            sched.update_from_output(&out, &runner);
+            for &(id, token) in &runner.sampled {
+                if token == EOS || sched.num_generated(id) == Some(max_tokens[&id]) {
+                    req_to_tokens.insert(id, sched.tokens(id).unwrap().to_vec());
+                    sched.finish(id);
+                }
+            }
+        }
+        assert_eq!(sched.kv().usage().used_blocks, 0);
+        RunResult { req_to_tokens, stats: sched.stats(), num_prefix_hits: sched.kv().prefix_cache_stats().hits }
+    }
+
+    #[test]
+    fn preempted_sequences_resume_and_match_an_unconstrained_run() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |bound: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % bound
+        };
+        let prefixes: Vec<Vec<u32>> = (0..3).map(|_| (0..16 + next(16)).map(|_| 1 + next(VOCAB - 1) as u32).collect()).collect();
+        let arrivals: Vec<(usize, SchedRequest)> = (0..16)
+            .map(|id| {
+                let mut prompt = prefixes[next(3) as usize].clone();
+                prompt.extend((0..1 + next(12)).map(|_| 1 + next(VOCAB - 1) as u32));
+                (next(12) as usize, request(id, prompt, 5 + next(30) as usize, next(3) as i32))
+            })
+            .collect();
+
+        let reference = simulate(
+            &arrivals,
+            SchedulerConfig { max_num_seqs: 32, max_num_batched_tokens: 4096, max_model_len: 1024 },
+            KvCacheManager::new(4096, 4, false),
+        );
+        assert_eq!(reference.stats.preemptions, 0);
+        assert_eq!(reference.req_to_tokens.len(), arrivals.len());
+
+        for (num_blocks, max_num_batched_tokens, enable_prefix_cache) in [(20, 16, true), (24, 32, false), (40, 7, true)] {
+            let constrained = simulate(
+                &arrivals,
+                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
+            );
+            assert!(constrained.stats.preemptions > 0, "{num_blocks} blocks: the pool was meant to run out");
+            if enable_prefix_cache {
+                assert!(constrained.num_prefix_hits > 0, "the shared prefixes were meant to hit the cache");
+            }
+            for (id, tokens) in &reference.req_to_tokens {
+                assert_eq!(constrained.req_to_tokens.get(id), Some(tokens), "request {id} with {num_blocks} blocks");
+            }
+        }
+    }
+
+    /// The scheduler and the KV manager are pure logic: no GPU, async runtime or browser API
+    /// in their code (comments may name them).
+    #[test]
+    fn tidy_scheduler_and_kv_manager_import_no_platform_code() {
+        let forbidden = [concat!("wg", "pu"), concat!("to", "kio"), concat!("web", "_sys"), concat!("fut", "ures")];
+        let sources = [("src/engine/scheduler.rs", include_str!("scheduler.rs")), ("src/kv/manager.rs", include_str!("../kv/manager.rs"))];
+        for (path, source) in sources {
+            for (number, line) in source.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                for word in forbidden {
+                    assert!(!code.contains(word), "{path}:{}: mentions {word}", number + 1);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The continuous-batching engine on a tiny random model (fast on lavapipe): batched output
+//! equals each request run alone, preemption under a small KV pool, the prefix cache,
+//! cancellation, stop strings, bad requests and shutdown.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use weft::DType;
+use weft::engine::engine::{ContinuousBatchEngine, EngineConfig};
+use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::kv::KvCacheConfig;
+use weft::model::load::ModelFiles;
+use weft::model::tiny;
+use weft::sampling::SamplingParams;
+
+fn factory() -> Option<GpuTensorFactory> {
+    match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
+        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
+        Err(e) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("skipping: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A tiny model engine with `num_blocks` KV blocks of 4 tokens.
+fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> ContinuousBatchEngine {
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let exec = files.executor(f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
+    ContinuousBatchEngine::new_plan_runtime(config, files.tokenizer.clone(), Arc::new(exec)).unwrap()
+}
+
+fn greedy(prompt: &str, max_tokens: usize) -> InferenceRequest {
+    let params = GenerationParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos: true, ..Default::default() };
+    InferenceRequest::new(Prompt::Text(prompt.into()), params)
+}
+
+/// 32 requests of different prompt lengths and max_tokens.
+fn workload() -> Vec<InferenceRequest> {
+    (0..32)
+        .map(|i| {
+            let prompt: String = (0..(i * 7 % 23 + 1)).map(|j| char::from(b'a' + ((i * 3 + j) % 26) as u8)).collect();
+            let mut r = greedy(&prompt, i % 9 + 3);
+            if i % 4 == 1 {
+                // Seeded sampling must also be independent of the batch.
+                r.params.sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(i as u64), ..Default::default() };
+            }
+            r
+        })
+        .collect()
+}
+
+fn alone(f: &GpuTensorFactory, requests: &[InferenceRequest]) -> Vec<InferenceResponse> {
+    let e = engine(f, 256, EngineConfig::default());
+    requests.iter().map(|r| weft::rt::block_on(e.infer(r.clone())).unwrap()).collect()
+}
+
+/// Submit everything from 4 threads at once against a running loop.
+fn together(e: &ContinuousBatchEngine, requests: &[InferenceRequest]) -> Vec<InferenceResponse> {
+    e.start_loop().unwrap();
+    let chunks: Vec<Vec<(usize, InferenceRequest)>> = (0..4).map(|t| requests.iter().cloned().enumerate().filter(|(i, _)| i % 4 == t).collect()).collect();
+    let mut out: Vec<Option<InferenceResponse>> = vec![None; requests.len()];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let e = e.clone();
+                s.spawn(move || {
+                    let futures: Vec<_> = chunk.into_iter().map(|(i, r)| {
+                        let e = e.clone();
+                        async move { (i, e.infer(r).await.unwrap()) }
+                    }).collect();
+                    weft::rt::block_on(futures::future::join_all(futures))
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, r) in h.join().unwrap() {
+                out[i] = Some(r);
+            }
+        }
+    });
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn batched_requests_equal_requests_run_alone() {
+    let Some(f) = factory() else { return };
+    let requests = workload();
+    let started = std::time::Instant::now();
+    let want = alone(&f, &requests);
+    let alone_seconds = started.elapsed().as_secs_f64();
+    let e = engine(&f, 256, EngineConfig::default());
+    let started = std::time::Instant::now();
+    let got = together(&e, &requests);
+    let batch_seconds = started.elapsed().as_secs_f64();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.token_ids, w.token_ids, "request {i}");
+        assert_eq!(g.text, w.text, "request {i}");
+        assert_eq!(g.finish_reason, FinishReason::Length);
+        assert_eq!(g.usage.completion_tokens, requests[i].params.max_tokens);
+    }
+    let tokens: usize = want.iter().map(|r| r.token_ids.len()).sum();
+    eprintln!(
+        "{tokens} tokens: one at a time {:.1} tokens/s, 32 concurrent {:.1} tokens/s",
+        tokens as f64 / alone_seconds,
+        tokens as f64 / batch_seconds
+    );
+    let m = e.metrics();
+    assert_eq!(m.requests_submitted, 32);
+    assert_eq!(m.requests_finished.get("length"), Some(&32));
+    assert_eq!(m.generation_tokens as usize, tokens);
+    assert_eq!(m.time_to_first_token.count, 32);
+    assert!(m.inter_token_latency.count > 0 && m.steps > 0);
+    e.shutdown();
+}
+
+#[test]
+fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
+    let Some(f) = factory() else { return };
+    let requests = workload();
+    let want = alone(&f, &requests);
+    // 12 blocks of 4 tokens: a handful of sequences at a time, so the longest ones get preempted.
+    let e = engine(&f, 12, EngineConfig { enable_prefix_cache: false, ..Default::default() });
+    let got = together(&e, &requests);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.token_ids, w.token_ids, "request {i}");
+    }
+    let m = e.metrics();
+    assert!(m.preemptions > 0, "the pool was meant to be too small");
+    assert_eq!(m.kv.used_blocks, 0);
+    eprintln!("preemptions: {}", m.preemptions);
+    e.shutdown();
+}
+
+#[test]
+fn a_shared_prefix_hits_the_cache_and_changes_nothing() {
+    let Some(f) = factory() else { return };
+    let system = "You are a careful assistant. Answer briefly and precisely. ".repeat(2);
+    let requests: Vec<InferenceRequest> = (0..6).map(|i| greedy(&format!("{system}Question {i}?"), 4)).collect();
+    let want = alone(&f, &requests);
+    let e = engine(&f, 256, EngineConfig::default());
+    let first = weft::rt::block_on(e.infer(requests[0].clone())).unwrap();
+    assert_eq!(first.token_ids, want[0].token_ids);
+    assert_eq!(e.prefix_cache_hits(), 0);
+    for (r, w) in requests.iter().zip(&want).skip(1) {
+        let got = weft::rt::block_on(e.infer(r.clone())).unwrap();
+        assert_eq!(got.token_ids, w.token_ids);
+        assert!(got.usage.cached_prompt_tokens > 0, "{:?}", got.usage);
+    }
+    let stats = e.prefix_cache_stats();
+    assert!(stats.hits >= 5 * (system.len() / 4 - 1) as u64, "{stats:?}");
+    // Under pressure the cache gives way: a pool of 40 blocks serves many distinct prompts.
+    let small = engine(&f, 40, EngineConfig::default());
+    for i in 0..12 {
+        let r = greedy(&format!("{i} distinct prompt number {i} with enough text to fill blocks"), 4);
+        assert_eq!(weft::rt::block_on(small.infer(r)).unwrap().finish_reason, FinishReason::Length);
+    }
+    assert!(small.prefix_cache_stats().evictions > 0);
+}
+
+#[test]
+fn dropped_streams_free_their_blocks_and_the_rest_finish() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig { enable_prefix_cache: false, ..Default::default() });
+    let requests: Vec<InferenceRequest> = workload().iter().map(|r| greedy_like(r, 40)).collect();
+    let want = alone(&f, &requests);
+    let e2 = e.clone();
+    weft::rt::block_on(async move {
+        let mut streams: Vec<_> = requests.iter().map(|r| Box::pin(e2.infer_stream(r.clone()).unwrap())).collect();
+        // Read one chunk from each, then drop the odd ones.
+        let mut firsts = Vec::new();
+        for s in &mut streams {
+            firsts.push(s.next().await.unwrap().unwrap().token_ids);
+        }
+        let kept: Vec<_> = streams.into_iter().zip(firsts).enumerate().filter(|(i, _)| i % 2 == 0).collect();
+        for (i, (mut s, mut tokens)) in kept {
+            while let Some(chunk) = s.next().await {
+                tokens.extend(chunk.unwrap().token_ids);
+            }
+            assert_eq!(tokens, want[i].token_ids, "request {i}");
+        }
+    });
+    // The dropped requests are noticed at the next step; run steps until nothing is left.
+    while weft::rt::block_on(e.step()).unwrap() {}
+    let usage = e.kv_usage();
+    assert_eq!(usage.used_blocks, 0, "{usage:?}");
+    assert_eq!(usage.free_blocks + usage.cached_blocks, usage.total_blocks);
+    assert_eq!(e.metrics().requests_finished.get("cancelled"), Some(&16));
+}
+
+fn greedy_like(r: &InferenceRequest, max_tokens: usize) -> InferenceRequest {
+    let mut r = r.clone();
+    r.params.max_tokens = max_tokens;
+    r
+}
+
+#[test]
+fn stop_strings_across_token_boundaries_never_leak() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig::default());
+    let base = weft::rt::block_on(e.infer(greedy("stop test prompt", 24))).unwrap();
+    let text = base.text.clone();
+    // A stop string made of the end of one token's text and the start of a later one.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 8, "tiny model text too short: {text:?}");
+    let stop: String = chars[4..7].iter().collect();
+    let cut = text.find(&stop).unwrap();
+    let mut r = greedy("stop test prompt", 24);
+    r.params.stop = vec![stop.clone()];
+    let got = weft::rt::block_on(e.infer(r)).unwrap();
+    assert_eq!(got.finish_reason, FinishReason::Stop);
+    assert_eq!(got.text, text[..cut], "stop {stop:?} in {text:?}");
+    // Streaming never shows any of it either.
+    let mut r = greedy("stop test prompt", 24);
+    r.params.stop = vec![stop.clone()];
+    let streamed: String = weft::rt::block_on(async {
+        let s = e.infer_stream(r).unwrap();
+        s.map(|c| c.unwrap().text).collect::<Vec<_>>().await.concat()
+    });
+    assert_eq!(streamed, text[..cut]);
+    // A stop token id.
+    let mut r = greedy("stop test prompt", 24);
+    r.params.stop_token_ids = vec![base.token_ids[3]];
+    let got = weft::rt::block_on(e.infer(r)).unwrap();
+    assert_eq!(got.finish_reason, FinishReason::Stop);
+    assert_eq!(got.token_ids.last(), Some(&base.token_ids[3]));
+}
+
+#[test]
+fn bad_requests_are_refused_while_others_continue() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig { max_model_len: 64, ..Default::default() });
+    e.start_loop().unwrap();
+    let good = greedy("a good request", 10);
+    let want = alone(&f, std::slice::from_ref(&good));
+    let running = {
+        let e = e.clone();
+        let good = good.clone();
+        std::thread::spawn(move || weft::rt::block_on(e.infer(good)).unwrap())
+    };
+    let bad = |f: &dyn Fn(&mut InferenceRequest), field: &str| {
+        let mut r = greedy("hello", 4);
+        f(&mut r);
+        let err = weft::rt::block_on(e.infer(r)).err().expect("must be refused").to_string();
+        assert!(err.contains(field), "{err}");
+    };
+    bad(&|r| r.params.sampling.temperature = -1.0, "temperature");
+    bad(&|r| r.params.sampling.top_p = 0.0, "top_p");
+    bad(&|r| r.params.max_tokens = 0, "max_tokens");
+    bad(&|r| r.prompt = Prompt::Text("x".repeat(100)), "prompt");
+    bad(&|r| r.params.max_tokens = 63, "max_tokens");
+    bad(&|r| r.prompt = Prompt::Tokens(vec![1, 2, 100_000]), "outside the vocabulary");
+    bad(&|r| r.prompt = Prompt::Chat(vec![]), "messages");
+    assert_eq!(running.join().unwrap().token_ids, want[0].token_ids);
+    assert_eq!(e.metrics().requests_rejected, 7);
+    e.shutdown();
+}
+
+#[test]
+fn shutdown_cancels_what_is_in_flight_and_refuses_the_rest() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig::default());
+    let (_, mut a) = e.submit(greedy("first", 100)).unwrap();
+    let (_, mut b) = e.submit(greedy("second", 100)).unwrap();
+    weft::rt::block_on(e.step()).unwrap();
+    e.shutdown();
+    for rx in [&mut a, &mut b] {
+        let chunks: Vec<_> = weft::rt::block_on(rx.collect::<Vec<_>>());
+        let last = chunks.last().unwrap().as_ref().unwrap();
+        assert_eq!(last.finish_reason, Some(FinishReason::Cancelled));
+    }
+    let err = weft::rt::block_on(e.infer(greedy("late", 4))).err().unwrap().to_string();
+    assert!(err.contains("engine is shut down"), "{err}");
+    assert_eq!(e.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn chat_prompts_use_the_model_template() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig::default());
+    let messages = vec![weft::tokenizer::ChatMessage::user("hi")];
+    let chat = InferenceRequest::new(Prompt::Chat(messages), GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 3, ignore_eos: true, ..Default::default() });
+    let text = InferenceRequest::new(Prompt::Text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()), chat.params.clone());
+    let a = weft::rt::block_on(e.infer(chat)).unwrap();
+    let b = weft::rt::block_on(e.infer(text)).unwrap();
+    assert_eq!(a.token_ids, b.token_ids);
+    assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens);
+}
