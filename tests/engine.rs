@@ -49,6 +49,10 @@ fn workload() -> Vec<InferenceRequest> {
                 // Seeded sampling must also be independent of the batch.
                 r.params.sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(i as u64), ..Default::default() };
             }
+            if i % 4 == 2 {
+                // And penalties, which read the sequence's own history.
+                r.params.sampling = SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.5, ..SamplingParams::greedy() };
+            }
             r
         })
         .collect()
@@ -277,6 +281,21 @@ fn shutdown_cancels_what_is_in_flight_and_refuses_the_rest() {
     let err = weft::rt::block_on(e.infer(greedy("late", 4))).err().unwrap().to_string();
     assert!(err.contains("engine is shut down"), "{err}");
     assert_eq!(e.kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn penalties_discourage_repeats() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig::default());
+    let plain = weft::rt::block_on(e.infer(greedy("aaaa", 24))).unwrap();
+    let mut r = greedy("aaaa", 24);
+    r.params.sampling.presence_penalty = 2.0;
+    r.params.sampling.frequency_penalty = 2.0;
+    r.params.sampling.repetition_penalty = 2.0;
+    let penalized = weft::rt::block_on(e.infer(r)).unwrap();
+    let distinct = |t: &[u32]| t.iter().collect::<std::collections::BTreeSet<_>>().len();
+    assert_ne!(plain.token_ids, penalized.token_ids);
+    assert!(distinct(&penalized.token_ids) > distinct(&plain.token_ids), "{:?} vs {:?}", penalized.token_ids, plain.token_ids);
 }
 
 #[test]

@@ -128,7 +128,7 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     assert!(alone[0].iter().zip(&together[3]).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ alone vs in a batch");
 
     // And the sampler: a seeded temperature draw and greedy pick the same token either way.
-    let spec = SampleSpec { params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() }, uniform: 0.37 };
+    let spec = SampleSpec { params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() }, uniform: 0.37, penalty_entries: Vec::new() };
     let with = |s: &SeqInput| SeqInput { sample: Some(spec.clone()), ..s.clone() };
     let a = weft::rt::block_on(exec.execute(&[with(&target)])).unwrap();
     let mut batch: Vec<SeqInput> = others.iter().map(with).collect();

@@ -1,24 +1,19 @@
-//! `weft generate`: stream one completion of a prompt to stdout, speeds to stderr.
+//! `weft generate`: stream one completion of a prompt to stdout, speeds to stderr, through the
+//! engine (the same path the server and the browser take).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
-use weft::kv::{BlockAllocator, KvCacheConfig};
-use weft::model::executor::{ModelExecutor, SampleSpec, SeqInput};
-use weft::model::load::ModelFiles;
-use weft::sampling::{SamplerRng, SamplingParams};
-use weft::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
+use futures::StreamExt;
+use weft::engine::api::EngineBuilder;
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+use weft::sampling::SamplingParams;
+use weft::tokenizer::ChatMessage;
 use weft::{Result, WeftError};
 
 /// Where `cargo xtask fetch-model` puts the default model.
 pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-const BLOCK_SIZE: usize = 16;
-/// Prompt tokens per prefill step.
-const PREFILL_CHUNK: usize = 256;
 
 pub struct Options {
     pub model: Option<PathBuf>,
@@ -48,90 +43,56 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = model_path(opts.model)?;
-    let files = ModelFiles::open(&path)?;
-    let tokenizer: Arc<dyn Tokenizer> = files.tokenizer.clone();
-    let prompt_ids = if opts.chat {
-        let template = tokenizer.chat_template().ok_or_else(|| {
-            WeftError::model(path.display().to_string(), "has no chat template; drop --chat to send the prompt as raw text")
-        })?;
+    let engine = EngineBuilder::from_model(&path)?.build()?;
+    let prompt = if opts.chat {
+        if engine.tokenizer().chat_template().is_none() {
+            return Err(WeftError::model(path.display().to_string(), "has no chat template; drop --chat to send the prompt as raw text"));
+        }
         let mut messages = Vec::new();
         if let Some(system) = opts.system {
             messages.push(ChatMessage::system(system));
         }
         messages.push(ChatMessage::user(opts.prompt));
-        // The template writes the special tokens itself (BOS included where the model wants it).
-        tokenizer.encode(&template.render(&messages, true)?, false)?
+        Prompt::Chat(messages)
     } else {
-        tokenizer.encode(&opts.prompt, true)?
+        Prompt::Text(opts.prompt)
     };
-    let total = prompt_ids.len() + opts.max_tokens;
-    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
-    let factory = GpuTensorFactory::new(ctx);
-    let num_blocks = total.div_ceil(BLOCK_SIZE);
-    let exec = files.executor(&factory, KvCacheConfig { block_size: BLOCK_SIZE, num_blocks })?;
-    if total > exec.max_context() {
-        return Err(WeftError::Unsupported(format!(
-            "the prompt ({} tokens) plus --max-tokens {} exceeds the model's context of {} tokens",
-            prompt_ids.len(),
-            opts.max_tokens,
-            exec.max_context()
-        )));
-    }
-    let block_table = BlockAllocator::new(num_blocks).allocate(num_blocks).expect("a fresh pool has every block");
-    let seed = opts.sampling.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    let mut rng = SamplerRng::new(seed);
-    let mut decoder = DecodeStream::new(tokenizer.clone(), true);
+    let params = GenerationParams { sampling: opts.sampling, max_tokens: opts.max_tokens, ..Default::default() };
+    let started = Instant::now();
+    let mut first_token_at = None;
+    let mut usage = None;
     let stdout = std::io::stdout();
-    let eos = tokenizer.eos_token_ids().to_vec();
-
-    let started = Instant::now();
-    let mut pos = 0;
-    let mut next = None;
-    while pos < prompt_ids.len() {
-        let chunk = &prompt_ids[pos..(pos + PREFILL_CHUNK).min(prompt_ids.len())];
-        let last = pos + chunk.len() == prompt_ids.len();
-        let sample = last.then(|| SampleSpec { params: opts.sampling.clone(), uniform: rng.next_uniform() });
-        let out = weft::rt::block_on(exec.execute(&[SeqInput { tokens: chunk.to_vec(), start_pos: pos, block_table: block_table.clone(), sample }]))?;
-        pos += chunk.len();
-        next = out[0].as_ref().map(|s| s.token);
-    }
-    let prefill_seconds = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let mut generated = 0;
-    while let Some(token) = next {
-        generated += 1;
-        if eos.contains(&token) {
-            break;
-        }
-        if let Some(text) = decoder.step(token)? {
+    weft::rt::block_on(async {
+        let mut stream = Box::pin(engine.infer_stream(InferenceRequest::new(prompt, params))?);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            first_token_at.get_or_insert_with(Instant::now);
             let mut out = stdout.lock();
-            let _ = out.write_all(text.as_bytes());
+            let _ = out.write_all(chunk.text.as_bytes());
             let _ = out.flush();
+            if chunk.usage.is_some() {
+                usage = chunk.usage;
+            }
         }
-        if generated == opts.max_tokens {
-            break;
-        }
-        let sample = Some(SampleSpec { params: opts.sampling.clone(), uniform: rng.next_uniform() });
-        let out = weft::rt::block_on(exec.execute(&[SeqInput { tokens: vec![token], start_pos: pos, block_table: block_table.clone(), sample }]))?;
-        pos += 1;
-        next = out[0].as_ref().map(|s| s.token);
-    }
+        Ok::<(), WeftError>(())
+    })?;
     {
         let mut out = stdout.lock();
-        if let Some(text) = decoder.finish()? {
-            let _ = out.write_all(text.as_bytes());
-        }
         let _ = out.write_all(b"\n");
         let _ = out.flush();
     }
-    let decode_seconds = started.elapsed().as_secs_f64();
+    let usage = usage.unwrap_or_default();
+    let first = first_token_at.unwrap_or_else(Instant::now);
+    let prefill_seconds = (first - started).as_secs_f64();
+    let decode_seconds = first.elapsed().as_secs_f64();
     eprintln!(
-        "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generation: {generated} tokens in {:.2} s ({:.2} tokens/s)",
-        prompt_ids.len(),
+        "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generation: {} tokens in {:.2} s ({:.2} tokens/s)",
+        usage.prompt_tokens,
         prefill_seconds,
-        prompt_ids.len() as f64 / prefill_seconds,
+        usage.prompt_tokens as f64 / prefill_seconds.max(1e-9),
+        usage.completion_tokens,
         decode_seconds,
-        generated as f64 / decode_seconds.max(1e-9),
+        usage.completion_tokens.saturating_sub(1) as f64 / decode_seconds.max(1e-9),
     );
     Ok(())
 }

@@ -74,7 +74,7 @@ fn main() -> ExitCode {
                 chat,
                 system,
                 max_tokens,
-                sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, min_p: 0.0, seed, top_logprobs: 0 },
+                sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() },
             })
         }
     };

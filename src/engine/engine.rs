@@ -281,8 +281,15 @@ impl ContinuousBatchEngine {
                     let queued = (now - live.submitted_at).as_secs_f64();
                     state.metrics.queue_time.observe(queued);
                 }
+                let penalty_entries = match (s.sample, state.live[&s.id].request.params.sampling.has_penalties(), state.scheduler.tokens(s.id)) {
+                    (true, true, Some(tokens)) => {
+                        let (prompt, output) = tokens.split_at(state.live[&s.id].usage.prompt_tokens.min(tokens.len()));
+                        crate::sampling::penalty_entries(prompt, output)
+                    }
+                    _ => Vec::new(),
+                };
                 let live = state.live.get_mut(&s.id).expect("every scheduled sequence is live");
-                let sample = s.sample.then(|| SampleSpec { params: live.request.params.sampling.clone(), uniform: live.rng.next_uniform() });
+                let sample = s.sample.then(|| SampleSpec { params: live.request.params.sampling.clone(), uniform: live.rng.next_uniform(), penalty_entries });
                 batch.push(SeqInput { tokens: s.tokens.clone(), start_pos: s.start_pos, block_table: s.block_table.clone(), sample });
             }
             (out, batch)

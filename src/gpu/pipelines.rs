@@ -19,6 +19,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
     ("kv_write.wgsl", include_str!("../../shaders/kv_write.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
+    ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
     ("rope.wgsl", include_str!("../../shaders/rope.wgsl")),

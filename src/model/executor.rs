@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::error::{Result, WeftError};
+use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording, TensorFactory};
 use crate::kv::{KvCacheConfig, KvPool};
@@ -31,6 +32,9 @@ pub struct SeqInput {
 pub struct SampleSpec {
     pub params: SamplingParams,
     pub uniform: f32,
+    /// With penalties on: the sequence's distinct tokens so far and how often each was
+    /// generated (`sampling::penalty_entries`); empty otherwise.
+    pub penalty_entries: Vec<(u32, u32)>,
 }
 
 /// Runs forward steps of a model. The engine holds one as `Arc<dyn ModelExecutor>`.
@@ -166,6 +170,19 @@ impl GpuExecutor {
             })
             .collect();
         let settings = self.factory.upload_u32(&[batch.len(), SETTINGS_PER_ROW], &settings)?;
+        let mut entries = Vec::new();
+        let mut penalties = vec![1.0f32, 0.0, 0.0].repeat(batch.len());
+        for (row, spec) in batch.iter().enumerate().filter_map(|(r, s)| s.sample.as_ref().map(|spec| (r, spec))) {
+            if spec.params.has_penalties() {
+                penalties[3 * row..3 * row + 3].copy_from_slice(&[spec.params.repetition_penalty, spec.params.presence_penalty, spec.params.frequency_penalty]);
+                entries.extend(spec.penalty_entries.iter().flat_map(|&(token, count)| [row as u32, token, count]));
+            }
+        }
+        if !entries.is_empty() {
+            let entries = self.factory.upload_u32(&[entries.len() / 3, 3], &entries)?;
+            let penalties = self.factory.upload_f32(&[batch.len(), 3], &penalties)?;
+            penalize(self.ctx(), &mut rec, &logits, &entries, &penalties)?;
+        }
         let out = self.factory.zeros(&[batch.len(), OUT_PER_ROW], DType::U32)?;
         sample(self.ctx(), &mut rec, &logits, &settings, &out)?;
         let bytes = self.ctx().submit_and_read(&rec, &out).await?;

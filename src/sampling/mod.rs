@@ -23,15 +23,37 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Report this many top log-probabilities per generated token (at most 20).
     pub top_logprobs: usize,
+    /// Divide positive logits (multiply negative ones) of every token already in the prompt or
+    /// the output by this; 1 turns it off.
+    pub repetition_penalty: f32,
+    /// Subtract this from the logit of every token already generated; 0 turns it off.
+    pub presence_penalty: f32,
+    /// Subtract this times the number of times a token was generated; 0 turns it off.
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: None, top_logprobs: 0 }
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            top_logprobs: 0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
     }
 }
 
 impl SamplingParams {
+    /// Whether any penalty is on (the executor then runs the penalty kernel for this row).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
     pub fn greedy() -> Self {
         SamplingParams { temperature: 0.0, ..Default::default() }
     }
@@ -47,6 +69,15 @@ impl SamplingParams {
         }
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("{} (must be in [0, 1])", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", format!("{} (must be > 0; 1 means none)", self.repetition_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", format!("{} (must be in [-2, 2])", self.presence_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", format!("{} (must be in [-2, 2])", self.frequency_penalty));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return bad("top_logprobs", format!("{} (at most {MAX_TOP_LOGPROBS})", self.top_logprobs));
@@ -95,6 +126,19 @@ pub fn settings_row(params: &SamplingParams, uniform: f32) -> [u32; SETTINGS_PER
     ]
 }
 
+/// The (token, times generated) pairs the penalty kernel needs for one sequence: every distinct
+/// token of `prompt` and `output`, with its count in `output`.
+pub fn penalty_entries(prompt: &[u32], output: &[u32]) -> Vec<(u32, u32)> {
+    let mut counts = std::collections::BTreeMap::new();
+    for &t in prompt {
+        counts.entry(t).or_insert(0u32);
+    }
+    for &t in output {
+        *counts.entry(t).or_insert(0) += 1;
+    }
+    counts.into_iter().collect()
+}
+
 /// One sampled token as the GPU reported it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
@@ -133,6 +177,12 @@ mod tests {
     }
 
     #[test]
+    fn penalty_entries_cover_prompt_and_count_output() {
+        assert_eq!(penalty_entries(&[5, 3, 5], &[3, 9, 3]), vec![(3, 2), (5, 0), (9, 1)]);
+        assert!(penalty_entries(&[], &[]).is_empty());
+    }
+
+    #[test]
     fn invalid_values_name_their_field() {
         let check = |p: SamplingParams, field: &str| {
             let err = p.validate().unwrap_err().to_string();
@@ -144,6 +194,9 @@ mod tests {
         check(SamplingParams { top_p: 1.5, ..Default::default() }, "top_p");
         check(SamplingParams { min_p: -0.1, ..Default::default() }, "min_p");
         check(SamplingParams { top_logprobs: 21, ..Default::default() }, "top_logprobs");
+        check(SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty");
+        check(SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty");
+        check(SamplingParams { frequency_penalty: -3.0, ..Default::default() }, "frequency_penalty");
         assert!(SamplingParams::greedy().validate().is_ok());
     }
 }

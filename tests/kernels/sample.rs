@@ -14,7 +14,7 @@ use weft::sampling::{SamplerRng, SamplingParams, read_sampled, settings_row};
 use crate::common::*;
 
 fn cases() -> Vec<SamplingParams> {
-    let p = |temperature, top_k, top_p, min_p, top_logprobs| SamplingParams { temperature, top_k, top_p, min_p, seed: None, top_logprobs };
+    let p = |temperature, top_k, top_p, min_p, top_logprobs| SamplingParams { temperature, top_k, top_p, min_p, top_logprobs, ..Default::default() };
     vec![
         p(0.0, 0, 1.0, 0.0, 5),
         p(1.0, 0, 1.0, 0.0, 0),
@@ -85,4 +85,36 @@ fn top_k_one_and_greedy_agree_with_argmax() {
     let got = read_u32(f, &out);
     let best = weft::cpu::argmax(&l, vocab)[0];
     assert_eq!((got[0], got[OUT_PER_ROW]), (best, best));
+}
+
+/// Penalties against the same arithmetic on the CPU. One division or multiplication and one
+/// subtraction per logit: WGSL's division may be off by 2.5 ULP, so 4 ULP of the result.
+#[test]
+fn penalties_match_cpu() {
+    use weft::gpu::kernels::penalize::penalize;
+    let Some(f) = gpu() else { return };
+    let (rows, vocab) = (3, 1000);
+    let logits = random(rows * vocab, 5, 4.0);
+    let penalties: Vec<f32> = vec![1.3, 0.0, 0.0, 1.0, 0.5, 0.25, 0.8, -0.5, 1.5];
+    let history: Vec<(Vec<u32>, Vec<u32>)> = (0..rows)
+        .map(|r| ((0..40).map(|i| (i * 37 + r * 11) as u32 % 1000).collect(), (0..30).map(|i| (i * i + r) as u32 % 97).collect()))
+        .collect();
+    let mut entries = Vec::new();
+    let mut want = logits.clone();
+    for (r, (prompt, output)) in history.iter().enumerate() {
+        for (token, count) in weft::sampling::penalty_entries(prompt, output) {
+            entries.extend([r as u32, token, count]);
+            let (rep, pres, freq) = (penalties[3 * r], penalties[3 * r + 1], penalties[3 * r + 2]);
+            let l = &mut want[r * vocab + token as usize];
+            *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            *l -= pres * if count > 0 { 1.0 } else { 0.0 } + freq * count as f32;
+        }
+    }
+    let lt = f.upload_f32(&[rows, vocab], &logits).unwrap();
+    let et = f.upload_u32(&[entries.len() / 3, 3], &entries).unwrap();
+    let pt = f.upload_f32(&[rows, 3], &penalties).unwrap();
+    let mut rec = Recording::new();
+    penalize(ctx(f), &mut rec, &lt, &et, &pt).unwrap();
+    run(f, &rec);
+    assert_close("penalize", &read_f32(f, &lt), &want, |i| 4.0 * U * f64::from(want[i].abs()) * 2.0 + 1e-30);
 }

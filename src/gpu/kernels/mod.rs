@@ -8,6 +8,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
 pub mod paged;
+pub mod penalize;
 pub mod reduce;
 pub mod rope;
 pub mod sample;
@@ -55,6 +56,7 @@ pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'
         entry::<paged::KvWriteParams>("kv_write", "KvWriteParams"),
         entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
         entry::<sample::Params>("sample", "Params"),
+        entry::<penalize::Params>("penalize", "Params"),
     ]
 }
 

@@ -1,0 +1,30 @@
+//! Repetition / presence / frequency penalties on logits (shaders/penalize.wgsl).
+
+use super::{expect, shader_params, u32_of};
+use crate::error::Result;
+use crate::gpu::recording::flat_grid;
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::quant::DType;
+
+shader_params!(Params { num_entries: u32, vocab: u32 });
+
+/// Record penalties: logits (rows, vocab) F32 in place; entries (num_entries, 3) U32 of (row,
+/// token, times generated), each (row, token) at most once; penalties (rows, 3) F32 of
+/// (repetition, presence, frequency).
+pub fn penalize(ctx: &GpuContext, rec: &mut Recording, logits: &GpuTensor, entries: &GpuTensor, penalties: &GpuTensor) -> Result<()> {
+    const OP: &str = "penalize";
+    expect(OP, "logits", logits, DType::F32, &[None, None])?;
+    let (rows, vocab) = (logits.shape()[0], logits.shape()[1]);
+    expect(OP, "entries", entries, DType::U32, &[None, Some(3)])?;
+    expect(OP, "penalties", penalties, DType::F32, &[Some(rows), Some(3)])?;
+    let num_entries = entries.shape()[0];
+    let params = Params { num_entries: u32_of(OP, "entries", num_entries)?, vocab: u32_of(OP, "vocab", vocab)? };
+    let bindings = [
+        logits.single_part(OP)?.binding(ctx, logits.row_bytes())?,
+        entries.single_part(OP)?.binding(ctx, entries.row_bytes())?,
+        penalties.single_part(OP)?.binding(ctx, penalties.row_bytes())?,
+    ];
+    let variant = ShaderVariant { kernel: "penalize", weight: None };
+    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(num_entries, 64))?);
+    Ok(())
+}
