@@ -166,3 +166,23 @@ fn the_engine_builder_serves_the_default_model() {
     assert!(!engine.health_check().healthy);
     assert_eq!(engine.status(), EngineStatus::ShutDown);
 }
+
+/// A second, independent tokenizer fixture (tools/make_fixtures.py: transformers' GGUF tokenizer
+/// with SmolLM2's digit-splitting pre-tokenizer restored, cross-checked against llama.cpp):
+/// every string encodes to the reference ids and decodes back where the reference does.
+#[test]
+fn tokenizer_matches_the_transformers_fixture() {
+    let Some(files) = model() else { return };
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/tokenizer_hf.json")).unwrap();
+    let fixture: Value = serde_json::from_str(&text).unwrap();
+    let cases = fixture["cases"].as_array().unwrap();
+    assert!(cases.len() >= 300);
+    for case in cases {
+        let s = case["text"].as_str().unwrap();
+        let want = ids(&case["ids"]);
+        assert_eq!(files.tokenizer.encode(s, false).unwrap(), want, "{s:?}");
+        if case["roundtrip"].as_bool().unwrap() {
+            assert_eq!(files.tokenizer.decode(&want, false).unwrap(), s);
+        }
+    }
+}

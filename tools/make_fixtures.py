@@ -11,14 +11,16 @@ writes two compact JSON files that weft's Rust tests compare against:
     last prompt position with full-vocab stats (max |logit| and friends) for a tolerance, 32
     greedy tokens (argmax at every step, f32, no sampling, no penalties, NOT stopping at EOS) and,
     at every step, the top-1 minus top-2 logit margin, so a test can tell a real mismatch from a
-    near-tie. One prompt also carries the full last-position logit vector and per-layer hidden
-    state stats.
+    near-tie. One prompt also carries the full last-position logit vector and per-layer
+    residual-stream stats (to locate where an implementation first diverges).
 
-``tests/fixtures/smollm2/tokenizer.json``
+``tests/fixtures/smollm2/tokenizer_hf.json``
     Several hundred deterministic strings (prose, numbers, contractions, code, whitespace runs,
     CRLF, many scripts, emoji with ZWJ and skin tones, special tokens written as text, the empty
     string) with their reference ids (no special tokens added) and whether decode(ids) gives the
-    string back.
+    string back. (``tests/fixtures/smollm2/tokenizer.json`` belongs to
+    tools/make_tokenizer_fixtures.py, whose ids come from llama.cpp and which tests/tokenizer.rs
+    reads; this script never writes it, but checks its reference tokenizer against that file's ids.)
 
 The reference model is Hugging Face transformers' ``LlamaForCausalLM`` loaded from the same GGUF
 and dequantized to f32 (transformers also undoes llama.cpp's Q/K row permutation). Before using
@@ -38,9 +40,16 @@ has no multi-digit tokens, but the result differs when whitespace comes right be
 "a  1" is a,ĠĠ,1 = [81, 256, 33] for SmolLM2/llama.cpp but a,Ġ,Ġ,1 = [81, 216, 216, 33] with the
 plain GPT-2 regex (which splits "  1" into " " + " 1"); likewise "x\r\n42" is x,čĊ,4,2 versus
 x,č,Ċ,4,2. Prompt ids, and so logits, change with it. The script puts the SmolLM2
-pre-tokenizer back, records in tokenizer.json the strings where the unfixed tokenizer differs,
+pre-tokenizer back, records in tokenizer_hf.json the strings where the unfixed tokenizer differs,
 and, when ``llama_cpp`` (llama-cpp-python) is importable, checks the fixed tokenizer against
 llama.cpp's on every fixture string and prompt.
+
+With llama-cpp-python present it also runs llama.cpp itself on every prompt, twice: on the Q4_1
+file as is, and on a temporary copy with every tensor dequantized to F32. The F32 copy must give
+the same greedy tokens (it checks the reference means what llama.cpp means by this GGUF: rope
+layout, norms, tied head). The Q4_1 run is recorded for information only: llama.cpp quantizes
+activations to Q8_1 for its Q4_1 dot products, so its logits sit a few tenths away from an f32
+reference and greedy paths can part at near-ties. Results go to model.json meta.checks.
 
 Set up (outside the repo; nothing here is needed by CI)
 -------------------------------------------------------
@@ -219,7 +228,7 @@ def build_own_model(meta, tensors):
     cfg = llama_config_from_meta(meta)
     cfg._attn_implementation = "eager"
     model = LlamaForCausalLM(cfg).to(torch.float32).eval()
-    sd = {k: torch.from_numpy(np.ascontiguousarray(v[0])) for k, v in tensors.items()}
+    sd = {k: torch.from_numpy(np.array(v[0], dtype=np.float32, copy=True)) for k, v in tensors.items()}
     if "lm_head.weight" not in sd:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -346,6 +355,78 @@ class LlamaCpp:
         return self.llm.detokenize(ids, special=True).decode("utf-8", errors="replace")
 
 
+def write_f32_gguf(reader, path):
+    """Copy the GGUF with every tensor dequantized to F32 (llama.cpp's own row layout kept)."""
+    import gguf
+
+    arch = reader.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        val = f.contents()
+        if key == "general.file_type":
+            val = int(gguf.LlamaFileType.ALL_F32)
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, val, f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        a = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w.add_tensor(t.name, a.reshape([int(x) for x in reversed(t.shape)]) if a.ndim > 1 else a.reshape(-1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_cpp_model_check(reader, model_path, prompts):
+    """Independent check that the reference means what llama.cpp means by this GGUF.
+
+    llama.cpp on the Q4_1 file quantizes activations to Q8_1 for its dot products, so its logits
+    differ from an f32 reference by a few tenths. Run it on an all-F32 copy instead: then both sides
+    compute in f32 on identical weights and must agree to rounding. Also record the Q4_1 numbers.
+    Returns a dict, or {"skipped": reason}.
+    """
+    import tempfile
+
+    try:
+        import llama_cpp
+    except ImportError as e:
+        return {"skipped": f"{e}"}
+
+    def run(path):
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=os.cpu_count() or 1)
+        res = {"last_logits_top20_max_abs_diff": 0.0, "argmax_equal": 0, "greedy_tokens_equal_prefix": []}
+        for p in prompts:
+            llm.reset()
+            llm.eval(p["prompt_ids"])
+            last = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            ids = [i for i, _ in p["last_logits_top"]]
+            ref = np.asarray([v for _, v in p["last_logits_top"]], dtype=np.float32)
+            res["last_logits_top20_max_abs_diff"] = max(res["last_logits_top20_max_abs_diff"], float(np.max(np.abs(last[ids] - ref))))
+            res["argmax_equal"] += int(int(np.argmax(last)) == p["last_logits_stats"]["argmax"])
+            gen = []
+            for _ in range(N_GREEDY):
+                t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+                gen.append(t)
+                llm.eval([t])
+            same = next((i for i, (a, b) in enumerate(zip(gen, p["greedy_ids"])) if a != b), N_GREEDY)
+            res["greedy_tokens_equal_prefix"].append(same)
+            if "last_logits_full" in p:
+                full = np.asarray(p["last_logits_full"], dtype=np.float32)
+                res["first_prompt_full_vocab_max_abs_diff"] = float(np.max(np.abs(last - full)))
+        res["last_logits_top20_max_abs_diff"] = round(res["last_logits_top20_max_abs_diff"], 6)
+        del llm
+        return res
+
+    out = {"prompts": len(prompts), "llama_cpp_python": getattr(llama_cpp, "__version__", "?")}
+    out["q4_1_file"] = run(model_path)
+    with tempfile.TemporaryDirectory() as d:
+        f32 = Path(d) / "f32.gguf"
+        write_f32_gguf(reader, f32)
+        out["f32_copy"] = run(f32)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Prompts for model.json
 # --------------------------------------------------------------------------------------------
@@ -414,13 +495,36 @@ def r5(x):
     return float(f"{float(x):.5g}") if abs(float(x)) < 1e-3 else round(float(x), 5)
 
 
+def _vec_stats(v):
+    v = v.double()
+    return {"rms": r5(v.pow(2).mean().sqrt()), "max_abs": r5(v.abs().max()), "first8": [r5(a) for a in v[:8].tolist()]}
+
+
 def run_prompt(model, ids, full_logits=False, hidden_stats=False):
     import torch
 
     out = {}
+    captured = {}
+    hooks = []
+    if hidden_stats:
+        # Explicit forward hooks, so what each entry is does not depend on transformers' conventions.
+        def grab(name):
+            def hook(_mod, _inp, output):
+                t = output[0] if isinstance(output, (tuple, list)) else output
+                captured[name] = t[0, -1].detach().clone()
+
+            return hook
+
+        inner = model.model
+        hooks.append(inner.embed_tokens.register_forward_hook(grab("embed")))
+        for li, layer in enumerate(inner.layers):
+            hooks.append(layer.register_forward_hook(grab(f"layer{li}")))
+        hooks.append(inner.norm.register_forward_hook(grab("final_norm")))
     with torch.no_grad():
         inp = torch.tensor([ids], dtype=torch.long)
-        res = model(input_ids=inp, use_cache=True, output_hidden_states=hidden_stats)
+        res = model(input_ids=inp, use_cache=True)
+        for h in hooks:
+            h.remove()
         last = res.logits[0, -1].float()
         top = torch.topk(last, TOP_K)
         out["last_logits_top"] = [[int(i), r5(v)] for v, i in zip(top.values.tolist(), top.indices.tolist())]
@@ -428,12 +532,15 @@ def run_prompt(model, ids, full_logits=False, hidden_stats=False):
         if full_logits:
             out["last_logits_full"] = [round(v, 4) for v in last.tolist()]
         if hidden_stats:
-            # hidden_states[0] = embeddings, [i] = output of layer i-1, last = after final norm.
-            hs = []
-            for h in res.hidden_states:
-                v = h[0, -1].double()
-                hs.append({"rms": r5(v.pow(2).mean().sqrt()), "max_abs": r5(v.abs().max()), "first8": [r5(a) for a in v[:8].tolist()]})
-            out["last_position_hidden_states"] = hs
+            n = len(model.model.layers)
+            out["last_position_hidden"] = {
+                "note": "residual stream at the last prompt position: embed = token embedding row; layers[i] = "
+                "output of decoder layer i (residual added, before any norm); final_norm = after output_norm "
+                "(the lm_head input). rms = sqrt(mean(x^2)).",
+                "embed": _vec_stats(captured["embed"]),
+                "layers": [_vec_stats(captured[f"layer{i}"]) for i in range(n)],
+                "final_norm": _vec_stats(captured["final_norm"]),
+            }
         past = res.past_key_values
         logits = last
         gen, margins, top1 = [], [], []
@@ -492,7 +599,7 @@ def check_with_generate(model, ids, gen):
 
 
 # --------------------------------------------------------------------------------------------
-# Strings for tokenizer.json
+# Strings for tokenizer_hf.json
 # --------------------------------------------------------------------------------------------
 
 
@@ -638,6 +745,21 @@ def tokenizer_strings():
 # --------------------------------------------------------------------------------------------
 
 
+GENERATOR = "tools/make_fixtures.py"
+
+
+def check_ours(path, force):
+    """Refuse to overwrite a file some other tool wrote (tokenizer.json once got clobbered)."""
+    if force or not path.exists():
+        return
+    try:
+        gen = json.loads(path.read_text(encoding="utf-8")).get("meta", {}).get("generator")
+    except (ValueError, AttributeError):
+        gen = None
+    if gen != GENERATOR:
+        sys.exit(f"{path} exists and was not written by {GENERATOR}; not overwriting it (use --force)")
+
+
 def dump(obj, path):
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     path.write_text(text + "\n", encoding="utf-8")
@@ -648,7 +770,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--skip-model", action="store_true", help="only write tokenizer.json")
+    ap.add_argument("--skip-model", action="store_true", help="only write tokenizer_hf.json")
+    ap.add_argument("--force", action="store_true", help="overwrite output files another tool wrote")
     args = ap.parse_args()
 
     import gguf
@@ -656,6 +779,10 @@ def main():
     import torch
     import transformers
 
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t_start = time.time()
@@ -664,6 +791,10 @@ def main():
     if not model_path.exists():
         sys.exit(f"missing {model_path}: run `cargo xtask fetch-model` first")
     args.out.mkdir(parents=True, exist_ok=True)
+    tok_out, model_out = args.out / "tokenizer_hf.json", args.out / "model.json"
+    check_ours(tok_out, args.force)
+    if not args.skip_model:
+        check_ours(model_out, args.force)
     digest = sha256(model_path)
     reader = gguf.GGUFReader(str(model_path))
     meta = gguf_meta(reader)
@@ -716,11 +847,23 @@ def main():
                 lcpp_detok_disagree.append(text)
         entries.append(e)
     n_rt_fail = sum(1 for e in entries if not e["roundtrip"])
+    other = {"file": "tests/fixtures/smollm2/tokenizer.json (tools/make_tokenizer_fixtures.py, llama.cpp ids)"}
+    other_path = args.out / "tokenizer.json"
+    if other_path.exists():
+        try:
+            cases = json.loads(other_path.read_text(encoding="utf-8"))["cases"]
+            bad = [c["text"] for c in cases if encode(tok, c["text"]) != c["ids"]]
+            other.update(checked=len(cases), disagree=len(bad), disagree_texts=bad[:10])
+        except (KeyError, TypeError, ValueError) as e:
+            other["skipped"] = f"unreadable: {e}"
+    else:
+        other["skipped"] = "absent"
+    log(f"vs {other_path.name}: {json.dumps(other, ensure_ascii=False)}")
     tok_meta = {
         "description": "Reference token ids for SmolLM2-135M-Instruct's GGUF tokenizer; encode without adding special "
         "tokens (control tokens written as text ARE matched, like llama.cpp tokenize(special=true)); "
         "roundtrip = decode(ids) == text (special tokens kept, no clean-up of spaces).",
-        "generator": "tools/make_fixtures.py",
+        "generator": GENERATOR,
         "source": source,
         "versions": versions,
         "reference_tokenizer": "transformers AutoTokenizer.from_pretrained(gguf_file=...) with its pre-tokenizer replaced "
@@ -733,6 +876,7 @@ def main():
         "control_tokens": control_tokens,
         "control_tokens_matched_as_one_id": all(encode(tok, t) == [i] for t, i in control_tokens.items()),
         "count": len(entries),
+        "checked_against_tokenizer_json": other,
         "roundtrip_failures": n_rt_fail,
         "hf_gguf_unfixed_differs": n_raw_diff,
         "llama_cpp_check": (
@@ -741,9 +885,9 @@ def main():
             else {"skipped": lcpp.error}
         ),
     }
-    tok_bytes = dump({"meta": tok_meta, "cases": entries}, args.out / "tokenizer.json")
+    tok_bytes = dump({"meta": tok_meta, "cases": entries}, tok_out)
     log(
-        f"tokenizer.json: {len(entries)} strings, {n_rt_fail} round-trip failures, "
+        f"{tok_out.name}: {len(entries)} strings, {n_rt_fail} round-trip failures, "
         f"{n_raw_diff} differ from unfixed HF-GGUF tokenizer, "
         + (f"{len(lcpp_disagree)} ids / {len(lcpp_detok_disagree)} detok disagree with llama.cpp" if lcpp.llm else "no llama.cpp check")
         + f", {tok_bytes} bytes"
@@ -822,13 +966,19 @@ def main():
         log(f"[{p['name']}] {len(ids)} prompt tokens, min margin {min(r['greedy_margins']):.4f}, {time.time() - t0:.1f}s: {p['greedy_text'][:70]!r}")
         prompts[i] = {k: p[k] for k in _ORDER if k in p} | {k: v for k, v in p.items() if k not in _ORDER}
 
+    lc = llama_cpp_model_check(reader, model_path, prompts)
+    log(f"llama.cpp model check: {json.dumps(lc)}")
+    checks["llama_cpp_model"] = lc
+
     model_meta = {
         "description": "Outside-truth reference for SmolLM2-135M-Instruct.Q4_1.gguf: f32 transformers forward on the "
         "exactly-dequantized GGUF weights. Logits are raw (no softmax/temperature). greedy_ids: argmax at every "
         "step, no sampling, no penalties, EOS is just another token (no stop). greedy_margins[i] = top1 - top2 "
         "logit at step i (step 0 = last prompt position); a weft mismatch at a step with a tiny margin is a "
-        "near-tie, not necessarily a bug. last_logits_full (first prompt only) is rounded to 4 decimals.",
-        "generator": "tools/make_fixtures.py",
+        "near-tie, not necessarily a bug. last_logits_full (first prompt only) is rounded to 4 decimals. "
+        "checks.llama_cpp_model: llama.cpp on an all-F32 copy of the GGUF must match (it does to ~1e-2, its KV "
+        "cache is f16); llama.cpp on the Q4_1 file quantizes activations (Q8_1) and lands a few tenths away.",
+        "generator": GENERATOR,
         "source": source,
         "versions": versions,
         "reference_model": reference_kind,
@@ -852,11 +1002,11 @@ def main():
         "n_greedy": N_GREEDY,
         "top_k": TOP_K,
     }
-    model_bytes = dump({"meta": model_meta, "prompts": prompts}, args.out / "model.json")
+    model_bytes = dump({"meta": model_meta, "prompts": prompts}, model_out)
 
     # ---------------- summary ----------------
-    print(f"wrote {args.out / 'tokenizer.json'} ({tok_bytes} bytes, {len(entries)} strings)")
-    print(f"wrote {args.out / 'model.json'} ({model_bytes} bytes, {len(prompts)} prompts)")
+    print(f"wrote {tok_out} ({tok_bytes} bytes, {len(entries)} strings)")
+    print(f"wrote {model_out} ({model_bytes} bytes, {len(prompts)} prompts)")
     print(f"versions: {json.dumps(versions)}")
     print(f"weights vs own dequantization: max abs diff {wrep.get('max_abs_diff')} over {wrep.get('tensors_compared')} tensors")
     print(f"checks: {json.dumps(checks)}")
