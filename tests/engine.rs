@@ -8,21 +8,14 @@ use futures::StreamExt;
 use weft::DType;
 use weft::engine::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt};
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::load::ModelFiles;
 use weft::model::tiny;
 use weft::sampling::SamplingParams;
 
 fn factory() -> Option<GpuTensorFactory> {
-    match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
-        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
-        Err(e) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("skipping: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
 }
 
 /// A tiny model engine with `num_blocks` KV blocks of 4 tokens.

@@ -8,7 +8,7 @@
 //! pairing or a wrong position (those move logits by whole percents).
 
 use weft::DType;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::{KvCacheConfig, KvPool};
 use weft::model::config::LlamaConfig;
 use weft::model::executor::{GpuExecutor, ModelExecutor, SampleSpec, SeqInput};
@@ -19,14 +19,7 @@ use weft::model::tiny;
 use weft::sampling::SamplingParams;
 
 fn factory() -> Option<GpuTensorFactory> {
-    match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
-        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
-        Err(e) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("skipping: {e}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
 }
 
 const BLOCK: usize = 4;

@@ -16,7 +16,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::{BlockAllocator, KvCacheConfig};
 use weft::model::executor::{ModelExecutor, SampleSpec, SeqInput};
 use weft::model::load::ModelFiles;
@@ -66,11 +66,7 @@ fn prompts_tokenize_and_render_like_the_reference() {
 fn logits_and_greedy_tokens_match_transformers() {
     let Some(files) = model() else { return };
     let prompts = fixtures();
-    let ctx = match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
-        Ok(ctx) => ctx,
-        Err(e) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => return eprintln!("skipping: {e}"),
-        Err(e) => panic!("{e}"),
-    };
+    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
     let factory = GpuTensorFactory::new(ctx);
     const BLOCK: usize = 16;
     const STEPS: usize = 32;

@@ -220,3 +220,17 @@ fn no_adapter_hint() -> String {
     }
     hint
 }
+
+/// For tests and tools: open a device, or `None` (after printing why) where there is no
+/// adapter — unless `WEFT_REQUIRE_GPU=1`, where a missing adapter is an error like any other.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn open_or_skip(options: GpuOptions) -> Result<Option<Arc<GpuContext>>> {
+    match crate::rt::block_on(GpuContext::new(options)) {
+        Ok(ctx) => Ok(Some(ctx)),
+        Err(e @ WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            eprintln!("skipping: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -10,6 +10,8 @@ mod pipelines;
 mod recording;
 mod tensor;
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use context::open_or_skip;
 pub use context::{GpuContext, GpuFeatures, GpuOptions};
 pub use pipelines::{ShaderVariant, compose_shader, embedded_shader_files, shader_variants};
 pub use recording::{Dispatch, Recording};

@@ -448,20 +448,7 @@ impl KvCacheManager {
 mod tests {
     use super::*;
 
-    /// SplitMix64, for reproducible random tests.
-    struct Rng(u64);
-    impl Rng {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, bound: usize) -> usize {
-            (self.next_u64() % bound.max(1) as u64) as usize
-        }
-    }
+    use crate::sampling::SamplerRng as Rng;
 
     fn seq_tokens(start: u32, num_tokens: usize) -> Vec<u32> {
         (start..start + num_tokens as u32).collect()
@@ -751,7 +738,7 @@ mod tests {
         if let Some(h) = hasher {
             kv = kv.with_hasher(h);
         }
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         // A few shared prefixes over a tiny vocabulary, so blocks repeat often.
         let prefixes: Vec<Vec<u32>> = (0..4).map(|_| (0..rng.below(12)).map(|_| rng.below(3) as u32).collect()).collect();
         // seq -> (tokens, num_computed)

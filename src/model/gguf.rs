@@ -961,25 +961,11 @@ mod tests {
     use super::*;
     use crate::quant::quantize;
 
-    /// SplitMix64: a tiny deterministic generator for the fuzz-style tests.
-    struct Rng(u64);
+    use crate::sampling::SamplerRng as Rng;
 
-    impl Rng {
-        fn next_u64(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next_u64() % n as u64) as usize
-        }
-
-        fn bytes(&mut self, len: usize) -> Vec<u8> {
-            (0..len).map(|_| self.next_u64() as u8).collect()
-        }
+    /// `len` reproducible random bytes.
+    fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
+        (0..len).map(|_| rng.next_u64() as u8).collect()
     }
 
     fn parse(bytes: Vec<u8>) -> Result<GgufFile> {
@@ -1517,11 +1503,11 @@ mod tests {
 
     #[test]
     fn fuzz_random_bytes_never_panic() {
-        let mut rng = Rng(0x5EED);
+        let mut rng = Rng::new(0x5EED);
         let valid = small_file();
         for i in 0..3000 {
             let len = rng.below(400);
-            let mut bytes = rng.bytes(len);
+            let mut bytes = random_bytes(&mut rng, len);
             match i % 4 {
                 // Past the magic and version, into the counts and the metadata.
                 0 => {

@@ -2,21 +2,14 @@
 
 use std::sync::{Arc, OnceLock};
 
+use weft::DType;
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
-use weft::{DType, WeftError};
 
 /// Unit roundoff of f32.
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 fn open(options: GpuOptions) -> Option<GpuTensorFactory> {
-    match weft::rt::block_on(GpuContext::new(options)) {
-        Ok(ctx) => Some(GpuTensorFactory::new(ctx)),
-        Err(e @ WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
-            eprintln!("skipping GPU test: {e}");
-            None
-        }
-        Err(e) => panic!("opening the GPU failed: {e}"),
-    }
+    weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new)
 }
 
 /// The device all tests share, or `None` (test skipped) where there is no adapter.
