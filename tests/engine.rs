@@ -12,7 +12,7 @@ use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::load::ModelFiles;
 use weft::model::tiny;
-use weft::sampling::SamplingParams;
+use weft::sampling::{GpuSampler, SamplingParams};
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -24,7 +24,7 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
     let exec = files.executor(f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
-    ContinuousBatchEngine::new_plan_runtime(config, files.tokenizer.clone(), Arc::new(exec)).unwrap()
+    ContinuousBatchEngine::new_plan_runtime(config, files.tokenizer.clone(), Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone())).unwrap()
 }
 
 fn greedy(prompt: &str, max_tokens: usize) -> InferenceRequest {
@@ -302,4 +302,52 @@ fn chat_prompts_use_the_model_template() {
     let b = weft::rt::block_on(e.infer(text)).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
     assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens);
+}
+
+#[test]
+fn the_seed_constructors_check_their_parts() {
+    use weft::engine::engine::{RecurrentStateManager, SpeculationConfig};
+    use weft::kv::KvCacheManager;
+    let Some(f) = factory() else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let exec: Arc<dyn weft::model::executor::ModelExecutor> = Arc::new(files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 32 }).unwrap());
+    let tok = files.tokenizer.clone();
+    let parts = || (EngineConfig::default(), tok.clone(), Arc::new(GpuSampler) as Arc<dyn weft::sampling::Sampler>, exec.clone(), Arc::new(f.clone()) as Arc<dyn weft::gpu::TensorFactory>);
+
+    // A KV manager that does not describe the executor's pool is refused.
+    let (config, t, s, e, tf) = parts();
+    let err = ContinuousBatchEngine::new(config, t, s, KvCacheManager::new(16, 4, true), e, tf).err().unwrap().to_string();
+    assert!(err.contains("16 blocks of 4 tokens but the executor's pool has 32 blocks of 4"), "{err}");
+
+    // Speculation: both or neither; both is not supported yet.
+    let (config, t, s, e, tf) = parts();
+    let err = ContinuousBatchEngine::new_with_speculation(config, t, s, KvCacheManager::new(32, 4, true), e.clone(), tf, Some(e), None).err().unwrap().to_string();
+    assert!(err.contains("both a draft executor and a speculation config, or neither"), "{err}");
+    let (config, t, s, e, tf) = parts();
+    let spec = SpeculationConfig { num_speculative_tokens: 4 };
+    let err = ContinuousBatchEngine::new_with_speculation(config, t, s, KvCacheManager::new(32, 4, true), e.clone(), tf, Some(e), Some(spec)).err().unwrap().to_string();
+    assert!(err.contains("speculative decoding is not supported by this executor"), "{err}");
+
+    struct Mamba;
+    impl RecurrentStateManager for Mamba {
+        fn state_bytes_per_sequence(&self) -> usize {
+            1024
+        }
+    }
+    let (config, t, s, e, tf) = parts();
+    let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(config, t, s, KvCacheManager::new(32, 4, true), e, tf, None, None, Some(Arc::new(Mamba)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("recurrent state"), "{err}");
+
+    // Neither: a working engine, equal to new_plan_runtime's.
+    let (config, t, s, e, tf) = parts();
+    let engine = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(config, t, s, KvCacheManager::new(32, 4, true), e, tf, None, None, None).unwrap();
+    let a = weft::rt::block_on(engine.infer(greedy("seed api", 5))).unwrap();
+    let b = weft::rt::block_on(self::engine(&f, 32, EngineConfig::default()).infer(greedy("seed api", 5))).unwrap();
+    assert_eq!(a.token_ids, b.token_ids);
+    assert!(weft::rt::block_on(weft::engine::api::InferenceEngine::health_check(&engine)).healthy);
 }

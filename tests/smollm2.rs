@@ -152,14 +152,14 @@ fn the_engine_builder_serves_the_default_model() {
     let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
     assert_eq!(response.token_ids, ids(&p["greedy_ids"])[..6]);
     assert!(response.text.contains("Paris"), "{}", response.text);
-    assert!(engine.health_check().healthy);
+    assert!(weft::rt::block_on(engine.health_check()).healthy);
     assert_eq!(engine.status(), EngineStatus::Running { background_loop: false });
     let admission = engine.admission_snapshot();
     assert_eq!((admission.running, admission.waiting), (0, 0));
     assert!(engine.lora_metrics_snapshot().is_none());
     assert_eq!(engine.cache_metrics_snapshot().kv.used_blocks, 0);
     engine.shutdown();
-    assert!(!engine.health_check().healthy);
+    assert!(!weft::rt::block_on(engine.health_check()).healthy);
     assert_eq!(engine.status(), EngineStatus::ShutDown);
 }
 

@@ -59,8 +59,9 @@ pub trait InferenceEngine: Send + Sync {
     fn cache_metrics_snapshot(&self) -> CacheMetrics;
     fn admission_snapshot(&self) -> AdmissionSnapshot;
     fn lora_metrics_snapshot(&self) -> Option<LoraMetrics>;
-    /// Unhealthy when shut down or when the last engine step failed.
-    fn health_check(&self) -> HealthReport;
+    /// Unhealthy when shut down, when the last engine step failed, or when the device does not
+    /// return a small tensor intact.
+    fn health_check(&self) -> BoxFuture<'_, HealthReport>;
 }
 
 /// Text generation.
@@ -110,14 +111,20 @@ impl InferenceEngine for ContinuousBatchEngine {
         None
     }
 
-    fn health_check(&self) -> HealthReport {
-        if self.is_shut_down() {
-            return HealthReport { healthy: false, detail: "the engine is shut down".into() };
-        }
-        match self.last_step_error() {
-            Some(e) => HealthReport { healthy: false, detail: format!("the last step failed: {e}") },
-            None => HealthReport { healthy: true, detail: format!("{} steps run", ContinuousBatchEngine::metrics(self).steps) },
-        }
+    fn health_check(&self) -> BoxFuture<'_, HealthReport> {
+        Box::pin(async move {
+            let unhealthy = |detail: String| HealthReport { healthy: false, detail };
+            if self.is_shut_down() {
+                return unhealthy("the engine is shut down".into());
+            }
+            if let Some(e) = self.last_step_error() {
+                return unhealthy(format!("the last step failed: {e}"));
+            }
+            if let Err(e) = self.device_round_trip().await {
+                return unhealthy(format!("the GPU does not answer: {e}"));
+            }
+            HealthReport { healthy: true, detail: format!("{} steps run", ContinuousBatchEngine::metrics(self).steps) }
+        })
     }
 }
 
@@ -185,6 +192,7 @@ impl EngineBuilder {
             )));
         }
         let exec = self.files.executor(&factory, kv)?;
-        ContinuousBatchEngine::new_plan_runtime(self.config, self.files.tokenizer.clone(), std::sync::Arc::new(exec))
+        let sampler = std::sync::Arc::new(crate::sampling::GpuSampler);
+        ContinuousBatchEngine::new_plan_runtime(self.config, self.files.tokenizer.clone(), sampler, std::sync::Arc::new(exec), std::sync::Arc::new(factory))
     }
 }

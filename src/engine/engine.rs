@@ -25,11 +25,26 @@ use crate::engine::scheduler::{ContinuousBatchScheduler, RunnerOutput, SchedRequ
 use crate::engine::stop::StopMatcher;
 use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, SeqId};
-use crate::model::executor::{ModelExecutor, SampleSpec, SeqInput};
-use crate::sampling::{Sampled, SamplerRng};
+use crate::gpu::TensorFactory;
+use crate::model::executor::{ModelExecutor, SeqInput};
+use crate::sampling::{Sampled, Sampler, SamplerRng};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
-/// Limits of the engine.
+/// Speculative decoding settings (the draft model proposes, the target verifies).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpeculationConfig {
+    /// Tokens the draft proposes per step.
+    pub num_speculative_tokens: usize,
+}
+
+/// Per-sequence recurrent state of state-space and hybrid models (Mamba-style layers), the
+/// counterpart of the KV cache. No executor runs such models yet.
+pub trait RecurrentStateManager: Send + Sync {
+    /// Bytes of state one sequence needs.
+    fn state_bytes_per_sequence(&self) -> usize;
+}
+
+/// Limits of the engine: the scheduler's limits and whether the prefix cache is on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
     /// Sequences in one step at most.
@@ -120,7 +135,9 @@ struct State {
 struct Inner {
     config: EngineConfig,
     tokenizer: Arc<dyn Tokenizer>,
+    sampler: Arc<dyn Sampler>,
     executor: Arc<dyn ModelExecutor>,
+    tensor_factory: Arc<dyn TensorFactory>,
     state: Mutex<State>,
     /// The iteration lock: one step at a time.
     step_lock: futures::lock::Mutex<()>,
@@ -138,25 +155,44 @@ pub struct ContinuousBatchEngine {
 }
 
 impl ContinuousBatchEngine {
-    /// An engine over `executor` whose KV manager is created and owned inside, sized to the
-    /// executor's block pool (the seed API's `new_plan_runtime`).
-    pub fn new_plan_runtime(config: EngineConfig, tokenizer: Arc<dyn Tokenizer>, executor: Arc<dyn ModelExecutor>) -> Result<Self> {
-        let kv_config = executor.kv_config();
-        let max_model_len = config.max_model_len.min(executor.max_context());
+    /// An engine over `model_executor` with the KV manager `kv_cache`, which must describe the
+    /// executor's block pool. (The seed API's scheduler argument is `config`: its limits are
+    /// the scheduler's.) `tensor_factory` serves the health check's device round trip.
+    pub fn new(
+        config: EngineConfig,
+        tokenizer: Arc<dyn Tokenizer>,
+        sampler: Arc<dyn Sampler>,
+        kv_cache: KvCacheManager,
+        model_executor: Arc<dyn ModelExecutor>,
+        tensor_factory: Arc<dyn TensorFactory>,
+    ) -> Result<Self> {
+        let pool = model_executor.kv_config();
+        let usage = kv_cache.usage();
+        if kv_cache.block_size() != pool.block_size || usage.total_blocks != pool.num_blocks {
+            return Err(WeftError::Unsupported(format!(
+                "the KV manager has {} blocks of {} tokens but the executor's pool has {} blocks of {}",
+                usage.total_blocks,
+                kv_cache.block_size(),
+                pool.num_blocks,
+                pool.block_size
+            )));
+        }
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
             return Err(WeftError::Unsupported("max_num_seqs and max_num_batched_tokens must be at least 1".into()));
         }
-        let kv = KvCacheManager::new(kv_config.num_blocks, kv_config.block_size, config.enable_prefix_cache);
+        let max_model_len = config.max_model_len.min(model_executor.max_context());
         let scheduler = ContinuousBatchScheduler::new(
             SchedulerConfig { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens, max_model_len },
-            kv,
+            kv_cache,
         );
         let config = EngineConfig { max_model_len, ..config };
         Ok(ContinuousBatchEngine {
             inner: Arc::new(Inner {
                 config,
                 tokenizer,
-                executor,
+                sampler,
+                executor: model_executor,
+                tensor_factory,
                 state: Mutex::new(State { scheduler, live: HashMap::new(), metrics: EngineMetrics::default(), last_step_error: None }),
                 step_lock: futures::lock::Mutex::new(()),
                 next_id: AtomicU64::new(1),
@@ -165,6 +201,71 @@ impl ContinuousBatchEngine {
                 wakeup: (Mutex::new(false), Condvar::new()),
             }),
         })
+    }
+
+    /// [`new`](Self::new) with speculative decoding: a draft executor and its config, both or
+    /// neither. No executor supports speculation yet, so giving them is a clear error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_with_speculation(
+        config: EngineConfig,
+        tokenizer: Arc<dyn Tokenizer>,
+        sampler: Arc<dyn Sampler>,
+        kv_cache: KvCacheManager,
+        model_executor: Arc<dyn ModelExecutor>,
+        tensor_factory: Arc<dyn TensorFactory>,
+        draft_executor: Option<Arc<dyn ModelExecutor>>,
+        spec_config: Option<SpeculationConfig>,
+    ) -> Result<Self> {
+        match (draft_executor, spec_config) {
+            (None, None) => Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory),
+            (Some(_), Some(_)) => Err(WeftError::Unsupported("speculative decoding is not supported by this executor yet".into())),
+            _ => Err(WeftError::Unsupported("speculation needs both a draft executor and a speculation config, or neither".into())),
+        }
+    }
+
+    /// [`new_with_speculation`](Self::new_with_speculation) plus a recurrent-state manager (for
+    /// state-space / hybrid models). No executor runs such models yet: giving one is an error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_with_speculation_and_recurrent_state_manager(
+        config: EngineConfig,
+        tokenizer: Arc<dyn Tokenizer>,
+        sampler: Arc<dyn Sampler>,
+        kv_cache: KvCacheManager,
+        model_executor: Arc<dyn ModelExecutor>,
+        tensor_factory: Arc<dyn TensorFactory>,
+        draft_executor: Option<Arc<dyn ModelExecutor>>,
+        spec_config: Option<SpeculationConfig>,
+        recurrent_state_manager: Option<Arc<dyn RecurrentStateManager>>,
+    ) -> Result<Self> {
+        if recurrent_state_manager.is_some() {
+            return Err(WeftError::Unsupported("recurrent state (state-space models) is not supported by this executor yet".into()));
+        }
+        Self::new_with_speculation(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory, draft_executor, spec_config)
+    }
+
+    /// An engine whose KV manager is created and owned inside, sized to the executor's block
+    /// pool: the common case.
+    pub fn new_plan_runtime(
+        config: EngineConfig,
+        tokenizer: Arc<dyn Tokenizer>,
+        sampler: Arc<dyn Sampler>,
+        model_executor: Arc<dyn ModelExecutor>,
+        tensor_factory: Arc<dyn TensorFactory>,
+    ) -> Result<Self> {
+        let pool = model_executor.kv_config();
+        let kv = KvCacheManager::new(pool.num_blocks, pool.block_size, config.enable_prefix_cache);
+        Self::new(config, tokenizer, sampler, kv, model_executor, tensor_factory)
+    }
+
+    /// Upload and read back a small tensor: proof the device still answers.
+    pub async fn device_round_trip(&self) -> Result<()> {
+        let probe = [1.0f32, -2.0, 3.5, 0.25];
+        let t = self.inner.tensor_factory.upload_f32(&[4], &probe)?;
+        let back = self.inner.tensor_factory.download_f32(&t).await?;
+        if back != probe {
+            return Err(WeftError::Readback(format!("the device returned {back:?} for {probe:?}")));
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -281,15 +382,13 @@ impl ContinuousBatchEngine {
                     let queued = (now - live.submitted_at).as_secs_f64();
                     state.metrics.queue_time.observe(queued);
                 }
-                let penalty_entries = match (s.sample, state.live[&s.id].request.params.sampling.has_penalties(), state.scheduler.tokens(s.id)) {
-                    (true, true, Some(tokens)) => {
-                        let (prompt, output) = tokens.split_at(state.live[&s.id].usage.prompt_tokens.min(tokens.len()));
-                        crate::sampling::penalty_entries(prompt, output)
-                    }
-                    _ => Vec::new(),
-                };
-                let live = state.live.get_mut(&s.id).expect("every scheduled sequence is live");
-                let sample = s.sample.then(|| SampleSpec { params: live.request.params.sampling.clone(), uniform: live.rng.next_uniform(), penalty_entries });
+                let State { scheduler, live, .. } = &mut *state;
+                let live = live.get_mut(&s.id).expect("every scheduled sequence is live");
+                let sample = s.sample.then(|| {
+                    let tokens = scheduler.tokens(s.id).unwrap_or(&[]);
+                    let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
+                    self.inner.sampler.prepare(&live.request.params.sampling, &mut live.rng, prompt, output)
+                });
                 batch.push(SeqInput { tokens: s.tokens.clone(), start_pos: s.start_pos, block_table: s.block_table.clone(), sample });
             }
             (out, batch)

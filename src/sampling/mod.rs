@@ -7,6 +7,7 @@
 
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::sample::{MAX_TOP_LOGPROBS, OUT_PER_ROW, SETTINGS_PER_ROW};
+use crate::model::executor::SampleSpec;
 
 /// How one request picks its next token.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,6 +143,24 @@ pub fn penalty_entries(prompt: &[u32], output: &[u32]) -> Vec<(u32, u32)> {
         *counts.entry(t).or_insert(0) += 1;
     }
     counts.into_iter().collect()
+}
+
+/// The host half of sampling: what the GPU sampler needs for one sequence's next token, from
+/// the request's parameters, its random stream and its tokens so far. The engine holds one as
+/// `Arc<dyn Sampler>`; the GPU does the rest (`gpu::kernels::{penalize, sample}`).
+pub trait Sampler: Send + Sync {
+    fn prepare(&self, params: &SamplingParams, rng: &mut SamplerRng, prompt: &[u32], output: &[u32]) -> SampleSpec;
+}
+
+/// The standard host half: one uniform draw per token, penalty entries when penalties are on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GpuSampler;
+
+impl Sampler for GpuSampler {
+    fn prepare(&self, params: &SamplingParams, rng: &mut SamplerRng, prompt: &[u32], output: &[u32]) -> SampleSpec {
+        let penalty_entries = if params.has_penalties() { penalty_entries(prompt, output) } else { Vec::new() };
+        SampleSpec { params: params.clone(), uniform: rng.next_uniform(), penalty_entries }
+    }
 }
 
 /// One sampled token as the GPU reported it.
