@@ -373,17 +373,15 @@ impl ContinuousBatchEngine {
             }
             let now = Instant::now();
             let mut batch = Vec::with_capacity(out.scheduled.len());
+            let State { scheduler, live, metrics, .. } = &mut *state;
             for s in &out.scheduled {
-                let live = state.live.get_mut(&s.id).expect("every scheduled sequence is live");
+                let live = live.get_mut(&s.id).expect("every scheduled sequence is live");
                 if live.scheduled_at.is_none() {
                     // First time on the GPU: tokens before start_pos came from the prefix cache.
                     live.scheduled_at = Some(now);
                     live.usage.cached_prompt_tokens = s.start_pos;
-                    let queued = (now - live.submitted_at).as_secs_f64();
-                    state.metrics.queue_time.observe(queued);
+                    metrics.queue_time.observe((now - live.submitted_at).as_secs_f64());
                 }
-                let State { scheduler, live, .. } = &mut *state;
-                let live = live.get_mut(&s.id).expect("every scheduled sequence is live");
                 let sample = s.sample.then(|| {
                     let tokens = scheduler.tokens(s.id).unwrap_or(&[]);
                     let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
