@@ -66,19 +66,6 @@ fn max_all(lid: u32, v: f32) -> f32 {
     return sh_f[0];
 }
 
-fn count_all(lid: u32, v: u32) -> u32 {
-    workgroupBarrier();
-    sh_u[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            sh_u[lid] += sh_u[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return sh_u[0];
-}
-
 // Whether (va, ia) ranks above (vb, ib): larger value first, lower index on ties.
 fn above(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
     return va > vb || (va == vb && ia < ib);
@@ -155,11 +142,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var hi = 1.0;
             for (var step = 0u; step < BISECT_STEPS; step++) {
                 let mid = 0.5 * (lo + hi);
-                var n = 0u;
+                // Counts stay below 2^24, so summing them in f32 is exact.
+                var n = 0.0;
                 for (var i = first; i < last; i++) {
-                    n += select(0u, 1u, (logits[base + i] - row_max) * inv_t >= mid);
+                    n += select(0.0, 1.0, (logits[base + i] - row_max) * inv_t >= mid);
                 }
-                if (count_all(lid, n) >= top_k) {
+                if (sum_all(lid, n) >= f32(top_k)) {
                     lo = mid;
                 } else {
                     hi = mid;
