@@ -326,6 +326,11 @@ impl ContinuousBatchEngine {
                 max_len - prompt.len()
             )));
         }
+        // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
+        let decoder = match DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt) {
+            Ok(d) => d,
+            Err(e) => return reject(e),
+        };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let seed = request.params.sampling.seed.unwrap_or_else(|| web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(id, |d| d.as_nanos() as u64 ^ id));
         let (sender, receiver) = mpsc::unbounded();
@@ -340,7 +345,7 @@ impl ContinuousBatchEngine {
             state.metrics.prompt_tokens += prompt.len() as u64;
             let live = Live {
                 rng: SamplerRng::new(seed),
-                decoder: DecodeStream::new(self.inner.tokenizer.clone(), true),
+                decoder,
                 stops: StopMatcher::new(&request.params.stop),
                 sender,
                 usage: Usage { prompt_tokens: prompt.len(), ..Default::default() },
