@@ -26,10 +26,10 @@ fn main() -> weft::Result<()> {
     let gen_len: usize = arg("--gen-len").and_then(|s| s.parse().ok()).unwrap_or(16);
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let max_seqs = levels.iter().copied().max().unwrap_or(1);
-    let engine = EngineBuilder::from_model(model)?
+    let builder = EngineBuilder::from_model(model)?
         .config(EngineConfig { max_num_seqs: max_seqs, max_num_batched_tokens: 512, enable_prefix_cache: false, ..Default::default() })
-        .kv_memory_bytes(64 << 20)
-        .build()?;
+        .kv_memory_bytes(64 << 20);
+    let engine = weft::rt::block_on(builder.build())?;
     engine.start_loop()?;
     let vocab = engine.executor().vocab_size() as u32;
     println!("weft engine, default model, prompt {prompt_len} tokens, {gen_len} generated tokens per request, greedy\n");

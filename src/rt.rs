@@ -44,3 +44,39 @@ where
 pub type BoxStream<'a, T> = futures::stream::BoxStream<'a, T>;
 #[cfg(target_arch = "wasm32")]
 pub type BoxStream<'a, T> = futures::stream::LocalBoxStream<'a, T>;
+
+/// A file's bytes: memory-mapped natively; in the browser there is no file system, and models
+/// arrive as bytes instead.
+pub struct MappedFile {
+    #[cfg(not(target_arch = "wasm32"))]
+    map: memmap2::Mmap,
+}
+
+impl std::ops::Deref for MappedFile {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        #[cfg(not(target_arch = "wasm32"))]
+        return &self.map;
+        #[cfg(target_arch = "wasm32")]
+        unreachable!("map_file never succeeds in the browser")
+    }
+}
+
+/// Map `path` read-only into memory.
+pub fn map_file(path: &std::path::Path) -> std::io::Result<MappedFile> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let file = std::fs::File::open(path)?;
+        // SAFETY: the mapping is read-only and lives as long as the MappedFile. Another process
+        // truncating or rewriting the file while it is mapped could change or fault the bytes
+        // under us; like every mmap-based model loader, we accept that for not copying the file.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        Ok(MappedFile { map })
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = path;
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "the browser has no file system; load the model from bytes"))
+    }
+}

@@ -141,7 +141,7 @@ fn the_engine_builder_serves_the_default_model() {
         return;
     }
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
-    let engine = match EngineBuilder::from_model(&path).unwrap().kv_memory_bytes(8 << 20).build() {
+    let engine = match weft::rt::block_on(EngineBuilder::from_model(&path).unwrap().kv_memory_bytes(8 << 20).build()) {
         Ok(e) => e,
         Err(e @ weft::WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => return eprintln!("skipping: {e}"),
         Err(e) => panic!("{e}"),

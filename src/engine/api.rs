@@ -138,8 +138,7 @@ impl LlmInferenceEngine for ContinuousBatchEngine {
     }
 }
 
-/// The common case in one line: `EngineBuilder::from_model(path)?.build()?`.
-#[cfg(not(target_arch = "wasm32"))]
+/// The common case in one line: `EngineBuilder::from_model(path)?.build().await?`.
 pub struct EngineBuilder {
     files: crate::model::load::ModelFiles,
     config: EngineConfig,
@@ -148,7 +147,6 @@ pub struct EngineBuilder {
     gpu: crate::gpu::GpuOptions,
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 impl EngineBuilder {
     /// A GGUF file or a Hugging Face directory.
     pub fn from_model(path: impl AsRef<std::path::Path>) -> Result<Self> {
@@ -177,8 +175,8 @@ impl EngineBuilder {
         self
     }
 
-    pub fn build(self) -> Result<ContinuousBatchEngine> {
-        let ctx = crate::rt::block_on(crate::gpu::GpuContext::new(self.gpu))?;
+    pub async fn build(self) -> Result<ContinuousBatchEngine> {
+        let ctx = crate::gpu::GpuContext::new(self.gpu).await?;
         let factory = crate::gpu::GpuTensorFactory::new(ctx);
         let c = &self.files.config;
         let kv = crate::kv::KvCacheConfig::for_memory(self.kv_memory_bytes, self.block_size, c.num_layers, c.num_kv_heads, c.head_dim)?;

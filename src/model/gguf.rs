@@ -261,15 +261,13 @@ impl TensorInfo {
 
 /// The file's bytes: mapped from disk natively, owned where there is no file system (the browser).
 enum FileBytes {
-    #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap),
+    Mapped(crate::rt::MappedFile),
     Owned(Vec<u8>),
 }
 
 impl FileBytes {
     fn as_slice(&self) -> &[u8] {
         match self {
-            #[cfg(not(target_arch = "wasm32"))]
             FileBytes::Mapped(map) => map,
             FileBytes::Owned(bytes) => bytes,
         }
@@ -291,15 +289,9 @@ pub struct GgufFile {
 
 impl GgufFile {
     /// Memory-maps and parses the file at `path`; tensor data is read from the mapping on demand.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn open(path: &std::path::Path) -> Result<GgufFile> {
         let name = path.display().to_string();
-        let file = std::fs::File::open(path).map_err(|e| WeftError::model(&name, format!("cannot open: {e}")))?;
-        // SAFETY: the mapping is read-only and lives as long as `self`. Another process
-        // truncating or rewriting the file while it is mapped could change or fault the bytes
-        // under us; like every mmap-based model loader, we accept that for not copying the file.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| WeftError::model(&name, format!("cannot map into memory: {e}")))?;
+        let map = crate::rt::map_file(path).map_err(|e| WeftError::model(&name, format!("cannot open: {e}")))?;
         Self::parse(name, FileBytes::Mapped(map))
     }
 
@@ -1557,7 +1549,6 @@ mod tests {
         }
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
     #[test]
     fn open_maps_the_same_file_from_bytes_reads() {
         let dir = std::env::temp_dir().join(format!("weft-gguf-test-{}", std::process::id()));
@@ -1583,7 +1574,6 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    #[cfg(not(target_arch = "wasm32"))]
     #[test]
     fn reads_the_real_model_file() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");

@@ -43,15 +43,13 @@ pub fn check_gguf(gguf: &GgufFile) -> Result<()> {
 
 /// Weights of a Hugging Face model directory: `model.safetensors`, or the shards listed by
 /// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors (BF16 widens to F32).
-#[cfg(not(target_arch = "wasm32"))]
 pub struct SafetensorsWeights {
     dir: String,
-    shards: Vec<memmap2::Mmap>,
+    shards: Vec<crate::rt::MappedFile>,
     /// name -> (shard, dtype, shape, byte range within the shard)
     tensors: std::collections::HashMap<String, (usize, safetensors::Dtype, Vec<usize>, std::ops::Range<usize>)>,
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 impl SafetensorsWeights {
     pub fn open(dir: &std::path::Path) -> Result<SafetensorsWeights> {
         let shown = dir.display().to_string();
@@ -77,10 +75,7 @@ impl SafetensorsWeights {
         for (i, name) in shard_names.iter().enumerate() {
             let path = dir.join(name);
             let file_name = path.display().to_string();
-            let file = std::fs::File::open(&path).map_err(|e| WeftError::model(&file_name, e.to_string()))?;
-            // SAFETY: the map is read-only; a file changed underneath us is the user's race, as
-            // with every memory-mapped model loader.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| WeftError::model(&file_name, e.to_string()))?;
+            let map = crate::rt::map_file(&path).map_err(|e| WeftError::model(&file_name, e.to_string()))?;
             let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
                 .map_err(|e| WeftError::model(&file_name, format!("not a safetensors file: {e}")))?;
             let data_start = 8 + header_len;
@@ -94,7 +89,6 @@ impl SafetensorsWeights {
     }
 }
 
-#[cfg(not(target_arch = "wasm32"))]
 impl WeightSource for SafetensorsWeights {
     fn checkpoint(&self) -> Checkpoint {
         Checkpoint::HuggingFace
@@ -122,8 +116,7 @@ impl WeightSource for SafetensorsWeights {
 /// The checkpoint behind a loaded model.
 enum Checkpointed {
     Gguf(GgufFile),
-    #[cfg(not(target_arch = "wasm32"))]
-    HuggingFace(SafetensorsWeights),
+        HuggingFace(SafetensorsWeights),
 }
 
 /// A model opened from disk or bytes: its config, tokenizer and weights, ready to upload.
@@ -135,8 +128,7 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     /// A GGUF file, or a Hugging Face directory (config.json, tokenizer.json, safetensors).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn open(path: &std::path::Path) -> Result<ModelFiles> {
+        pub fn open(path: &std::path::Path) -> Result<ModelFiles> {
         let shown = path.display().to_string();
         if path.is_dir() {
             let config_path = path.join("config.json");
@@ -174,8 +166,7 @@ impl ModelFiles {
     ) -> Result<crate::model::executor::GpuExecutor> {
         let model = match &self.checkpoint {
             Checkpointed::Gguf(gguf) => crate::model::llama::LlamaModel::load(self.config.clone(), &GgufWeights { gguf }, factory)?,
-            #[cfg(not(target_arch = "wasm32"))]
-            Checkpointed::HuggingFace(weights) => crate::model::llama::LlamaModel::load(self.config.clone(), weights, factory)?,
+                        Checkpointed::HuggingFace(weights) => crate::model::llama::LlamaModel::load(self.config.clone(), weights, factory)?,
         };
         let c = &self.config;
         let pool = crate::kv::KvPool::new(factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
