@@ -243,7 +243,8 @@ fn bad_requests_are_refused_while_others_continue() {
     let bad = |f: &dyn Fn(&mut InferenceRequest), field: &str| {
         let mut r = greedy("hello", 4);
         f(&mut r);
-        let err = weft::rt::block_on(e.infer(r)).err().expect("must be refused").to_string();
+        let Err(err) = weft::rt::block_on(e.infer(r)) else { panic!("{field}: must be refused") };
+        let err = err.to_string();
         assert!(err.contains(field), "{err}");
     };
     bad(&|r| r.params.sampling.temperature = -1.0, "temperature");

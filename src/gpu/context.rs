@@ -98,7 +98,7 @@ impl GpuContext {
             subgroup_min_size: adapter_info.subgroup_min_size,
             subgroup_max_size: adapter_info.subgroup_max_size,
         };
-        let device_cap = u64::from(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+        let device_cap = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let requested_cap = options.max_binding_bytes.or_else(|| {
             std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok())
         });

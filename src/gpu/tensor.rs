@@ -184,7 +184,7 @@ pub trait TensorFactory: Send + Sync {
     fn download_f32<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<f32>>> {
         Box::pin(async move {
             let bytes = self.download(tensor).await?;
-            Ok(crate::quant::dequantize(tensor.dtype(), &bytes)?)
+            crate::quant::dequantize(tensor.dtype(), &bytes)
         })
     }
 
@@ -216,7 +216,7 @@ impl GpuTensorFactory {
 
     fn layout(&self, shape: &[usize], dtype: DType) -> Result<(usize, usize, usize)> {
         let probe = GpuTensor { shape: shape.to_vec(), dtype, row_bytes: 0, parts: Vec::new() };
-        if shape.iter().any(|&d| d == 0) {
+        if shape.contains(&0) {
             return Err(WeftError::shape("create tensor", format!("shape {shape:?} has an empty dimension")));
         }
         let row_bytes = dtype.size_bytes(probe.row_elems())?;

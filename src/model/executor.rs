@@ -171,7 +171,7 @@ impl GpuExecutor {
             .collect();
         let settings = self.factory.upload_u32(&[batch.len(), SETTINGS_PER_ROW], &settings)?;
         let mut entries = Vec::new();
-        let mut penalties = vec![1.0f32, 0.0, 0.0].repeat(batch.len());
+        let mut penalties = [1.0f32, 0.0, 0.0].repeat(batch.len());
         for (row, spec) in batch.iter().enumerate().filter_map(|(r, s)| s.sample.as_ref().map(|spec| (r, spec))) {
             if spec.params.has_penalties() {
                 penalties[3 * row..3 * row + 3].copy_from_slice(&[spec.params.repetition_penalty, spec.params.presence_penalty, spec.params.frequency_penalty]);

@@ -39,9 +39,13 @@ macro_rules! shader_params {
 }
 pub(crate) use shader_params;
 
-/// (kernel file stem, WGSL struct name, size, fields) of every params struct, for the tidy test.
-pub fn params_layouts() -> Vec<(&'static str, &'static str, usize, &'static [(&'static str, usize)])> {
-    fn entry<P: ShaderParams>(kernel: &'static str, wgsl: &'static str) -> (&'static str, &'static str, usize, &'static [(&'static str, usize)]) {
+/// One params struct as the Rust side lays it out: (kernel file stem, WGSL struct name, size in
+/// bytes, (field, offset) pairs).
+pub type ParamsLayout = (&'static str, &'static str, usize, &'static [(&'static str, usize)]);
+
+/// The layout of every params struct, for the test that compares them with the WGSL.
+pub fn params_layouts() -> Vec<ParamsLayout> {
+    fn entry<P: ShaderParams>(kernel: &'static str, wgsl: &'static str) -> ParamsLayout {
         (kernel, wgsl, std::mem::size_of::<P>(), P::FIELDS)
     }
     vec![
