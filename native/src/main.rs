@@ -1,5 +1,7 @@
-//! The `weft` command-line tool: `weft generate` streams a completion; `weft info` is a GPU
-//! self-check that prints the adapter, its features and limits, then runs one kernel.
+//! The `weft` command-line tool: `weft generate` streams a completion; `weft chat` holds a
+//! conversation in the terminal; `weft serve` is an OpenAI-compatible server; `weft bench`
+//! measures throughput and latency; `weft info` is a GPU self-check that prints the adapter,
+//! its features and limits, then runs one kernel.
 
 use std::process::ExitCode;
 
@@ -7,8 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
+mod chat;
 mod generate;
 mod info;
+mod serve;
 
 #[derive(Parser)]
 #[command(name = "weft", version, about = "Continuous-batching LLM inference on WGSL compute shaders")]
@@ -56,6 +61,113 @@ enum Command {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// Chat with the model in the terminal, streaming each reply; the conversation is kept.
+    ///
+    /// Each line read from stdin is a user message (stdin may be a pipe). `/reset` forgets the
+    /// conversation but keeps the --system message; `/exit` or the end of stdin quits. Speeds of
+    /// each reply go to stderr.
+    Chat {
+        /// A .gguf file or a Hugging Face model directory (it must have a chat template)
+        /// [default: the model `cargo xtask fetch-model` puts at
+        /// models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// A system message to start the conversation with (kept across /reset).
+        #[arg(long)]
+        system: Option<String>,
+        /// Stop each reply after this many tokens (or at the end-of-sequence token).
+        #[arg(long, default_value_t = 512)]
+        max_tokens: usize,
+        /// Sampling temperature; 0 means greedy (always the most likely token).
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        /// Keep only the k most likely tokens (0 = off).
+        #[arg(long, default_value_t = 40)]
+        top_k: u32,
+        /// Seed of the random draws, for reproducible sampling [default: from the clock]
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Measure throughput and latency at several concurrency levels, in-process or against a
+    /// running `weft serve`.
+    ///
+    /// At each level, that many clients each send one request at once: a prompt of about
+    /// --prompt-len tokens, greedy, generating exactly --gen-len tokens (end-of-sequence
+    /// ignored). Reported per level: prefill tokens/s (all prompt tokens over the time until the
+    /// last first token), decode tokens/s (tokens after each request's first, over the time from
+    /// the first first token to the end), aggregate tokens/s (all generated tokens over the
+    /// level's wall time), and time-to-first-token (TTFT) and inter-token latency (ITL)
+    /// p50/p90/p99 in ms.
+    Bench {
+        /// Run in-process on this .gguf file or Hugging Face model directory [default: the model
+        /// `cargo xtask fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        #[arg(long, conflicts_with = "url")]
+        model: Option<PathBuf>,
+        /// Benchmark a running `weft serve` (or other OpenAI-compatible server) at this http://
+        /// URL instead, e.g. http://127.0.0.1:8000, through streaming /v1/completions with text
+        /// prompts of random words (prompt tokens are counted from the server's usage).
+        #[arg(long)]
+        url: Option<String>,
+        /// Send `Authorization: Bearer KEY` (with --url) [default: none]
+        #[arg(long, requires = "url", env = "WEFT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Concurrency levels to run, comma-separated; each level sends that many requests at once
+        /// (in-process, the engine's max_num_seqs is the largest level).
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+        concurrency: Vec<usize>,
+        /// Prompt length in tokens (with --url, about this many words).
+        #[arg(long, default_value_t = 128)]
+        prompt_len: usize,
+        /// Tokens to generate per request.
+        #[arg(long, default_value_t = 128)]
+        gen_len: usize,
+        /// GPU memory for the KV cache in-process, e.g. 512MiB or 1GiB (enough for every
+        /// request of the largest level at once avoids preemption).
+        #[arg(long, default_value = "1GiB", value_parser = serve::parse_size, conflicts_with = "url")]
+        kv_memory: usize,
+        /// Print one JSON object (with an array of levels) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
+    /// /health and /metrics (Prometheus text).
+    ///
+    /// A request without max_tokens gets the rest of the context, at most 256 tokens.
+    /// temperature defaults to 1.0 (as OpenAI's). Requests are refused with 503 and Retry-After
+    /// while 4 x --max-num-seqs requests already wait. Bodies over 4 MiB get 413.
+    Serve {
+        /// A .gguf file or a Hugging Face model directory [default: the model `cargo xtask
+        /// fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on (0 picks a free one; the address is printed on stderr).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY` on /v1/* (/health and /metrics stay open) [default: none]
+        #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Sequences in one engine step at most.
+        #[arg(long, default_value_t = 64)]
+        max_num_seqs: usize,
+        /// Tokens (prefill chunks plus decodes) in one engine step at most.
+        #[arg(long, default_value_t = 512)]
+        max_num_batched_tokens: usize,
+        /// Longest prompt plus generation (clamped to the model's context).
+        #[arg(long, default_value_t = 4096)]
+        max_model_len: usize,
+        /// GPU memory for the KV cache, e.g. 256MiB or 1GiB.
+        #[arg(long, default_value = "256MiB", value_parser = serve::parse_size)]
+        kv_memory: usize,
+        /// Keep full KV blocks of finished requests to reuse for shared prompt prefixes.
+        #[arg(long)]
+        enable_prefix_cache: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +187,28 @@ fn main() -> ExitCode {
                 system,
                 max_tokens,
                 sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() },
+            })
+        }
+        Command::Chat { model, system, max_tokens, temperature, top_p, top_k, seed } => chat::run(chat::Options {
+            model,
+            system,
+            max_tokens,
+            sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() },
+        }),
+        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json } => {
+            bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json })
+        }
+        Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache } => {
+            serve::run(serve::Options {
+                model,
+                host,
+                port,
+                api_key,
+                max_num_seqs,
+                max_num_batched_tokens,
+                max_model_len,
+                kv_memory_bytes: kv_memory,
+                enable_prefix_cache,
             })
         }
     };

@@ -1,7 +1,7 @@
 //! The engine's public traits (`InferenceEngine`, `LlmInferenceEngine`), their snapshot types,
 //! and the one-line builder from a model path.
 
-use crate::engine::engine::{ContinuousBatchEngine, EngineConfig};
+use crate::engine::{ContinuousBatchEngine, EngineConfig};
 use crate::engine::metrics::EngineMetrics;
 use crate::engine::request::{InferenceRequest, InferenceResponse, StreamChunk};
 use crate::error::Result;

@@ -2,11 +2,13 @@
 //! and `ContinuousBatchEngine`, which steps the model for every pending request at once.
 //!
 //! **Invariant:** `scheduler` (like `kv`) imports no wgpu, async runtime or web-sys; only
-//! `engine` talks to the executor.
+//! `continuous` (the engine) talks to the executor.
 
 pub mod api;
-pub mod engine;
+mod continuous;
 pub mod metrics;
 pub mod request;
 pub mod scheduler;
 pub mod stop;
+
+pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig};

@@ -86,7 +86,44 @@ fn test() -> Result {
     // Likewise the default model was just fetched: tests that need it must not skip.
     cmd.env("WEFT_REQUIRE_MODEL", "1");
     run(with_gpu_env(cmd))?;
+    test_server_python()?;
     check_wasm()
+}
+
+/// `weft serve` against the official OpenAI Python client (tests/server): a venv at
+/// target/pyvenv with `openai` and `pytest` (made when missing), the release binary, then
+/// pytest. Any failure fails the run, and so does pytest finding no tests (exit status 5).
+fn test_server_python() -> Result {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    let target = if target.is_absolute() { target } else { root().join(target) };
+    let venv = target.join("pyvenv");
+    let python = if cfg!(windows) { venv.join("Scripts").join("python.exe") } else { venv.join("bin").join("python") };
+    if !python.exists() {
+        let mut make = Command::new("python3");
+        make.args(["-m", "venv"]).arg(&venv);
+        run(make).map_err(|e| format!("{e}\n(on Debian `python3 -m venv` needs the python3-venv package: apt-get install python3-venv)"))?;
+    }
+    let ready = Command::new(&python).args(["-c", "import openai, pytest"]).status().is_ok_and(|s| s.success());
+    if !ready {
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "install", "--quiet", "openai", "pytest"]);
+        run(pip)?;
+    }
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "weft-native"]);
+    run(build)?;
+    let mut pytest = Command::new(&python);
+    pytest.current_dir(root()).args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/server"]);
+    pytest.env("WEFT_BIN", target.join("release").join(if cfg!(windows) { "weft.exe" } else { "weft" }));
+    pytest.env("WEFT_MODEL", root().join(MODEL_FILE));
+    let mut pytest = with_gpu_env(pytest);
+    eprintln!("xtask: running {pytest:?}");
+    let status = pytest.status().map_err(|e| format!("could not start {pytest:?}: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(5) => Err("pytest collected no tests in tests/server (exit status 5)".into()),
+        _ => Err(format!("the OpenAI-client tests in tests/server failed ({status})")),
+    }
 }
 
 fn bench(which: &[&str], args: &[String]) -> Result {

@@ -1,0 +1,107 @@
+//! `weft chat`: an interactive conversation in the terminal. Each line read from stdin is a user
+//! message; the reply streams to stdout and joins the history, so the model sees the whole
+//! conversation every turn. `/reset` forgets the history (keeping the system message), `/exit`
+//! or the end of stdin quits. Speeds of each reply go to stderr.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use futures::StreamExt;
+use weft::engine::api::EngineBuilder;
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+use weft::sampling::SamplingParams;
+use weft::tokenizer::ChatMessage;
+use weft::{Result, WeftError};
+
+pub struct Options {
+    pub model: Option<PathBuf>,
+    pub system: Option<String>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+}
+
+pub fn run(opts: Options) -> Result<()> {
+    opts.sampling.validate()?;
+    let path = crate::generate::model_path(opts.model)?;
+    let engine = weft::rt::block_on(EngineBuilder::from_model(&path)?.build())?;
+    if engine.tokenizer().chat_template().is_none() {
+        return Err(WeftError::model(path.display().to_string(), "has no chat template, so it cannot chat; use `weft generate` instead"));
+    }
+    let interactive = std::io::stdin().is_terminal();
+    let base: Vec<ChatMessage> = opts.system.map(ChatMessage::system).into_iter().collect();
+    let mut history = base.clone();
+    if interactive {
+        eprintln!("chatting with {}; /reset forgets the conversation, /exit (or Ctrl-D) quits", path.display());
+    }
+    let stdout = std::io::stdout();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        if interactive {
+            let mut out = stdout.lock();
+            let _ = out.write_all(b"> ");
+            let _ = out.flush();
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|e| WeftError::Unsupported(format!("could not read stdin: {e}")))?;
+        let text = line.trim();
+        match text {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                history = base.clone();
+                eprintln!("(conversation reset)");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(ChatMessage::user(text));
+        let params = GenerationParams { sampling: opts.sampling.clone(), max_tokens: opts.max_tokens, ..Default::default() };
+        let request = InferenceRequest::new(Prompt::Chat(history.clone()), params);
+        let started = Instant::now();
+        let mut first_token_at = None;
+        let mut usage = None;
+        let mut reply = String::new();
+        let result = weft::rt::block_on(async {
+            let mut stream = Box::pin(engine.infer_stream(request)?);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                first_token_at.get_or_insert_with(Instant::now);
+                reply.push_str(&chunk.text);
+                let mut out = stdout.lock();
+                let _ = out.write_all(chunk.text.as_bytes());
+                let _ = out.flush();
+                if chunk.usage.is_some() {
+                    usage = chunk.usage;
+                }
+            }
+            Ok::<(), WeftError>(())
+        });
+        {
+            let mut out = stdout.lock();
+            let _ = out.write_all(b"\n");
+            let _ = out.flush();
+        }
+        if let Err(e) = result {
+            // Keep the conversation usable: drop the message that failed, say why, go on.
+            history.pop();
+            eprintln!("error: {e}");
+            continue;
+        }
+        history.push(ChatMessage::assistant(reply));
+        let usage = usage.unwrap_or_default();
+        let first = first_token_at.unwrap_or_else(Instant::now);
+        let prefill = (first - started).as_secs_f64();
+        let decode = first.elapsed().as_secs_f64();
+        eprintln!(
+            "[prompt: {} tokens in {:.2} s ({:.1} tokens/s); reply: {} tokens in {:.2} s ({:.2} tokens/s)]",
+            usage.prompt_tokens,
+            prefill,
+            usage.prompt_tokens as f64 / prefill.max(1e-9),
+            usage.completion_tokens,
+            decode,
+            usage.completion_tokens.saturating_sub(1) as f64 / decode.max(1e-9),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! `weft bench` in-process (JSON) and against a `weft serve` it starts (table).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+
+fn model_present() -> bool {
+    if std::path::Path::new(MODEL).exists() {
+        return true;
+    }
+    assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing and WEFT_REQUIRE_MODEL=1");
+    eprintln!("skipping: no default model (run `cargo xtask fetch-model`)");
+    false
+}
+
+fn no_gpu(stderr: &str) -> bool {
+    if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") && stderr.contains("no GPU adapter found") {
+        eprintln!("skipping: no GPU adapter");
+        return true;
+    }
+    false
+}
+
+fn weft(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env_remove("WEFT_API_KEY").output().expect("the weft binary runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn positive(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for p in path {
+        x = &x[*p];
+    }
+    let n = x.as_f64().unwrap_or_else(|| panic!("{path:?} is not a number in {v}"));
+    assert!(n > 0.0, "{path:?} = {n} is not positive in {v}");
+    n
+}
+
+#[test]
+fn in_process_json_has_every_level() {
+    if !model_present() {
+        return;
+    }
+    let (ok, stdout, stderr) = weft(&["bench", "--model", MODEL, "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--json"]);
+    if !ok && no_gpu(&stderr) {
+        return;
+    }
+    assert!(ok, "{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    let levels = doc["levels"].as_array().unwrap_or_else(|| panic!("no levels: {doc}"));
+    assert_eq!(levels.len(), 2, "{doc}");
+    for (level, c) in levels.iter().zip([1u64, 2]) {
+        assert_eq!(level["concurrency"], c, "{level}");
+        assert_eq!(level["prompt_tokens"], 8 * c, "{level}");
+        assert_eq!(level["generated_tokens"], 4 * c, "{level}");
+        for key in ["wall_s", "prefill_tokens_per_s", "decode_tokens_per_s", "aggregate_tokens_per_s"] {
+            positive(level, &[key]);
+        }
+        for key in ["ttft_ms", "itl_ms"] {
+            let p50 = positive(level, &[key, "p50"]);
+            let p90 = positive(level, &[key, "p90"]);
+            let p99 = positive(level, &[key, "p99"]);
+            assert!(p50 <= p90 && p90 <= p99, "{level}");
+        }
+    }
+}
+
+/// A running `weft serve`, killed on drop.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    if s.write_all(format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn table_against_a_server() {
+    if !model_present() {
+        return;
+    }
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = Server(
+        Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--port", &port.to_string(), "--model", MODEL, "--api-key", "bench-key"])
+            .env_remove("WEFT_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("weft serve starts"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !healthy(port) {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            let mut stderr = String::new();
+            let _ = server.0.stderr.take().unwrap().read_to_string(&mut stderr);
+            if no_gpu(&stderr) {
+                return;
+            }
+            panic!("weft serve exited early ({status}): {stderr}");
+        }
+        assert!(Instant::now() < deadline, "weft serve did not get healthy in time");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let url = format!("http://127.0.0.1:{port}");
+    let (ok, stdout, stderr) = weft(&["bench", "--url", &url, "--api-key", "bench-key", "--concurrency", "2", "--prompt-len", "6", "--gen-len", "3"]);
+    assert!(ok, "{stderr}");
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap_or_default();
+    for column in ["conc", "prefill tok/s", "decode tok/s", "total tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"] {
+        assert!(header.contains(column), "{column} missing from:\n{stdout}");
+    }
+    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row.len(), 13, "{stdout}");
+    assert_eq!(row[0], "2", "{stdout}");
+    assert_eq!(row[2], "6", "2 requests x 3 tokens: {stdout}");
+    assert!(row[1].parse::<u64>().unwrap() > 0, "{stdout}");
+    for cell in &row[3..] {
+        assert!(cell.parse::<f64>().unwrap() > 0.0, "{cell} in:\n{stdout}");
+    }
+    // Aligned: every row is as wide as the header.
+    assert_eq!(stdout.lines().nth(1).unwrap().len(), header.len(), "{stdout}");
+
+    // A wrong key is reported, not hidden.
+    let (ok, _, stderr) = weft(&["bench", "--url", &url, "--api-key", "wrong", "--concurrency", "1", "--prompt-len", "4", "--gen-len", "1"]);
+    assert!(!ok);
+    assert!(stderr.contains("401"), "{stderr}");
+}
+
+#[test]
+fn bench_help_explains_every_flag() {
+    let (ok, help, _) = weft(&["bench", "--help"]);
+    assert!(ok);
+    for flag in ["--model", "--url", "--api-key", "--concurrency", "--prompt-len", "--gen-len", "--kv-memory", "--json", "TTFT", "inter-token"] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
