@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use weft::engine::api::EngineBuilder;
-use weft::engine::engine::EngineConfig;
+use weft::engine::EngineConfig;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use weft::DType;
-use weft::engine::engine::{ContinuousBatchEngine, EngineConfig};
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt};
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
@@ -307,7 +307,7 @@ fn chat_prompts_use_the_model_template() {
 
 #[test]
 fn the_seed_constructors_check_their_parts() {
-    use weft::engine::engine::{RecurrentStateManager, SpeculationConfig};
+    use weft::engine::{RecurrentStateManager, SpeculationConfig};
     use weft::kv::KvCacheManager;
     let Some(f) = factory() else { return };
     let c = tiny::tiny_config();
