@@ -24,7 +24,8 @@ pub struct Options {
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = crate::generate::model_path(opts.model)?;
-    let engine = weft::rt::block_on(EngineBuilder::from_model(&path)?.build())?;
+    let builder = EngineBuilder::from_model(&path)?.on_progress(crate::progress::loading(path.display().to_string()));
+    let engine = weft::rt::block_on(builder.build())?;
     if engine.tokenizer().chat_template().is_none() {
         return Err(WeftError::model(path.display().to_string(), "has no chat template, so it cannot chat; use `weft generate` instead"));
     }

@@ -43,7 +43,8 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = model_path(opts.model)?;
-    let engine = weft::rt::block_on(EngineBuilder::from_model(&path)?.build())?;
+    let builder = EngineBuilder::from_model(&path)?.on_progress(crate::progress::loading(path.display().to_string()));
+    let engine = weft::rt::block_on(builder.build())?;
     let prompt = if opts.chat {
         if engine.tokenizer().chat_template().is_none() {
             return Err(WeftError::model(path.display().to_string(), "has no chat template; drop --chat to send the prompt as raw text"));

@@ -13,6 +13,7 @@ mod bench;
 mod chat;
 mod generate;
 mod info;
+mod progress;
 mod serve;
 
 #[derive(Parser)]
@@ -173,9 +174,11 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            // weft's own progress lines (loading a model) show by default; everything else from warn.
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,weft=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
         Command::Info { baseline } => info::run(baseline),

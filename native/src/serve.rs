@@ -844,8 +844,9 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
+        let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
-            .and_then(|b| weft::rt::block_on(b.config(config).kv_memory_bytes(kv).build()))
+            .and_then(|b| weft::rt::block_on(b.config(config).kv_memory_bytes(kv).on_progress(progress).build()))
             .and_then(|e| e.start_loop().map(|()| e));
         match built {
             Ok(engine) => {

@@ -117,4 +117,6 @@ fn generate_answers_a_chat_question_with_the_default_model() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("Paris"), "{stdout}");
     assert!(stderr.contains("tokens/s"), "{stderr}");
+    // Not a terminal: model loading is reported as plain log lines, ending with every layer.
+    assert!(stderr.contains("30/30 layers on the GPU"), "{stderr}");
 }

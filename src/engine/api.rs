@@ -145,6 +145,7 @@ pub struct EngineBuilder {
     kv_memory_bytes: usize,
     block_size: usize,
     gpu: crate::gpu::GpuOptions,
+    progress: Option<Box<dyn FnMut(usize, usize) + Send>>,
 }
 
 impl EngineBuilder {
@@ -156,7 +157,14 @@ impl EngineBuilder {
             kv_memory_bytes: 256 << 20,
             block_size: 16,
             gpu: crate::gpu::GpuOptions::default(),
+            progress: None,
         })
+    }
+
+    /// Call `progress(layers uploaded, layers in all)` while the weights go to the GPU.
+    pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + Send + 'static) -> Self {
+        self.progress = Some(Box::new(progress));
+        self
     }
 
     pub fn config(mut self, config: EngineConfig) -> Self {
@@ -189,7 +197,8 @@ impl EngineBuilder {
                 factory.context().max_binding_bytes()
             )));
         }
-        let exec = self.files.executor(&factory, kv)?;
+        let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
+        let exec = self.files.executor_with_progress(&factory, kv, &mut *progress)?;
         let sampler = std::sync::Arc::new(crate::sampling::GpuSampler);
         ContinuousBatchEngine::new_plan_runtime(self.config, self.files.tokenizer.clone(), sampler, std::sync::Arc::new(exec), std::sync::Arc::new(factory))
     }

@@ -165,6 +165,16 @@ const MAX_TABLE_POSITIONS: usize = 32768;
 impl LlamaModel {
     /// Upload every weight of `config`'s model from `source`.
     pub fn load(config: LlamaConfig, source: &dyn WeightSource, factory: &dyn TensorFactory) -> Result<LlamaModel> {
+        Self::load_with_progress(config, source, factory, &mut |_, _| {})
+    }
+
+    /// [`load`](Self::load), calling `progress(layers done, layers in all)` as layers arrive.
+    pub fn load_with_progress(
+        config: LlamaConfig,
+        source: &dyn WeightSource,
+        factory: &dyn TensorFactory,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<LlamaModel> {
         let c = &config;
         let (q_rows, kv_rows) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let ck = source.checkpoint();
@@ -174,6 +184,7 @@ impl LlamaModel {
             upload(source.file(), &name, t, shape, float_only, factory)
         };
         let mut layers = Vec::with_capacity(c.num_layers);
+        progress(0, c.num_layers);
         for i in 0..c.num_layers {
             let l = Some(i);
             let biases = if c.attention_bias {
@@ -193,6 +204,7 @@ impl LlamaModel {
                 w_up: load(l, Part::Up, &[c.intermediate_size, c.hidden_size], false)?,
                 w_down: load(l, Part::Down, &[c.hidden_size, c.intermediate_size], false)?,
             });
+            progress(i + 1, c.num_layers);
         }
         let embed = load(None, Part::Q, &[c.vocab_size, c.hidden_size], false)?;
         let norm = load(None, Part::AttnNorm, &[c.hidden_size], true)?;

@@ -158,15 +158,22 @@ impl ModelFiles {
         Ok(ModelFiles { config, tokenizer: std::sync::Arc::new(tokenizer), checkpoint: Checkpointed::Gguf(gguf) })
     }
 
-    /// Upload the weights and make an executor with a KV pool of `kv_blocks` blocks of `block_size`.
-    pub fn executor(
+    /// Upload the weights and make an executor with a KV pool shaped by `kv`.
+    pub fn executor(&self, factory: &crate::gpu::GpuTensorFactory, kv: crate::kv::KvCacheConfig) -> Result<crate::model::executor::GpuExecutor> {
+        self.executor_with_progress(factory, kv, &mut |_, _| {})
+    }
+
+    /// [`executor`](Self::executor), reporting `progress(layers uploaded, layers in all)`.
+    pub fn executor_with_progress(
         &self,
         factory: &crate::gpu::GpuTensorFactory,
         kv: crate::kv::KvCacheConfig,
+        progress: &mut dyn FnMut(usize, usize),
     ) -> Result<crate::model::executor::GpuExecutor> {
+        use crate::model::llama::LlamaModel;
         let model = match &self.checkpoint {
-            Checkpointed::Gguf(gguf) => crate::model::llama::LlamaModel::load(self.config.clone(), &GgufWeights { gguf }, factory)?,
-                        Checkpointed::HuggingFace(weights) => crate::model::llama::LlamaModel::load(self.config.clone(), weights, factory)?,
+            Checkpointed::Gguf(gguf) => LlamaModel::load_with_progress(self.config.clone(), &GgufWeights { gguf }, factory, progress)?,
+            Checkpointed::HuggingFace(weights) => LlamaModel::load_with_progress(self.config.clone(), weights, factory, progress)?,
         };
         let c = &self.config;
         let pool = crate::kv::KvPool::new(factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
