@@ -382,6 +382,30 @@ fn concurrent_clients_get_their_own_answers() {
     assert_eq!(ids.len(), questions.len());
 }
 
+/// The load: 32 clients at once, each with its own prompt, all answered in full, and a
+/// sample of them identical to the same request sent alone (greedy, batch invariant).
+#[test]
+fn thirty_two_concurrent_clients_all_complete_correctly() {
+    let Some(server) = Server::start(&[]) else { return };
+    let body = |i: usize| serde_json::json!({ "prompt": format!("Item {i}: the"), "max_tokens": 4, "temperature": 0, "ignore_eos": true });
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let server = &server;
+    let replies: Vec<Value> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..32).map(|i| scope.spawn(move || server.post("/v1/completions", &body(i)))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).map(|r| {
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()
+        }).collect()
+    });
+    for r in &replies {
+        assert_eq!(r["usage"]["completion_tokens"].as_u64(), Some(4), "{r}");
+    }
+    for i in [0, 13, 31] {
+        let alone = server.post("/v1/completions", &body(i)).json();
+        assert_eq!(text(&replies[i]), text(&alone), "client {i}");
+    }
+}
+
 #[test]
 fn an_overfull_queue_answers_503_with_retry_after() {
     // One sequence at a time: with one running, 4 × 1 waiting fill the queue.
