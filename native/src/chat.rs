@@ -90,19 +90,7 @@ pub fn run(opts: Options) -> Result<()> {
             continue;
         }
         history.push(ChatMessage::assistant(reply));
-        let usage = usage.unwrap_or_default();
-        let first = first_token_at.unwrap_or_else(Instant::now);
-        let prefill = (first - started).as_secs_f64();
-        let decode = first.elapsed().as_secs_f64();
-        eprintln!(
-            "[prompt: {} tokens in {:.2} s ({:.1} tokens/s); reply: {} tokens in {:.2} s ({:.2} tokens/s)]",
-            usage.prompt_tokens,
-            prefill,
-            usage.prompt_tokens as f64 / prefill.max(1e-9),
-            usage.completion_tokens,
-            decode,
-            usage.completion_tokens.saturating_sub(1) as f64 / decode.max(1e-9),
-        );
+        eprintln!("[{}]", crate::generate::speeds("reply", usage.unwrap_or_default(), started, first_token_at));
     }
     Ok(())
 }

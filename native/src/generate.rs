@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use weft::engine::api::EngineBuilder;
-use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt, Usage};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
 use weft::{Result, WeftError};
@@ -82,18 +82,23 @@ pub fn run(opts: Options) -> Result<()> {
         let _ = out.write_all(b"\n");
         let _ = out.flush();
     }
-    let usage = usage.unwrap_or_default();
+    eprintln!("{}", speeds("generation", usage.unwrap_or_default(), started, first_token_at));
+    Ok(())
+}
+
+/// "prompt: … tokens/s; <what>: … tokens/s" for one request that started at `started` and got
+/// its first token at `first_token_at`: prefill speed up to the first token, decode after it.
+pub fn speeds(what: &str, usage: Usage, started: Instant, first_token_at: Option<Instant>) -> String {
     let first = first_token_at.unwrap_or_else(Instant::now);
     let prefill_seconds = (first - started).as_secs_f64();
     let decode_seconds = first.elapsed().as_secs_f64();
-    eprintln!(
-        "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generation: {} tokens in {:.2} s ({:.2} tokens/s)",
+    format!(
+        "prompt: {} tokens in {:.2} s ({:.1} tokens/s); {what}: {} tokens in {:.2} s ({:.2} tokens/s)",
         usage.prompt_tokens,
         prefill_seconds,
         usage.prompt_tokens as f64 / prefill_seconds.max(1e-9),
         usage.completion_tokens,
         decode_seconds,
         usage.completion_tokens.saturating_sub(1) as f64 / decode_seconds.max(1e-9),
-    );
-    Ok(())
+    )
 }

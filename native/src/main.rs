@@ -49,18 +49,8 @@ enum Command {
         /// Stop after this many generated tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 256)]
         max_tokens: usize,
-        /// Sampling temperature; 0 means greedy (always the most likely token).
-        #[arg(long, default_value_t = 0.8)]
-        temperature: f32,
-        /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        /// Keep only the k most likely tokens (0 = off).
-        #[arg(long, default_value_t = 40)]
-        top_k: u32,
-        /// Seed of the random draws, for reproducible sampling [default: from the clock]
-        #[arg(long)]
-        seed: Option<u64>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
     },
     /// Chat with the model in the terminal, streaming each reply; the conversation is kept.
     ///
@@ -79,18 +69,8 @@ enum Command {
         /// Stop each reply after this many tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 512)]
         max_tokens: usize,
-        /// Sampling temperature; 0 means greedy (always the most likely token).
-        #[arg(long, default_value_t = 0.8)]
-        temperature: f32,
-        /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        /// Keep only the k most likely tokens (0 = off).
-        #[arg(long, default_value_t = 40)]
-        top_k: u32,
-        /// Seed of the random draws, for reproducible sampling [default: from the clock]
-        #[arg(long)]
-        seed: Option<u64>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
     },
     /// Measure throughput and latency at several concurrency levels, in-process or against a
     /// running `weft serve`.
@@ -171,6 +151,30 @@ enum Command {
     },
 }
 
+/// The sampling flags `generate` and `chat` share.
+#[derive(clap::Args)]
+struct SamplingArgs {
+    /// Sampling temperature; 0 means greedy (always the most likely token).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: u32,
+    /// Seed of the random draws, for reproducible sampling [default: from the clock]
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> weft::sampling::SamplingParams {
+        let (temperature, top_p, top_k, seed) = (self.temperature, self.top_p, self.top_k, self.seed);
+        weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -182,22 +186,12 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Info { baseline } => info::run(baseline),
-        Command::Generate { model, prompt, chat, system, max_tokens, temperature, top_p, top_k, seed } => {
-            generate::run(generate::Options {
-                model,
-                prompt,
-                chat,
-                system,
-                max_tokens,
-                sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() },
-            })
+        Command::Generate { model, prompt, chat, system, max_tokens, sampling } => {
+            generate::run(generate::Options { model, prompt, chat, system, max_tokens, sampling: sampling.params() })
         }
-        Command::Chat { model, system, max_tokens, temperature, top_p, top_k, seed } => chat::run(chat::Options {
-            model,
-            system,
-            max_tokens,
-            sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, seed, ..Default::default() },
-        }),
+        Command::Chat { model, system, max_tokens, sampling } => {
+            chat::run(chat::Options { model, system, max_tokens, sampling: sampling.params() })
+        }
         Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json } => {
             bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json })
         }
