@@ -5,9 +5,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::time::Instant;
 
-use futures::StreamExt;
 use weft::engine::api::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
@@ -59,38 +57,19 @@ pub fn run(opts: Options) -> Result<()> {
         history.push(ChatMessage::user(text));
         let params = GenerationParams { sampling: opts.sampling.clone(), max_tokens: opts.max_tokens, ..Default::default() };
         let request = InferenceRequest::new(Prompt::Chat(history.clone()), params);
-        let started = Instant::now();
-        let mut first_token_at = None;
-        let mut usage = None;
-        let mut reply = String::new();
-        let result = weft::rt::block_on(async {
-            let mut stream = Box::pin(engine.infer_stream(request)?);
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                first_token_at.get_or_insert_with(Instant::now);
-                reply.push_str(&chunk.text);
-                let mut out = stdout.lock();
-                let _ = out.write_all(chunk.text.as_bytes());
-                let _ = out.flush();
-                if chunk.usage.is_some() {
-                    usage = chunk.usage;
-                }
+        let result = crate::generate::stream_to_stdout(&engine, request);
+        let streamed = match result {
+            Ok(streamed) => streamed,
+            Err(e) => {
+                // Keep the conversation usable: drop the message that failed, say why, go on.
+                println!();
+                history.pop();
+                eprintln!("error: {e}");
+                continue;
             }
-            Ok::<(), WeftError>(())
-        });
-        {
-            let mut out = stdout.lock();
-            let _ = out.write_all(b"\n");
-            let _ = out.flush();
-        }
-        if let Err(e) = result {
-            // Keep the conversation usable: drop the message that failed, say why, go on.
-            history.pop();
-            eprintln!("error: {e}");
-            continue;
-        }
-        history.push(ChatMessage::assistant(reply));
-        eprintln!("[{}]", crate::generate::speeds("reply", usage.unwrap_or_default(), started, first_token_at));
+        };
+        eprintln!("[{}]", crate::generate::speeds("reply", streamed.usage, streamed.started, streamed.first_token_at));
+        history.push(ChatMessage::assistant(streamed.text));
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::StreamExt;
+use weft::engine::ContinuousBatchEngine;
 use weft::engine::api::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt, Usage};
 use weft::sampling::SamplingParams;
@@ -59,31 +60,42 @@ pub fn run(opts: Options) -> Result<()> {
         Prompt::Text(opts.prompt)
     };
     let params = GenerationParams { sampling: opts.sampling, max_tokens: opts.max_tokens, ..Default::default() };
-    let started = Instant::now();
-    let mut first_token_at = None;
-    let mut usage = None;
+    let streamed = stream_to_stdout(&engine, InferenceRequest::new(prompt, params))?;
+    eprintln!("{}", speeds("generation", streamed.usage, streamed.started, streamed.first_token_at));
+    Ok(())
+}
+
+/// One request's streamed reply: its text, usage and timing.
+pub struct Streamed {
+    pub text: String,
+    pub usage: Usage,
+    pub started: Instant,
+    pub first_token_at: Option<Instant>,
+}
+
+/// Run `request`, writing its text to stdout as it streams and a newline at the end.
+pub fn stream_to_stdout(engine: &ContinuousBatchEngine, request: InferenceRequest) -> Result<Streamed> {
     let stdout = std::io::stdout();
+    let mut streamed = Streamed { text: String::new(), usage: Usage::default(), started: Instant::now(), first_token_at: None };
     weft::rt::block_on(async {
-        let mut stream = Box::pin(engine.infer_stream(InferenceRequest::new(prompt, params))?);
+        let mut stream = Box::pin(engine.infer_stream(request)?);
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
-            first_token_at.get_or_insert_with(Instant::now);
+            streamed.first_token_at.get_or_insert_with(Instant::now);
+            streamed.text.push_str(&chunk.text);
             let mut out = stdout.lock();
             let _ = out.write_all(chunk.text.as_bytes());
             let _ = out.flush();
-            if chunk.usage.is_some() {
-                usage = chunk.usage;
+            if let Some(usage) = chunk.usage {
+                streamed.usage = usage;
             }
         }
         Ok::<(), WeftError>(())
     })?;
-    {
-        let mut out = stdout.lock();
-        let _ = out.write_all(b"\n");
-        let _ = out.flush();
-    }
-    eprintln!("{}", speeds("generation", usage.unwrap_or_default(), started, first_token_at));
-    Ok(())
+    let mut out = stdout.lock();
+    let _ = out.write_all(b"\n");
+    let _ = out.flush();
+    Ok(streamed)
 }
 
 /// "prompt: … tokens/s; <what>: … tokens/s" for one request that started at `started` and got
