@@ -31,7 +31,7 @@ fn better(va: f32, ia: u32, vb: f32, ib: u32) -> bool {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let base = wid.x * params.n;
-    var best = -3.4028235e38;
+    var best = -3.4028234663852886e38;
     var best_idx = 0xffffffffu;
     for (var i = lid; i < params.n; i += WG) {
         let v = x[base + i];

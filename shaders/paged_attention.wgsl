@@ -32,7 +32,8 @@ struct AttentionParams {
 
 const WG: u32 = 16u;
 const MAX_HEAD_DIM: u32 = 128u;
-const NEG_MAX: f32 = -3.4028235e38;
+// -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
+const NEG_MAX: f32 = -3.4028234663852886e38;
 
 @group(0) @binding(0) var<uniform> params: AttentionParams;
 @group(0) @binding(1) var<storage, read> q: array<f32>;

@@ -30,7 +30,8 @@ const MAX_TOP: u32 = 20u;
 const OUT_STRIDE: u32 = 42u; // 2 + 2 * MAX_TOP
 const SETTINGS: u32 = 8u;
 const BISECT_STEPS: u32 = 30u;
-const NEG_MAX: f32 = -3.4028235e38;
+// -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
+const NEG_MAX: f32 = -3.4028234663852886e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -93,7 +94,9 @@ fn argmax_below(lid: u32, base: u32, first: u32, last: u32, cap_v: f32, cap_i: u
         }
         workgroupBarrier();
     }
-    return sh_u[0];
+    // A uniform load: callers branch on the winner around further barriers, and browsers
+    // (Tint) prove barrier uniformity only through workgroupUniformLoad.
+    return workgroupUniformLoad(&sh_u[0]);
 }
 
 @compute @workgroup_size(WG)
@@ -125,7 +128,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     var token = 0u;
     if (temperature <= 0.0) {
-        token = argmax_below(lid, base, first, last, 3.4028235e38, 0u);
+        token = argmax_below(lid, base, first, last, 3.4028234663852886e38, 0u);
     } else {
         let inv_t = 1.0 / temperature;
         // s = (logit - max) / T lies in [lowest, 0].
@@ -236,10 +239,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             sh_u[0] = pick;
         }
-        workgroupBarrier();
-        token = sh_u[0];
+        token = workgroupUniformLoad(&sh_u[0]);
         if (token == 0xffffffffu) {
-            token = argmax_below(lid, base, first, last, 3.4028235e38, 0u);
+            token = argmax_below(lid, base, first, last, 3.4028234663852886e38, 0u);
         }
     }
 
@@ -248,7 +250,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         out[o] = token;
         out[o + 1u] = bitcast<u32>(logits[base + token] - row_max - log_z);
     }
-    var cap_v = 3.4028235e38;
+    var cap_v = 3.4028234663852886e38;
     var cap_i = 0u;
     for (var n = 0u; n < top_n; n++) {
         let best = argmax_below(lid, base, first, last, cap_v, cap_i);

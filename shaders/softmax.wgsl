@@ -23,7 +23,7 @@ var<workgroup> sh: array<f32, WG>;
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let base = wid.x * params.n;
-    var m = -3.4028235e38;
+    var m = -3.4028234663852886e38;
     for (var i = lid; i < params.n; i += WG) {
         m = max(m, x[base + i]);
     }

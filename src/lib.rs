@@ -10,6 +10,8 @@ pub mod error;
 pub mod gpu;
 pub mod kv;
 pub mod model;
+/// The OpenAI protocol (requests, responses, streamed chunks) without a transport.
+pub mod openai;
 pub mod quant;
 pub mod rt;
 pub mod sampling;

@@ -17,8 +17,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 #[cfg(target_arch = "wasm32")]
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
 
-/// Run `job` in the background until it returns: natively on a thread of its own. The browser
-/// build spawns on the page's event loop instead (arrives with the web crate).
+/// Run `job` in the background until it returns: natively on a thread of its own; in the
+/// browser as a task on the page's (or worker's) event loop.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn spawn_background<F>(name: &str, job: F) -> crate::Result<()>
 where
@@ -32,12 +32,30 @@ where
 }
 
 #[cfg(target_arch = "wasm32")]
-pub fn spawn_background<F>(name: &str, _job: F) -> crate::Result<()>
+pub fn spawn_background<F>(_name: &str, job: F) -> crate::Result<()>
 where
     F: std::future::Future<Output = ()> + 'static,
 {
-    Err(crate::WeftError::Unsupported(format!("the {name} loop is not available in this build yet; drive requests with infer/infer_stream")))
+    wasm_bindgen_futures::spawn_local(job);
+    Ok(())
 }
+
+/// `Send` natively, nothing in the browser: for callbacks the caller hands over (a JavaScript
+/// function cannot cross threads, and there it never needs to).
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send> MaybeSend for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T> MaybeSend for T {}
+
+/// A boxed progress callback, `Send` natively (see [`MaybeSend`]).
+#[cfg(not(target_arch = "wasm32"))]
+pub type BoxProgress = Box<dyn FnMut(usize, usize) + Send>;
+#[cfg(target_arch = "wasm32")]
+pub type BoxProgress = Box<dyn FnMut(usize, usize)>;
 
 /// A boxed stream, `Send` natively (see [`BoxFuture`]).
 #[cfg(not(target_arch = "wasm32"))]

@@ -1,15 +1,16 @@
 //! `weft serve`: an OpenAI-compatible HTTP server (axum + tokio) over one engine.
 //!
 //! The socket is bound first and the model loads in the background: until it is ready every
-//! endpoint but `/metrics` answers 503. Requests map onto `InferenceRequest`s; streaming
-//! responses are the engine's stream turned into server-sent events, so a client that goes away
-//! drops the stream, which cancels the request and frees its KV blocks at the next step.
+//! endpoint but `/metrics` answers 503. The protocol itself (reading requests, shaping responses
+//! and chunks) is `weft::openai`; this file adds HTTP: status codes, SSE framing, the API key,
+//! routing, metrics and loading. Streaming responses are the engine's stream turned into
+//! server-sent events, so a client that goes away drops the stream, which cancels the request
+//! and frees its KV blocks at the next step.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -27,15 +28,12 @@ use serde_json::{Map, Value, json};
 use weft::engine::api::{EngineBuilder, InferenceEngine, LlmInferenceEngine};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::engine::metrics::{EngineMetrics, Histogram};
-use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, Prompt, StreamChunk, TokenLogprob, Usage};
-use weft::sampling::SamplingParams;
-use weft::tokenizer::ChatMessage;
+use weft::engine::request::StreamChunk;
+use weft::openai::{ChunkShaper, Endpoint, OpenAiError, OpenAiRequest};
 use weft::{Result, WeftError};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
-/// `max_tokens` when a request names none: the rest of the context, at most this many.
-pub const DEFAULT_MAX_TOKENS_CAP: usize = 256;
 /// Requests are refused (503 + Retry-After) while more than this many times `max_num_seqs`
 /// requests wait.
 pub const WAITING_FACTOR: usize = 4;
@@ -87,65 +85,41 @@ struct AppState {
 
 type Shared = Arc<AppState>;
 
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-fn request_id(prefix: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{prefix}-{:x}{:04x}", t as u64, n & 0xffff)
-}
-
 // ---------------------------------------------------------------------------------------------
-// Errors in OpenAI's shape.
+// Errors: OpenAI's shape (`OpenAiError`) with an HTTP status.
 
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    message: String,
-    kind: &'static str,
-    param: Option<String>,
-    code: Option<&'static str>,
+    error: OpenAiError,
     retry_after: Option<u32>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
-    }
-    fn bad(param: &str, message: impl Into<String>) -> Self {
-        ApiError { param: Some(param.to_string()), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
-    }
-    fn bad_body(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        ApiError { status, error: OpenAiError::new(kind, message), retry_after: None }
     }
     fn unavailable(message: impl Into<String>) -> Self {
-        ApiError { retry_after: Some(1), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message) }
+        OpenAiError::unavailable(message).into()
     }
-    fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
-    }
+}
 
-    /// An engine error: validation errors ("invalid <field>: ...") are the caller's fault.
-    fn from_engine(e: WeftError) -> Self {
-        match &e {
-            WeftError::Unsupported(m) if m.starts_with("invalid ") => {
-                let field = m["invalid ".len()..].split(':').next().unwrap_or("").trim().to_string();
-                let field = if field == "request" { None } else { Some(field) };
-                ApiError { param: field, ..Self::bad_body(m.clone()) }
-            }
-            WeftError::Unsupported(m) if m.contains("shut down") => Self::unavailable(m.clone()),
-            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", e.to_string()),
-        }
+/// The status of a protocol error: the caller's fault is 400, "not now" is 503 with a
+/// Retry-After, anything else is ours (500).
+impl From<OpenAiError> for ApiError {
+    fn from(error: OpenAiError) -> Self {
+        let (status, retry_after) = match error.kind {
+            "invalid_request_error" => (StatusCode::BAD_REQUEST, None),
+            "service_unavailable" => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, None),
+        };
+        ApiError { status, error, retry_after }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = (self.status, Json(self.body())).into_response();
+        let mut r = (self.status, Json(self.error.body())).into_response();
         if let Some(s) = self.retry_after {
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
@@ -154,69 +128,6 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = std::result::Result<T, ApiError>;
-
-// ---------------------------------------------------------------------------------------------
-// Reading request fields: every known field is type-checked and named in the error.
-
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    fn get(&self, k: &str) -> Option<&'a Value> {
-        self.0.get(k).filter(|v| !v.is_null())
-    }
-    fn f32(&self, k: &str) -> ApiResult<Option<f32>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| ApiError::bad(k, format!("invalid {k}: expected a number, got {v}"))),
-        }
-    }
-    fn int(&self, k: &str) -> ApiResult<Option<i64>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| ApiError::bad(k, format!("invalid {k}: expected an integer, got {v}"))),
-        }
-    }
-    fn uint(&self, k: &str) -> ApiResult<Option<u64>> {
-        match self.int(k)? {
-            Some(x) if x < 0 => Err(ApiError::bad(k, format!("invalid {k}: {x} (must not be negative)"))),
-            x => Ok(x.map(|x| x as u64)),
-        }
-    }
-    fn bool(&self, k: &str) -> ApiResult<Option<bool>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| ApiError::bad(k, format!("invalid {k}: expected true or false, got {v}"))),
-        }
-    }
-    fn string(&self, k: &str) -> ApiResult<Option<&'a str>> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| ApiError::bad(k, format!("invalid {k}: expected a string, got {v}"))),
-        }
-    }
-    /// A string or a list of strings.
-    fn strings(&self, k: &str) -> ApiResult<Vec<String>> {
-        match self.get(k) {
-            None => Ok(Vec::new()),
-            Some(Value::String(s)) => Ok(vec![s.clone()]),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| ApiError::bad(k, format!("invalid {k}: expected a string or a list of strings"))))
-                .collect(),
-            Some(v) => Err(ApiError::bad(k, format!("invalid {k}: expected a string or a list of strings, got {v}"))),
-        }
-    }
-}
-
-/// What both endpoints share, parsed.
-struct Common {
-    max_tokens: Option<usize>,
-    params: GenerationParams,
-    stream: bool,
-    include_usage: bool,
-    /// Report log-probabilities, with this many alternatives each.
-    logprobs: Option<usize>,
-}
 
 fn parse_body(body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Map<String, Value>> {
     let bytes = body.map_err(|r| {
@@ -227,128 +138,7 @@ fn parse_body(body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Map
             ApiError::new(status, "invalid_request_error", r.body_text())
         }
     })?;
-    match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_body(format!("the request body is not valid JSON: {e}"))),
-    }
-}
-
-fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
-    if let Some(n) = f.int("n")?
-        && n != 1
-    {
-        return Err(ApiError::bad("n", format!("invalid n: {n}; only n=1 is supported")));
-    }
-    if let Some(b) = f.int("best_of")?
-        && b != 1
-    {
-        return Err(ApiError::bad("best_of", format!("invalid best_of: {b}; only best_of=1 is supported")));
-    }
-    let _ = f.string("user")?;
-    let max_tokens = match f.uint("max_completion_tokens")? {
-        Some(x) => Some(x),
-        None => f.uint("max_tokens")?,
-    };
-    let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
-    if let Some(x) = f.f32("temperature")? {
-        sampling.temperature = x;
-    }
-    if let Some(x) = f.f32("top_p")? {
-        sampling.top_p = x;
-    }
-    if let Some(x) = f.int("top_k")? {
-        // vLLM: -1 (or 0) turns it off.
-        sampling.top_k = if x <= 0 { 0 } else { x as u32 };
-    }
-    if let Some(x) = f.f32("min_p")? {
-        sampling.min_p = x;
-    }
-    if let Some(x) = f.f32("repetition_penalty")? {
-        sampling.repetition_penalty = x;
-    }
-    if let Some(x) = f.f32("presence_penalty")? {
-        sampling.presence_penalty = x;
-    }
-    if let Some(x) = f.f32("frequency_penalty")? {
-        sampling.frequency_penalty = x;
-    }
-    if let Some(x) = f.int("seed")? {
-        sampling.seed = Some(x as u64);
-    }
-    let logprobs = if chat {
-        let on = f.bool("logprobs")?.unwrap_or(false);
-        let top = f.uint("top_logprobs")?;
-        if top.is_some() && !on {
-            return Err(ApiError::bad("top_logprobs", "invalid top_logprobs: set logprobs to true to use top_logprobs"));
-        }
-        on.then(|| top.unwrap_or(0) as usize)
-    } else {
-        f.uint("logprobs")?.map(|x| x as usize)
-    };
-    if let Some(top) = logprobs {
-        if top > 20 {
-            return Err(ApiError::bad(if chat { "top_logprobs" } else { "logprobs" }, format!("invalid top_logprobs: {top} (at most 20)")));
-        }
-        // The engine reports log-probabilities only when alternatives are asked for.
-        sampling.top_logprobs = top.max(1);
-    }
-    let stop = f.strings("stop")?;
-    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.get("stream_options") {
-        None => false,
-        Some(Value::Object(o)) => Fields(o).bool("include_usage").map_err(|_| ApiError::bad("stream_options", "invalid stream_options: include_usage must be true or false"))?.unwrap_or(false),
-        Some(v) => return Err(ApiError::bad("stream_options", format!("invalid stream_options: expected an object, got {v}"))),
-    };
-    let params = GenerationParams { sampling, max_tokens: 0, stop, ignore_eos, ..Default::default() };
-    Ok(Common { max_tokens: max_tokens.map(|x| x as usize), params, stream, include_usage, logprobs })
-}
-
-fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
-    let Some(v) = f.get("messages") else {
-        return Err(ApiError::bad("messages", "invalid messages: missing (a list of {role, content} objects)"));
-    };
-    let Value::Array(list) = v else {
-        return Err(ApiError::bad("messages", format!("invalid messages: expected a list, got {v}")));
-    };
-    let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let Value::Object(m) = m else {
-            return Err(ApiError::bad("messages", format!("invalid messages: message {i} is not an object")));
-        };
-        let Some(Value::String(role)) = m.get("role") else {
-            return Err(ApiError::bad("messages", format!("invalid messages: message {i} has no role string")));
-        };
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            // The content-parts form: concatenate the text parts.
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for p in parts {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => s.push_str(t),
-                        _ => return Err(ApiError::bad("messages", format!("invalid messages: message {i} has a content part that is not text"))),
-                    }
-                }
-                s
-            }
-            Some(v) => return Err(ApiError::bad("messages", format!("invalid messages: message {i} content must be a string, got {v}"))),
-        };
-        out.push(ChatMessage::new(role.clone(), content));
-    }
-    Ok(out)
-}
-
-fn parse_prompt(f: &Fields) -> ApiResult<String> {
-    match f.get("prompt") {
-        None => Err(ApiError::bad("prompt", "invalid prompt: missing")),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Ok(a[0].as_str().unwrap_or_default().to_string()),
-        Some(Value::Array(_)) => Err(ApiError::bad("prompt", "invalid prompt: only a string or a list of one string is supported")),
-        Some(v) => Err(ApiError::bad("prompt", format!("invalid prompt: expected a string, got {v}"))),
-    }
+    Ok(weft::openai::parse_body(&bytes)?)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -364,15 +154,15 @@ fn ready(state: &AppState) -> ApiResult<&ContinuousBatchEngine> {
     }
 }
 
-fn check_model(state: &AppState, f: &Fields) -> ApiResult<()> {
-    match f.string("model")? {
+fn check_model(state: &AppState, body: &Map<String, Value>) -> ApiResult<()> {
+    match weft::openai::requested_model(body)? {
         None => Ok(()),
         Some(m) if m == state.model_id || m == state.model_path => Ok(()),
-        Some(m) => Err(ApiError {
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-            ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("The model `{m}` does not exist; this server serves `{}`", state.model_id))
-        }),
+        Some(m) => {
+            let message = format!("The model `{m}` does not exist; this server serves `{}`", state.model_id);
+            let error = OpenAiError { code: Some("model_not_found"), ..OpenAiError::invalid("model", message) };
+            Err(ApiError { status: StatusCode::NOT_FOUND, error, retry_after: None })
+        }
     }
 }
 
@@ -385,136 +175,34 @@ fn check_queue(engine: &ContinuousBatchEngine) -> ApiResult<()> {
     Ok(())
 }
 
-/// The prompt's length in tokens, as the engine will count it (None if it cannot be counted).
-fn prompt_tokens(engine: &ContinuousBatchEngine, prompt: &Prompt) -> Option<usize> {
-    let tok = engine.tokenizer();
-    match prompt {
-        Prompt::Text(t) => tok.encode(t, true).ok().map(|v| v.len()),
-        Prompt::Tokens(t) => Some(t.len()),
-        Prompt::Chat(m) => {
-            let text = tok.chat_template()?.render(m, true).ok()?;
-            tok.encode(&text, false).ok().map(|v| v.len())
-        }
-    }
-}
-
-fn build_request(engine: &ContinuousBatchEngine, prompt: Prompt, mut common: Common) -> ApiResult<(InferenceRequest, Common)> {
-    common.params.max_tokens = match common.max_tokens {
-        Some(x) => x,
-        None => {
-            let max_len = engine.config().max_model_len;
-            match prompt_tokens(engine, &prompt) {
-                // The rest of the context, capped; a prompt over the context is the engine's to refuse.
-                Some(n) if n < max_len => (max_len - n).min(DEFAULT_MAX_TOKENS_CAP),
-                _ => 1,
-            }
-        }
-    };
-    let request = InferenceRequest::new(prompt, common.params.clone());
-    request.validate().map_err(ApiError::from_engine)?;
-    Ok((request, common))
-}
-
-fn finish_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop | FinishReason::Eos => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "abort",
-        FinishReason::Error => "error",
-    }
-}
-
-fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
-    })
-}
-
-fn piece(engine: &ContinuousBatchEngine, id: u32) -> String {
-    engine.tokenizer().decode(&[id], false).unwrap_or_default()
-}
-
-fn chat_logprobs(engine: &ContinuousBatchEngine, lps: &[TokenLogprob], top: usize) -> Value {
-    let content: Vec<Value> = lps
-        .iter()
-        .map(|l| {
-            let t = piece(engine, l.token);
-            let tops: Vec<Value> = l.top.iter().take(top).map(|(id, lp)| {
-                let s = piece(engine, *id);
-                json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})
-            }).collect();
-            json!({"token": t, "logprob": l.logprob, "bytes": t.as_bytes(), "top_logprobs": tops})
-        })
-        .collect();
-    json!({ "content": content })
-}
-
-fn completion_logprobs(engine: &ContinuousBatchEngine, lps: &[TokenLogprob], top: usize, offset: &mut usize) -> Value {
-    let mut tokens = Vec::new();
-    let mut token_logprobs = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
-    for l in lps {
-        let t = piece(engine, l.token);
-        offsets.push(*offset);
-        *offset += t.len();
-        tokens.push(t);
-        token_logprobs.push(l.logprob);
-        let m: Map<String, Value> = l.top.iter().take(top).map(|(id, lp)| (piece(engine, *id), json!(lp))).collect();
-        tops.push(Value::Object(m));
-    }
-    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets})
-}
-
 async fn chat_completions(State(state): State<Shared>, body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Response> {
-    let map = parse_body(body)?;
-    let f = Fields(&map);
-    let engine = ready(&state)?.clone();
-    check_model(&state, &f)?;
-    let messages = parse_messages(&f)?;
-    let common = parse_common(&f, true)?;
-    let (request, common) = build_request(&engine, Prompt::Chat(messages), common)?;
-    check_queue(&engine)?;
-    generate(state, engine, request, common, true).await
+    handle(state, body, Endpoint::Chat).await
 }
 
 async fn completions(State(state): State<Shared>, body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Response> {
-    let map = parse_body(body)?;
-    let f = Fields(&map);
-    let engine = ready(&state)?.clone();
-    check_model(&state, &f)?;
-    let prompt = parse_prompt(&f)?;
-    if f.bool("echo")?.unwrap_or(false) {
-        return Err(ApiError::bad("echo", "invalid echo: echo is not supported"));
-    }
-    let common = parse_common(&f, false)?;
-    let (request, common) = build_request(&engine, Prompt::Text(prompt), common)?;
-    check_queue(&engine)?;
-    generate(state, engine, request, common, false).await
+    handle(state, body, Endpoint::Completion).await
 }
 
-async fn generate(state: Shared, engine: ContinuousBatchEngine, request: InferenceRequest, common: Common, chat: bool) -> ApiResult<Response> {
-    let id = request_id(if chat { "chatcmpl" } else { "cmpl" });
-    let created = now_secs();
+/// One completion request: body, readiness, model, fields, queue, then generation.
+async fn handle(state: Shared, body: std::result::Result<Bytes, BytesRejection>, endpoint: Endpoint) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?.clone();
+    check_model(&state, &map)?;
+    let req = weft::openai::parse_request(&engine, endpoint, &map)?;
+    check_queue(&engine)?;
+    generate(state, engine, req).await
+}
+
+async fn generate(state: Shared, engine: ContinuousBatchEngine, req: OpenAiRequest) -> ApiResult<Response> {
+    let id = weft::openai::request_id(req.endpoint);
+    let created = weft::openai::unix_now();
     let model = state.model_id.clone();
-    if common.stream {
-        let stream = LlmInferenceEngine::infer_stream(&engine, request).map_err(ApiError::from_engine)?;
-        let sse = SseState {
-            engine: engine.clone(),
-            stream: Some(stream),
-            pending: VecDeque::new(),
-            id,
-            created,
-            model,
-            chat,
-            include_usage: common.include_usage,
-            logprobs: common.logprobs,
-            offset: 0,
-            started: false,
-        };
+    if req.stream {
+        let stream = LlmInferenceEngine::infer_stream(&engine, req.request.clone()).map_err(OpenAiError::from_engine)?;
+        let mut shaper = ChunkShaper::new(engine, &req, id, created, model);
+        // Chat's role chunk goes out at once, before the first token is ready.
+        let pending = shaper.start().into_iter().map(|v| Event::default().data(v.to_string())).collect();
+        let sse = SseState { shaper, stream: Some(stream), pending };
         let events = futures::stream::unfold(sse, |mut s| async move {
             loop {
                 if let Some(e) = s.pending.pop_front() {
@@ -526,59 +214,19 @@ async fn generate(state: Shared, engine: ContinuousBatchEngine, request: Inferen
         });
         return Ok(Sse::new(events).into_response());
     }
-    let response = LlmInferenceEngine::infer(&engine, request).await.map_err(ApiError::from_engine)?;
-    if response.finish_reason == FinishReason::Error {
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "the request failed in the engine"));
-    }
-    let finish = finish_str(response.finish_reason);
-    let body = if chat {
-        let logprobs = common.logprobs.map(|top| chat_logprobs(&engine, &response.logprobs, top)).unwrap_or(Value::Null);
-        json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": response.text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }],
-            "usage": usage_json(&response.usage),
-        })
-    } else {
-        let logprobs = common.logprobs.map(|top| completion_logprobs(&engine, &response.logprobs, top, &mut 0)).unwrap_or(Value::Null);
-        json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": response.text, "logprobs": logprobs, "finish_reason": finish}],
-            "usage": usage_json(&response.usage),
-        })
-    };
+    let response = LlmInferenceEngine::infer(&engine, req.request.clone()).await.map_err(OpenAiError::from_engine)?;
+    let body = weft::openai::response_json(&engine, &req, &id, created, &model, &response)?;
     Ok(Json(body).into_response())
 }
 
 /// The state of one streamed response: the engine's stream and the events not yet sent.
 struct SseState {
-    engine: ContinuousBatchEngine,
+    shaper: ChunkShaper,
     stream: Option<weft::rt::BoxStream<'static, Result<StreamChunk>>>,
     pending: VecDeque<Event>,
-    id: String,
-    created: u64,
-    model: String,
-    chat: bool,
-    include_usage: bool,
-    logprobs: Option<usize>,
-    offset: usize,
-    started: bool,
 }
 
 impl SseState {
-    fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Event {
-        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
-        let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = usage_json(u);
-        }
-        Event::default().data(v.to_string())
-    }
-
     fn done(&mut self) {
         self.pending.push_back(Event::default().data("[DONE]"));
         self.stream = None;
@@ -586,57 +234,14 @@ impl SseState {
 
     /// Wait for the engine's next chunk and queue the events it makes.
     async fn next_events(&mut self) {
-        if self.chat && !self.started {
-            self.started = true;
-            let e = self.chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None);
-            self.pending.push_back(e);
-            return;
-        }
         let Some(stream) = self.stream.as_mut() else { return };
         match stream.next().await {
             None => self.done(),
-            Some(Err(e)) => {
-                let err = ApiError::from_engine(e);
-                self.pending.push_back(Event::default().data(err.body().to_string()));
-                self.done();
-            }
-            Some(Ok(c)) => {
-                let logprobs = match self.logprobs {
-                    Some(top) if !c.logprobs.is_empty() => {
-                        if self.chat {
-                            chat_logprobs(&self.engine, &c.logprobs, top)
-                        } else {
-                            completion_logprobs(&self.engine, &c.logprobs, top, &mut self.offset)
-                        }
-                    }
-                    _ => Value::Null,
-                };
-                if !c.text.is_empty() || !logprobs.is_null() {
-                    let choice = if self.chat {
-                        json!({"index": 0, "delta": {"content": c.text}, "logprobs": logprobs, "finish_reason": null})
-                    } else {
-                        json!({"index": 0, "text": c.text, "logprobs": logprobs, "finish_reason": null})
-                    };
-                    let e = self.chunk(json!([choice]), None);
-                    self.pending.push_back(e);
+            Some(item) => {
+                for v in self.shaper.shape(item) {
+                    self.pending.push_back(Event::default().data(v.to_string()));
                 }
-                if let Some(reason) = c.finish_reason {
-                    if reason == FinishReason::Error {
-                        let err = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "the request failed in the engine");
-                        self.pending.push_back(Event::default().data(err.body().to_string()));
-                    } else {
-                        let choice = if self.chat {
-                            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason)})
-                        } else {
-                            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason)})
-                        };
-                        let e = self.chunk(json!([choice]), None);
-                        self.pending.push_back(e);
-                        if self.include_usage {
-                            let e = self.chunk(json!([]), Some(&c.usage.unwrap_or_default()));
-                            self.pending.push_back(e);
-                        }
-                    }
+                if self.shaper.finished() {
                     self.done();
                 }
             }
@@ -660,8 +265,8 @@ async fn health(State(state): State<Shared>) -> Response {
     let engine = match ready(&state) {
         Ok(e) => e.clone(),
         Err(e) => {
-            let status = if e.message.contains("failed") { "failed" } else { "loading" };
-            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status, "detail": e.message}))).into_response();
+            let status = if e.error.message.contains("failed") { "failed" } else { "loading" };
+            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status, "detail": e.error.message}))).into_response();
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             return r;
         }
@@ -706,7 +311,9 @@ async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> R
         let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         if given.map(str::trim) != Some(key.as_str()) {
             let message = if given.is_none() { "missing API key: send Authorization: Bearer <key>" } else { "invalid API key" };
-            return ApiError { code: Some("invalid_api_key"), ..ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message) }.into_response();
+            let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message);
+            e.error.code = Some("invalid_api_key");
+            return e.into_response();
         }
     }
     next.run(req).await
@@ -815,7 +422,7 @@ pub fn run(opts: Options) -> Result<()> {
         model_id,
         model_path: path.display().to_string(),
         api_key: opts.api_key.clone(),
-        created: now_secs(),
+        created: weft::openai::unix_now(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -145,24 +145,39 @@ pub struct EngineBuilder {
     kv_memory_bytes: usize,
     block_size: usize,
     gpu: crate::gpu::GpuOptions,
-    progress: Option<Box<dyn FnMut(usize, usize) + Send>>,
+    progress: Option<crate::rt::BoxProgress>,
 }
 
 impl EngineBuilder {
     /// A GGUF file or a Hugging Face directory.
     pub fn from_model(path: impl AsRef<std::path::Path>) -> Result<Self> {
-        Ok(EngineBuilder {
-            files: crate::model::load::ModelFiles::open(path.as_ref())?,
+        Ok(Self::from_files(crate::model::load::ModelFiles::open(path.as_ref())?))
+    }
+
+    /// A GGUF file's bytes (the browser's way: a download or a picked file); `name` appears in
+    /// errors.
+    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Ok(Self::from_files(crate::model::load::ModelFiles::from_gguf_bytes(name, bytes)?))
+    }
+
+    fn from_files(files: crate::model::load::ModelFiles) -> Self {
+        EngineBuilder {
+            files,
             config: EngineConfig::default(),
             kv_memory_bytes: 256 << 20,
             block_size: 16,
             gpu: crate::gpu::GpuOptions::default(),
             progress: None,
-        })
+        }
+    }
+
+    /// The model's shape (layers, vocabulary, context …).
+    pub fn model_config(&self) -> &crate::model::config::LlamaConfig {
+        &self.files.config
     }
 
     /// Call `progress(layers uploaded, layers in all)` while the weights go to the GPU.
-    pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + Send + 'static) -> Self {
+    pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + crate::rt::MaybeSend + 'static) -> Self {
         self.progress = Some(Box::new(progress));
         self
     }
@@ -184,7 +199,13 @@ impl EngineBuilder {
     }
 
     pub async fn build(self) -> Result<ContinuousBatchEngine> {
-        let ctx = crate::gpu::GpuContext::new(self.gpu).await?;
+        let ctx = crate::gpu::GpuContext::new(self.gpu.clone()).await?;
+        self.build_on(ctx)
+    }
+
+    /// [`build`](Self::build) on a device the caller opened (and may want to describe); the
+    /// builder's GPU options are not used.
+    pub fn build_on(self, ctx: std::sync::Arc<crate::gpu::GpuContext>) -> Result<ContinuousBatchEngine> {
         let factory = crate::gpu::GpuTensorFactory::new(ctx);
         let c = &self.files.config;
         let kv = crate::kv::KvCacheConfig::for_memory(self.kv_memory_bytes, self.block_size, c.num_layers, c.num_kv_heads, c.head_dim)?;

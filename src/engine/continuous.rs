@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use futures::channel::mpsc;
 use futures::{Stream, StreamExt};
@@ -144,8 +145,47 @@ struct Inner {
     next_id: AtomicU64,
     shut_down: AtomicBool,
     loop_running: AtomicBool,
-    /// Wakes the background loop when work arrives.
-    wakeup: (Mutex<bool>, Condvar),
+    /// Wakes the background loop when work arrives, a stream is dropped, or on shutdown.
+    wakeup: Wakeup,
+}
+
+/// An async wake-up signal for the background loop. It is a future rather than a condition
+/// variable so the same loop runs on a thread natively and as a task on the browser's event
+/// loop, where nothing may block.
+#[derive(Default)]
+struct Wakeup {
+    pending: AtomicBool,
+    waker: futures::task::AtomicWaker,
+}
+
+impl Wakeup {
+    fn wake(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Resolves at the next `wake` (at once if one came since the last wait).
+    async fn wait(&self) {
+        futures::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.pending.swap(false, Ordering::SeqCst) { Poll::Ready(()) } else { Poll::Pending }
+        })
+        .await
+    }
+}
+
+/// A stream's end of its request. Dropping it closes the channel, which cancels the request at
+/// the next step, and wakes the loop so that step comes even when nothing else is running.
+struct Subscription {
+    engine: ContinuousBatchEngine,
+    receiver: mpsc::UnboundedReceiver<Result<StreamChunk>>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.receiver.close();
+        self.engine.wake();
+    }
 }
 
 /// The engine: a cheap handle (`Clone` shares it).
@@ -198,7 +238,7 @@ impl ContinuousBatchEngine {
                 next_id: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
                 loop_running: AtomicBool::new(false),
-                wakeup: (Mutex::new(false), Condvar::new()),
+                wakeup: Wakeup::default(),
             }),
         })
     }
@@ -361,9 +401,7 @@ impl ContinuousBatchEngine {
     }
 
     fn wake(&self) {
-        let (flag, cv) = &self.inner.wakeup;
-        *flag.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        cv.notify_all();
+        self.inner.wakeup.wake();
     }
 
     /// Run one step for every pending request. Returns false when there was nothing to do.
@@ -431,7 +469,8 @@ impl ContinuousBatchEngine {
         let eos = self.inner.tokenizer.eos_token_ids();
         for (s, x) in out.scheduled.iter().zip(sampled) {
             let Some(x) = x else { continue };
-            let live = state.live.get_mut(&s.id).expect("every scheduled sequence is live");
+            // A request cancelled (or the engine shut down) while the step ran is gone already.
+            let Some(live) = state.live.get_mut(&s.id) else { continue };
             let latency = (now - live.last_token_at.unwrap_or(live.submitted_at)).as_secs_f64();
             let first = live.last_token_at.is_none();
             live.last_token_at = Some(now);
@@ -478,51 +517,56 @@ impl ContinuousBatchEngine {
         self.refresh_gauges(state);
     }
 
+    /// Cancel request `id` now: it gets a final `Cancelled` chunk and its blocks are freed.
+    /// Returns false when no such request is live (unknown, or already finished).
+    pub fn cancel(&self, id: SeqId) -> bool {
+        let mut state = self.state();
+        if !state.live.contains_key(&id) {
+            return false;
+        }
+        self.end(&mut state, id, FinishReason::Cancelled, None);
+        true
+    }
+
     /// Stream a request's chunks. Without a background loop, polling the stream runs steps
-    /// (for every request, not only this one).
+    /// (for every request, not only this one). Dropping the stream cancels the request.
     pub fn infer_stream(&self, request: InferenceRequest) -> Result<impl Stream<Item = Result<StreamChunk>> + use<>> {
-        let (_, receiver) = self.submit(request)?;
-        let engine = self.clone();
-        Ok(futures::stream::unfold((engine, receiver, false), |(engine, mut receiver, done)| async move {
+        Ok(self.infer_stream_with_id(request)?.1)
+    }
+
+    /// [`infer_stream`](Self::infer_stream), also giving the request's id (for [`cancel`](Self::cancel)).
+    pub fn infer_stream_with_id(&self, request: InferenceRequest) -> Result<(SeqId, impl Stream<Item = Result<StreamChunk>> + use<>)> {
+        let (id, receiver) = self.submit(request)?;
+        let sub = Subscription { engine: self.clone(), receiver };
+        let stream = futures::stream::unfold((sub, false), |(mut sub, done)| async move {
             if done {
                 return None;
             }
             loop {
-                match receiver.try_recv() {
+                match sub.receiver.try_recv() {
                     Ok(item) => {
                         let last = matches!(&item, Ok(c) if c.finish_reason.is_some());
-                        return Some((item, (engine, receiver, last)));
+                        return Some((item, (sub, last)));
                     }
                     Err(mpsc::TryRecvError::Closed) => return None,
-                    Err(mpsc::TryRecvError::Empty) if engine.inner.loop_running.load(Ordering::SeqCst) => {
-                        let item = receiver.next().await?;
+                    Err(mpsc::TryRecvError::Empty) if sub.engine.inner.loop_running.load(Ordering::SeqCst) => {
+                        let item = sub.receiver.next().await?;
                         let last = matches!(&item, Ok(c) if c.finish_reason.is_some());
-                        return Some((item, (engine, receiver, last)));
+                        return Some((item, (sub, last)));
                     }
                     Err(mpsc::TryRecvError::Empty) => {
                         // Step errors reach each affected request through its channel.
-                        let _ = engine.step().await;
+                        let _ = sub.engine.step().await;
                     }
                 }
             }
-        }))
+        });
+        Ok((id, stream))
     }
 
     /// Run a request to completion.
     pub async fn infer(&self, request: InferenceRequest) -> Result<InferenceResponse> {
-        let mut stream = Box::pin(self.infer_stream(request)?);
-        let mut response = InferenceResponse { text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Cancelled, usage: Usage::default() };
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            response.text.push_str(&chunk.text);
-            response.token_ids.extend(&chunk.token_ids);
-            response.logprobs.extend(chunk.logprobs);
-            if let (Some(reason), Some(usage)) = (chunk.finish_reason, chunk.usage) {
-                response.finish_reason = reason;
-                response.usage = usage;
-            }
-        }
-        Ok(response)
+        collect_response(&mut Box::pin(self.infer_stream(request)?)).await
     }
 
     /// Start the background loop: from now on steps run by themselves and `infer` only waits.
@@ -535,12 +579,7 @@ impl ContinuousBatchEngine {
             while !engine.inner.shut_down.load(Ordering::SeqCst) {
                 let worked = engine.step().await.unwrap_or(true);
                 if !worked {
-                    let (flag, cv) = &engine.inner.wakeup;
-                    let mut woken = flag.lock().unwrap_or_else(|p| p.into_inner());
-                    if !*woken {
-                        woken = cv.wait_timeout(woken, std::time::Duration::from_millis(50)).unwrap_or_else(|p| p.into_inner()).0;
-                    }
-                    *woken = false;
+                    engine.inner.wakeup.wait().await;
                 }
             }
             engine.inner.loop_running.store(false, Ordering::SeqCst);
@@ -601,4 +640,20 @@ impl ContinuousBatchEngine {
     pub fn executor(&self) -> &Arc<dyn ModelExecutor> {
         &self.inner.executor
     }
+}
+
+/// Gather a request's stream into one response (what [`ContinuousBatchEngine::infer`] returns).
+pub async fn collect_response(stream: &mut (impl Stream<Item = Result<StreamChunk>> + Unpin)) -> Result<InferenceResponse> {
+    let mut response = InferenceResponse { text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Cancelled, usage: Usage::default() };
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        response.text.push_str(&chunk.text);
+        response.token_ids.extend(&chunk.token_ids);
+        response.logprobs.extend(chunk.logprobs);
+        if let (Some(reason), Some(usage)) = (chunk.finish_reason, chunk.usage) {
+            response.finish_reason = reason;
+            response.usage = usage;
+        }
+    }
+    Ok(response)
 }

@@ -1,4 +1,237 @@
-//! The browser door to weft (wasm-bindgen, a Web Worker and the demo page) arrives with the web
-//! issue. Until then this crate only proves the library links into a wasm-targeted crate.
+//! weft in the browser: the engine behind a small wasm-bindgen API that `weft-worker.js` drives
+//! from a Web Worker (see web/www/ for the JavaScript side and the demo page).
+//!
+//! A [`WebEngine`] owns one `ContinuousBatchEngine` on the page's WebGPU device. Requests come in
+//! as OpenAI request bodies and go out as OpenAI response or chunk objects, through the same
+//! `weft::openai` code the native server uses, so both doors accept and produce the same JSON.
+//! The engine's loop runs as a task on the worker's event loop; every live request joins each
+//! step's batch, so concurrent `create` calls are served together.
+//!
+//! **Invariant:** every `create` that returns without throwing ends with exactly one `"[DONE]"`
+//! event, whether the request finished, failed, was aborted or the engine was disposed.
+#![cfg(target_arch = "wasm32")]
 
-pub use weft;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use js_sys::{Function, Reflect};
+use serde_json::{Value, json};
+use wasm_bindgen::prelude::*;
+use weft::engine::api::EngineBuilder;
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
+use weft::gpu::{GpuContext, GpuOptions};
+use weft::openai::{ChunkShaper, Endpoint, OpenAiError};
+
+#[wasm_bindgen(start)]
+fn start() {
+    // A Rust panic then reaches the console with its message instead of "unreachable".
+    console_error_panic_hook::set_once();
+}
+
+/// The engine and what the page asks about it.
+#[wasm_bindgen]
+pub struct WebEngine {
+    engine: ContinuousBatchEngine,
+    ctx: Arc<GpuContext>,
+    model: Value,
+    /// Live requests by the id the caller gave them, for `abort`.
+    live: Rc<RefCell<HashMap<String, u64>>>,
+}
+
+/// Engine limits a page may set; anything not given keeps a browser-sized default.
+struct LoadOptions {
+    kv_memory_bytes: usize,
+    config: EngineConfig,
+}
+
+impl LoadOptions {
+    fn from_js(options: &JsValue) -> Result<LoadOptions, JsError> {
+        // A tab shares the GPU with everything else on the machine: modest defaults.
+        let mut o = LoadOptions {
+            kv_memory_bytes: 128 << 20,
+            config: EngineConfig { max_num_seqs: 16, max_num_batched_tokens: 256, max_model_len: 2048, enable_prefix_cache: true },
+        };
+        if options.is_undefined() || options.is_null() {
+            return Ok(o);
+        }
+        let number = |key: &str| -> Result<Option<usize>, JsError> {
+            let v = Reflect::get(options, &key.into()).map_err(|_| JsError::new(&format!("invalid option {key}")))?;
+            if v.is_undefined() || v.is_null() {
+                return Ok(None);
+            }
+            match v.as_f64() {
+                Some(x) if x >= 1.0 && x.fract() == 0.0 => Ok(Some(x as usize)),
+                _ => Err(JsError::new(&format!("invalid option {key}: expected a positive whole number"))),
+            }
+        };
+        if let Some(mib) = number("kvMemoryMiB")? {
+            o.kv_memory_bytes = mib << 20;
+        }
+        if let Some(x) = number("maxNumSeqs")? {
+            o.config.max_num_seqs = x;
+        }
+        if let Some(x) = number("maxNumBatchedTokens")? {
+            o.config.max_num_batched_tokens = x;
+        }
+        if let Some(x) = number("maxModelLen")? {
+            o.config.max_model_len = x;
+        }
+        Ok(o)
+    }
+}
+
+#[wasm_bindgen]
+impl WebEngine {
+    /// Open the WebGPU device, parse the GGUF `bytes` and upload the weights, calling
+    /// `on_progress("upload", layers done, layers in all)` on the way; then start the loop.
+    pub async fn load(bytes: Vec<u8>, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
+        let options = LoadOptions::from_js(&options)?;
+        let builder = EngineBuilder::from_gguf_bytes(&name, bytes).map_err(|e| JsError::new(&e.to_string()))?;
+        let c = builder.model_config();
+        let model = json!({
+            "name": name,
+            "architecture": c.architecture,
+            "layers": c.num_layers,
+            "hidden": c.hidden_size,
+            "vocab": c.vocab_size,
+            "contextLength": c.max_position_embeddings,
+        });
+        let ctx = GpuContext::new(GpuOptions::default()).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
+        if let Some(f) = on_progress {
+            builder = builder.on_progress(move |done, total| {
+                let _ = f.call3(&JsValue::NULL, &"upload".into(), &(done as f64).into(), &(total as f64).into());
+            });
+        }
+        let engine = builder.build_on(ctx.clone()).map_err(|e| JsError::new(&e.to_string()))?;
+        let mut model = model;
+        model["hasChatTemplate"] = json!(engine.tokenizer().chat_template().is_some());
+        model["maxModelLen"] = json!(engine.config().max_model_len);
+        engine.start_loop().map_err(|e| JsError::new(&e.to_string()))?;
+        Ok(WebEngine { engine, ctx, model, live: Rc::default() })
+    }
+
+    /// The WebGPU adapter: name, backend, optional features and the limits that matter here.
+    #[wasm_bindgen(js_name = adapterInfo)]
+    pub fn adapter_info(&self) -> JsValue {
+        let info = self.ctx.adapter_info();
+        let f = self.ctx.features();
+        let l = self.ctx.limits();
+        to_js(&json!({
+            "name": info.name,
+            "vendor": info.vendor,
+            "device": info.device,
+            "backend": format!("{:?}", info.backend),
+            "driver": info.driver,
+            "driverInfo": info.driver_info,
+            "shaderF16": f.shader_f16,
+            "subgroups": f.subgroups,
+            "subgroupMinSize": f.subgroup_min_size,
+            "subgroupMaxSize": f.subgroup_max_size,
+            "timestampQuery": f.timestamp_query,
+            "limits": {
+                "maxStorageBufferBindingSize": l.max_storage_buffer_binding_size,
+                "maxBufferSize": l.max_buffer_size,
+                "maxComputeInvocationsPerWorkgroup": l.max_compute_invocations_per_workgroup,
+                "maxComputeWorkgroupStorageSize": l.max_compute_workgroup_storage_size,
+                "maxStorageBuffersPerShaderStage": l.max_storage_buffers_per_shader_stage,
+            },
+        }))
+    }
+
+    /// The model: name, architecture, layers, hidden size, vocabulary, context, chat template.
+    #[wasm_bindgen(js_name = modelInfo)]
+    pub fn model_info(&self) -> JsValue {
+        to_js(&self.model)
+    }
+
+    /// Start an OpenAI request: `kind` is "chat" (chat/completions) or "completion"
+    /// (completions), `body` the request's JSON text, `id` the response's id. An invalid
+    /// request throws an Error with OpenAI's `type`, `param` and `code`. Otherwise `on_event`
+    /// receives each chunk object as JSON text (or, without `stream`, the whole response), an
+    /// `{"error": …}` object if generation fails, and finally `"[DONE]"`.
+    pub fn create(&self, kind: &str, body: &str, id: String, on_event: Function) -> Result<(), JsValue> {
+        let endpoint = match kind {
+            "chat" => Endpoint::Chat,
+            "completion" => Endpoint::Completion,
+            other => return Err(js_error(&OpenAiError::invalid_body(format!("unknown request kind {other:?}; use \"chat\" or \"completion\"")))),
+        };
+        if self.live.borrow().contains_key(&id) {
+            return Err(js_error(&OpenAiError::invalid_body(format!("a request with id {id:?} is already running"))));
+        }
+        let map = weft::openai::parse_body(body.as_bytes()).map_err(|e| js_error(&e))?;
+        let req = weft::openai::parse_request(&self.engine, endpoint, &map).map_err(|e| js_error(&e))?;
+        let (seq, stream) = self.engine.infer_stream_with_id(req.request.clone()).map_err(|e| js_error(&OpenAiError::from_engine(e)))?;
+        let mut stream = Box::pin(stream);
+        self.live.borrow_mut().insert(id.clone(), seq);
+        let engine = self.engine.clone();
+        let live = self.live.clone();
+        let model = self.model["name"].as_str().unwrap_or_default().to_string();
+        let created = (js_sys::Date::now() / 1000.0) as u64;
+        let emit = move |text: &str| {
+            let _ = on_event.call1(&JsValue::NULL, &JsValue::from_str(text));
+        };
+        wasm_bindgen_futures::spawn_local(async move {
+            if req.stream {
+                let mut shaper = ChunkShaper::new(engine, &req, id.clone(), created, model);
+                for chunk in shaper.start() {
+                    emit(&chunk.to_string());
+                }
+                while let Some(item) = stream.next().await {
+                    for chunk in shaper.shape(item) {
+                        emit(&chunk.to_string());
+                    }
+                    if shaper.finished() {
+                        break;
+                    }
+                }
+            } else {
+                let result = match weft::engine::collect_response(&mut stream).await {
+                    Ok(response) => weft::openai::response_json(&engine, &req, &id, created, &model, &response),
+                    Err(e) => Err(OpenAiError::from_engine(e)),
+                };
+                emit(&result.unwrap_or_else(|e| e.body()).to_string());
+            }
+            live.borrow_mut().remove(&id);
+            emit("[DONE]");
+        });
+        Ok(())
+    }
+
+    /// Stop request `id`: it ends with finish_reason "abort". False if it is not running.
+    pub fn abort(&self, id: &str) -> bool {
+        let seq = self.live.borrow().get(id).copied();
+        seq.is_some_and(|seq| self.engine.cancel(seq))
+    }
+
+    /// Requests running or queued right now.
+    #[wasm_bindgen(js_name = liveRequests)]
+    pub fn live_requests(&self) -> usize {
+        self.live.borrow().len()
+    }
+
+    /// End every request (each gets its final chunk and "[DONE]") and refuse new ones; the GPU
+    /// memory goes when the last handle is freed.
+    pub fn dispose(&self) {
+        self.engine.shutdown();
+    }
+}
+
+fn to_js(v: &Value) -> JsValue {
+    js_sys::JSON::parse(&v.to_string()).unwrap_or(JsValue::NULL)
+}
+
+/// An Error whose message is OpenAI's, with its `type`, `param` and `code` as properties.
+fn js_error(e: &OpenAiError) -> JsValue {
+    let error = js_sys::Error::new(&e.message);
+    let set = |k: &str, v: JsValue| {
+        let _ = Reflect::set(&error, &k.into(), &v);
+    };
+    set("type", e.kind.into());
+    set("param", e.param.as_deref().map_or(JsValue::NULL, JsValue::from_str));
+    set("code", e.code.map_or(JsValue::NULL, JsValue::from_str));
+    error.into()
+}

@@ -1,0 +1,544 @@
+/**
+ * weft.js — the public ES module of weft in the browser: batched LLM inference on WebGPU,
+ * with an OpenAI-like API. The engine (Rust compiled to WebAssembly) runs in a Web Worker
+ * (weft-worker.js, next to this file), so the page never freezes.
+ *
+ * @example
+ *   import { createEngine, webgpuStatus } from './weft.js';
+ *
+ *   const gpu = await webgpuStatus();              // {available, reason}
+ *   if (!gpu.available) throw new Error(gpu.reason);
+ *
+ *   const engine = await createEngine({
+ *     modelUrl: 'models/SmolLM2-135M-Instruct.Q4_1.gguf',   // or modelFile: aFile
+ *     onProgress: ({ stage, loaded, total, fraction }) => console.log(stage, fraction),
+ *   });
+ *
+ *   // Streaming: an async iterator of OpenAI chat.completion.chunk objects.
+ *   const stream = await engine.chat.completions.create({
+ *     messages: [{ role: 'user', content: 'Write a haiku about the ocean.' }],
+ *     max_tokens: 64, temperature: 0.7, seed: 1, stream: true,
+ *     stream_options: { include_usage: true },
+ *   });
+ *   for await (const chunk of stream) console.log(chunk.choices[0]?.delta?.content ?? '');
+ *
+ *   // Not streaming: the full chat.completion object.
+ *   const res = await engine.completions.create({ prompt: 'Once upon a time', max_tokens: 32 });
+ *   console.log(res.choices[0].text, res.usage);
+ *
+ * API
+ *
+ * `createEngine({ modelUrl, modelFile, onProgress, onWarning, options, workerUrl } = {})` → Promise<WeftEngine>
+ *   - modelUrl: URL of a .gguf (relative URLs resolve against the page). Default: the model served
+ *     next to this file, `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Downloaded models are kept in the
+ *     Cache API (cache 'weft-models-v1'), so a second visit does not download again.
+ *   - modelFile: a File/Blob of a .gguf (e.g. from <input type=file>); takes precedence over modelUrl.
+ *   - onProgress({stage, loaded, total, fraction}): stage is 'download', 'cache' (read from the
+ *     browser cache), 'read' (local file) or 'upload' (to the GPU); loaded/total in bytes for the
+ *     first three, in the engine's own units for 'upload'; total may be 0 (unknown) and then
+ *     fraction is null.
+ *   - onWarning(message): non-fatal problems, e.g. the model could not be cached because storage is
+ *     full or refused (default: console.warn). They are also kept in `engine.warnings`.
+ *   - options: engine options {kvMemoryMiB, maxNumSeqs, maxModelLen, maxNumBatchedTokens} (all optional).
+ *   - workerUrl: where weft-worker.js lives (default: next to this module).
+ *   Rejects with an Error whose message says what went wrong (no WebGPU, not a usable model,
+ *   download failed, …).
+ *
+ * WeftEngine
+ *   - `chat.completions.create(params)` / `completions.create(params)`: OpenAI request bodies
+ *     (`messages` / `prompt`, max_tokens, temperature, top_p, seed, stop, n, stream,
+ *     stream_options, …). Concurrent calls are batched by the engine in each GPU step.
+ *     - `stream: true` → Promise<WeftStream>: an async iterator of chunk objects
+ *       (`for await (const chunk of stream)`), with `.id`, `.controller` (an AbortController)
+ *       and `.abort()`. Leaving the loop early (break) aborts the request. An aborted request
+ *       ends normally with a last chunk whose finish_reason is "abort". An error during
+ *       generation makes the iterator throw a WeftError.
+ *     - otherwise → Promise of the full response object (chat.completion / text_completion).
+ *     - `params.signal` (an AbortSignal) aborts the request too.
+ *     - An invalid request rejects with a WeftError carrying `.type`, `.param`, `.code` (as in
+ *       OpenAI error objects) and `.status` (400).
+ *     - Request ids are 'chatcmpl-<random>' / 'cmpl-<random>', generated here.
+ *   - `abort(id)` → boolean: aborts a running request by id (true if it was running).
+ *   - `adapterInfo()`: {name, vendor, device, backend, driver, driverInfo, shaderF16, subgroups,
+ *     subgroupMinSize, subgroupMaxSize, timestampQuery, limits: {…}}.
+ *   - `modelInfo()`: {name, architecture, layers, hidden, vocab, contextLength, hasChatTemplate}.
+ *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
+ *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages.
+ *   - `dispose()` → Promise: terminates the worker and frees the GPU; pending requests end with an error.
+ *
+ * `webgpuStatus()` → Promise<{available, reason, adapter}>: whether this browser can run weft,
+ *   and if not, why and what to do.
+ *
+ * `WeftError`: the Error subclass used for request and generation errors.
+ */
+
+export const DEFAULT_MODEL_URL = 'models/SmolLM2-135M-Instruct.Q4_1.gguf';
+
+const BROWSERS = 'Chrome or Edge 113+ on desktop (Windows, macOS, ChromeOS; Android 121+), ' +
+  'Chromium on Linux started with --enable-unsafe-webgpu (or chrome://flags/#enable-unsafe-webgpu), ' +
+  'Safari 26 (macOS/iOS), or Firefox 141+ on Windows';
+
+/** An error from a request: invalid request (status 400) or a failure during generation. */
+export class WeftError extends Error {
+  constructor(message, { type = null, param = null, code = null, status = undefined } = {}) {
+    super(message);
+    this.name = 'WeftError';
+    this.type = type;
+    this.param = param;
+    this.code = code;
+    if (status !== undefined) this.status = status;
+    this.error = { message, type, param, code };
+  }
+}
+
+/**
+ * Can this browser run weft? Resolves to {available, reason, adapter}; reason is '' when available,
+ * otherwise a sentence for a person saying why not and what to do. Never rejects.
+ */
+export async function webgpuStatus() {
+  const g = globalThis;
+  if (!g.navigator || !g.navigator.gpu) {
+    if (g.isSecureContext === false) {
+      return {
+        available: false, adapter: null,
+        reason: 'WebGPU needs a secure context: open this page over https:// or from http://localhost ' +
+          `(not a plain http:// address), in a browser with WebGPU: ${BROWSERS}.`,
+      };
+    }
+    return {
+      available: false, adapter: null,
+      reason: `This browser does not offer WebGPU (navigator.gpu is missing). Use a browser with WebGPU: ${BROWSERS}. ` +
+        'The page must be served over https:// or from localhost.',
+    };
+  }
+  let adapter = null;
+  try {
+    adapter = await Promise.race([
+      g.navigator.gpu.requestAdapter(),
+      new Promise((resolve) => setTimeout(() => resolve('timeout'), 15000)),
+    ]);
+  } catch (e) {
+    return {
+      available: false, adapter: null,
+      reason: `WebGPU is present but requesting a GPU adapter failed (${e?.message || e}). ` +
+        'Update the graphics driver or the browser, or enable hardware acceleration in the browser settings.',
+    };
+  }
+  if (adapter === 'timeout') {
+    return {
+      available: false, adapter: null,
+      reason: 'WebGPU is present but the browser did not answer the request for a GPU adapter within 15 s.',
+    };
+  }
+  if (!adapter) {
+    return {
+      available: false, adapter: null,
+      reason: 'WebGPU is present but no suitable GPU adapter was found: the GPU or its driver may be ' +
+        'blocklisted, hardware acceleration may be off, or (on Linux) WebGPU must be enabled with ' +
+        '--enable-unsafe-webgpu / chrome://flags/#enable-unsafe-webgpu. Check chrome://gpu (or about:support) ' +
+        'for the WebGPU status, update the driver, or try another browser.',
+    };
+  }
+  const info = adapter.info || {};
+  const limits = adapter.limits || {};
+  return {
+    available: true,
+    reason: '',
+    adapter: {
+      name: info.description || [info.vendor, info.architecture, info.device].filter(Boolean).join(' ') || 'WebGPU adapter',
+      vendor: info.vendor || '',
+      architecture: info.architecture || '',
+      device: info.device || '',
+      description: info.description || '',
+      isFallbackAdapter: Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter),
+      shaderF16: adapter.features?.has?.('shader-f16') ?? false,
+      subgroups: adapter.features?.has?.('subgroups') ?? false,
+      subgroupMinSize: info.subgroupMinSize ?? null,
+      subgroupMaxSize: info.subgroupMaxSize ?? null,
+      timestampQuery: adapter.features?.has?.('timestamp-query') ?? false,
+      limits: {
+        maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize,
+        maxBufferSize: limits.maxBufferSize,
+        maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
+        maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
+        maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
+      },
+    },
+  };
+}
+
+function randomId(prefix) {
+  const bytes = new Uint8Array(12);
+  crypto.getRandomValues(bytes);
+  return prefix + Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+function abortError() {
+  try {
+    return new DOMException('The request was aborted.', 'AbortError');
+  } catch {
+    const e = new Error('The request was aborted.');
+    e.name = 'AbortError';
+    return e;
+  }
+}
+
+/**
+ * The stream of a `stream: true` request: an async iterator of chunk objects.
+ * Also a ReadableStream source via `toReadableStream()`.
+ */
+export class WeftStream {
+  #req;
+  constructor(req) {
+    this.#req = req;
+    /** The request id (also the `id` of every chunk). */
+    this.id = req.rid;
+    /** Aborting this controller aborts the request (as in the openai package). */
+    this.controller = req.controller;
+  }
+
+  /** Aborts the request; the iterator then ends after a final chunk with finish_reason "abort". */
+  abort() {
+    this.controller.abort();
+  }
+
+  [Symbol.asyncIterator]() {
+    const req = this.#req;
+    if (req.iterated) throw new Error('A WeftStream can be iterated only once.');
+    req.iterated = true;
+    return {
+      next: () => req.next(),
+      return: async () => {
+        if (!req.finished) this.controller.abort();
+        req.queue.length = 0;
+        req.detached = true;
+        return { value: undefined, done: true };
+      },
+      [Symbol.asyncIterator]() {
+        return this;
+      },
+    };
+  }
+
+  /** A ReadableStream of the chunk objects. */
+  toReadableStream() {
+    const it = this[Symbol.asyncIterator]();
+    return new ReadableStream({
+      async pull(ctrl) {
+        try {
+          const { value, done } = await it.next();
+          if (done) ctrl.close();
+          else ctrl.enqueue(value);
+        } catch (e) {
+          ctrl.error(e);
+        }
+      },
+      cancel: () => it.return(),
+    });
+  }
+}
+
+/** One request's state on the page side. */
+class PendingRequest {
+  constructor(rid, stream) {
+    this.rid = rid;
+    this.stream = stream;
+    this.controller = new AbortController();
+    this.queue = [];        // chunks not yet taken by the iterator
+    this.waiter = null;     // {resolve, reject} of a pending next()
+    this.finished = false;  // "[DONE]" seen (or failed)
+    this.error = null;      // error to throw after the queued chunks
+    this.accepted = false;
+    this.iterated = false;
+    this.detached = false;
+    this.response = null;   // for stream: false
+    this.settle = null;     // {resolve, reject} of the create() promise
+  }
+
+  next() {
+    if (this.queue.length) return Promise.resolve({ value: this.queue.shift(), done: false });
+    if (this.error) {
+      const e = this.error;
+      this.error = null;
+      this.finished = true;
+      return Promise.reject(e);
+    }
+    if (this.finished) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => {
+      this.waiter = { resolve, reject };
+    });
+  }
+
+  wake() {
+    const w = this.waiter;
+    if (!w) return;
+    this.waiter = null;
+    this.next().then(w.resolve, w.reject);
+  }
+}
+
+/** A loaded engine; made by createEngine(). */
+export class WeftEngine {
+  #worker;
+  #pending = new Map();
+  #adapter;
+  #model;
+  #disposed = false;
+  #disposing = null;
+
+  /** @private */
+  constructor(worker, ready, warnings) {
+    this.#worker = worker;
+    this.#adapter = ready.adapter;
+    this.#model = ready.model;
+    this.fromCache = Boolean(ready.fromCache);
+    this.cached = Boolean(ready.cached);
+    this.modelBytes = ready.bytes ?? 0;
+    this.warnings = warnings;
+    this.chat = { completions: { create: (params) => this.#create('chat', params) } };
+    this.completions = { create: (params) => this.#create('completion', params) };
+    worker.onmessage = (ev) => this.#onMessage(ev.data);
+    worker.onerror = (ev) => {
+      ev.preventDefault?.();
+      this.#failAll(new WeftError(`weft worker error: ${ev.message || 'unknown error'}`, { type: 'server_error' }));
+    };
+  }
+
+  /** The WebGPU adapter the engine runs on. */
+  adapterInfo() {
+    return structuredClone(this.#adapter);
+  }
+
+  /** What model is loaded. */
+  modelInfo() {
+    return structuredClone(this.#model);
+  }
+
+  /** Aborts a running request by id; true if it was running. */
+  abort(id) {
+    const req = this.#pending.get(id);
+    if (!req || req.finished) return false;
+    req.controller.abort();
+    return true;
+  }
+
+  /** Terminates the worker and frees the GPU; pending requests end with an error. */
+  dispose() {
+    if (this.#disposing) return this.#disposing;
+    this.#disposed = true;
+    this.#failAll(new WeftError('The engine was disposed.', { type: 'server_error', code: 'engine_disposed' }));
+    this.#disposing = new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.#worker.terminate();
+        resolve();
+      };
+      const timer = setTimeout(done, 1000);
+      this.#worker.onmessage = (ev) => {
+        if (ev.data?.type === 'disposed') done();
+      };
+      try {
+        this.#worker.postMessage({ type: 'dispose' });
+      } catch {
+        done();
+      }
+    });
+    return this.#disposing;
+  }
+
+  #create(kind, params) {
+    if (this.#disposed) {
+      return Promise.reject(new WeftError('The engine was disposed.', { type: 'invalid_request_error', code: 'engine_disposed' }));
+    }
+    if (!params || typeof params !== 'object') {
+      return Promise.reject(new WeftError('The request must be an object.', { type: 'invalid_request_error', status: 400 }));
+    }
+    const { signal, ...rest } = params;
+    if (signal?.aborted) return Promise.reject(abortError());
+    let body;
+    try {
+      body = JSON.stringify(rest);
+    } catch (e) {
+      return Promise.reject(new WeftError(`The request cannot be sent as JSON: ${e.message}`, { type: 'invalid_request_error', status: 400 }));
+    }
+    const rid = randomId(kind === 'chat' ? 'chatcmpl-' : 'cmpl-');
+    const req = new PendingRequest(rid, rest.stream === true);
+    this.#pending.set(rid, req);
+
+    req.controller.signal.addEventListener('abort', () => {
+      if (!req.finished && !this.#disposed) this.#worker.postMessage({ type: 'abort', rid });
+    }, { once: true });
+    signal?.addEventListener('abort', () => req.controller.abort(), { once: true });
+
+    const promise = new Promise((resolve, reject) => {
+      req.settle = { resolve, reject };
+    });
+    this.#worker.postMessage({ type: 'create', rid, kind, body });
+    return promise;
+  }
+
+  #accept(req) {
+    if (req.accepted) return;
+    req.accepted = true;
+    if (req.stream) req.settle.resolve(new WeftStream(req));
+  }
+
+  #finish(req) {
+    req.finished = true;
+    this.#pending.delete(req.rid);
+  }
+
+  #onMessage(msg) {
+    if (!msg) return;
+    if (msg.type === 'fatal') {
+      this.#failAll(new WeftError(`The engine failed: ${msg.message}`, { type: 'server_error' }));
+      return;
+    }
+    if (msg.type === 'warning') {
+      this.warnings.push(msg.message);
+      return;
+    }
+    const req = this.#pending.get(msg.rid);
+    if (!req) return;
+    switch (msg.type) {
+      case 'accepted':
+        this.#accept(req);
+        break;
+      case 'rejected': {
+        const e = msg.error || {};
+        this.#finish(req);
+        req.settle.reject(new WeftError(e.message || 'invalid request', {
+          type: e.type ?? 'invalid_request_error', param: e.param ?? null, code: e.code ?? null, status: 400,
+        }));
+        break;
+      }
+      case 'event':
+        this.#onEvent(req, msg.data);
+        break;
+      default:
+        break;
+    }
+  }
+
+  #onEvent(req, data) {
+    if (data === '[DONE]') {
+      this.#accept(req);
+      this.#finish(req);
+      if (!req.stream && !req.response && !req.error) {
+        req.settle.reject(new WeftError('The engine ended the request without a response.', { type: 'server_error' }));
+      }
+      req.wake();
+      return;
+    }
+    let obj;
+    try {
+      obj = JSON.parse(data);
+    } catch {
+      obj = { error: { message: `malformed event from the engine: ${String(data).slice(0, 200)}`, type: 'server_error' } };
+    }
+    if (obj && obj.error && !obj.choices) {
+      const e = obj.error;
+      const err = new WeftError(e.message || 'generation failed', {
+        type: e.type ?? 'server_error', param: e.param ?? null, code: e.code ?? null,
+      });
+      if (!req.stream || !req.accepted) {
+        // Not yet handed out (or not streaming): the create() promise rejects.
+        req.error = err;
+        req.accepted = true;
+        this.#finish(req);
+        req.settle.reject(err);
+        return;
+      }
+      req.error = err;
+      req.wake();
+      return;
+    }
+    this.#accept(req);
+    if (req.stream) {
+      if (!req.detached) req.queue.push(obj);
+      req.wake();
+    } else {
+      req.response = obj;
+      req.settle.resolve(obj);
+    }
+  }
+
+  #failAll(err) {
+    for (const req of this.#pending.values()) {
+      req.finished = true;
+      if (!req.accepted) {
+        req.accepted = true;
+        req.settle.reject(err);
+      } else if (req.stream) {
+        req.error = err;
+        req.finished = false; // let next() throw the error once the queue is drained
+        req.wake();
+      } else {
+        req.settle.reject(err);
+      }
+    }
+    this.#pending.clear();
+  }
+}
+
+/**
+ * Starts the engine in a worker and loads a model. See the header of this file.
+ * @returns {Promise<WeftEngine>}
+ */
+export async function createEngine({ modelUrl, modelFile, onProgress, onWarning, options, workerUrl } = {}) {
+  const base = globalThis.document?.baseURI ?? globalThis.location?.href;
+  const url = modelFile ? undefined
+    : new URL(modelUrl ?? DEFAULT_MODEL_URL, modelUrl ? base : import.meta.url).href;
+  const warn = onWarning ?? ((m) => console.warn(`weft: ${m}`));
+  const warnings = [];
+
+  let worker;
+  try {
+    worker = new Worker(workerUrl ?? new URL('./weft-worker.js', import.meta.url), { type: 'module', name: 'weft' });
+  } catch (e) {
+    throw new Error(`Could not start the weft worker (weft-worker.js): ${e?.message || e}`);
+  }
+
+  const ready = await new Promise((resolve, reject) => {
+    worker.onmessage = (ev) => {
+      const msg = ev.data || {};
+      switch (msg.type) {
+        case 'progress': {
+          const loaded = Number(msg.loaded) || 0;
+          const total = Number(msg.total) || 0;
+          try {
+            onProgress?.({ stage: msg.stage, loaded, total, fraction: total > 0 ? Math.min(1, loaded / total) : null });
+          } catch (e) {
+            console.error(e);
+          }
+          break;
+        }
+        case 'warning':
+          warnings.push(msg.message);
+          try { warn(msg.message); } catch (e) { console.error(e); }
+          break;
+        case 'ready':
+          resolve(msg);
+          break;
+        case 'error':
+          reject(new Error(msg.message || 'loading the model failed'));
+          break;
+        default:
+          break;
+      }
+    };
+    worker.onerror = (ev) => {
+      ev.preventDefault?.();
+      reject(new Error(ev.message
+        ? `The weft worker failed: ${ev.message}`
+        : 'Could not start the weft worker (weft-worker.js or pkg/weft_web.js could not be loaded; ' +
+          'the page must be served over http(s), not opened as a file).'));
+    };
+    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, options });
+  }).catch((e) => {
+    worker.terminate();
+    throw e;
+  });
+
+  return new WeftEngine(worker, ready, warnings);
+}
