@@ -54,13 +54,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let m0 = wid.y * TM;
     let row_byte = col * params.row_bytes;
     var acc: array<f32, TM>;
+    // Per-block sums, zeroed by hand each block: naga's WGSL output (what browsers get) declares
+    // every local once per function, so a `var` inside the loop would not restart at zero there.
+    var s: array<f32, TM>;
+    var sx: array<f32, TM>;
     let num_blocks = (k + W_BLOCK - 1u) / W_BLOCK;
     for (var blk = 0u; blk < num_blocks; blk++) {
         let k0 = blk * W_BLOCK;
         let partial = k0 + W_BLOCK > k; // only a float format's last block can be partial
         let dm = w_scale(row_byte, blk);
-        var s: array<f32, TM>;
-        var sx: array<f32, TM>;
+        for (var r = 0u; r < TM; r++) {
+            s[r] = 0.0;
+            sx[r] = 0.0;
+        }
         for (var c = 0u; c < W_CHUNKS; c++) {
             let q = w_chunk(row_byte, blk, c, k);
             let e = k0 + w_first(c);

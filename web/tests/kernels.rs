@@ -1,0 +1,104 @@
+//! The kernels a Llama step uses, on the browser's WebGPU against the plain CPU references: a
+//! browser compiles WGSL with its own compiler (Tint) and runs it with its own robustness rules,
+//! so each kernel is checked here too, on one shape that is not a multiple of its workgroup.
+//!
+//! Tolerance: 1e-4 relative to the largest |value| of the reference. The native tests in
+//! tests/kernels/ hold each kernel to its derived f32 bound (a few hundred ulp at these sizes,
+//! under 1e-4); this catches a wrongly compiled kernel, whose errors are of order one.
+#![cfg(target_arch = "wasm32")]
+
+use wasm_bindgen_test::*;
+use weft::DType;
+use weft::gpu::kernels::elementwise::{add, silu_mul};
+use weft::gpu::kernels::embedding::embedding;
+use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::kernels::reduce::{rms_norm, softmax};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensor, GpuTensorFactory, Recording, TensorFactory};
+
+wasm_bindgen_test_configure!(run_in_dedicated_worker);
+
+fn random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+async fn factory() -> GpuTensorFactory {
+    GpuTensorFactory::new(GpuContext::new(GpuOptions::default()).await.unwrap())
+}
+
+async fn run_and_read(f: &GpuTensorFactory, rec: &Recording, out: &GpuTensor) -> Vec<f32> {
+    f.context().submit(rec).await.unwrap();
+    f.download_f32(out).await.unwrap()
+}
+
+fn check(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (i, worst) = got.iter().zip(want).map(|(a, b)| (a - b).abs()).enumerate().fold((0, 0f32), |m, (i, e)| if e > m.1 { (i, e) } else { m });
+    assert!(worst <= 1e-4 * scale, "{what}: element {i}: gpu {} vs cpu {} (max |ref| {scale})", got[i], want[i]);
+}
+
+#[wasm_bindgen_test]
+async fn matmul_in_every_weight_format() {
+    let f = factory().await;
+    for dtype in DType::WEIGHTS {
+        for &(m, k, n) in &[(1usize, 64usize, 67usize), (5, 96, 130)] {
+            let x = random(m * k, 1, 1.0);
+            let w_bytes = weft::quant::quantize(dtype, &random(n * k, 2, 1.0)).unwrap();
+            let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
+            let (xt, wt, yt) = (f.upload_f32(&[m, k], &x).unwrap(), f.upload(&[n, k], dtype, &w_bytes).unwrap(), f.zeros(&[m, n], DType::F32).unwrap());
+            let mut rec = Recording::new();
+            matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
+            check(&format!("matmul {dtype} m={m} k={k} n={n}"), &run_and_read(&f, &rec, &yt).await, &weft::cpu::matmul(&x, &w, m, k, n));
+        }
+    }
+}
+
+#[wasm_bindgen_test]
+async fn embedding_in_every_weight_format() {
+    let f = factory().await;
+    let (rows, k) = (50usize, 64usize);
+    let ids: Vec<u32> = vec![3, 49, 0, 17, 3];
+    for dtype in DType::WEIGHTS {
+        let bytes = weft::quant::quantize(dtype, &random(rows * k, 3, 1.0)).unwrap();
+        let table = weft::quant::dequantize(dtype, &bytes).unwrap();
+        let (tt, it, ot) = (f.upload(&[rows, k], dtype, &bytes).unwrap(), f.upload_u32(&[ids.len()], &ids).unwrap(), f.zeros(&[ids.len(), k], DType::F32).unwrap());
+        let mut rec = Recording::new();
+        embedding(f.context(), &mut rec, &tt, &it, &ot).unwrap();
+        check(&format!("embedding {dtype}"), &run_and_read(&f, &rec, &ot).await, &weft::cpu::embedding(&table, k, &ids));
+    }
+}
+
+#[wasm_bindgen_test]
+async fn norms_and_elementwise() {
+    let f = factory().await;
+    let (rows, n) = (3usize, 576usize);
+    let x = random(rows * n, 4, 3.0);
+    let w = random(n, 5, 1.5);
+    let (xt, wt, yt) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[n], &w).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+    let mut rec = Recording::new();
+    rms_norm(f.context(), &mut rec, &xt, &wt, &yt, 1e-5).unwrap();
+    check("rms_norm", &run_and_read(&f, &rec, &yt).await, &weft::cpu::rms_norm(&x, &w, 1e-5));
+
+    let mut rec = Recording::new();
+    softmax(f.context(), &mut rec, &xt).unwrap();
+    check("softmax", &run_and_read(&f, &rec, &xt).await, &weft::cpu::softmax(&x, n));
+
+    let (gate, up) = (random(1000, 6, 4.0), random(1000, 7, 2.0));
+    let (g, u, o) = (f.upload_f32(&[1000], &gate).unwrap(), f.upload_f32(&[1000], &up).unwrap(), f.zeros(&[1000], DType::F32).unwrap());
+    let mut rec = Recording::new();
+    silu_mul(f.context(), &mut rec, &g, &u, &o).unwrap();
+    check("silu_mul", &run_and_read(&f, &rec, &o).await, &weft::cpu::silu_mul(&gate, &up));
+
+    let mut rec = Recording::new();
+    add(f.context(), &mut rec, &g, &u).unwrap();
+    let want: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
+    check("add", &run_and_read(&f, &rec, &g).await, &want);
+}

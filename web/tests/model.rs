@@ -1,0 +1,66 @@
+//! The Llama forward pass on the browser's WebGPU (SwiftShader in CI) against the plain CPU one
+//! (`weft::cpu::llama`), on tiny random models in every weight format: the same check as the
+//! native tests/model.rs, because browsers compile WGSL with their own compiler (Tint) and run it
+//! with their own robustness rules.
+//!
+//! Tolerance: logits agree within 1e-4 · max|logit|, as natively (see tests/model.rs for why).
+#![cfg(target_arch = "wasm32")]
+
+use wasm_bindgen_test::*;
+use weft::DType;
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::kv::{KvCacheConfig, KvPool};
+use weft::model::config::LlamaConfig;
+use weft::model::executor::{GpuExecutor, SeqInput};
+use weft::model::gguf::GgufFile;
+use weft::model::llama::LlamaModel;
+use weft::model::load::GgufWeights;
+use weft::model::tiny;
+
+wasm_bindgen_test_configure!(run_in_dedicated_worker);
+
+fn worst_error(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    (worst, scale)
+}
+
+/// Two sequences in one step (one prefilling in chunks across blocks, one decoding), then the
+/// next chunks: the errors of every checked position.
+async fn compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType) -> Vec<String> {
+    let w = tiny::random_weights(config, 7, dtype);
+    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
+    let model = LlamaModel::load(config.clone(), &GgufWeights { gguf: &gguf }, f).unwrap();
+    let kv = KvPool::new(f, KvCacheConfig { block_size: 4, num_blocks: 64 }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+    let exec = GpuExecutor::new(f.clone(), model, kv);
+    let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
+    let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
+    let want_a = weft::cpu::llama::forward(config, &w, &a);
+    let want_b = weft::cpu::llama::forward(config, &w, &b);
+    let (table_a, table_b) = (vec![10, 3, 7], vec![20, 21]);
+    let seq = |tokens: &[u32], start: usize, table: &Vec<u32>| SeqInput { tokens: tokens.to_vec(), start_pos: start, block_table: table.clone(), sample: None };
+    let mut failures = Vec::new();
+    let mut check = |what: String, got: &[f32], want: &[f32]| {
+        let (worst, scale) = worst_error(got, want);
+        if !(worst <= 1e-4 * scale) {
+            failures.push(format!("{dtype} {what}: max error {worst} vs max |logit| {scale}"));
+        }
+    };
+    let out = exec.last_logits(&[seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)]).await.unwrap();
+    check("a[..3]".into(), &out[0], &want_a[2]);
+    check("b[..5]".into(), &out[1], &want_b[4]);
+    let out = exec.last_logits(&[seq(&a[3..8], 3, &table_a), seq(&b[5..], 5, &table_b)]).await.unwrap();
+    check("a[..8]".into(), &out[0], &want_a[7]);
+    check("b[..6]".into(), &out[1], &want_b[5]);
+    failures
+}
+
+#[wasm_bindgen_test]
+async fn tiny_models_match_the_cpu_in_every_weight_format() {
+    let f = GpuTensorFactory::new(GpuContext::new(GpuOptions::default()).await.unwrap());
+    let mut failures = Vec::new();
+    for dtype in DType::WEIGHTS {
+        failures.extend(compare(&f, &tiny::tiny_config(), dtype).await);
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
