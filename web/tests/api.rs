@@ -194,3 +194,24 @@ mod web_sys_like {
         pub fn set_timeout(this: &Global, handler: &js_sys::Function, ms: i32) -> i32;
     }
 }
+
+/// Sampling with penalties runs the sampler and penalty kernels in the browser: a seeded request
+/// gives the same text alone and beside another request.
+#[wasm_bindgen_test]
+async fn seeded_sampling_with_penalties_is_reproducible() {
+    let engine = load_tiny().await;
+    let mut body = chat("Tell me a story", 12, true);
+    body["temperature"] = 0.9.into();
+    body["top_p"] = 0.9.into();
+    body["seed"] = 7.into();
+    body["presence_penalty"] = 0.5.into();
+    body["frequency_penalty"] = 0.3.into();
+    let alone = Run::start(&engine, "chat", &body, "alone").unwrap().finish().await;
+    let neighbour = Run::start(&engine, "chat", &chat("Hello there", 12, true), "neighbour").unwrap();
+    let together = Run::start(&engine, "chat", &body, "together").unwrap().finish().await;
+    neighbour.finish().await;
+    assert_eq!(finish_reason(&alone).as_deref(), Some("length"));
+    assert!(!streamed_text(&alone).is_empty());
+    assert_eq!(streamed_text(&together), streamed_text(&alone));
+    engine.dispose();
+}
