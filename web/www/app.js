@@ -126,7 +126,18 @@ function refreshControls() {
 
 // ---------------------------------------------------------------- adapter and model cards
 
+// When the engine runs without a feature the adapter has, say so (the browser build runs the
+// baseline kernels: wgpu cannot request subgroups on the web yet).
+function offeredNote(used, offered, lo, hi) {
+  if (used || !offered) return '';
+  const sizes = lo ? ` (size ${lo === hi ? lo : `${lo}–${hi}`})` : '';
+  return ` <span class="muted">— offered by the adapter${sizes}; weft uses its baseline kernels here</span>`;
+}
+
 function renderAdapter(a, fromEngine) {
+  // In a browser wgpu knows little about the adapter; fill in what WebGPU itself reports.
+  const o = a.offered || {};
+  a = { ...a, vendor: a.vendor || o.vendor, architecture: a.architecture || o.architecture, description: a.description || o.description };
   const name = a.name || a.description || [a.vendor, a.architecture, a.device].filter(Boolean).join(' ') || 'WebGPU adapter';
   const lim = a.limits || {};
   let subgroups = yesNo(a.subgroups);
@@ -138,10 +149,11 @@ function renderAdapter(a, fromEngine) {
   const rows = [
     ['Name', name],
     ['Vendor', a.vendor || undefined],
+    ['Architecture', a.architecture || undefined],
     ['Backend', a.backend || (fromEngine ? '—' : 'WebGPU')],
     ['Driver', [a.driver, a.driverInfo].filter(Boolean).join(' ') || undefined],
-    ['shader-f16', yesNo(a.shaderF16), true],
-    ['Subgroups', subgroups, true],
+    ['shader-f16', yesNo(a.shaderF16) + offeredNote(a.shaderF16, o.shaderF16), true],
+    ['Subgroups', subgroups + offeredNote(a.subgroups, o.subgroups, o.subgroupMinSize, o.subgroupMaxSize), true],
     ['Timestamp queries', yesNo(a.timestampQuery), true],
     ['Max storage binding', mib(lim.maxStorageBufferBindingSize)],
     ['Max buffer', mib(lim.maxBufferSize)],

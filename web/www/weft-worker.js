@@ -227,7 +227,7 @@ async function load({ modelUrl, file, options }) {
     engine = eng;
     post({
       type: 'ready',
-      adapter: plain(eng.adapterInfo()),
+      adapter: { ...plain(eng.adapterInfo()), offered: await offeredByAdapter() },
       model: plain(eng.modelInfo()),
       fromCache: src.fromCache,
       cached: src.cached,
@@ -302,3 +302,25 @@ function uncaught(message) {
 }
 self.addEventListener('error', (ev) => uncaught(ev?.message || 'uncaught error in the weft worker'));
 self.addEventListener('unhandledrejection', (ev) => uncaught(messageOf(ev?.reason)));
+
+// What the browser's adapter offers, as WebGPU itself reports it: wgpu's view (adapterInfo) has
+// no vendor or description in a browser and lists only the features weft requested.
+async function offeredByAdapter() {
+  try {
+    const adapter = await navigator.gpu.requestAdapter();
+    if (!adapter) return null;
+    const info = adapter.info || {};
+    return {
+      vendor: info.vendor || '',
+      architecture: info.architecture || '',
+      device: info.device || '',
+      description: info.description || '',
+      shaderF16: adapter.features.has('shader-f16'),
+      subgroups: adapter.features.has('subgroups'),
+      subgroupMinSize: info.subgroupMinSize ?? null,
+      subgroupMaxSize: info.subgroupMaxSize ?? null,
+    };
+  } catch {
+    return null;
+  }
+}
