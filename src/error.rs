@@ -6,11 +6,10 @@ pub type Result<T, E = WeftError> = std::result::Result<T, E>;
 
 #[derive(Debug, Error)]
 pub enum WeftError {
-    /// wgpu found no adapter at all: the usual cause is a machine without a GPU driver.
-    #[error(
-        "no GPU adapter found (Vulkan/Metal/DX12/WebGPU). On a machine without a GPU, install \
-         Mesa's software Vulkan driver: apt-get install mesa-vulkan-drivers{hint}"
-    )]
+    /// wgpu found no adapter at all: natively the usual cause is a machine without a GPU
+    /// driver, in a browser WebGPU being off or the GPU blocklisted. `hint` says which, and what
+    /// to do.
+    #[error("no GPU adapter found{hint}")]
     NoAdapter { hint: String },
 
     /// `WGPU_ADAPTER_NAME` was set but matched none of the adapters present.

@@ -206,9 +206,13 @@ async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
         })
 }
 
-/// Extra advice when the environment explains why no adapter was found.
+/// What to do about a missing adapter, with the environment variables that may explain it.
+#[cfg(not(target_arch = "wasm32"))]
 fn no_adapter_hint() -> String {
-    let mut hint = String::new();
+    let mut hint = String::from(
+        " (Vulkan/Metal/DX12/WebGPU). On a machine without a GPU, install Mesa's software Vulkan \
+         driver: apt-get install mesa-vulkan-drivers",
+    );
     if let Ok(icd) = std::env::var("VK_ICD_FILENAMES") {
         hint.push_str(&format!(
             " (VK_ICD_FILENAMES={icd} is set; check that it names an installed driver, e.g. \
@@ -219,6 +223,14 @@ fn no_adapter_hint() -> String {
         hint.push_str(&format!(" (WGPU_BACKEND={backend} limits the backends searched)"));
     }
     hint
+}
+
+/// What to do about a missing adapter in a browser.
+#[cfg(target_arch = "wasm32")]
+fn no_adapter_hint() -> String {
+    " by WebGPU: the browser offers none (WebGPU may be turned off, or this GPU blocklisted). Try \
+     a current Chrome or Edge; on Linux start Chromium with --enable-unsafe-webgpu"
+        .into()
 }
 
 /// For tests and tools: open a device, or `None` (after printing why) where there is no
