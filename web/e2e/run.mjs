@@ -354,6 +354,46 @@ async function main() {
       await context.close();
       return show(text);
     });
+
+    await test('local .gguf file, a pane\'s stop button, then stop all', async () => {
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'file');
+      const spec = EXPECTED.tiny;
+      const fetched = count('GET', spec.url);
+      const q = new URLSearchParams({ maxTokens: '400', temperature: '0' });
+      spec.prompts.forEach((p, i) => q.set(`p${i}`, p));
+      await page.goto(`${base}/index.html?${q}`);
+      await waitState(page, 'idle', 2 * MINUTE);
+      await page.setInputFiles('#model-file', TINY);
+      await page.check('#src-file');
+      await page.click('#load');
+      await waitState(page, 'ready', 3 * MINUTE);
+      check(count('GET', spec.url) === fetched, 'the picked file was fetched from the server instead of read locally');
+      const info = await page.textContent('#model-info');
+      check(info.includes('tiny.gguf'), `#model-info does not name the picked file: ${show(info)}`);
+      await page.click('#run-all');
+      const pane = (i) => `.pane[data-index="${i}"]`;
+      await page.waitForFunction((sel) => document.querySelector(sel).querySelector('.output').textContent.length > 0, `${pane(0)}`, { timeout: 2 * MINUTE, polling: 20 });
+      await page.click(`${pane(0)} button.stop`);
+      await page.waitForSelector(`${pane(0)}[data-state="stopped"]`, { timeout: MINUTE });
+      const othersRunning = await page.$$eval('.pane', (els) => els.slice(1).filter((el) => el.dataset.state === 'running').length);
+      await page.click('#stop-all');
+      await waitState(page, 'ready', MINUTE);
+      const panes = await page.$$eval('.pane', (els) => els.map((el) => ({ state: el.dataset.state, output: el.querySelector('.output').textContent })));
+      const problems = [];
+      panes.forEach((p, i) => {
+        if (p.state !== 'stopped' && p.state !== 'done') problems.push(`pane ${i} ended ${show(p.state)}`);
+        const native = spec.outputs[i];
+        if (!(native.startsWith(p.output) || p.output.startsWith(native))) problems.push(`pane ${i}: browser ${show(p.output)} is not a prefix or extension of native ${show(native)}`);
+      });
+      check(panes[0].state === 'stopped', `pane 0 ended ${show(panes[0].state)}, not stopped`);
+      check(problems.length === 0, problems.join('\n'));
+      const live = await page.evaluate(() => window.weftDemo.engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, temperature: 0 }).then((r) => r.choices[0].finish_reason));
+      check(live === 'length', `after stopping, a new request ended ${show(live)}`);
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      await context.close();
+      return `pane states ${panes.map((p) => p.state).join(', ')} (${othersRunning} others were running at the stop); ${panes.map((p) => p.output.length).join(', ')} characters`;
+    });
   } finally {
     await browser.close();
   }
