@@ -355,6 +355,21 @@ async function main() {
       return show(text);
     });
 
+    await test('storage full: the model still loads, and the page says it was not cached', async () => {
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'quota');
+      // A 10 KB storage quota for the site: the tiny model (90 KB) cannot be cached.
+      const cdp = await context.newCDPSession(page);
+      await cdp.send('Storage.overrideQuotaForOrigin', { origin: base, quotaSize: 10_000 });
+      await page.goto(`${base}/index.html?model=${encodeURIComponent(EXPECTED.tiny.url)}&autoload=1`);
+      await waitState(page, 'ready', 3 * MINUTE);
+      const status = (await page.textContent('#cache-status')).trim();
+      check(/not cached/i.test(status) && /full/i.test(status), `#cache-status does not say the storage is full: ${show(status)}`);
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      await context.close();
+      return show(status);
+    });
+
     await test('local .gguf file, a pane\'s stop button, then stop all', async () => {
       const context = await browser.newContext();
       const { page, errors } = await newPage(context, 'file');
