@@ -87,3 +87,23 @@ fn every_shader_file_is_embedded_and_has_a_header() {
         }
     }
 }
+
+/// A `var` declared inside a nested block (a loop body, a branch) must be initialized where it is
+/// declared. naga writes every local at the top of its function when it emits WGSL — what
+/// browsers compile — so a bare `var x: T;` in a loop body is zeroed once there, not on every
+/// iteration as the source says (matmul's per-block sums were wrong in Chromium this way).
+/// Function bodies are indented 4 spaces, so a deeper `var` is a nested one.
+#[test]
+fn nested_vars_are_initialized() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+    for file in weft::gpu::embedded_shader_files() {
+        let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let indent = code.len() - code.trim_start().len();
+            if indent > 4 && code.trim_start().starts_with("var ") && !code.contains('=') {
+                panic!("{file}:{}: `{}` is declared without an initializer inside a block", n + 1, code.trim());
+            }
+        }
+    }
+}
