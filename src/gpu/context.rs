@@ -161,6 +161,22 @@ impl GpuContext {
         )
     }
 
+    /// Compile every shader variant now, one at a time, and name the first that the device
+    /// rejects. A browser compiles WGSL with its own compiler (stricter than naga in places),
+    /// so the web build does this while loading: the cost and any rejection come before the
+    /// first request instead of inside it. Returns how many variants there are.
+    pub async fn compile_all_shaders(&self) -> Result<usize> {
+        let variants = crate::gpu::pipelines::shader_variants();
+        for &variant in &variants {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            self.pipelines.get(&self.device, variant)?;
+            if let Some(error) = self.settle(scope.pop()).await? {
+                return Err(WeftError::Gpu { context: format!("compiling the {variant} shader"), reason: error.to_string() });
+            }
+        }
+        Ok(variants.len())
+    }
+
     /// The error wgpu raised outside a scope since the last call, if any.
     pub(crate) fn take_uncaptured_error(&self) -> Option<String> {
         self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()).take()

@@ -107,3 +107,10 @@ fn nested_vars_are_initialized() {
         }
     }
 }
+
+#[test]
+fn every_shader_compiles_on_the_device() {
+    let Some(f) = crate::common::gpu() else { return };
+    let n = weft::rt::block_on(f.context().compile_all_shaders()).unwrap();
+    assert_eq!(n, weft::gpu::shader_variants().len());
+}

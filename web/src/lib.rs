@@ -85,8 +85,9 @@ impl LoadOptions {
 
 #[wasm_bindgen]
 impl WebEngine {
-    /// Open the WebGPU device, parse the GGUF `bytes` and upload the weights, calling
-    /// `on_progress("upload", layers done, layers in all)` on the way; then start the loop.
+    /// Open the WebGPU device, parse the GGUF `bytes`, compile the shaders and upload the
+    /// weights, calling `on_progress("upload", layers done, layers in all)` on the way; then
+    /// start the loop.
     pub async fn load(bytes: Vec<u8>, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
         let options = LoadOptions::from_js(&options)?;
         let builder = EngineBuilder::from_gguf_bytes(&name, bytes).map_err(|e| JsError::new(&e.to_string()))?;
@@ -100,6 +101,9 @@ impl WebEngine {
             "contextLength": c.max_position_embeddings,
         });
         let ctx = GpuContext::new(GpuOptions::default()).await.map_err(|e| JsError::new(&e.to_string()))?;
+        // Before the weights go up: a shader the browser rejects fails the load at once, and
+        // the first request does not wait for the compiler.
+        ctx.compile_all_shaders().await.map_err(|e| JsError::new(&e.to_string()))?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
         if let Some(f) = on_progress {
             builder = builder.on_progress(move |done, total| {

@@ -102,3 +102,14 @@ async fn norms_and_elementwise() {
     let want: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
     check("add", &run_and_read(&f, &rec, &g).await, &want);
 }
+
+/// Every shader variant compiles with the browser's WGSL compiler (Tint), which rejects some
+/// things naga accepts (uniformity, literal ranges).
+#[wasm_bindgen_test]
+async fn every_shader_compiles() {
+    let f = factory().await;
+    let t0 = js_sys::Date::now();
+    let n = f.context().compile_all_shaders().await.unwrap();
+    assert!(n >= 15, "only {n} variants");
+    wasm_bindgen_test::console_log!("{n} shader variants compiled in {:.0} ms", js_sys::Date::now() - t0);
+}
