@@ -230,14 +230,31 @@ async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) 
   else batch.texts.forEach((t, i) => {
     if (t !== spec.outputs[i]) problems.push(`4 at once through the API, prompt ${i}: browser ${show(t)} != native ${show(spec.outputs[i])}`);
   });
+  // Speed on prompts the engine has not seen (the runs above hit the prefix cache): one alone,
+  // then four at once. Only the shared chat-template prefix can come from the cache here.
+  const speed = await page.evaluate(async ({ maxTokens }) => {
+    const ask = (prompt) => window.weftDemo.engine.chat.completions.create({
+      messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0, ignore_eos: true,
+    });
+    const timed = async (prompts) => {
+      const t0 = performance.now();
+      const rs = await Promise.all(prompts.map(ask));
+      return rs.reduce((n, r) => n + r.usage.completion_tokens, 0) / ((performance.now() - t0) / 1000);
+    };
+    const one = await timed(['Name a famous painter.']);
+    const four = await timed(['Name a large river.', 'Name a kind of tree.', 'Name a planet.', 'Name a musical instrument.']);
+    return { one, four };
+  }, { maxTokens: spec.maxTokens }).catch((e) => ({ error: e }));
+  if (speed.error) problems.push(`speed runs: ${speed.error.message || speed.error}`);
   if (errors.length) problems.push(`page errors: ${errors.map(String).join('; ')}`);
 
   const batchTps = batch.error ? NaN : batch.tokens / batch.seconds;
   const soloTps = solo.error ? NaN : solo.tokens / solo.seconds;
   const line = `load ${loadSeconds.toFixed(1)} s; page, 4 panes: ${aggregate.tps.toFixed(2)} tokens/s aggregate ` +
     `(${aggregate.tokens} tokens, run ${runSeconds.toFixed(1)} s; panes ${panes.map((p) => p.tps.toFixed(2)).join(', ')} tokens/s); ` +
-    `then warm through the API: 1 alone ${soloTps.toFixed(2)} tokens/s (${solo.tokens} tokens in ${solo.seconds?.toFixed(1)} s), ` +
-    `4 at once ${batchTps.toFixed(2)} tokens/s (${batch.tokens} tokens in ${batch.seconds?.toFixed(1)} s)`;
+    `then the same prompts through the API (prefix-cached): 1 alone ${soloTps.toFixed(2)} tokens/s (${solo.tokens} tokens in ${solo.seconds?.toFixed(1)} s), ` +
+    `4 at once ${batchTps.toFixed(2)} tokens/s (${batch.tokens} tokens in ${batch.seconds?.toFixed(1)} s); ` +
+    `unseen prompts: 1 alone ${speed.one?.toFixed(2)} tokens/s, 4 at once ${speed.four?.toFixed(2)} tokens/s`;
   notes.push(`${label}: ${line}`);
   console.log(`     ${label}: cache status ${show(cacheStatus)}`);
   panes.forEach((p, i) => console.log(`     ${label} pane ${i}: ${show(p.output)}`));
