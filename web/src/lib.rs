@@ -31,6 +31,51 @@ fn start() {
     console_error_panic_hook::set_once();
 }
 
+/// A model file gathered in WebAssembly memory chunk by chunk as it downloads (or is read from
+/// the cache or a picked file), so the page never holds a second copy of it.
+#[wasm_bindgen]
+pub struct ModelBytes {
+    bytes: Vec<u8>,
+}
+
+#[wasm_bindgen]
+impl ModelBytes {
+    /// An empty buffer with room for `expected_len` bytes (0 when the size is unknown).
+    #[wasm_bindgen(constructor)]
+    pub fn new(expected_len: f64) -> Result<ModelBytes, JsError> {
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(expected_len.max(0.0) as usize).map_err(|_| too_big(expected_len))?;
+        Ok(ModelBytes { bytes })
+    }
+
+    /// Append one chunk.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsError> {
+        self.bytes.try_reserve(chunk.len()).map_err(|_| too_big((self.bytes.len() + chunk.len()) as f64))?;
+        self.bytes.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// Bytes gathered so far.
+    #[wasm_bindgen(getter)]
+    pub fn length(&self) -> f64 {
+        self.bytes.len() as f64
+    }
+}
+
+impl ModelBytes {
+    /// Bytes already in Rust (tests, tools).
+    pub fn from_vec(bytes: Vec<u8>) -> ModelBytes {
+        ModelBytes { bytes }
+    }
+}
+
+fn too_big(bytes: f64) -> JsError {
+    JsError::new(&format!(
+        "the model ({:.0} MB) does not fit in this tab's WebAssembly memory (4 GiB at most, shared with the engine); use a smaller model",
+        bytes / 1e6
+    ))
+}
+
 /// The engine and what the page asks about it.
 #[wasm_bindgen]
 pub struct WebEngine {
@@ -85,12 +130,12 @@ impl LoadOptions {
 
 #[wasm_bindgen]
 impl WebEngine {
-    /// Open the WebGPU device, parse the GGUF `bytes`, compile the shaders and upload the
+    /// Open the WebGPU device, parse the GGUF `model`, compile the shaders and upload the
     /// weights, calling `on_progress("upload", layers done, layers in all)` on the way; then
     /// start the loop.
-    pub async fn load(bytes: Vec<u8>, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
+    pub async fn load(model: ModelBytes, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
         let options = LoadOptions::from_js(&options)?;
-        let builder = EngineBuilder::from_gguf_bytes(&name, bytes).map_err(|e| JsError::new(&e.to_string()))?;
+        let builder = EngineBuilder::from_gguf_bytes(&name, model.bytes).map_err(|e| JsError::new(&e.to_string()))?;
         let c = builder.model_config();
         let model = json!({
             "name": name,

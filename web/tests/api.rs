@@ -13,7 +13,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_test::*;
 use weft::model::tiny::{gguf_bytes, random_weights, tiny_config};
 use weft::quant::DType;
-use weft_web::WebEngine;
+use weft_web::{ModelBytes, WebEngine};
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
@@ -23,7 +23,7 @@ fn tiny_model() -> Vec<u8> {
 }
 
 async fn load_tiny() -> WebEngine {
-    WebEngine::load(tiny_model(), "tiny.gguf".into(), JsValue::UNDEFINED, None).await.map_err(JsValue::from).expect("the tiny model loads")
+    WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), JsValue::UNDEFINED, None).await.map_err(JsValue::from).expect("the tiny model loads")
 }
 
 /// A request in flight: its events so far, and a receiver that fires at "[DONE]".
@@ -127,13 +127,13 @@ async fn concurrent_streams_equal_solo_runs() {
 #[wasm_bindgen_test]
 async fn malformed_models_are_refused_with_a_readable_error() {
     let junk = vec![0x42u8; 1024];
-    let err = WebEngine::load(junk, "junk.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("junk is refused");
+    let err = WebEngine::load(ModelBytes::from_vec(junk), "junk.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("junk is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("junk.gguf") && message.contains("GGUF"), "{message}");
 
     let mut cut = tiny_model();
     cut.truncate(cut.len() / 2);
-    let err = WebEngine::load(cut, "cut.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("a truncated model is refused");
+    let err = WebEngine::load(ModelBytes::from_vec(cut), "cut.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("a truncated model is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("cut.gguf") && message.contains("end of the file"), "{message}");
 }

@@ -23,7 +23,6 @@
 //   {type: 'disposed'}
 
 const CACHE_NAME = 'weft-models-v1';
-const MiB = 1024 * 1024;
 
 let engine = null;
 let loading = false;
@@ -79,27 +78,30 @@ function throttled(fn, ms = 100) {
   };
 }
 
-/** Reads a ReadableStream of bytes into one Uint8Array, reporting progress. */
-async function readAll(stream, total, report) {
+/**
+ * Reads a ReadableStream of bytes chunk by chunk into `wasm`'s ModelBytes (WebAssembly memory),
+ * reporting progress; the page never holds the whole model itself.
+ */
+async function readInto(wasm, stream, total, report) {
   const reader = stream.getReader();
-  let buf = new Uint8Array(total > 0 ? total : 16 * MiB);
+  const model = new wasm.ModelBytes(total > 0 ? total : 0);
   let loaded = 0;
   report(true, 0, total);
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (loaded + value.byteLength > buf.byteLength) {
-      // Unknown length, or a content-encoded body bigger than its content-length: grow.
-      const bigger = new Uint8Array(Math.max(buf.byteLength * 2, loaded + value.byteLength));
-      bigger.set(buf.subarray(0, loaded));
-      buf = bigger;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      model.push(value);
+      loaded += value.byteLength;
+      report(false, loaded, Math.max(total, loaded));
     }
-    buf.set(value, loaded);
-    loaded += value.byteLength;
-    report(false, loaded, Math.max(total, loaded));
+  } catch (e) {
+    model.free();
+    reader.cancel().catch(() => {});
+    throw e;
   }
   report(true, loaded, loaded);
-  return loaded === buf.byteLength ? buf : buf.slice(0, loaded);
+  return model;
 }
 
 async function openCache() {
@@ -123,16 +125,17 @@ function storageWarning(e, bytes) {
   return `Model not cached: ${typeof e === 'string' ? e : messageOf(e)}. ${tail}`;
 }
 
-async function fetchModel(url) {
+async function fetchModel(wasm, url) {
   const { cache, why } = await openCache();
   if (cache) {
     try {
       const hit = await cache.match(url);
       if (hit && hit.ok && hit.body) {
         const total = Number(hit.headers.get('content-length')) || 0;
-        const bytes = await readAll(hit.body, total, throttled((loaded, t) =>
+        const model = await readInto(wasm, hit.body, total, throttled((loaded, t) =>
           post({ type: 'progress', stage: 'cache', loaded, total: t })));
-        if (bytes.byteLength > 0) return { bytes, fromCache: true, cached: true };
+        if (model.length > 0) return { model, fromCache: true, cached: true };
+        model.free();
       }
     } catch (e) {
       // A broken cache entry: drop it and download again.
@@ -146,47 +149,34 @@ async function fetchModel(url) {
   } catch (e) {
     throw new Error(`Could not download the model from ${url}: ${messageOf(e)} (network error, blocked by CORS, or the page is offline).`);
   }
-  if (!resp.ok) {
+  if (!resp.ok || !resp.body) {
     throw new Error(`Could not download the model from ${url}: HTTP ${resp.status} ${resp.statusText || ''}`.trim());
   }
   const total = Number(resp.headers.get('content-length')) || 0;
-  let bytes;
-  if (resp.body) {
-    bytes = await readAll(resp.body, total, throttled((loaded, t) =>
-      post({ type: 'progress', stage: 'download', loaded, total: t })));
+  // One branch of the body goes into WebAssembly memory, the other into the cache as it arrives.
+  const [forEngine, forCache] = resp.body.tee();
+  let caching;
+  if (cache) {
+    const headers = { 'content-type': 'application/octet-stream' };
+    if (total > 0) headers['content-length'] = String(total);
+    caching = cache.put(url, new Response(forCache, { headers })).then(() => null, (e) => e);
   } else {
-    bytes = new Uint8Array(await resp.arrayBuffer());
-    post({ type: 'progress', stage: 'download', loaded: bytes.byteLength, total: bytes.byteLength });
+    forCache.cancel().catch(() => {});
+    caching = Promise.resolve(why);
   }
-
-  let cached = false;
-  if (!cache) {
-    post({ type: 'warning', message: storageWarning(why, bytes.byteLength) });
-  } else {
-    try {
-      await cache.put(url, new Response(bytes, {
-        headers: {
-          'content-type': 'application/octet-stream',
-          'content-length': String(bytes.byteLength),
-        },
-      }));
-      cached = true;
-    } catch (e) {
-      post({ type: 'warning', message: storageWarning(e, bytes.byteLength) });
-    }
+  const model = await readInto(wasm, forEngine, total, throttled((loaded, t) =>
+    post({ type: 'progress', stage: 'download', loaded, total: t })));
+  const failure = await caching;
+  if (failure) {
+    if (cache) { try { await cache.delete(url); } catch { /* ignore */ } }
+    post({ type: 'warning', message: storageWarning(failure, model.length) });
   }
-  return { bytes, fromCache: false, cached };
+  return { model, fromCache: false, cached: !failure };
 }
 
-async function readFile(file) {
-  const total = file.size || 0;
-  if (typeof file.stream === 'function') {
-    return readAll(file.stream(), total, throttled((loaded, t) =>
-      post({ type: 'progress', stage: 'read', loaded, total: t })));
-  }
-  const bytes = new Uint8Array(await file.arrayBuffer());
-  post({ type: 'progress', stage: 'read', loaded: bytes.byteLength, total: bytes.byteLength });
-  return bytes;
+async function readFile(wasm, file) {
+  return readInto(wasm, file.stream(), file.size || 0, throttled((loaded, t) =>
+    post({ type: 'progress', stage: 'read', loaded, total: t })));
 }
 
 async function load({ modelUrl, file, options }) {
@@ -211,18 +201,20 @@ async function load({ modelUrl, file, options }) {
     let name;
     if (file) {
       name = file.name || 'model.gguf';
-      src = { bytes: await readFile(file), fromCache: false, cached: false };
+      src = { model: await readFile(wasm, file), fromCache: false, cached: false };
     } else if (modelUrl) {
       name = decodeURIComponent(new URL(modelUrl).pathname.split('/').pop() || 'model.gguf');
-      src = await fetchModel(modelUrl);
+      src = await fetchModel(wasm, modelUrl);
     } else {
       throw new Error('No model given: pass a model URL or a .gguf file.');
     }
 
     const upload = throttled((done, total) =>
       post({ type: 'progress', stage: 'upload', loaded: Number(done), total: Number(total) }));
-    upload(true, 0, src.bytes.byteLength);
-    const eng = await wasm.WebEngine.load(src.bytes, name, options ?? undefined,
+    const bytes = src.model.length;
+    upload(true, 0, bytes);
+    // load() takes the ModelBytes over (and frees it).
+    const eng = await wasm.WebEngine.load(src.model, name, options ?? undefined,
       (stage, done, total) => upload(Number(done) >= Number(total), done, total));
     engine = eng;
     post({
@@ -231,7 +223,7 @@ async function load({ modelUrl, file, options }) {
       model: plain(eng.modelInfo()),
       fromCache: src.fromCache,
       cached: src.cached,
-      bytes: src.bytes.byteLength,
+      bytes,
       name,
     });
   } finally {
