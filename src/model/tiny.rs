@@ -89,8 +89,8 @@ pub fn tokenizer_metadata() -> Vec<(&'static str, MetaValue)> {
     ]
 }
 
-/// Deterministic values in [-scale, scale).
-fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
+/// Deterministic values in [-scale, scale) (also test data for kernels, e.g. in the browser).
+pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = crate::sampling::SamplerRng::new(seed);
     (0..len).map(|_| (rng.next_uniform() * 2.0 - 1.0) * scale).collect()
 }
@@ -102,7 +102,7 @@ pub fn random_weights(c: &LlamaConfig, seed: u64, dtype: DType) -> HfWeights {
     let mut seed = seed;
     let mut put = |name: String, len: usize, scale: f32, center: f32, quantize: bool| {
         seed += 1;
-        let mut v: Vec<f32> = values(len, seed, scale).iter().map(|x| x + center).collect();
+        let mut v: Vec<f32> = random_values(len, seed, scale).iter().map(|x| x + center).collect();
         if quantize {
             v = crate::quant::dequantize(dtype, &crate::quant::quantize(dtype, &v).unwrap()).unwrap();
         }

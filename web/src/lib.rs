@@ -135,9 +135,9 @@ impl WebEngine {
     /// start the loop.
     pub async fn load(model: ModelBytes, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
         let options = LoadOptions::from_js(&options)?;
-        let builder = EngineBuilder::from_gguf_bytes(&name, model.bytes).map_err(|e| JsError::new(&e.to_string()))?;
+        let builder = EngineBuilder::from_gguf_bytes(&name, model.bytes).map_err(js)?;
         let c = builder.model_config();
-        let model = json!({
+        let mut model = json!({
             "name": name,
             "architecture": c.architecture,
             "layers": c.num_layers,
@@ -145,21 +145,20 @@ impl WebEngine {
             "vocab": c.vocab_size,
             "contextLength": c.max_position_embeddings,
         });
-        let ctx = GpuContext::new(GpuOptions::default()).await.map_err(|e| JsError::new(&e.to_string()))?;
+        let ctx = GpuContext::new(GpuOptions::default()).await.map_err(js)?;
         // Before the weights go up: a shader the browser rejects fails the load at once, and
         // the first request does not wait for the compiler.
-        ctx.compile_all_shaders().await.map_err(|e| JsError::new(&e.to_string()))?;
+        ctx.compile_all_shaders().await.map_err(js)?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
         if let Some(f) = on_progress {
             builder = builder.on_progress(move |done, total| {
                 let _ = f.call3(&JsValue::NULL, &"upload".into(), &(done as f64).into(), &(total as f64).into());
             });
         }
-        let engine = builder.build_on(ctx.clone()).map_err(|e| JsError::new(&e.to_string()))?;
-        let mut model = model;
+        let engine = builder.build_on(ctx.clone()).map_err(js)?;
         model["hasChatTemplate"] = json!(engine.tokenizer().chat_template().is_some());
         model["maxModelLen"] = json!(engine.config().max_model_len);
-        engine.start_loop().map_err(|e| JsError::new(&e.to_string()))?;
+        engine.start_loop().map_err(js)?;
         Ok(WebEngine { engine, ctx, model, live: Rc::default() })
     }
 
@@ -219,7 +218,7 @@ impl WebEngine {
         let engine = self.engine.clone();
         let live = self.live.clone();
         let model = self.model["name"].as_str().unwrap_or_default().to_string();
-        let created = (js_sys::Date::now() / 1000.0) as u64;
+        let created = weft::openai::unix_now();
         let emit = move |text: &str| {
             let _ = on_event.call1(&JsValue::NULL, &JsValue::from_str(text));
         };
@@ -267,6 +266,11 @@ impl WebEngine {
     pub fn dispose(&self) {
         self.engine.shutdown();
     }
+}
+
+/// A load error as JavaScript sees it: an Error with weft's message.
+fn js(e: weft::WeftError) -> JsError {
+    JsError::new(&e.to_string())
 }
 
 fn to_js(v: &Value) -> JsValue {

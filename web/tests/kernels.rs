@@ -14,20 +14,9 @@ use weft::gpu::kernels::embedding::embedding;
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::reduce::{rms_norm, softmax};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensor, GpuTensorFactory, Recording, TensorFactory};
+use weft::model::tiny::random_values;
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
-
-fn random(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 async fn factory() -> GpuTensorFactory {
     GpuTensorFactory::new(GpuContext::new(GpuOptions::default()).await.unwrap())
@@ -50,8 +39,8 @@ async fn matmul_in_every_weight_format() {
     let f = factory().await;
     for dtype in DType::WEIGHTS {
         for &(m, k, n) in &[(1usize, 64usize, 67usize), (5, 96, 130)] {
-            let x = random(m * k, 1, 1.0);
-            let w_bytes = weft::quant::quantize(dtype, &random(n * k, 2, 1.0)).unwrap();
+            let x = random_values(m * k, 1, 1.0);
+            let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 2, 1.0)).unwrap();
             let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
             let (xt, wt, yt) = (f.upload_f32(&[m, k], &x).unwrap(), f.upload(&[n, k], dtype, &w_bytes).unwrap(), f.zeros(&[m, n], DType::F32).unwrap());
             let mut rec = Recording::new();
@@ -67,7 +56,7 @@ async fn embedding_in_every_weight_format() {
     let (rows, k) = (50usize, 64usize);
     let ids: Vec<u32> = vec![3, 49, 0, 17, 3];
     for dtype in DType::WEIGHTS {
-        let bytes = weft::quant::quantize(dtype, &random(rows * k, 3, 1.0)).unwrap();
+        let bytes = weft::quant::quantize(dtype, &random_values(rows * k, 3, 1.0)).unwrap();
         let table = weft::quant::dequantize(dtype, &bytes).unwrap();
         let (tt, it, ot) = (f.upload(&[rows, k], dtype, &bytes).unwrap(), f.upload_u32(&[ids.len()], &ids).unwrap(), f.zeros(&[ids.len(), k], DType::F32).unwrap());
         let mut rec = Recording::new();
@@ -80,8 +69,8 @@ async fn embedding_in_every_weight_format() {
 async fn norms_and_elementwise() {
     let f = factory().await;
     let (rows, n) = (3usize, 576usize);
-    let x = random(rows * n, 4, 3.0);
-    let w = random(n, 5, 1.5);
+    let x = random_values(rows * n, 4, 3.0);
+    let w = random_values(n, 5, 1.5);
     let (xt, wt, yt) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[n], &w).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
     let mut rec = Recording::new();
     rms_norm(f.context(), &mut rec, &xt, &wt, &yt, 1e-5).unwrap();
@@ -91,7 +80,7 @@ async fn norms_and_elementwise() {
     softmax(f.context(), &mut rec, &xt).unwrap();
     check("softmax", &run_and_read(&f, &rec, &xt).await, &weft::cpu::softmax(&x, n));
 
-    let (gate, up) = (random(1000, 6, 4.0), random(1000, 7, 2.0));
+    let (gate, up) = (random_values(1000, 6, 4.0), random_values(1000, 7, 2.0));
     let (g, u, o) = (f.upload_f32(&[1000], &gate).unwrap(), f.upload_f32(&[1000], &up).unwrap(), f.zeros(&[1000], DType::F32).unwrap());
     let mut rec = Recording::new();
     silu_mul(f.context(), &mut rec, &g, &u, &o).unwrap();

@@ -135,9 +135,8 @@ function offeredNote(used, offered, lo, hi) {
 }
 
 function renderAdapter(a, fromEngine) {
-  // In a browser wgpu knows little about the adapter; fill in what WebGPU itself reports.
+  // What the adapter offers beyond what the engine uses (the worker fills this in).
   const o = a.offered || {};
-  a = { ...a, vendor: a.vendor || o.vendor, architecture: a.architecture || o.architecture, description: a.description || o.description };
   const name = a.name || a.description || [a.vendor, a.architecture, a.device].filter(Boolean).join(' ') || 'WebGPU adapter';
   const lim = a.limits || {};
   let subgroups = yesNo(a.subgroups);

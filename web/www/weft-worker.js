@@ -22,6 +22,8 @@
 //   {type: 'fatal', message}                      an uncaught error after loading
 //   {type: 'disposed'}
 
+import { webgpuStatus } from './weft.js';
+
 const CACHE_NAME = 'weft-models-v1';
 
 let engine = null;
@@ -219,7 +221,7 @@ async function load({ modelUrl, file, options }) {
     engine = eng;
     post({
       type: 'ready',
-      adapter: describeAdapter(plain(eng.adapterInfo()), await offeredByAdapter()),
+      adapter: describeAdapter(plain(eng.adapterInfo()), (await webgpuStatus()).adapter),
       model: plain(eng.modelInfo()),
       fromCache: src.fromCache,
       cached: src.cached,
@@ -295,31 +297,17 @@ function uncaught(message) {
 self.addEventListener('error', (ev) => uncaught(ev?.message || 'uncaught error in the weft worker'));
 self.addEventListener('unhandledrejection', (ev) => uncaught(messageOf(ev?.reason)));
 
-// What the browser's adapter offers, as WebGPU itself reports it: wgpu's view (adapterInfo) has
-// no vendor or description in a browser and lists only the features weft requested.
-async function offeredByAdapter() {
-  try {
-    const adapter = await navigator.gpu.requestAdapter();
-    if (!adapter) return null;
-    const info = adapter.info || {};
-    return {
-      vendor: info.vendor || '',
-      architecture: info.architecture || '',
-      device: info.device || '',
-      description: info.description || '',
-      shaderF16: adapter.features.has('shader-f16'),
-      subgroups: adapter.features.has('subgroups'),
-      subgroupMinSize: info.subgroupMinSize ?? null,
-      subgroupMaxSize: info.subgroupMaxSize ?? null,
-    };
-  } catch {
-    return null;
-  }
-}
-
-// wgpu's adapter info with the browser's own description filled in where wgpu has none.
+// wgpu's adapter info, with what WebGPU itself reports (webgpuStatus) filled in where wgpu has
+// nothing: in a browser it knows no vendor or description, and lists only the features weft
+// requested. `offered` keeps WebGPU's view, for the features the engine does not use.
 function describeAdapter(info, offered) {
   const o = offered || {};
-  const name = info.name || o.description || [o.vendor, o.architecture].filter(Boolean).join(' ') || 'WebGPU adapter';
-  return { ...info, name, vendor: info.vendor || o.vendor || '', architecture: o.architecture || '', description: o.description || '', offered };
+  return {
+    ...info,
+    name: info.name || o.name || 'WebGPU adapter',
+    vendor: info.vendor || o.vendor || '',
+    architecture: o.architecture || '',
+    description: o.description || '',
+    offered,
+  };
 }
