@@ -15,7 +15,9 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use crate::engine::ContinuousBatchEngine;
-use crate::engine::request::{FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage};
+use crate::engine::request::{
+    FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage,
+};
 use crate::error::WeftError;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -197,7 +199,14 @@ impl ParsedRequest {
         };
         let request = InferenceRequest::new(self.prompt, params);
         request.validate().map_err(OpenAiError::from_engine)?;
-        Ok(OpenAiRequest { endpoint: self.endpoint, request, stream: self.stream, include_usage: self.include_usage, logprobs: self.logprobs, model: self.model })
+        Ok(OpenAiRequest {
+            endpoint: self.endpoint,
+            request,
+            stream: self.stream,
+            include_usage: self.include_usage,
+            logprobs: self.logprobs,
+            model: self.model,
+        })
     }
 }
 
@@ -218,7 +227,11 @@ pub struct OpenAiRequest {
 
 /// Parse a JSON body (already an object) for an endpoint against this engine: the engine's
 /// tokenizer and context length give the default `max_tokens`.
-pub fn parse_request(engine: &ContinuousBatchEngine, endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiRequest> {
+pub fn parse_request(
+    engine: &ContinuousBatchEngine,
+    endpoint: Endpoint,
+    body: &Map<String, Value>,
+) -> ApiResult<OpenAiRequest> {
     let parsed = parse(endpoint, body)?;
     let prompt_len = match parsed.max_tokens {
         Some(_) => None,
@@ -278,13 +291,19 @@ impl<'a> Fields<'a> {
     fn f32(&self, k: &str) -> ApiResult<Option<f32>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a number, got {v}"))),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a number, got {v}"))),
         }
     }
     fn int(&self, k: &str) -> ApiResult<Option<i64>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected an integer, got {v}"))),
+            Some(v) => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected an integer, got {v}"))),
         }
     }
     fn uint(&self, k: &str) -> ApiResult<Option<u64>> {
@@ -296,13 +315,19 @@ impl<'a> Fields<'a> {
     fn bool(&self, k: &str) -> ApiResult<Option<bool>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected true or false, got {v}"))),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected true or false, got {v}"))),
         }
     }
     fn string(&self, k: &str) -> ApiResult<Option<&'a str>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a string, got {v}"))),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a string, got {v}"))),
         }
     }
     /// A string or a list of strings.
@@ -312,9 +337,15 @@ impl<'a> Fields<'a> {
             Some(Value::String(s)) => Ok(vec![s.clone()]),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a string or a list of strings"))))
+                .map(|v| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        OpenAiError::invalid(k, format!("invalid {k}: expected a string or a list of strings"))
+                    })
+                })
                 .collect(),
-            Some(v) => Err(OpenAiError::invalid(k, format!("invalid {k}: expected a string or a list of strings, got {v}"))),
+            Some(v) => {
+                Err(OpenAiError::invalid(k, format!("invalid {k}: expected a string or a list of strings, got {v}")))
+            }
         }
     }
 }
@@ -375,7 +406,10 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
         let on = f.bool("logprobs")?.unwrap_or(false);
         let top = f.uint("top_logprobs")?;
         if top.is_some() && !on {
-            return Err(OpenAiError::invalid("top_logprobs", "invalid top_logprobs: set logprobs to true to use top_logprobs"));
+            return Err(OpenAiError::invalid(
+                "top_logprobs",
+                "invalid top_logprobs: set logprobs to true to use top_logprobs",
+            ));
         }
         on.then(|| top.unwrap_or(0) as usize)
     } else {
@@ -383,7 +417,10 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
     };
     if let Some(top) = logprobs {
         if top > MAX_TOP_LOGPROBS {
-            return Err(OpenAiError::invalid(if chat { "top_logprobs" } else { "logprobs" }, format!("invalid top_logprobs: {top} (at most {MAX_TOP_LOGPROBS})")));
+            return Err(OpenAiError::invalid(
+                if chat { "top_logprobs" } else { "logprobs" },
+                format!("invalid top_logprobs: {top} (at most {MAX_TOP_LOGPROBS})"),
+            ));
         }
         // The engine reports log-probabilities only when alternatives are asked for.
         sampling.top_logprobs = top.max(1);
@@ -395,9 +432,16 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
         None => false,
         Some(Value::Object(o)) => Fields(o)
             .bool("include_usage")
-            .map_err(|_| OpenAiError::invalid("stream_options", "invalid stream_options: include_usage must be true or false"))?
+            .map_err(|_| {
+                OpenAiError::invalid("stream_options", "invalid stream_options: include_usage must be true or false")
+            })?
             .unwrap_or(false),
-        Some(v) => return Err(OpenAiError::invalid("stream_options", format!("invalid stream_options: expected an object, got {v}"))),
+        Some(v) => {
+            return Err(OpenAiError::invalid(
+                "stream_options",
+                format!("invalid stream_options: expected an object, got {v}"),
+            ));
+        }
     };
     let params = GenerationParams { sampling, max_tokens: 0, stop, ignore_eos, ..Default::default() };
     Ok(Common { max_tokens: max_tokens.map(|x| x as usize), params, stream, include_usage, logprobs })
@@ -427,12 +471,22 @@ fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
                 for p in parts {
                     match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                         (Some("text"), Some(t)) => s.push_str(t),
-                        _ => return Err(OpenAiError::invalid("messages", format!("invalid messages: message {i} has a content part that is not text"))),
+                        _ => {
+                            return Err(OpenAiError::invalid(
+                                "messages",
+                                format!("invalid messages: message {i} has a content part that is not text"),
+                            ));
+                        }
                     }
                 }
                 s
             }
-            Some(v) => return Err(OpenAiError::invalid("messages", format!("invalid messages: message {i} content must be a string, got {v}"))),
+            Some(v) => {
+                return Err(OpenAiError::invalid(
+                    "messages",
+                    format!("invalid messages: message {i} content must be a string, got {v}"),
+                ));
+            }
         };
         out.push(ChatMessage::new(role.clone(), content));
     }
@@ -444,7 +498,9 @@ fn parse_prompt(f: &Fields) -> ApiResult<String> {
         None => Err(OpenAiError::invalid("prompt", "invalid prompt: missing")),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Ok(a[0].as_str().unwrap_or_default().to_string()),
-        Some(Value::Array(_)) => Err(OpenAiError::invalid("prompt", "invalid prompt: only a string or a list of one string is supported")),
+        Some(Value::Array(_)) => {
+            Err(OpenAiError::invalid("prompt", "invalid prompt: only a string or a list of one string is supported"))
+        }
         Some(v) => Err(OpenAiError::invalid("prompt", format!("invalid prompt: expected a string, got {v}"))),
     }
 }
@@ -522,12 +578,26 @@ fn completion_logprobs(tok: &dyn Tokenizer, lps: &[TokenLogprob], top: usize, of
 
 /// The non-streaming response object (`chat.completion` / `text_completion`) for a finished
 /// request; an error when the request failed in the engine.
-pub fn response_json(engine: &ContinuousBatchEngine, req: &OpenAiRequest, id: &str, created: u64, model: &str, response: &InferenceResponse) -> ApiResult<Value> {
+pub fn response_json(
+    engine: &ContinuousBatchEngine,
+    req: &OpenAiRequest,
+    id: &str,
+    created: u64,
+    model: &str,
+    response: &InferenceResponse,
+) -> ApiResult<Value> {
     response_json_with(engine.tokenizer().as_ref(), req, id, created, model, response)
 }
 
 /// [`response_json`] with the tokenizer that decodes log-probability tokens, and no engine.
-pub fn response_json_with(tok: &dyn Tokenizer, req: &OpenAiRequest, id: &str, created: u64, model: &str, response: &InferenceResponse) -> ApiResult<Value> {
+pub fn response_json_with(
+    tok: &dyn Tokenizer,
+    req: &OpenAiRequest,
+    id: &str,
+    created: u64,
+    model: &str,
+    response: &InferenceResponse,
+) -> ApiResult<Value> {
     if response.finish_reason == FinishReason::Error {
         return Err(engine_failed());
     }
@@ -547,7 +617,10 @@ pub fn response_json_with(tok: &dyn Tokenizer, req: &OpenAiRequest, id: &str, cr
             })
         }
         Endpoint::Completion => {
-            let logprobs = req.logprobs.map(|top| completion_logprobs(tok, &response.logprobs, top, &mut 0)).unwrap_or(Value::Null);
+            let logprobs = req
+                .logprobs
+                .map(|top| completion_logprobs(tok, &response.logprobs, top, &mut 0))
+                .unwrap_or(Value::Null);
             json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": 0, "text": response.text, "logprobs": logprobs, "finish_reason": finish}],
@@ -578,8 +651,25 @@ impl ChunkShaper {
     }
 
     /// A shaper with the tokenizer that decodes log-probability tokens, and no engine.
-    pub fn with_tokenizer(tokenizer: Arc<dyn Tokenizer>, req: &OpenAiRequest, id: String, created: u64, model: String) -> Self {
-        ChunkShaper { tokenizer, endpoint: req.endpoint, include_usage: req.include_usage, logprobs: req.logprobs, id, created, model, offset: 0, started: false, finished: false }
+    pub fn with_tokenizer(
+        tokenizer: Arc<dyn Tokenizer>,
+        req: &OpenAiRequest,
+        id: String,
+        created: u64,
+        model: String,
+    ) -> Self {
+        ChunkShaper {
+            tokenizer,
+            endpoint: req.endpoint,
+            include_usage: req.include_usage,
+            logprobs: req.logprobs,
+            id,
+            created,
+            model,
+            offset: 0,
+            started: false,
+            finished: false,
+        }
     }
 
     fn chunk(&self, choices: Value, usage: Option<&Usage>) -> Value {
@@ -693,7 +783,8 @@ mod tests {
     }
 
     fn tiny_tokenizer() -> Arc<dyn Tokenizer> {
-        let meta: crate::model::gguf::Metadata = crate::model::tiny::tokenizer_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let meta: crate::model::gguf::Metadata =
+            crate::model::tiny::tokenizer_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
         Arc::new(crate::tokenizer::HfTokenizer::from_gguf_metadata(&meta).unwrap())
     }
 
@@ -736,8 +827,16 @@ mod tests {
         for (field, value, needle) in cases {
             assert_invalid(full(Endpoint::Chat, &chat(json!({ field: value }))), Some(field), needle);
         }
-        assert_invalid(full(Endpoint::Chat, &chat(json!({"stream_options": {"include_usage": 1}}))), Some("stream_options"), "include_usage");
-        assert_invalid(full(Endpoint::Completion, &completion(json!({"logprobs": true}))), Some("logprobs"), "expected an integer");
+        assert_invalid(
+            full(Endpoint::Chat, &chat(json!({"stream_options": {"include_usage": 1}}))),
+            Some("stream_options"),
+            "include_usage",
+        );
+        assert_invalid(
+            full(Endpoint::Completion, &completion(json!({"logprobs": true}))),
+            Some("logprobs"),
+            "expected an integer",
+        );
         assert_invalid(requested_model(&chat(json!({"model": false}))), Some("model"), "expected a string");
         // null is absent.
         assert!(full(Endpoint::Chat, &chat(json!({"temperature": null, "stop": null}))).is_ok());
@@ -746,15 +845,31 @@ mod tests {
     #[test]
     fn only_one_choice() {
         assert_invalid(full(Endpoint::Chat, &chat(json!({"n": 2}))), Some("n"), "only n=1");
-        assert_invalid(full(Endpoint::Completion, &completion(json!({"best_of": 3}))), Some("best_of"), "only best_of=1");
+        assert_invalid(
+            full(Endpoint::Completion, &completion(json!({"best_of": 3}))),
+            Some("best_of"),
+            "only best_of=1",
+        );
         assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
     }
 
     #[test]
     fn logprob_options() {
-        assert_invalid(full(Endpoint::Chat, &chat(json!({"top_logprobs": 2}))), Some("top_logprobs"), "set logprobs to true");
-        assert_invalid(full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 21}))), Some("top_logprobs"), "at most 20");
-        assert_invalid(full(Endpoint::Completion, &completion(json!({"logprobs": 21}))), Some("logprobs"), "at most 20");
+        assert_invalid(
+            full(Endpoint::Chat, &chat(json!({"top_logprobs": 2}))),
+            Some("top_logprobs"),
+            "set logprobs to true",
+        );
+        assert_invalid(
+            full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 21}))),
+            Some("top_logprobs"),
+            "at most 20",
+        );
+        assert_invalid(
+            full(Endpoint::Completion, &completion(json!({"logprobs": 21}))),
+            Some("logprobs"),
+            "at most 20",
+        );
         let r = full(Endpoint::Chat, &chat(json!({"logprobs": true}))).unwrap();
         assert_eq!(r.logprobs, Some(0));
         assert_eq!(r.request.params.sampling.top_logprobs, 1, "the engine needs at least one alternative");
@@ -789,7 +904,11 @@ mod tests {
     fn bad_prompts() {
         assert_invalid(full(Endpoint::Completion, &body(json!({}))), Some("prompt"), "missing");
         assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": 5}))), Some("prompt"), "expected a string");
-        assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": ["a", "b"]}))), Some("prompt"), "list of one string");
+        assert_invalid(
+            full(Endpoint::Completion, &body(json!({"prompt": ["a", "b"]}))),
+            Some("prompt"),
+            "list of one string",
+        );
         assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": ""}))), Some("prompt"), "empty");
         assert_invalid(full(Endpoint::Completion, &completion(json!({"echo": true}))), Some("echo"), "not supported");
         let r = full(Endpoint::Completion, &body(json!({"prompt": ["once"]}))).unwrap();
@@ -821,7 +940,10 @@ mod tests {
         assert!(r.stream && r.include_usage);
         let p = &r.request.params;
         assert_eq!(p.max_tokens, 9, "max_completion_tokens wins");
-        assert_eq!((p.sampling.temperature, p.sampling.top_p, p.sampling.top_k, p.sampling.min_p, p.sampling.seed), (0.0, 0.5, 0, 0.1, Some(7)));
+        assert_eq!(
+            (p.sampling.temperature, p.sampling.top_p, p.sampling.top_k, p.sampling.min_p, p.sampling.seed),
+            (0.0, 0.5, 0, 0.1, Some(7))
+        );
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert!(p.ignore_eos);
 
@@ -835,8 +957,16 @@ mod tests {
         assert_eq!(p().resolve(100, Some(100)).unwrap().request.params.max_tokens, 1);
         assert_eq!(p().resolve(100, None).unwrap().request.params.max_tokens, 1);
         // max_tokens 0 is refused by validation, naming the field.
-        assert_invalid(full(Endpoint::Completion, &completion(json!({"max_tokens": 0}))), Some("max_tokens"), "at least 1");
-        assert_invalid(full(Endpoint::Completion, &completion(json!({"temperature": -1}))), Some("temperature"), "temperature");
+        assert_invalid(
+            full(Endpoint::Completion, &completion(json!({"max_tokens": 0}))),
+            Some("max_tokens"),
+            "at least 1",
+        );
+        assert_invalid(
+            full(Endpoint::Completion, &completion(json!({"temperature": -1}))),
+            Some("temperature"),
+            "temperature",
+        );
     }
 
     #[test]
@@ -850,7 +980,10 @@ mod tests {
         let e = OpenAiError::from_engine(WeftError::Readback("lost".into()));
         assert_eq!(e.kind, "internal_error");
         assert_eq!(e.to_string(), e.message);
-        assert_eq!(e.body(), json!({"error": {"message": e.message, "type": "internal_error", "param": null, "code": null}}));
+        assert_eq!(
+            e.body(),
+            json!({"error": {"message": e.message, "type": "internal_error", "param": null, "code": null}})
+        );
     }
 
     #[test]
@@ -868,7 +1001,13 @@ mod tests {
 
     fn response(finish_reason: FinishReason) -> InferenceResponse {
         let usage = Usage { prompt_tokens: 3, completion_tokens: 2, cached_prompt_tokens: 1 };
-        InferenceResponse { text: "ab".into(), token_ids: vec![66, 67], logprobs: vec![lp(66), lp(67)], finish_reason, usage }
+        InferenceResponse {
+            text: "ab".into(),
+            token_ids: vec![66, 67],
+            logprobs: vec![lp(66), lp(67)],
+            finish_reason,
+            usage,
+        }
     }
 
     #[test]
@@ -876,14 +1015,20 @@ mod tests {
         let tok = tiny_tokenizer();
         let req = full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 2}))).unwrap();
         let v = response_json_with(tok.as_ref(), &req, "chatcmpl-1", 5, "tiny", &response(FinishReason::Eos)).unwrap();
-        assert_eq!((v["id"].as_str(), v["object"].as_str(), v["created"].as_u64(), v["model"].as_str()), (Some("chatcmpl-1"), Some("chat.completion"), Some(5), Some("tiny")));
+        assert_eq!(
+            (v["id"].as_str(), v["object"].as_str(), v["created"].as_u64(), v["model"].as_str()),
+            (Some("chatcmpl-1"), Some("chat.completion"), Some(5), Some("tiny"))
+        );
         let c = &v["choices"][0];
         assert_eq!(c["message"], json!({"role": "assistant", "content": "ab"}));
         assert_eq!(c["finish_reason"], "stop");
         let first = &c["logprobs"]["content"][0];
         assert_eq!(first["token"].as_str().unwrap(), piece(tok.as_ref(), 66));
         assert_eq!(first["top_logprobs"].as_array().unwrap().len(), 2);
-        assert_eq!(v["usage"], json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}}));
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}})
+        );
 
         let req = full(Endpoint::Completion, &completion(json!({"logprobs": 1}))).unwrap();
         let v = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Length)).unwrap();
@@ -897,7 +1042,8 @@ mod tests {
         let req = full(Endpoint::Completion, &completion(json!({}))).unwrap();
         assert!(response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Stop)).unwrap()["choices"][0]["logprobs"].is_null());
 
-        let e = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
+        let e =
+            response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
         assert_eq!(e.kind, "internal_error");
     }
 
@@ -908,13 +1054,17 @@ mod tests {
 
     #[test]
     fn streamed_chat_chunks() {
-        let req = full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).unwrap();
+        let req =
+            full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).unwrap();
         let mut s = ChunkShaper::with_tokenizer(tiny_tokenizer(), &req, "chatcmpl-1".into(), 5, "tiny".into());
         let out = s.shape(Ok(chunk("a", None)));
         assert_eq!(out.len(), 2, "the role first: {out:?}");
         assert_eq!(out[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
         assert_eq!(out[0]["object"], "chat.completion.chunk");
-        assert_eq!(out[1]["choices"][0], json!({"index": 0, "delta": {"content": "a"}, "logprobs": null, "finish_reason": null}));
+        assert_eq!(
+            out[1]["choices"][0],
+            json!({"index": 0, "delta": {"content": "a"}, "logprobs": null, "finish_reason": null})
+        );
         assert!(!s.finished());
         // An empty chunk without log-probabilities sends nothing.
         assert!(s.shape(Ok(chunk("", None))).is_empty());
@@ -939,7 +1089,11 @@ mod tests {
         assert_eq!(out[0]["object"], "text_completion");
         assert_eq!(out[0]["choices"][0]["logprobs"]["text_offset"], json!([0]));
         let out = s.shape(Ok(chunk("b", Some(FinishReason::Eos))));
-        assert_eq!(out[0]["choices"][0]["logprobs"]["text_offset"], json!([piece(tok.as_ref(), 66).len()]), "offsets run on across chunks");
+        assert_eq!(
+            out[0]["choices"][0]["logprobs"]["text_offset"],
+            json!([piece(tok.as_ref(), 66).len()]),
+            "offsets run on across chunks"
+        );
         assert_eq!(out[1]["choices"][0], json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "stop"}));
         assert_eq!(out.len(), 2, "no usage chunk unless asked");
         assert!(s.finished());
@@ -972,10 +1126,21 @@ mod tests {
         let f = GpuTensorFactory::new(ctx);
         let c = crate::model::tiny::tiny_config();
         let w = crate::model::tiny::random_weights(&c, 21, crate::DType::Q8_0);
-        let files = crate::model::load::ModelFiles::from_gguf_bytes("tiny.gguf", crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0)).unwrap();
+        let files = crate::model::load::ModelFiles::from_gguf_bytes(
+            "tiny.gguf",
+            crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0),
+        )
+        .unwrap();
         let exec = files.executor(&f, crate::kv::KvCacheConfig { block_size: 4, num_blocks: 64 }).unwrap();
         let config = EngineConfig { max_model_len: 64, ..EngineConfig::default() };
-        let engine = ContinuousBatchEngine::new_plan_runtime(config, files.tokenizer.clone(), Arc::new(crate::sampling::GpuSampler), Arc::new(exec), Arc::new(f.clone())).unwrap();
+        let engine = ContinuousBatchEngine::new_plan_runtime(
+            config,
+            files.tokenizer.clone(),
+            Arc::new(crate::sampling::GpuSampler),
+            Arc::new(exec),
+            Arc::new(f.clone()),
+        )
+        .unwrap();
 
         let b = completion(json!({"prompt": "abc"}));
         let n = prompt_tokens(engine.tokenizer().as_ref(), &Prompt::Text("abc".into())).unwrap();
@@ -986,7 +1151,9 @@ mod tests {
         assert!(r.request.params.max_tokens < max_len - n, "the chat template's tokens count");
         assert_invalid(parse_request(&engine, Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "only n=1");
 
-        let b = chat(json!({"max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true}));
+        let b = chat(
+            json!({"max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true}),
+        );
         let r = parse_request(&engine, Endpoint::Chat, &b).unwrap();
         let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
         let v = response_json(&engine, &r, "chatcmpl-1", 5, "tiny", &whole).unwrap();

@@ -184,10 +184,7 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
 
 /// BF16 has no storage type of its own on the GPU: it widens exactly to F32 at load.
 pub fn bf16_to_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-        .collect()
+    bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
 }
 
 #[cfg(test)]
@@ -238,8 +235,8 @@ mod tests {
             let decoded = dequantize(dtype, &quantize(dtype, &values).unwrap()).unwrap();
             for (block, got) in values.chunks(32).zip(decoded.chunks(32)) {
                 let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let range = block.iter().copied().fold(f32::MIN, f32::max)
-                    - block.iter().copied().fold(f32::MAX, f32::min);
+                let range =
+                    block.iter().copied().fold(f32::MIN, f32::max) - block.iter().copied().fold(f32::MAX, f32::min);
                 // Half a quantization step, plus the f16 rounding of the scale itself.
                 let step = match dtype {
                     DType::F32 => 0.0,

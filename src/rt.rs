@@ -95,6 +95,9 @@ pub fn map_file(path: &std::path::Path) -> std::io::Result<MappedFile> {
     #[cfg(target_arch = "wasm32")]
     {
         let _ = path;
-        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "the browser has no file system; load the model from bytes"))
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "the browser has no file system; load the model from bytes",
+        ))
     }
 }

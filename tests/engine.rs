@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use weft::DType;
-use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt};
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::load::ModelFiles;
@@ -24,11 +24,19 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
     let exec = files.executor(f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
-    ContinuousBatchEngine::new_plan_runtime(config, files.tokenizer.clone(), Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone())).unwrap()
+    ContinuousBatchEngine::new_plan_runtime(
+        config,
+        files.tokenizer.clone(),
+        Arc::new(GpuSampler),
+        Arc::new(exec),
+        Arc::new(f.clone()),
+    )
+    .unwrap()
 }
 
 fn greedy(prompt: &str, max_tokens: usize) -> InferenceRequest {
-    let params = GenerationParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos: true, ..Default::default() };
+    let params =
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos: true, ..Default::default() };
     InferenceRequest::new(Prompt::Text(prompt.into()), params)
 }
 
@@ -40,11 +48,17 @@ fn workload() -> Vec<InferenceRequest> {
             let mut r = greedy(&prompt, i % 9 + 3);
             if i % 4 == 1 {
                 // Seeded sampling must also be independent of the batch.
-                r.params.sampling = SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(i as u64), ..Default::default() };
+                r.params.sampling =
+                    SamplingParams { temperature: 0.9, top_p: 0.95, seed: Some(i as u64), ..Default::default() };
             }
             if i % 4 == 2 {
                 // And penalties, which read the sequence's own history.
-                r.params.sampling = SamplingParams { repetition_penalty: 1.3, presence_penalty: 0.5, frequency_penalty: 0.5, ..SamplingParams::greedy() };
+                r.params.sampling = SamplingParams {
+                    repetition_penalty: 1.3,
+                    presence_penalty: 0.5,
+                    frequency_penalty: 0.5,
+                    ..SamplingParams::greedy()
+                };
             }
             r
         })
@@ -59,7 +73,8 @@ fn alone(f: &GpuTensorFactory, requests: &[InferenceRequest]) -> Vec<InferenceRe
 /// Submit everything from 4 threads at once against a running loop.
 fn together(e: &ContinuousBatchEngine, requests: &[InferenceRequest]) -> Vec<InferenceResponse> {
     e.start_loop().unwrap();
-    let chunks: Vec<Vec<(usize, InferenceRequest)>> = (0..4).map(|t| requests.iter().cloned().enumerate().filter(|(i, _)| i % 4 == t).collect()).collect();
+    let chunks: Vec<Vec<(usize, InferenceRequest)>> =
+        (0..4).map(|t| requests.iter().cloned().enumerate().filter(|(i, _)| i % 4 == t).collect()).collect();
     let mut out: Vec<Option<InferenceResponse>> = vec![None; requests.len()];
     std::thread::scope(|s| {
         let handles: Vec<_> = chunks
@@ -67,10 +82,13 @@ fn together(e: &ContinuousBatchEngine, requests: &[InferenceRequest]) -> Vec<Inf
             .map(|chunk| {
                 let e = e.clone();
                 s.spawn(move || {
-                    let futures: Vec<_> = chunk.into_iter().map(|(i, r)| {
-                        let e = e.clone();
-                        async move { (i, e.infer(r).await.unwrap()) }
-                    }).collect();
+                    let futures: Vec<_> = chunk
+                        .into_iter()
+                        .map(|(i, r)| {
+                            let e = e.clone();
+                            async move { (i, e.infer(r).await.unwrap()) }
+                        })
+                        .collect();
                     weft::rt::block_on(futures::future::join_all(futures))
                 })
             })
@@ -289,7 +307,12 @@ fn penalties_discourage_repeats() {
     let penalized = weft::rt::block_on(e.infer(r)).unwrap();
     let distinct = |t: &[u32]| t.iter().collect::<std::collections::BTreeSet<_>>().len();
     assert_ne!(plain.token_ids, penalized.token_ids);
-    assert!(distinct(&penalized.token_ids) > distinct(&plain.token_ids), "{:?} vs {:?}", penalized.token_ids, plain.token_ids);
+    assert!(
+        distinct(&penalized.token_ids) > distinct(&plain.token_ids),
+        "{:?} vs {:?}",
+        penalized.token_ids,
+        plain.token_ids
+    );
 }
 
 #[test]
@@ -297,8 +320,14 @@ fn chat_prompts_use_the_model_template() {
     let Some(f) = factory() else { return };
     let e = engine(&f, 256, EngineConfig::default());
     let messages = vec![weft::tokenizer::ChatMessage::user("hi")];
-    let chat = InferenceRequest::new(Prompt::Chat(messages), GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 3, ignore_eos: true, ..Default::default() });
-    let text = InferenceRequest::new(Prompt::Text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()), chat.params.clone());
+    let chat = InferenceRequest::new(
+        Prompt::Chat(messages),
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 3, ignore_eos: true, ..Default::default() },
+    );
+    let text = InferenceRequest::new(
+        Prompt::Text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()),
+        chat.params.clone(),
+    );
     let a = weft::rt::block_on(e.infer(chat)).unwrap();
     let b = weft::rt::block_on(e.infer(text)).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
@@ -313,22 +342,56 @@ fn the_seed_constructors_check_their_parts() {
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
-    let exec: Arc<dyn weft::model::executor::ModelExecutor> = Arc::new(files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 32 }).unwrap());
+    let exec: Arc<dyn weft::model::executor::ModelExecutor> =
+        Arc::new(files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 32 }).unwrap());
     let tok = files.tokenizer.clone();
-    let parts = || (EngineConfig::default(), tok.clone(), Arc::new(GpuSampler) as Arc<dyn weft::sampling::Sampler>, exec.clone(), Arc::new(f.clone()) as Arc<dyn weft::gpu::TensorFactory>);
+    let parts = || {
+        (
+            EngineConfig::default(),
+            tok.clone(),
+            Arc::new(GpuSampler) as Arc<dyn weft::sampling::Sampler>,
+            exec.clone(),
+            Arc::new(f.clone()) as Arc<dyn weft::gpu::TensorFactory>,
+        )
+    };
 
     // A KV manager that does not describe the executor's pool is refused.
     let (config, t, s, e, tf) = parts();
-    let err = ContinuousBatchEngine::new(config, t, s, KvCacheManager::new(16, 4, true), e, tf).err().unwrap().to_string();
+    let err =
+        ContinuousBatchEngine::new(config, t, s, KvCacheManager::new(16, 4, true), e, tf).err().unwrap().to_string();
     assert!(err.contains("16 blocks of 4 tokens but the executor's pool has 32 blocks of 4"), "{err}");
 
     // Speculation: both or neither; both is not supported yet.
     let (config, t, s, e, tf) = parts();
-    let err = ContinuousBatchEngine::new_with_speculation(config, t, s, KvCacheManager::new(32, 4, true), e.clone(), tf, Some(e), None).err().unwrap().to_string();
+    let err = ContinuousBatchEngine::new_with_speculation(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        e.clone(),
+        tf,
+        Some(e),
+        None,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("both a draft executor and a speculation config, or neither"), "{err}");
     let (config, t, s, e, tf) = parts();
     let spec = SpeculationConfig { num_speculative_tokens: 4 };
-    let err = ContinuousBatchEngine::new_with_speculation(config, t, s, KvCacheManager::new(32, 4, true), e.clone(), tf, Some(e), Some(spec)).err().unwrap().to_string();
+    let err = ContinuousBatchEngine::new_with_speculation(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        e.clone(),
+        tf,
+        Some(e),
+        Some(spec),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("speculative decoding is not supported by this executor"), "{err}");
 
     struct Mamba;
@@ -338,15 +401,36 @@ fn the_seed_constructors_check_their_parts() {
         }
     }
     let (config, t, s, e, tf) = parts();
-    let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(config, t, s, KvCacheManager::new(32, 4, true), e, tf, None, None, Some(Arc::new(Mamba)))
-        .err()
-        .unwrap()
-        .to_string();
+    let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        e,
+        tf,
+        None,
+        None,
+        Some(Arc::new(Mamba)),
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(err.contains("recurrent state"), "{err}");
 
     // Neither: a working engine, equal to new_plan_runtime's.
     let (config, t, s, e, tf) = parts();
-    let engine = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(config, t, s, KvCacheManager::new(32, 4, true), e, tf, None, None, None).unwrap();
+    let engine = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        e,
+        tf,
+        None,
+        None,
+        None,
+    )
+    .unwrap();
     let a = weft::rt::block_on(engine.infer(greedy("seed api", 5))).unwrap();
     let b = weft::rt::block_on(self::engine(&f, 32, EngineConfig::default()).infer(greedy("seed api", 5))).unwrap();
     assert_eq!(a.token_ids, b.token_ids);

@@ -28,7 +28,14 @@ fn executor(f: &GpuTensorFactory, config: &LlamaConfig, gguf: &GgufFile) -> GpuE
     let loaded = LlamaConfig::from_gguf(gguf).unwrap();
     assert_eq!(&loaded, config, "config read back from the GGUF metadata");
     let model = LlamaModel::load(loaded, &GgufWeights { gguf }, f).unwrap();
-    let kv = KvPool::new(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+    let kv = KvPool::new(
+        f,
+        KvCacheConfig { block_size: BLOCK, num_blocks: 64 },
+        config.num_layers,
+        config.num_kv_heads,
+        config.head_dim,
+    )
+    .unwrap();
     GpuExecutor::new(f.clone(), model, kv)
 }
 
@@ -49,7 +56,12 @@ fn run_and_compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType) {
     let want_b = weft::cpu::llama::forward(config, &w, &b);
     let table_a: Vec<u32> = vec![10, 3, 7];
     let table_b: Vec<u32> = vec![20, 21];
-    let seq = |tokens: &[u32], start: usize, table: &[u32]| SeqInput { tokens: tokens.to_vec(), start_pos: start, block_table: table.to_vec(), sample: None };
+    let seq = |tokens: &[u32], start: usize, table: &[u32]| SeqInput {
+        tokens: tokens.to_vec(),
+        start_pos: start,
+        block_table: table.to_vec(),
+        sample: None,
+    };
     // Step 1: a's first chunk and b's prompt.
     let out = weft::rt::block_on(exec.last_logits(&[seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)])).unwrap();
     close(&format!("{dtype} a[..3]"), &out[0], &want_a[2]);
@@ -74,7 +86,12 @@ fn tiny_gguf_matches_cpu_in_every_weight_format() {
 #[test]
 fn untied_head_and_qkv_bias_match_cpu() {
     let Some(f) = factory() else { return };
-    let config = LlamaConfig { architecture: "qwen2".into(), tie_word_embeddings: false, attention_bias: true, ..tiny::tiny_config() };
+    let config = LlamaConfig {
+        architecture: "qwen2".into(),
+        tie_word_embeddings: false,
+        attention_bias: true,
+        ..tiny::tiny_config()
+    };
     run_and_compare(&f, &config, DType::Q8_0);
 }
 
@@ -99,7 +116,13 @@ fn sliding_window_matches_cpu() {
     let exec = executor(&f, &config, &gguf);
     let tokens: Vec<u32> = (0..11).map(|i| (i * 37 % 256) as u32).collect();
     let want = weft::cpu::llama::forward(&config, &w, &tokens);
-    let out = weft::rt::block_on(exec.last_logits(&[SeqInput { tokens, start_pos: 0, block_table: vec![0, 1, 2], sample: None }])).unwrap();
+    let out = weft::rt::block_on(exec.last_logits(&[SeqInput {
+        tokens,
+        start_pos: 0,
+        block_table: vec![0, 1, 2],
+        sample: None,
+    }]))
+    .unwrap();
     close("window 4", &out[0], &want[10]);
 }
 
@@ -113,15 +136,27 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     let target = SeqInput { tokens: vec![9, 8, 7, 6, 5], start_pos: 0, block_table: vec![0, 1], sample: None };
     let alone = weft::rt::block_on(exec.last_logits(std::slice::from_ref(&target))).unwrap();
     let others: Vec<SeqInput> = (0..6)
-        .map(|i| SeqInput { tokens: (0..(i * 2 + 1) as u32).collect(), start_pos: 0, block_table: vec![10 + 3 * i as u32, 11 + 3 * i as u32, 12 + 3 * i as u32], sample: None })
+        .map(|i| SeqInput {
+            tokens: (0..(i * 2 + 1) as u32).collect(),
+            start_pos: 0,
+            block_table: vec![10 + 3 * i as u32, 11 + 3 * i as u32, 12 + 3 * i as u32],
+            sample: None,
+        })
         .collect();
     let mut batch = others.clone();
     batch.insert(3, target.clone());
     let together = weft::rt::block_on(exec.last_logits(&batch)).unwrap();
-    assert!(alone[0].iter().zip(&together[3]).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ alone vs in a batch");
+    assert!(
+        alone[0].iter().zip(&together[3]).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits differ alone vs in a batch"
+    );
 
     // And the sampler: a seeded temperature draw and greedy pick the same token either way.
-    let spec = SampleSpec { params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() }, uniform: 0.37, penalty_entries: Vec::new() };
+    let spec = SampleSpec {
+        params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() },
+        uniform: 0.37,
+        penalty_entries: Vec::new(),
+    };
     let with = |s: &SeqInput| SeqInput { sample: Some(spec.clone()), ..s.clone() };
     let a = weft::rt::block_on(exec.execute(&[with(&target)])).unwrap();
     let mut batch: Vec<SeqInput> = others.iter().map(with).collect();
@@ -149,7 +184,13 @@ fn bad_step_inputs_are_refused() {
 }
 
 /// A Hugging Face directory holding `w` in `dtype`, in `shards` safetensors files.
-fn write_hf_dir(dir: &std::path::Path, config: &LlamaConfig, w: &weft::cpu::llama::HfWeights, dtype: safetensors::Dtype, shards: usize) {
+fn write_hf_dir(
+    dir: &std::path::Path,
+    config: &LlamaConfig,
+    w: &weft::cpu::llama::HfWeights,
+    dtype: safetensors::Dtype,
+    shards: usize,
+) {
     std::fs::create_dir_all(dir).unwrap();
     let json = serde_json::json!({
         "model_type": config.architecture, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
@@ -171,27 +212,45 @@ fn write_hf_dir(dir: &std::path::Path, config: &LlamaConfig, w: &weft::cpu::llam
     names.sort();
     let mut weight_map = serde_json::Map::new();
     for (s, chunk) in names.chunks(names.len().div_ceil(shards)).enumerate() {
-        let file = if shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{shards:05}.safetensors", s + 1) };
+        let file = if shards == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{shards:05}.safetensors", s + 1)
+        };
         let data: Vec<(String, Vec<u8>, Vec<usize>)> = chunk
             .iter()
             .map(|name| {
                 let v = &w[*name];
-                let shape = if name.ends_with("norm.weight") || name.ends_with("bias") { vec![v.len()] } else {
-                    let cols = if name.contains("down_proj") { config.intermediate_size } else if name.contains("o_proj") { config.num_heads * config.head_dim } else { config.hidden_size };
+                let shape = if name.ends_with("norm.weight") || name.ends_with("bias") {
+                    vec![v.len()]
+                } else {
+                    let cols = if name.contains("down_proj") {
+                        config.intermediate_size
+                    } else if name.contains("o_proj") {
+                        config.num_heads * config.head_dim
+                    } else {
+                        config.hidden_size
+                    };
                     vec![v.len() / cols, cols]
                 };
                 ((*name).clone(), encode(v), shape)
             })
             .collect();
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> =
-            data.iter().map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap())).collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+            .iter()
+            .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(dtype, s.clone(), b).unwrap()))
+            .collect();
         safetensors::serialize_to_file(views, None, &dir.join(&file)).unwrap();
         for name in chunk {
             weight_map.insert((*name).clone(), serde_json::Value::String(file.clone()));
         }
     }
     if shards > 1 {
-        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({ "weight_map": weight_map }).to_string()).unwrap();
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::json!({ "weight_map": weight_map }).to_string(),
+        )
+        .unwrap();
     }
 }
 
@@ -218,11 +277,24 @@ fn hugging_face_directories_match_cpu() {
         let loaded = LlamaConfig::from_hf_json("config.json", &json).unwrap();
         assert_eq!(loaded, config);
         let model = LlamaModel::load(loaded, &SafetensorsWeights::open(&dir).unwrap(), &f).unwrap();
-        let kv = KvPool::new(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 8 }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+        let kv = KvPool::new(
+            &f,
+            KvCacheConfig { block_size: BLOCK, num_blocks: 8 },
+            config.num_layers,
+            config.num_kv_heads,
+            config.head_dim,
+        )
+        .unwrap();
         let exec = GpuExecutor::new(f.clone(), model, kv);
         let tokens: Vec<u32> = vec![4, 8, 15, 16, 23, 42];
         let want = weft::cpu::llama::forward(&config, &w, &tokens);
-        let out = weft::rt::block_on(exec.last_logits(&[SeqInput { tokens, start_pos: 0, block_table: vec![0, 1], sample: None }])).unwrap();
+        let out = weft::rt::block_on(exec.last_logits(&[SeqInput {
+            tokens,
+            start_pos: 0,
+            block_table: vec![0, 1],
+            sample: None,
+        }]))
+        .unwrap();
         close(&format!("safetensors {dtype:?} in {shards} shards"), &out[0], &want[5]);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -28,7 +28,10 @@ const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 fn model() -> Option<ModelFiles> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     if !path.exists() {
-        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "{MODEL} is missing: run cargo xtask fetch-model");
+        assert!(
+            std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"),
+            "{MODEL} is missing: run cargo xtask fetch-model"
+        );
         eprintln!("skipping: {MODEL} is missing (cargo xtask fetch-model)");
         return None;
     }
@@ -36,7 +39,8 @@ fn model() -> Option<ModelFiles> {
 }
 
 fn fixtures() -> Vec<Value> {
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/model.json")).unwrap();
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/model.json"))
+        .unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
     v["prompts"].as_array().unwrap().clone()
 }
@@ -70,8 +74,10 @@ fn logits_and_greedy_tokens_match_transformers() {
     let factory = GpuTensorFactory::new(ctx);
     const BLOCK: usize = 16;
     const STEPS: usize = 32;
-    let blocks_per_seq: Vec<usize> = prompts.iter().map(|p| (p["prompt_ids"].as_array().unwrap().len() + STEPS).div_ceil(BLOCK)).collect();
-    let exec = files.executor(&factory, KvCacheConfig { block_size: BLOCK, num_blocks: blocks_per_seq.iter().sum() }).unwrap();
+    let blocks_per_seq: Vec<usize> =
+        prompts.iter().map(|p| (p["prompt_ids"].as_array().unwrap().len() + STEPS).div_ceil(BLOCK)).collect();
+    let exec =
+        files.executor(&factory, KvCacheConfig { block_size: BLOCK, num_blocks: blocks_per_seq.iter().sum() }).unwrap();
     let mut alloc = BlockAllocator::new(blocks_per_seq.iter().sum());
     let tables: Vec<Vec<u32>> = blocks_per_seq.iter().map(|&n| alloc.allocate(n).unwrap()).collect();
 
@@ -83,7 +89,11 @@ fn logits_and_greedy_tokens_match_transformers() {
         .collect();
     let started = std::time::Instant::now();
     let logits = weft::rt::block_on(exec.last_logits(&batch)).unwrap();
-    eprintln!("prefill of {} tokens: {:.1} s", batch.iter().map(|s| s.tokens.len()).sum::<usize>(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "prefill of {} tokens: {:.1} s",
+        batch.iter().map(|s| s.tokens.len()).sum::<usize>(),
+        started.elapsed().as_secs_f64()
+    );
     let mut worst = 0f32;
     for (p, l) in prompts.iter().zip(&logits) {
         for pair in p["last_logits_top"].as_array().unwrap() {
@@ -128,7 +138,11 @@ fn logits_and_greedy_tokens_match_transformers() {
             near_ties += 1;
         }
     }
-    eprintln!("greedy: {} of {} prompts identical for all {STEPS} tokens, {near_ties} diverged at a near-tie", prompts.len() - near_ties, prompts.len());
+    eprintln!(
+        "greedy: {} of {} prompts identical for all {STEPS} tokens, {near_ties} diverged at a near-tie",
+        prompts.len() - near_ties,
+        prompts.len()
+    );
 }
 
 /// The one-line builder and the engine traits, on the default model: the engine's greedy
@@ -143,13 +157,17 @@ fn the_engine_builder_serves_the_default_model() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let engine = match weft::rt::block_on(EngineBuilder::from_model(&path).unwrap().kv_memory_bytes(8 << 20).build()) {
         Ok(e) => e,
-        Err(e @ weft::WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => return eprintln!("skipping: {e}"),
+        Err(e @ weft::WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
+            return eprintln!("skipping: {e}");
+        }
         Err(e) => panic!("{e}"),
     };
     let engine: std::sync::Arc<dyn LlmInferenceEngine> = std::sync::Arc::new(engine);
     let p = &fixtures()[0];
-    let params = GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 6, ignore_eos: true, ..Default::default() };
-    let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
+    let params =
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 6, ignore_eos: true, ..Default::default() };
+    let response =
+        weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
     assert_eq!(response.token_ids, ids(&p["greedy_ids"])[..6]);
     assert!(response.text.contains("Paris"), "{}", response.text);
     assert!(weft::rt::block_on(engine.health_check()).healthy);
@@ -169,7 +187,9 @@ fn the_engine_builder_serves_the_default_model() {
 #[test]
 fn tokenizer_matches_the_transformers_fixture() {
     let Some(files) = model() else { return };
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/tokenizer_hf.json")).unwrap();
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2/tokenizer_hf.json"))
+            .unwrap();
     let fixture: Value = serde_json::from_str(&text).unwrap();
     let cases = fixture["cases"].as_array().unwrap();
     assert!(cases.len() >= 300);

@@ -39,7 +39,14 @@ fn every_rust_file_opens_with_a_module_doc() {
 #[test]
 fn no_line_ends_in_whitespace() {
     let mut all = Vec::new();
-    for (dir, ext) in [("src", ".rs"), ("shaders", ".wgsl"), ("native", ".rs"), ("xtask", ".rs"), ("tests", ".rs"), ("benches", ".rs")] {
+    for (dir, ext) in [
+        ("src", ".rs"),
+        ("shaders", ".wgsl"),
+        ("native", ".rs"),
+        ("xtask", ".rs"),
+        ("tests", ".rs"),
+        ("benches", ".rs"),
+    ] {
         files(&root().join(dir), ext, &mut all);
     }
     for path in all {

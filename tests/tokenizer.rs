@@ -543,8 +543,21 @@ fn the_metadata_reader_agrees_with_the_fixture() {
 fn every_known_pre_tokenizer_builds_and_splits() {
     // Each family's regexes compile on the pure-Rust regex backend and split plain text alike.
     for pre in [
-        "default", "gpt2", "gpt-2", "llama3", "llama-bpe", "qwen2", "smollm", "starcoder", "falcon", "tekken",
-        "gpt-4o", "llama4", "dbrx", "chatglm-bpe", "stablelm2",
+        "default",
+        "gpt2",
+        "gpt-2",
+        "llama3",
+        "llama-bpe",
+        "qwen2",
+        "smollm",
+        "starcoder",
+        "falcon",
+        "tekken",
+        "gpt-4o",
+        "llama4",
+        "dbrx",
+        "chatglm-bpe",
+        "stablelm2",
     ] {
         let mut m = tiny_gpt2();
         m.insert("tokenizer.ggml.pre".into(), s(pre));

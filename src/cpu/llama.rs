@@ -16,7 +16,10 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 /// y (out) = W (out, in) · x (in), plus an optional bias.
 fn linear(w: &[f32], x: &[f32], bias: Option<&Vec<f32>>) -> Vec<f32> {
     let n_in = x.len();
-    let mut y: Vec<f32> = w.chunks(n_in).map(|row| row.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32).collect();
+    let mut y: Vec<f32> = w
+        .chunks(n_in)
+        .map(|row| row.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() as f32)
+        .collect();
     if let Some(b) = bias {
         y.iter_mut().zip(b).for_each(|(v, b)| *v += b);
     }
@@ -31,7 +34,8 @@ pub fn forward(config: &LlamaConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
     let inv_freq = c.inv_freq();
     let table = crate::gpu::kernels::rope::cos_sin_table(&inv_freq, tokens.len());
     let embed = get("model.embed_tokens.weight");
-    let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| embed[t as usize * c.hidden_size..(t as usize + 1) * c.hidden_size].to_vec()).collect();
+    let mut xs: Vec<Vec<f32>> =
+        tokens.iter().map(|&t| embed[t as usize * c.hidden_size..(t as usize + 1) * c.hidden_size].to_vec()).collect();
     for l in 0..c.num_layers {
         let p = |s: &str| format!("model.layers.{l}.{s}");
         // Attention: every position's q against keys 0..=pos.

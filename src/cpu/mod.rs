@@ -98,7 +98,14 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
 ///
 /// `q` is (num_heads, head_dim); `keys` and `values` are the visible positions in order, each
 /// (num_kv_heads, head_dim). Returns (num_heads, head_dim).
-pub fn attention_one(q: &[f32], keys: &[&[f32]], values: &[&[f32]], num_heads: usize, num_kv_heads: usize, scale: f32) -> Vec<f32> {
+pub fn attention_one(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    num_heads: usize,
+    num_kv_heads: usize,
+    scale: f32,
+) -> Vec<f32> {
     let head_dim = q.len() / num_heads;
     let group = num_heads / num_kv_heads;
     let mut out = vec![0.0; q.len()];

@@ -1,9 +1,9 @@
 //! The engine's public traits (`InferenceEngine`, `LlmInferenceEngine`), their snapshot types,
 //! and the one-line builder from a model path.
 
-use crate::engine::{ContinuousBatchEngine, EngineConfig};
 use crate::engine::metrics::EngineMetrics;
 use crate::engine::request::{InferenceRequest, InferenceResponse, StreamChunk};
+use crate::engine::{ContinuousBatchEngine, EngineConfig};
 use crate::error::Result;
 use crate::kv::{KvUsage, PrefixCacheStats};
 use crate::rt::{BoxFuture, BoxStream};
@@ -72,7 +72,11 @@ pub trait LlmInferenceEngine: InferenceEngine {
 
 impl InferenceEngine for ContinuousBatchEngine {
     fn status(&self) -> EngineStatus {
-        if self.is_shut_down() { EngineStatus::ShutDown } else { EngineStatus::Running { background_loop: self.loop_running() } }
+        if self.is_shut_down() {
+            EngineStatus::ShutDown
+        } else {
+            EngineStatus::Running { background_loop: self.loop_running() }
+        }
     }
 
     fn shutdown(&self) {
@@ -208,7 +212,13 @@ impl EngineBuilder {
     pub fn build_on(self, ctx: std::sync::Arc<crate::gpu::GpuContext>) -> Result<ContinuousBatchEngine> {
         let factory = crate::gpu::GpuTensorFactory::new(ctx);
         let c = &self.files.config;
-        let kv = crate::kv::KvCacheConfig::for_memory(self.kv_memory_bytes, self.block_size, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        let kv = crate::kv::KvCacheConfig::for_memory(
+            self.kv_memory_bytes,
+            self.block_size,
+            c.num_layers,
+            c.num_kv_heads,
+            c.head_dim,
+        )?;
         // One layer's K (or V) must fit one binding.
         let per_layer = kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * 4;
         if per_layer as u64 > factory.context().max_binding_bytes() {
@@ -221,6 +231,12 @@ impl EngineBuilder {
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
         let exec = self.files.executor_with_progress(&factory, kv, &mut *progress)?;
         let sampler = std::sync::Arc::new(crate::sampling::GpuSampler);
-        ContinuousBatchEngine::new_plan_runtime(self.config, self.files.tokenizer.clone(), sampler, std::sync::Arc::new(exec), std::sync::Arc::new(factory))
+        ContinuousBatchEngine::new_plan_runtime(
+            self.config,
+            self.files.tokenizer.clone(),
+            sampler,
+            std::sync::Arc::new(exec),
+            std::sync::Arc::new(factory),
+        )
     }
 }

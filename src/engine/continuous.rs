@@ -21,12 +21,16 @@ use futures::{Stream, StreamExt};
 use web_time::Instant;
 
 use crate::engine::metrics::EngineMetrics;
-use crate::engine::request::{FinishReason, InferenceRequest, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage};
-use crate::engine::scheduler::{ContinuousBatchScheduler, RunnerOutput, SchedRequest, SchedulerConfig, SchedulerOutput};
+use crate::engine::request::{
+    FinishReason, InferenceRequest, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage,
+};
+use crate::engine::scheduler::{
+    ContinuousBatchScheduler, RunnerOutput, SchedRequest, SchedulerConfig, SchedulerOutput,
+};
 use crate::engine::stop::StopMatcher;
 use crate::error::{Result, WeftError};
-use crate::kv::{KvCacheManager, SeqId};
 use crate::gpu::TensorFactory;
+use crate::kv::{KvCacheManager, SeqId};
 use crate::model::executor::{ModelExecutor, SeqInput};
 use crate::sampling::{Sampled, Sampler, SamplerRng};
 use crate::tokenizer::{DecodeStream, Tokenizer};
@@ -222,7 +226,11 @@ impl ContinuousBatchEngine {
         }
         let max_model_len = config.max_model_len.min(model_executor.max_context());
         let scheduler = ContinuousBatchScheduler::new(
-            SchedulerConfig { max_num_seqs: config.max_num_seqs, max_num_batched_tokens: config.max_num_batched_tokens, max_model_len },
+            SchedulerConfig {
+                max_num_seqs: config.max_num_seqs,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_model_len,
+            },
             kv_cache,
         );
         let config = EngineConfig { max_model_len, ..config };
@@ -233,7 +241,12 @@ impl ContinuousBatchEngine {
                 sampler,
                 executor: model_executor,
                 tensor_factory,
-                state: Mutex::new(State { scheduler, live: HashMap::new(), metrics: EngineMetrics::default(), last_step_error: None }),
+                state: Mutex::new(State {
+                    scheduler,
+                    live: HashMap::new(),
+                    metrics: EngineMetrics::default(),
+                    last_step_error: None,
+                }),
                 step_lock: futures::lock::Mutex::new(()),
                 next_id: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
@@ -258,8 +271,12 @@ impl ContinuousBatchEngine {
     ) -> Result<Self> {
         match (draft_executor, spec_config) {
             (None, None) => Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory),
-            (Some(_), Some(_)) => Err(WeftError::Unsupported("speculative decoding is not supported by this executor yet".into())),
-            _ => Err(WeftError::Unsupported("speculation needs both a draft executor and a speculation config, or neither".into())),
+            (Some(_), Some(_)) => {
+                Err(WeftError::Unsupported("speculative decoding is not supported by this executor yet".into()))
+            }
+            _ => Err(WeftError::Unsupported(
+                "speculation needs both a draft executor and a speculation config, or neither".into(),
+            )),
         }
     }
 
@@ -278,9 +295,20 @@ impl ContinuousBatchEngine {
         recurrent_state_manager: Option<Arc<dyn RecurrentStateManager>>,
     ) -> Result<Self> {
         if recurrent_state_manager.is_some() {
-            return Err(WeftError::Unsupported("recurrent state (state-space models) is not supported by this executor yet".into()));
+            return Err(WeftError::Unsupported(
+                "recurrent state (state-space models) is not supported by this executor yet".into(),
+            ));
         }
-        Self::new_with_speculation(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory, draft_executor, spec_config)
+        Self::new_with_speculation(
+            config,
+            tokenizer,
+            sampler,
+            kv_cache,
+            model_executor,
+            tensor_factory,
+            draft_executor,
+            spec_config,
+        )
     }
 
     /// An engine whose KV manager is created and owned inside, sized to the executor's block
@@ -327,12 +355,18 @@ impl ContinuousBatchEngine {
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
                 match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => Err(WeftError::Unsupported(format!("invalid prompt: token id {t} is outside the vocabulary of {vocab}"))),
+                    Some(t) => Err(WeftError::Unsupported(format!(
+                        "invalid prompt: token id {t} is outside the vocabulary of {vocab}"
+                    ))),
                     None => Ok(ids.clone()),
                 }
             }
             Prompt::Chat(messages) => {
-                let template = tok.chat_template().ok_or_else(|| WeftError::Unsupported("invalid messages: this model has no chat template; send a text prompt".into()))?;
+                let template = tok.chat_template().ok_or_else(|| {
+                    WeftError::Unsupported(
+                        "invalid messages: this model has no chat template; send a text prompt".into(),
+                    )
+                })?;
                 tok.encode(&template.render(messages, true)?, false)
             }
         }
@@ -356,7 +390,10 @@ impl ContinuousBatchEngine {
         };
         let max_len = self.inner.config.max_model_len;
         if prompt.len() >= max_len {
-            return reject(WeftError::Unsupported(format!("invalid prompt: {} tokens, but the context holds {max_len}", prompt.len())));
+            return reject(WeftError::Unsupported(format!(
+                "invalid prompt: {} tokens, but the context holds {max_len}",
+                prompt.len()
+            )));
         }
         let max_tokens = request.params.max_tokens;
         if prompt.len() + max_tokens > max_len {
@@ -372,7 +409,9 @@ impl ContinuousBatchEngine {
             Err(e) => return reject(e),
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let seed = request.params.sampling.seed.unwrap_or_else(|| web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(id, |d| d.as_nanos() as u64 ^ id));
+        let seed = request.params.sampling.seed.unwrap_or_else(|| {
+            web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(id, |d| d.as_nanos() as u64 ^ id)
+        });
         let (sender, receiver) = mpsc::unbounded();
         {
             let mut state = self.state();
@@ -430,7 +469,12 @@ impl ContinuousBatchEngine {
                     let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
                     self.inner.sampler.prepare(&live.request.params.sampling, &mut live.rng, prompt, output)
                 });
-                batch.push(SeqInput { tokens: s.tokens.clone(), start_pos: s.start_pos, block_table: s.block_table.clone(), sample });
+                batch.push(SeqInput {
+                    tokens: s.tokens.clone(),
+                    start_pos: s.start_pos,
+                    block_table: s.block_table.clone(),
+                    sample,
+                });
             }
             (out, batch)
         };
@@ -448,7 +492,12 @@ impl ContinuousBatchEngine {
                 let message = e.to_string();
                 state.last_step_error = Some(message.clone());
                 for s in &out.scheduled {
-                    self.end(&mut state, s.id, FinishReason::Error, Some(WeftError::Gpu { context: "an engine step".into(), reason: message.clone() }));
+                    self.end(
+                        &mut state,
+                        s.id,
+                        FinishReason::Error,
+                        Some(WeftError::Gpu { context: "an engine step".into(), reason: message.clone() }),
+                    );
                 }
                 Err(e)
             }
@@ -463,7 +512,14 @@ impl ContinuousBatchEngine {
     }
 
     fn apply(&self, state: &mut State, out: &SchedulerOutput, sampled: Vec<Option<Sampled>>) {
-        let runner = RunnerOutput { sampled: out.scheduled.iter().zip(&sampled).filter_map(|(s, x)| x.as_ref().map(|x| (s.id, x.token))).collect() };
+        let runner = RunnerOutput {
+            sampled: out
+                .scheduled
+                .iter()
+                .zip(&sampled)
+                .filter_map(|(s, x)| x.as_ref().map(|x| (s.id, x.token)))
+                .collect(),
+        };
         state.scheduler.update_from_output(out, &runner);
         let now = Instant::now();
         let eos = self.inner.tokenizer.eos_token_ids();
@@ -478,7 +534,11 @@ impl ContinuousBatchEngine {
             let _ = live.sender.unbounded_send(Ok(chunk));
             let m = &mut state.metrics;
             m.generation_tokens += 1;
-            if first { m.time_to_first_token.observe(latency) } else { m.inter_token_latency.observe(latency) }
+            if first {
+                m.time_to_first_token.observe(latency)
+            } else {
+                m.inter_token_latency.observe(latency)
+            }
             if let Some(reason) = finish {
                 self.end(state, s.id, reason, None);
             }
@@ -535,7 +595,10 @@ impl ContinuousBatchEngine {
     }
 
     /// [`infer_stream`](Self::infer_stream), also giving the request's id (for [`cancel`](Self::cancel)).
-    pub fn infer_stream_with_id(&self, request: InferenceRequest) -> Result<(SeqId, impl Stream<Item = Result<StreamChunk>> + use<>)> {
+    pub fn infer_stream_with_id(
+        &self,
+        request: InferenceRequest,
+    ) -> Result<(SeqId, impl Stream<Item = Result<StreamChunk>> + use<>)> {
         let (id, receiver) = self.submit(request)?;
         let sub = Subscription { engine: self.clone(), receiver };
         let stream = futures::stream::unfold((sub, false), |(mut sub, done)| async move {
@@ -643,8 +706,16 @@ impl ContinuousBatchEngine {
 }
 
 /// Gather a request's stream into one response (what [`ContinuousBatchEngine::infer`] returns).
-pub async fn collect_response(stream: &mut (impl Stream<Item = Result<StreamChunk>> + Unpin)) -> Result<InferenceResponse> {
-    let mut response = InferenceResponse { text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Cancelled, usage: Usage::default() };
+pub async fn collect_response(
+    stream: &mut (impl Stream<Item = Result<StreamChunk>> + Unpin),
+) -> Result<InferenceResponse> {
+    let mut response = InferenceResponse {
+        text: String::new(),
+        token_ids: Vec::new(),
+        logprobs: Vec::new(),
+        finish_reason: FinishReason::Cancelled,
+        usage: Usage::default(),
+    };
     while let Some(chunk) = stream.next().await {
         let chunk = chunk?;
         response.text.push_str(&chunk.text);

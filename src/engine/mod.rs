@@ -11,4 +11,4 @@ pub mod request;
 pub mod scheduler;
 pub mod stop;
 
-pub use continuous::{collect_response, ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig};
+pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig, collect_response};

@@ -32,7 +32,14 @@ pub struct GenerationParams {
 
 impl Default for GenerationParams {
     fn default() -> Self {
-        GenerationParams { sampling: SamplingParams::default(), max_tokens: 256, stop: Vec::new(), stop_token_ids: Vec::new(), ignore_eos: false, priority: 0 }
+        GenerationParams {
+            sampling: SamplingParams::default(),
+            max_tokens: 256,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            priority: 0,
+        }
     }
 }
 
@@ -62,10 +69,12 @@ impl InferenceRequest {
             Prompt::Text(t) if t.is_empty() => bad("prompt", "the prompt is empty"),
             Prompt::Tokens(t) if t.is_empty() => bad("prompt", "no prompt tokens"),
             Prompt::Chat(m) if m.is_empty() => bad("messages", "there are no messages"),
-            Prompt::Chat(m) => match m.iter().find(|m| !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool")) {
-                Some(m) => bad("messages", &format!("unknown role {:?} (system, user, assistant or tool)", m.role)),
-                None => Ok(()),
-            },
+            Prompt::Chat(m) => {
+                match m.iter().find(|m| !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool")) {
+                    Some(m) => bad("messages", &format!("unknown role {:?} (system, user, assistant or tool)", m.role)),
+                    None => Ok(()),
+                }
+            }
             _ => Ok(()),
         }
     }

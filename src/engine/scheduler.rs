@@ -446,10 +446,16 @@ mod tests {
         sched.add_request(request(2, vec![7; 6], 10, 0)).unwrap();
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![1, 2]);
-        assert_eq!(out.scheduled[0], ScheduledSeq { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], sample: true });
+        assert_eq!(
+            out.scheduled[0],
+            ScheduledSeq { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], sample: true }
+        );
         assert_eq!((out.scheduled[1].start_pos, out.scheduled[1].tokens.len()), (0, 6));
         assert_eq!(out.num_batched_tokens, 7);
-        assert_eq!(sched.stats(), SchedulerStats { running: 2, waiting: 0, preemptions: 0, prefilling: 1, decoding: 1 });
+        assert_eq!(
+            sched.stats(),
+            SchedulerStats { running: 2, waiting: 0, preemptions: 0, prefilling: 1, decoding: 1 }
+        );
         run_step(&mut sched, &out, 101);
         assert_eq!(sched.stats().decoding, 2);
         assert_eq!(sched.num_generated(2), Some(1));
@@ -464,7 +470,10 @@ mod tests {
         for (start_pos, num_tokens, sample) in [(0, 8, false), (8, 8, false), (16, 4, true)] {
             let out = sched.schedule();
             let s = &out.scheduled[0];
-            assert_eq!((s.start_pos, s.tokens.as_slice(), s.sample), (start_pos, &prompt[start_pos..start_pos + num_tokens], sample));
+            assert_eq!(
+                (s.start_pos, s.tokens.as_slice(), s.sample),
+                (start_pos, &prompt[start_pos..start_pos + num_tokens], sample)
+            );
             // Blocks for the whole prompt from admission on; the table never changes.
             assert_eq!(s.block_table.len(), 5);
             if table.is_empty() {
@@ -566,7 +575,10 @@ mod tests {
         let out = sched.schedule();
         assert_eq!(out.preempted, vec![3], "priority 0, and admitted after 2");
         assert_eq!(ids(&out), vec![1, 2]);
-        assert_eq!(sched.stats(), SchedulerStats { running: 2, waiting: 1, preemptions: 1, prefilling: 0, decoding: 2 });
+        assert_eq!(
+            sched.stats(),
+            SchedulerStats { running: 2, waiting: 1, preemptions: 1, prefilling: 0, decoding: 2 }
+        );
         // It keeps its tokens and will recompute them all.
         assert_eq!(sched.tokens(3), Some(&[3, 3, 3, 10, 11][..]));
         assert!(sched.kv().block_table(3).is_empty());
@@ -700,7 +712,10 @@ mod tests {
         sched.update_from_output(&out, &RunnerOutput::default());
         // All 3 tokens computed, no new one: the last is computed again to get a logit.
         let again = sched.schedule();
-        assert_eq!((again.scheduled[0].start_pos, again.scheduled[0].tokens.as_slice(), again.scheduled[0].sample), (2, &[3][..], true));
+        assert_eq!(
+            (again.scheduled[0].start_pos, again.scheduled[0].tokens.as_slice(), again.scheduled[0].sample),
+            (2, &[3][..], true)
+        );
         run_step(&mut sched, &again, 8);
         run_step(&mut sched, &again, 9);
         assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 8][..]), "an output applied twice counts once");
@@ -714,7 +729,9 @@ mod tests {
         assert!(err(&mut sched, request(1, vec![], 4, 0)).contains("empty"));
         assert!(err(&mut sched, request(1, vec![1], 0, 0)).contains("max_tokens"));
         assert!(err(&mut sched, request(1, vec![1; 90], 11, 0)).contains("maximum length of 100"));
-        assert!(err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("prompt (17 tokens, 5 KV blocks) can never fit"));
+        assert!(
+            err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("prompt (17 tokens, 5 KV blocks) can never fit")
+        );
         let message = err(&mut sched, request(1, vec![1; 10], 8, 0));
         assert!(message.contains("max_tokens can be at most 7"), "{message}");
         sched.add_request(request(1, vec![1; 10], 7, 0)).unwrap();
@@ -828,7 +845,8 @@ mod tests {
             rng ^= rng << 17;
             rng % bound
         };
-        let prefixes: Vec<Vec<u32>> = (0..3).map(|_| (0..16 + next(16)).map(|_| 1 + next(VOCAB - 1) as u32).collect()).collect();
+        let prefixes: Vec<Vec<u32>> =
+            (0..3).map(|_| (0..16 + next(16)).map(|_| 1 + next(VOCAB - 1) as u32).collect()).collect();
         let arrivals: Vec<(usize, SchedRequest)> = (0..16)
             .map(|id| {
                 let mut prompt = prefixes[next(3) as usize].clone();
@@ -845,7 +863,9 @@ mod tests {
         assert_eq!(reference.stats.preemptions, 0);
         assert_eq!(reference.req_to_tokens.len(), arrivals.len());
 
-        for (num_blocks, max_num_batched_tokens, enable_prefix_cache) in [(20, 16, true), (24, 32, false), (40, 7, true)] {
+        for (num_blocks, max_num_batched_tokens, enable_prefix_cache) in
+            [(20, 16, true), (24, 32, false), (40, 7, true)]
+        {
             let constrained = simulate(
                 &arrivals,
                 SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
@@ -866,7 +886,10 @@ mod tests {
     #[test]
     fn tidy_scheduler_and_kv_manager_import_no_platform_code() {
         let forbidden = [concat!("wg", "pu"), concat!("to", "kio"), concat!("web", "_sys"), concat!("fut", "ures")];
-        let sources = [("src/engine/scheduler.rs", include_str!("scheduler.rs")), ("src/kv/manager.rs", include_str!("../kv/manager.rs"))];
+        let sources = [
+            ("src/engine/scheduler.rs", include_str!("scheduler.rs")),
+            ("src/kv/manager.rs", include_str!("../kv/manager.rs")),
+        ];
         for (path, source) in sources {
             for (number, line) in source.lines().enumerate() {
                 let code = line.split("//").next().unwrap_or("");

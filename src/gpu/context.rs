@@ -99,9 +99,9 @@ impl GpuContext {
             subgroup_max_size: adapter_info.subgroup_max_size,
         };
         let device_cap = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let requested_cap = options.max_binding_bytes.or_else(|| {
-            std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok())
-        });
+        let requested_cap = options
+            .max_binding_bytes
+            .or_else(|| std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok()));
         // Bindings must be 4-byte multiples, so the cap is rounded down to one.
         let max_binding_bytes = requested_cap.map_or(device_cap, |c| c.min(device_cap)) & !3;
         tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, "GPU opened");
@@ -171,7 +171,10 @@ impl GpuContext {
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
             self.pipelines.get(&self.device, variant)?;
             if let Some(error) = self.settle(scope.pop()).await? {
-                return Err(WeftError::Gpu { context: format!("compiling the {variant} shader"), reason: error.to_string() });
+                return Err(WeftError::Gpu {
+                    context: format!("compiling the {variant} shader"),
+                    reason: error.to_string(),
+                });
             }
         }
         Ok(variants.len())
@@ -201,18 +204,16 @@ async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
         let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
         let needle = wanted.to_lowercase();
-        return adapters
-            .into_iter()
-            .find(|a| a.get_info().name.to_lowercase().contains(&needle))
-            .ok_or_else(|| WeftError::AdapterNotFound {
+        return adapters.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&needle)).ok_or_else(|| {
+            WeftError::AdapterNotFound {
                 wanted,
                 available: if names.is_empty() { "none".into() } else { names.join(", ") },
-            });
+            }
+        });
     }
     instance
         .request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::from_env()
-                .unwrap_or(wgpu::PowerPreference::HighPerformance),
+            power_preference: wgpu::PowerPreference::from_env().unwrap_or(wgpu::PowerPreference::HighPerformance),
             ..Default::default()
         })
         .await

@@ -90,10 +90,7 @@ impl GpuTensor {
     /// A view of rows `rows` sharing this tensor's buffers (no copy).
     pub fn slice_rows(&self, rows: Range<usize>) -> Result<GpuTensor> {
         if rows.start > rows.end || rows.end > self.num_rows() || self.shape.len() < 2 {
-            return Err(WeftError::shape(
-                "slice_rows",
-                format!("rows {rows:?} of a tensor of shape {:?}", self.shape),
-            ));
+            return Err(WeftError::shape("slice_rows", format!("rows {rows:?} of a tensor of shape {:?}", self.shape)));
         }
         let parts = self
             .parts
@@ -117,8 +114,7 @@ impl GpuTensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<GpuTensor> {
         let candidate = GpuTensor { shape: shape.to_vec(), ..self.clone() };
         let row_bytes = self.dtype.size_bytes(candidate.row_elems())?;
-        let fits = candidate.num_elems() == self.num_elems()
-            && (self.parts.len() == 1 || row_bytes == self.row_bytes);
+        let fits = candidate.num_elems() == self.num_elems() && (self.parts.len() == 1 || row_bytes == self.row_bytes);
         if !fits {
             return Err(WeftError::shape(
                 "reshape",

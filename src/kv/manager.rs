@@ -191,8 +191,11 @@ impl KvCacheManager {
         }
         let num_blocks = tokens.len().div_ceil(self.block_size);
         let max_cached_blocks = tokens.len().saturating_sub(1) / self.block_size;
-        let (hit_block_ids, chain) =
-            if self.enable_prefix_cache { self.find_cached_prefix(tokens, max_cached_blocks) } else { (Vec::new(), None) };
+        let (hit_block_ids, chain) = if self.enable_prefix_cache {
+            self.find_cached_prefix(tokens, max_cached_blocks)
+        } else {
+            (Vec::new(), None)
+        };
         let num_new_blocks = num_blocks - hit_block_ids.len();
         // Hit blocks that sit in the evictable set are about to be taken, so they cannot also be
         // evicted to make room for this allocation.
@@ -420,13 +423,21 @@ impl KvCacheManager {
             }
             if let Some(e) = &block.entry {
                 assert!(self.enable_prefix_cache, "an entry with the cache off");
-                assert_eq!(self.hash_to_block_ids.get(&e.hash).map(|ids| ids.iter().filter(|&&x| x == b as u32).count()), Some(1));
+                assert_eq!(
+                    self.hash_to_block_ids.get(&e.hash).map(|ids| ids.iter().filter(|&&x| x == b as u32).count()),
+                    Some(1)
+                );
                 assert_eq!(e.tokens.len(), self.block_size);
             }
         }
         assert_eq!(self.evictable.len() + self.free_block_ids.len() + num_used, num_blocks);
         let usage = self.usage();
-        let expected = KvUsage { total_blocks: num_blocks, used_blocks: num_used, cached_blocks: self.evictable.len(), free_blocks: self.free_block_ids.len() };
+        let expected = KvUsage {
+            total_blocks: num_blocks,
+            used_blocks: num_used,
+            cached_blocks: self.evictable.len(),
+            free_blocks: self.free_block_ids.len(),
+        };
         assert_eq!(usage, expected);
         for (hash, ids) in &self.hash_to_block_ids {
             assert!(!ids.is_empty());
@@ -436,8 +447,14 @@ impl KvCacheManager {
             // No two findable copies of the same block.
             for (i, &a) in ids.iter().enumerate() {
                 for &b in &ids[i + 1..] {
-                    let (ea, eb) = (self.blocks[a as usize].entry.as_ref().unwrap(), self.blocks[b as usize].entry.as_ref().unwrap());
-                    assert!(!(ea.parent == eb.parent && ea.tokens == eb.tokens), "blocks {a} and {b} are the same cached block");
+                    let (ea, eb) = (
+                        self.blocks[a as usize].entry.as_ref().unwrap(),
+                        self.blocks[b as usize].entry.as_ref().unwrap(),
+                    );
+                    assert!(
+                        !(ea.parent == eb.parent && ea.tokens == eb.tokens),
+                        "blocks {a} and {b} are the same cached block"
+                    );
                 }
             }
         }
@@ -740,7 +757,8 @@ mod tests {
         }
         let mut rng = Rng::new(seed);
         // A few shared prefixes over a tiny vocabulary, so blocks repeat often.
-        let prefixes: Vec<Vec<u32>> = (0..4).map(|_| (0..rng.below(12)).map(|_| rng.below(3) as u32).collect()).collect();
+        let prefixes: Vec<Vec<u32>> =
+            (0..4).map(|_| (0..rng.below(12)).map(|_| rng.below(3) as u32).collect()).collect();
         // seq -> (tokens, num_computed)
         let mut live: HashMap<SeqId, (Vec<u32>, usize)> = HashMap::new();
         let mut next_seq: SeqId = 0;
@@ -794,7 +812,11 @@ mod tests {
             }
             kv.check_invariants();
             for (seq, (tokens, _)) in &live {
-                assert_eq!(kv.block_table(*seq).len(), tokens.len().div_ceil(block_size), "seq {seq}'s table covers its tokens");
+                assert_eq!(
+                    kv.block_table(*seq).len(),
+                    tokens.len().div_ceil(block_size),
+                    "seq {seq}'s table covers its tokens"
+                );
             }
             // block -> (index, the tokens up to the block's end) of its first holder.
             let mut block_to_prefix: HashMap<u32, (usize, &[u32])> = HashMap::new();

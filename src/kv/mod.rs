@@ -29,7 +29,13 @@ impl KvCacheConfig {
     }
 
     /// As many blocks as fit in `memory_bytes`.
-    pub fn for_memory(memory_bytes: usize, block_size: usize, num_layers: usize, num_kv_heads: usize, head_dim: usize) -> Result<Self> {
+    pub fn for_memory(
+        memory_bytes: usize,
+        block_size: usize,
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
         let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim);
         let num_blocks = memory_bytes / per_block;
         if num_blocks == 0 {
@@ -50,7 +56,13 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    pub fn new(factory: &dyn TensorFactory, config: KvCacheConfig, num_layers: usize, num_kv_heads: usize, head_dim: usize) -> Result<Arc<KvPool>> {
+    pub fn new(
+        factory: &dyn TensorFactory,
+        config: KvCacheConfig,
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Arc<KvPool>> {
         let shape = [config.num_blocks * config.block_size, num_kv_heads, head_dim];
         let mut k = Vec::with_capacity(num_layers);
         let mut v = Vec::with_capacity(num_layers);

@@ -63,10 +63,14 @@ impl LlamaConfig {
         let num_heads = int("attention.head_count")?;
         let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
         let vocab_size = int("vocab_size").unwrap_or_else(|_| embed.shape()[0]);
-        let head_dim = int("attention.key_length").or_else(|_| int("rope.dimension_count")).unwrap_or(hidden_size / num_heads.max(1));
+        let head_dim = int("attention.key_length")
+            .or_else(|_| int("rope.dimension_count"))
+            .unwrap_or(hidden_size / num_heads.max(1));
         let rope_scaling = if let Some(factors) = gguf.tensor("rope_freqs.weight") {
             let bytes = gguf.tensor_bytes(factors);
-            Some(RopeScaling::FreqFactors(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()))
+            Some(RopeScaling::FreqFactors(
+                bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            ))
         } else if gguf.get_str(&format!("{arch}.rope.scaling.type")) == Some("linear") {
             Some(RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) })
         } else {
@@ -95,10 +99,14 @@ impl LlamaConfig {
 
     /// From a Hugging Face `config.json`.
     pub fn from_hf_json(file: &str, json: &str) -> Result<LlamaConfig> {
-        let v: Value = serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
         if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
-            return Err(WeftError::model(file, format!("model_type {arch:?} is not supported; weft runs llama, mistral and qwen2 models")));
+            return Err(WeftError::model(
+                file,
+                format!("model_type {arch:?} is not supported; weft runs llama, mistral and qwen2 models"),
+            ));
         }
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let float = |key: &str| v[key].as_f64().map(|x| x as f32);
@@ -120,7 +128,12 @@ impl LlamaConfig {
                             .unwrap_or(8192) as usize,
                     }),
                     "default" => None,
-                    other => return Err(WeftError::model(file, format!("rope_scaling type {other:?} is not supported (linear, llama3 are)"))),
+                    other => {
+                        return Err(WeftError::model(
+                            file,
+                            format!("rope_scaling type {other:?} is not supported (linear, llama3 are)"),
+                        ));
+                    }
                 }
             }
             _ => None,
@@ -182,7 +195,12 @@ impl LlamaConfig {
             None => base,
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
             Some(RopeScaling::FreqFactors(div)) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
-            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
                 let old = *original_max_position_embeddings as f32;
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;

@@ -95,7 +95,10 @@ impl GpuExecutor {
                 return bad(s, format!("position {} is past the model's context of {}", end - 1, self.max_context()));
             }
             if seq.block_table.len() * kv.block_size < end {
-                return bad(s, format!("{} blocks of {} tokens cannot hold {end} positions", seq.block_table.len(), kv.block_size));
+                return bad(
+                    s,
+                    format!("{} blocks of {} tokens cannot hold {end} positions", seq.block_table.len(), kv.block_size),
+                );
             }
             if let Some(&b) = seq.block_table.iter().find(|&&b| b as usize >= kv.num_blocks) {
                 return bad(s, format!("block {b} does not exist (the pool has {})", kv.num_blocks));
@@ -174,7 +177,11 @@ impl GpuExecutor {
         let mut penalties = [1.0f32, 0.0, 0.0].repeat(batch.len());
         for (row, spec) in batch.iter().enumerate().filter_map(|(r, s)| s.sample.as_ref().map(|spec| (r, spec))) {
             if spec.params.has_penalties() {
-                penalties[3 * row..3 * row + 3].copy_from_slice(&[spec.params.repetition_penalty, spec.params.presence_penalty, spec.params.frequency_penalty]);
+                penalties[3 * row..3 * row + 3].copy_from_slice(&[
+                    spec.params.repetition_penalty,
+                    spec.params.presence_penalty,
+                    spec.params.frequency_penalty,
+                ]);
                 entries.extend(spec.penalty_entries.iter().flat_map(|&(token, count)| [row as u32, token, count]));
             }
         }

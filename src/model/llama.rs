@@ -127,16 +127,16 @@ pub trait WeightSource {
 }
 
 struct Layer {
-    attn_norm: GpuTensor, // (hidden)
-    wq: GpuTensor,        // (num_heads · head_dim, hidden)
-    wk: GpuTensor,        // (num_kv_heads · head_dim, hidden)
-    wv: GpuTensor,        // (num_kv_heads · head_dim, hidden)
+    attn_norm: GpuTensor,           // (hidden)
+    wq: GpuTensor,                  // (num_heads · head_dim, hidden)
+    wk: GpuTensor,                  // (num_kv_heads · head_dim, hidden)
+    wv: GpuTensor,                  // (num_kv_heads · head_dim, hidden)
     biases: Option<[GpuTensor; 3]>, // q, k, v biases (Qwen2)
-    wo: GpuTensor,        // (hidden, num_heads · head_dim)
-    ffn_norm: GpuTensor,  // (hidden)
-    w_gate: GpuTensor,    // (intermediate, hidden)
-    w_up: GpuTensor,      // (intermediate, hidden)
-    w_down: GpuTensor,    // (hidden, intermediate)
+    wo: GpuTensor,                  // (hidden, num_heads · head_dim)
+    ffn_norm: GpuTensor,            // (hidden)
+    w_gate: GpuTensor,              // (intermediate, hidden)
+    w_up: GpuTensor,                // (intermediate, hidden)
+    w_down: GpuTensor,              // (hidden, intermediate)
 }
 
 /// The per-step inputs of a forward pass, already on the GPU.
@@ -151,7 +151,7 @@ pub struct StepInputs<'a> {
 
 pub struct LlamaModel {
     pub config: LlamaConfig,
-    embed: GpuTensor,           // (vocab, hidden)
+    embed: GpuTensor, // (vocab, hidden)
     layers: Vec<Layer>,
     norm: GpuTensor,            // (hidden)
     lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
@@ -180,7 +180,9 @@ impl LlamaModel {
         let ck = source.checkpoint();
         let load = |layer: Option<usize>, part: Part, shape: &[usize], float_only: bool| -> Result<GpuTensor> {
             let name = tensor_name(ck, layer, part);
-            let t = source.get(&name)?.ok_or_else(|| WeftError::model(source.file(), format!("tensor {name} is missing")))?;
+            let t = source
+                .get(&name)?
+                .ok_or_else(|| WeftError::model(source.file(), format!("tensor {name} is missing")))?;
             upload(source.file(), &name, t, shape, float_only, factory)
         };
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -188,7 +190,11 @@ impl LlamaModel {
         for i in 0..c.num_layers {
             let l = Some(i);
             let biases = if c.attention_bias {
-                Some([load(l, Part::QBias, &[q_rows], true)?, load(l, Part::KBias, &[kv_rows], true)?, load(l, Part::VBias, &[kv_rows], true)?])
+                Some([
+                    load(l, Part::QBias, &[q_rows], true)?,
+                    load(l, Part::KBias, &[kv_rows], true)?,
+                    load(l, Part::VBias, &[kv_rows], true)?,
+                ])
             } else {
                 None
             };
@@ -208,9 +214,14 @@ impl LlamaModel {
         }
         let embed = load(None, Part::Q, &[c.vocab_size, c.hidden_size], false)?;
         let norm = load(None, Part::AttnNorm, &[c.hidden_size], true)?;
-        let lm_head = if c.tie_word_embeddings { None } else { Some(load(None, Part::O, &[c.vocab_size, c.hidden_size], false)?) };
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(load(None, Part::O, &[c.vocab_size, c.hidden_size], false)?)
+        };
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &cos_sin_table(&config.inv_freq(), positions))?;
+        let cos_sin =
+            factory.upload_f32(&[positions, c.head_dim / 2, 2], &cos_sin_table(&config.inv_freq(), positions))?;
         let pairing = match (ck, config.architecture.as_str()) {
             // llama.cpp permutes q/k only for the llama architecture; Qwen2 GGUFs keep HF's order.
             (Checkpoint::Gguf, "llama" | "mistral") => RopePairing::Interleaved,
@@ -249,7 +260,11 @@ impl LlamaModel {
         let gate = factory.zeros(&[num_tokens, c.intermediate_size], DType::F32)?;
         let up = factory.zeros(&[num_tokens, c.intermediate_size], DType::F32)?;
         let act = factory.zeros(&[num_tokens, c.intermediate_size], DType::F32)?;
-        let (q3, k3, v3) = (q.reshape(&[num_tokens, heads, hd])?, k.reshape(&[num_tokens, kv_heads, hd])?, v.reshape(&[num_tokens, kv_heads, hd])?);
+        let (q3, k3, v3) = (
+            q.reshape(&[num_tokens, heads, hd])?,
+            k.reshape(&[num_tokens, kv_heads, hd])?,
+            v.reshape(&[num_tokens, kv_heads, hd])?,
+        );
         let attn2 = attn.reshape(&[num_tokens, heads * hd])?;
         let scale = 1.0 / (hd as f32).sqrt();
 
@@ -269,7 +284,17 @@ impl LlamaModel {
             rope(ctx, rec, &k3, inputs.positions, &self.cos_sin, self.pairing)?;
             let cache = kv.layer(i);
             kv_write(ctx, rec, &k3, &v3, inputs.slots, &cache)?;
-            paged_attention(ctx, rec, &q3, &cache, inputs.block_tables, inputs.token_info, &attn, c.sliding_window, scale)?;
+            paged_attention(
+                ctx,
+                rec,
+                &q3,
+                &cache,
+                inputs.block_tables,
+                inputs.token_info,
+                &attn,
+                c.sliding_window,
+                scale,
+            )?;
             matmul(ctx, rec, &attn2, &layer.wo, &proj)?;
             add(ctx, rec, &x, &proj)?; // residual connection
             // MLP block.
@@ -291,19 +316,32 @@ impl LlamaModel {
 }
 
 /// Check a checkpoint tensor's shape and upload it; norm weights and biases become F32.
-fn upload(file: &str, name: &str, t: HostTensor<'_>, shape: &[usize], float_only: bool, factory: &dyn TensorFactory) -> Result<GpuTensor> {
+fn upload(
+    file: &str,
+    name: &str,
+    t: HostTensor<'_>,
+    shape: &[usize],
+    float_only: bool,
+    factory: &dyn TensorFactory,
+) -> Result<GpuTensor> {
     if t.shape != shape {
         return Err(WeftError::model(file, format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape)));
     }
     if float_only && t.dtype != DType::F32 {
         if t.dtype.is_quantized() {
-            return Err(WeftError::model(file, format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype)));
+            return Err(WeftError::model(
+                file,
+                format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype),
+            ));
         }
         let values = crate::quant::dequantize(t.dtype, &t.bytes)?;
         return factory.upload_f32(shape, &values);
     }
     if t.dtype.is_quantized() && shape[shape.len() - 1] % crate::quant::QK != 0 {
-        return Err(WeftError::model(file, format!("tensor {name} is {} but its rows of {} are not whole blocks", t.dtype, shape[shape.len() - 1])));
+        return Err(WeftError::model(
+            file,
+            format!("tensor {name} is {} but its rows of {} are not whole blocks", t.dtype, shape[shape.len() - 1]),
+        ));
     }
     factory.upload(shape, t.dtype, &t.bytes)
 }

@@ -27,7 +27,9 @@ impl WeightSource for GgufWeights<'_> {
         let bytes = self.gguf.tensor_bytes(info);
         let (dtype, bytes) = match info.dtype()? {
             TensorDType::Native(dtype) => (dtype, Cow::Borrowed(bytes)),
-            TensorDType::Bf16 => (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec())),
+            TensorDType::Bf16 => {
+                (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec()))
+            }
         };
         Ok(Some(HostTensor { shape: info.shape(), dtype, bytes }))
     }
@@ -55,9 +57,10 @@ impl SafetensorsWeights {
         let shown = dir.display().to_string();
         let index_path = dir.join("model.safetensors.index.json");
         let shard_names: Vec<String> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| WeftError::model(index_path.display().to_string(), e.to_string()))?;
-            let index: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| WeftError::model(index_path.display().to_string(), format!("not valid JSON: {e}")))?;
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| WeftError::model(index_path.display().to_string(), e.to_string()))?;
+            let index: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| WeftError::model(index_path.display().to_string(), format!("not valid JSON: {e}")))?;
             let map = index["weight_map"]
                 .as_object()
                 .ok_or_else(|| WeftError::model(index_path.display().to_string(), "no weight_map object"))?;
@@ -104,9 +107,14 @@ impl WeightSource for SafetensorsWeights {
         let (dtype, bytes) = match dtype {
             safetensors::Dtype::F32 => (DType::F32, Cow::Borrowed(bytes)),
             safetensors::Dtype::F16 => (DType::F16, Cow::Borrowed(bytes)),
-            safetensors::Dtype::BF16 => (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec())),
+            safetensors::Dtype::BF16 => {
+                (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec()))
+            }
             other => {
-                return Err(WeftError::model(&self.dir, format!("tensor {name} is {other:?}; weft reads F32, F16 and BF16 safetensors")));
+                return Err(WeftError::model(
+                    &self.dir,
+                    format!("tensor {name} is {other:?}; weft reads F32, F16 and BF16 safetensors"),
+                ));
             }
         };
         Ok(Some(HostTensor { shape: shape.clone(), dtype, bytes }))
@@ -116,7 +124,7 @@ impl WeightSource for SafetensorsWeights {
 /// The checkpoint behind a loaded model.
 enum Checkpointed {
     Gguf(GgufFile),
-        HuggingFace(SafetensorsWeights),
+    HuggingFace(SafetensorsWeights),
 }
 
 /// A model opened from disk or bytes: its config, tokenizer and weights, ready to upload.
@@ -128,7 +136,7 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     /// A GGUF file, or a Hugging Face directory (config.json, tokenizer.json, safetensors).
-        pub fn open(path: &std::path::Path) -> Result<ModelFiles> {
+    pub fn open(path: &std::path::Path) -> Result<ModelFiles> {
         let shown = path.display().to_string();
         if path.is_dir() {
             let config_path = path.join("config.json");
@@ -136,9 +144,16 @@ impl ModelFiles {
                 .map_err(|e| WeftError::model(&shown, format!("is a directory but config.json cannot be read ({e}); a model directory needs config.json, tokenizer.json and safetensors weights")))?;
             let config = crate::model::config::LlamaConfig::from_hf_json(&config_path.display().to_string(), &json)?;
             let tokenizer_config = path.join("tokenizer_config.json");
-            let tokenizer = crate::tokenizer::HfTokenizer::from_file(&path.join("tokenizer.json"), tokenizer_config.exists().then_some(tokenizer_config.as_path()))?;
+            let tokenizer = crate::tokenizer::HfTokenizer::from_file(
+                &path.join("tokenizer.json"),
+                tokenizer_config.exists().then_some(tokenizer_config.as_path()),
+            )?;
             let weights = SafetensorsWeights::open(path)?;
-            return Ok(ModelFiles { config, tokenizer: std::sync::Arc::new(tokenizer), checkpoint: Checkpointed::HuggingFace(weights) });
+            return Ok(ModelFiles {
+                config,
+                tokenizer: std::sync::Arc::new(tokenizer),
+                checkpoint: Checkpointed::HuggingFace(weights),
+            });
         }
         if !path.exists() {
             return Err(WeftError::model(&shown, "no such file or directory"));
@@ -159,7 +174,11 @@ impl ModelFiles {
     }
 
     /// Upload the weights and make an executor with a KV pool shaped by `kv`.
-    pub fn executor(&self, factory: &crate::gpu::GpuTensorFactory, kv: crate::kv::KvCacheConfig) -> Result<crate::model::executor::GpuExecutor> {
+    pub fn executor(
+        &self,
+        factory: &crate::gpu::GpuTensorFactory,
+        kv: crate::kv::KvCacheConfig,
+    ) -> Result<crate::model::executor::GpuExecutor> {
         self.executor_with_progress(factory, kv, &mut |_, _| {})
     }
 
@@ -172,8 +191,12 @@ impl ModelFiles {
     ) -> Result<crate::model::executor::GpuExecutor> {
         use crate::model::llama::LlamaModel;
         let model = match &self.checkpoint {
-            Checkpointed::Gguf(gguf) => LlamaModel::load_with_progress(self.config.clone(), &GgufWeights { gguf }, factory, progress)?,
-            Checkpointed::HuggingFace(weights) => LlamaModel::load_with_progress(self.config.clone(), weights, factory, progress)?,
+            Checkpointed::Gguf(gguf) => {
+                LlamaModel::load_with_progress(self.config.clone(), &GgufWeights { gguf }, factory, progress)?
+            }
+            Checkpointed::HuggingFace(weights) => {
+                LlamaModel::load_with_progress(self.config.clone(), weights, factory, progress)?
+            }
         };
         let c = &self.config;
         let pool = crate::kv::KvPool::new(factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;

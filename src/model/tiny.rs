@@ -58,17 +58,18 @@ const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['
 
 /// GPT-2's printable stand-in for each byte (`bytes_to_unicode`).
 const BYTE_TOKENS: [&str; 256] = [
-    "Ā", "ā", "Ă", "ă", "Ą", "ą", "Ć", "ć", "Ĉ", "ĉ", "Ċ", "ċ", "Č", "č", "Ď", "ď", "Đ", "đ", "Ē", "ē", "Ĕ", "ĕ", "Ė", "ė",
-    "Ę", "ę", "Ě", "ě", "Ĝ", "ĝ", "Ğ", "ğ", "Ġ", "!", "\"", "#", "$", "%", "&", "'", "(", ")", "*", "+", ",", "-", ".", "/",
-    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ":", ";", "<", "=", ">", "?", "@", "A", "B", "C", "D", "E", "F", "G",
-    "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z", "[", "\\", "]", "^", "_",
-    "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "u", "v", "w",
-    "x", "y", "z", "{", "|", "}", "~", "ġ", "Ģ", "ģ", "Ĥ", "ĥ", "Ħ", "ħ", "Ĩ", "ĩ", "Ī", "ī", "Ĭ", "ĭ", "Į", "į", "İ", "ı",
-    "Ĳ", "ĳ", "Ĵ", "ĵ", "Ķ", "ķ", "ĸ", "Ĺ", "ĺ", "Ļ", "ļ", "Ľ", "ľ", "Ŀ", "ŀ", "Ł", "ł", "¡", "¢", "£", "¤", "¥", "¦", "§",
-    "¨", "©", "ª", "«", "¬", "Ń", "®", "¯", "°", "±", "²", "³", "´", "µ", "¶", "·", "¸", "¹", "º", "»", "¼", "½", "¾", "¿",
-    "À", "Á", "Â", "Ã", "Ä", "Å", "Æ", "Ç", "È", "É", "Ê", "Ë", "Ì", "Í", "Î", "Ï", "Ð", "Ñ", "Ò", "Ó", "Ô", "Õ", "Ö", "×",
-    "Ø", "Ù", "Ú", "Û", "Ü", "Ý", "Þ", "ß", "à", "á", "â", "ã", "ä", "å", "æ", "ç", "è", "é", "ê", "ë", "ì", "í", "î", "ï",
-    "ð", "ñ", "ò", "ó", "ô", "õ", "ö", "÷", "ø", "ù", "ú", "û", "ü", "ý", "þ", "ÿ",
+    "Ā", "ā", "Ă", "ă", "Ą", "ą", "Ć", "ć", "Ĉ", "ĉ", "Ċ", "ċ", "Č", "č", "Ď", "ď", "Đ", "đ", "Ē", "ē", "Ĕ", "ĕ", "Ė",
+    "ė", "Ę", "ę", "Ě", "ě", "Ĝ", "ĝ", "Ğ", "ğ", "Ġ", "!", "\"", "#", "$", "%", "&", "'", "(", ")", "*", "+", ",", "-",
+    ".", "/", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ":", ";", "<", "=", ">", "?", "@", "A", "B", "C", "D",
+    "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z", "[",
+    "\\", "]", "^", "_", "`", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r",
+    "s", "t", "u", "v", "w", "x", "y", "z", "{", "|", "}", "~", "ġ", "Ģ", "ģ", "Ĥ", "ĥ", "Ħ", "ħ", "Ĩ", "ĩ", "Ī", "ī",
+    "Ĭ", "ĭ", "Į", "į", "İ", "ı", "Ĳ", "ĳ", "Ĵ", "ĵ", "Ķ", "ķ", "ĸ", "Ĺ", "ĺ", "Ļ", "ļ", "Ľ", "ľ", "Ŀ", "ŀ", "Ł", "ł",
+    "¡", "¢", "£", "¤", "¥", "¦", "§", "¨", "©", "ª", "«", "¬", "Ń", "®", "¯", "°", "±", "²", "³", "´", "µ", "¶", "·",
+    "¸", "¹", "º", "»", "¼", "½", "¾", "¿", "À", "Á", "Â", "Ã", "Ä", "Å", "Æ", "Ç", "È", "É", "Ê", "Ë", "Ì", "Í", "Î",
+    "Ï", "Ð", "Ñ", "Ò", "Ó", "Ô", "Õ", "Ö", "×", "Ø", "Ù", "Ú", "Û", "Ü", "Ý", "Þ", "ß", "à", "á", "â", "ã", "ä", "å",
+    "æ", "ç", "è", "é", "ê", "ë", "ì", "í", "î", "ï", "ð", "ñ", "ò", "ó", "ô", "õ", "ö", "÷", "ø", "ù", "ú", "û", "ü",
+    "ý", "þ", "ÿ",
 ];
 
 /// The tokenizer metadata of the tiny vocabulary (GGUF `tokenizer.*` keys).
@@ -187,12 +188,20 @@ pub fn gguf_bytes(c: &LlamaConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         let hf = tensor_name(Checkpoint::HuggingFace, layer, part);
         let Some(values) = w.get(&hf) else { return };
         let values = match part {
-            Part::Q | Part::QBias if permute && layer.is_some() => permute_rows_for_gguf(values, c.num_heads, c.head_dim, cols),
-            Part::K | Part::KBias if permute && layer.is_some() => permute_rows_for_gguf(values, c.num_kv_heads, c.head_dim, cols),
+            Part::Q | Part::QBias if permute && layer.is_some() => {
+                permute_rows_for_gguf(values, c.num_heads, c.head_dim, cols)
+            }
+            Part::K | Part::KBias if permute && layer.is_some() => {
+                permute_rows_for_gguf(values, c.num_kv_heads, c.head_dim, cols)
+            }
             _ => values.clone(),
         };
         let is_matrix = rows > 1;
-        let (ty, bytes) = if is_matrix { (ggml_type(dtype), crate::quant::quantize(dtype, &values).unwrap()) } else { (GgmlType::F32, crate::quant::quantize(DType::F32, &values).unwrap()) };
+        let (ty, bytes) = if is_matrix {
+            (ggml_type(dtype), crate::quant::quantize(dtype, &values).unwrap())
+        } else {
+            (GgmlType::F32, crate::quant::quantize(DType::F32, &values).unwrap())
+        };
         let dims: Vec<u64> = if is_matrix { vec![cols as u64, rows as u64] } else { vec![cols as u64] };
         g.tensor(&tensor_name(Checkpoint::Gguf, layer, part), &dims, ty, &bytes);
     };

@@ -179,7 +179,9 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
     Sampled {
         token: row[0],
         logprob: f32::from_bits(row[1]),
-        top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS)).map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n]))).collect(),
+        top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS))
+            .map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n])))
+            .collect(),
     }
 }
 

@@ -115,8 +115,7 @@ impl ChatTemplate {
     /// Renders a conversation; `add_generation_prompt` appends the header of the assistant's
     /// turn (where the template has one).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let messages: Vec<Value> =
-            messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
+        let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -125,10 +124,8 @@ impl ChatTemplate {
             tools => (),
             documents => (),
         };
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| template_error("the chat template is missing", &e))?;
+        let template =
+            self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error("the chat template is missing", &e))?;
         template.render(ctx).map_err(|e| {
             if let Some(message) = raised_message(&e) {
                 WeftError::model("chat template", format!("the template refused the conversation: {message}"))
@@ -172,10 +169,8 @@ fn raised_message(e: &Error) -> Option<String> {
 // ----- strftime_now -----
 
 fn strftime_now(format: String) -> std::result::Result<Value, Error> {
-    let secs = web_time::SystemTime::now()
-        .duration_since(web_time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime(&format, secs).map(Value::from)
 }
 
@@ -195,8 +190,18 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// Python's `strftime` for a UTC time (the C locale's names).
 fn strftime(format: &str, unix_secs: i64) -> std::result::Result<String, Error> {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-        "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
     let days = unix_secs.div_euclid(86_400);

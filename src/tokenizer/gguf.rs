@@ -28,12 +28,10 @@ use tokenizers::normalizers::{Prepend, Replace};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior,
-};
+use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use super::hf::{END_OF_GENERATION_TOKENS, HfTokenizer};
 use super::ChatTemplate;
+use super::hf::{END_OF_GENERATION_TOKENS, HfTokenizer};
 use crate::model::gguf::{MetaValue, Metadata};
 use crate::{Result, WeftError};
 
@@ -65,13 +63,12 @@ struct PreTokenizerKind {
 
 /// The `tokenizer.ggml.pre` names we read, grouped as llama.cpp groups them.
 fn pre_tokenizer_kind(name: &str) -> Option<PreTokenizerKind> {
-    const DEFAULT: &[&str] =
-        &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"];
+    const DEFAULT: &[&str] = &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"];
     let kind = |regexes, ignore_merges, add_bos| Some(PreTokenizerKind { regexes, ignore_merges, add_bos });
     match name {
         "default" => kind(DEFAULT, false, false),
-        "gpt2" | "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "a.x-4.0" | "mellum" | "mpt" | "olmo" | "jais" | "trillion" | "exaone4" | "granite-docling" => {
+        "gpt2" | "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
+        | "mellum" | "mpt" | "olmo" | "jais" | "trillion" | "exaone4" | "granite-docling" => {
             kind(&[GPT2_SPLIT], false, false)
         }
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
@@ -353,9 +350,10 @@ impl HfTokenizer {
         let chat_template = match m.str("tokenizer.chat_template")? {
             Some(source) => {
                 let text = |id: Option<u32>| id.map(|i| vocab.tokens[i as usize]);
-                Some(ChatTemplate::new(source, text(bos), text(eos)).map_err(|e| {
-                    m.err(format!("tokenizer.chat_template does not compile: {e}"))
-                })?)
+                Some(
+                    ChatTemplate::new(source, text(bos), text(eos))
+                        .map_err(|e| m.err(format!("tokenizer.chat_template does not compile: {e}")))?,
+                )
             }
             None => None,
         };
@@ -424,11 +422,8 @@ fn byte_level_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, kind: &PreTokenizerKind) -> R
     let bytes_to_char = byte_to_char_table();
     let texts = vocab.tokens.iter().zip(&vocab.types).enumerate().map(|(id, (&text, &ty))| {
         let raw = matches!(ty, TOKEN_CONTROL | TOKEN_USER_DEFINED) || text.chars().all(|c| alphabet.contains(&c));
-        let spelled: std::borrow::Cow<'_, str> = if raw {
-            text.into()
-        } else {
-            text.bytes().map(|b| bytes_to_char[b as usize]).collect::<String>().into()
-        };
+        let spelled: std::borrow::Cow<'_, str> =
+            if raw { text.into() } else { text.bytes().map(|b| bytes_to_char[b as usize]).collect::<String>().into() };
         (id, spelled)
     });
     let bpe = build_bpe(m, first_ids(texts), merges, |b| b.ignore_merges(kind.ignore_merges))?;
@@ -491,18 +486,16 @@ fn sentencepiece_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, add_space_prefix: bool) ->
         ranked.extend(local);
     }
     // Best score first; equal scores: longer left piece, then longer right piece first.
-    ranked.sort_by(|a, b| {
-        b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)).then_with(|| b.2.cmp(&a.2))
-    });
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)).then_with(|| b.2.cmp(&a.2)));
     let merges = ranked
         .into_iter()
         .map(|(_, _, _, l, r)| (vocab.tokens[l as usize].to_owned(), vocab.tokens[r as usize].to_owned()))
         .collect();
 
     let has_byte_tokens = vocab.types.contains(&TOKEN_BYTE);
-    let unk = m.token_id("tokenizer.ggml.unknown_token_id", vocab.tokens.len())?.or_else(|| {
-        vocab.types.iter().position(|&t| t == TOKEN_UNKNOWN).map(|i| i as u32)
-    });
+    let unk = m
+        .token_id("tokenizer.ggml.unknown_token_id", vocab.tokens.len())?
+        .or_else(|| vocab.types.iter().position(|&t| t == TOKEN_UNKNOWN).map(|i| i as u32));
     let unk_text = unk.map(|id| vocab.tokens[id as usize].to_owned());
     let bpe = build_bpe(m, ids, merges, |mut b| {
         b = b.byte_fallback(has_byte_tokens).fuse_unk(true);

@@ -66,9 +66,8 @@ impl HfTokenizer {
         let source = tokenizer_json.display().to_string();
         let bytes = std::fs::read(tokenizer_json)
             .map_err(|e| WeftError::model(&source, format!("cannot read the tokenizer: {e}")))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-            WeftError::model(&source, format!("not a tokenizer.json the tokenizers crate reads: {e}"))
-        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| WeftError::model(&source, format!("not a tokenizer.json the tokenizers crate reads: {e}")))?;
 
         let config = match tokenizer_config_json {
             Some(path) => Some(read_config(path)?),
@@ -95,12 +94,8 @@ impl HfTokenizer {
 
         let mut eos_ids = Vec::new();
         eos_ids.extend(eos);
-        let specials: std::collections::HashSet<u32> = inner
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special)
-            .map(|(id, _)| id)
-            .collect();
+        let specials: std::collections::HashSet<u32> =
+            inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
         for text in END_OF_GENERATION_TOKENS {
             if let Some(id) = inner.token_to_id(text) {
                 if specials.contains(&id) && !eos_ids.contains(&id) {
@@ -116,9 +111,10 @@ impl HfTokenizer {
         let beside = tokenizer_config_json.and_then(Path::parent).map(|dir| dir.join("chat_template.jinja"));
         if let (None, Some(jinja)) = (&template_source, beside) {
             if jinja.is_file() {
-                template_source = Some(std::fs::read_to_string(&jinja).map_err(|e| {
-                    WeftError::model(jinja.display().to_string(), format!("cannot read: {e}"))
-                })?);
+                template_source = Some(
+                    std::fs::read_to_string(&jinja)
+                        .map_err(|e| WeftError::model(jinja.display().to_string(), format!("cannot read: {e}")))?,
+                );
             }
         }
         let chat_template = match template_source {
@@ -259,9 +255,7 @@ fn chat_template_of(value: &Json) -> Option<String> {
             let named = |name: &str| {
                 list.iter().find(|t| t.get("name").and_then(Json::as_str) == Some(name))?.get("template")?.as_str()
             };
-            named("default")
-                .or_else(|| list.first()?.get("template")?.as_str())
-                .map(str::to_owned)
+            named("default").or_else(|| list.first()?.get("template")?.as_str()).map(str::to_owned)
         }
         _ => None,
     }

@@ -24,7 +24,9 @@ fn silu_mul_matches_cpu() {
         silu_mul(ctx(f), &mut rec, &g, &u, &o).unwrap();
         run(f, &rec);
         let want = weft::cpu::silu_mul(&gate, &up);
-        assert_close(&format!("silu_mul len={len}"), &read_f32(f, &o), &want, |i| 24.0 * U * f64::from(want[i].abs()) + 1e-30);
+        assert_close(&format!("silu_mul len={len}"), &read_f32(f, &o), &want, |i| {
+            24.0 * U * f64::from(want[i].abs()) + 1e-30
+        });
     }
 }
 

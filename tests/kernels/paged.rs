@@ -88,7 +88,13 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
 }
 
 /// Attention for the given (sequence, position) query tokens; returns (q, gpu output).
-pub fn attend(f: &GpuTensorFactory, filled: &Filled, queries: &[(usize, usize)], window: Option<usize>, seed: u64) -> (Vec<f32>, Vec<f32>) {
+pub fn attend(
+    f: &GpuTensorFactory,
+    filled: &Filled,
+    queries: &[(usize, usize)],
+    window: Option<usize>,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>) {
     let n = queries.len();
     let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
     let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
@@ -112,9 +118,8 @@ fn kv_write_fills_the_right_slots() {
     let mut written = 0;
     for (s, &len) in filled.lens.iter().enumerate() {
         for p in 0..len {
-            let slot = filled.slots_per_layer
-                + filled.tables[s * filled.max_blocks + p / BLOCK] as usize * BLOCK
-                + p % BLOCK;
+            let slot =
+                filled.slots_per_layer + filled.tables[s * filled.max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
             assert_eq!(&k_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.k[s][p][..], "K seq {s} pos {p}");
             assert_eq!(&v_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.v[s][p][..], "V seq {s} pos {p}");
             written += KV_DIM;
@@ -146,9 +151,14 @@ fn attention_matches_cpu_for_decode_and_prefill_chunks() {
             let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
             let max_qk: f64 = keys
                 .iter()
-                .map(|k| (0..HEADS * HEAD_DIM).map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs())).sum::<f64>())
+                .map(|k| {
+                    (0..HEADS * HEAD_DIM)
+                        .map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs()))
+                        .sum::<f64>()
+                })
                 .fold(0.0, f64::max);
-            let weight_err = (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U;
+            let weight_err =
+                (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U;
             let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
             assert_close(&format!("seq {s} pos {p} window {window:?}"), got_t, &want, |_| 2.0 * weight_err);
         }
@@ -163,6 +173,7 @@ fn attention_rejects_heads_that_do_not_group() {
     let bt = f.upload_u32(&[1, 1], &filled.tables).unwrap();
     let it = f.upload_u32(&[1, 2], &[0, 0]).unwrap();
     let out = f.zeros(&[1, 4, HEAD_DIM], DType::F32).unwrap();
-    let err = paged_attention(ctx(f), &mut Recording::new(), &q, &filled.cache(), &bt, &it, &out, None, 1.0).unwrap_err();
+    let err =
+        paged_attention(ctx(f), &mut Recording::new(), &q, &filled.cache(), &bt, &it, &out, None, 1.0).unwrap_err();
     assert!(err.to_string().contains("multiple of num_kv_heads"), "{err}");
 }

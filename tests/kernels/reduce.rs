@@ -27,7 +27,9 @@ fn rms_norm_matches_cpu() {
         run(f, &rec);
         let want = weft::cpu::rms_norm(&x, &w, 1e-5);
         let rel = 2.0 * (n as f64 / 64.0 + 12.0) * U;
-        assert_close(&format!("rms_norm {rows}x{n}"), &read_f32(f, &yt), &want, |i| rel * f64::from(want[i].abs()) + 1e-30);
+        assert_close(&format!("rms_norm {rows}x{n}"), &read_f32(f, &yt), &want, |i| {
+            rel * f64::from(want[i].abs()) + 1e-30
+        });
     }
 }
 

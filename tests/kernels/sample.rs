@@ -14,7 +14,14 @@ use weft::sampling::{SamplerRng, SamplingParams, read_sampled, settings_row};
 use crate::common::*;
 
 fn cases() -> Vec<SamplingParams> {
-    let p = |temperature, top_k, top_p, min_p, top_logprobs| SamplingParams { temperature, top_k, top_p, min_p, top_logprobs, ..Default::default() };
+    let p = |temperature, top_k, top_p, min_p, top_logprobs| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        top_logprobs,
+        ..Default::default()
+    };
     vec![
         p(0.0, 0, 1.0, 0.0, 5),
         p(1.0, 0, 1.0, 0.0, 0),
@@ -97,7 +104,12 @@ fn penalties_match_cpu() {
     let logits = random(rows * vocab, 5, 4.0);
     let penalties: Vec<f32> = vec![1.3, 0.0, 0.0, 1.0, 0.5, 0.25, 0.8, -0.5, 1.5];
     let history: Vec<(Vec<u32>, Vec<u32>)> = (0..rows)
-        .map(|r| ((0..40).map(|i| (i * 37 + r * 11) as u32 % 1000).collect(), (0..30).map(|i| (i * i + r) as u32 % 97).collect()))
+        .map(|r| {
+            (
+                (0..40).map(|i| (i * 37 + r * 11) as u32 % 1000).collect(),
+                (0..30).map(|i| (i * i + r) as u32 % 97).collect(),
+            )
+        })
         .collect();
     let mut entries = Vec::new();
     let mut want = logits.clone();

@@ -39,7 +39,9 @@ fn big_weights_split_and_still_multiply_and_gather() {
         run(f, &rec);
         let want = weft::cpu::matmul(&x, &w, m, k, n);
         // Same bound as the matmul tests; |x|, |w| <= 1 so Σ|x·w| <= k.
-        assert_close(&format!("split {dtype} matmul"), &read_f32(f, &yt), &want, |_| 2.0 * (k as f64 + 2.0) * U * k as f64);
+        assert_close(&format!("split {dtype} matmul"), &read_f32(f, &yt), &want, |_| {
+            2.0 * (k as f64 + 2.0) * U * k as f64
+        });
         assert!(read_f32(f, &et) == weft::cpu::embedding(&w, k, &ids), "split {dtype} embedding");
     }
 }

@@ -54,7 +54,8 @@ fn wgsl_params_match_rust() {
             .find(|(_, t)| t.name.as_deref() == Some(wgsl_name))
             .unwrap_or_else(|| panic!("{kernel}: no struct {wgsl_name}"));
         let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("{kernel}: not a struct") };
-        let wgsl: Vec<(&str, usize)> = members.iter().map(|m| (m.name.as_deref().unwrap(), m.offset as usize)).collect();
+        let wgsl: Vec<(&str, usize)> =
+            members.iter().map(|m| (m.name.as_deref().unwrap(), m.offset as usize)).collect();
         assert_eq!(wgsl, fields, "{kernel}: field names and offsets");
         assert_eq!(*span as usize, size, "{kernel}: size of {wgsl_name} ({handle:?})");
     }
@@ -79,7 +80,10 @@ fn every_shader_file_is_embedded_and_has_a_header() {
 
     for file in on_disk {
         let text = std::fs::read_to_string(format!("{root}/{file}")).unwrap();
-        assert!(text.starts_with("// SPDX-License-Identifier: Apache-2.0\n// "), "{file}: SPDX line, then a purpose line");
+        assert!(
+            text.starts_with("// SPDX-License-Identifier: Apache-2.0\n// "),
+            "{file}: SPDX line, then a purpose line"
+        );
         if !file.contains('/') {
             for section in ["Bindings", "Workgroup", "Grid"] {
                 assert!(text.contains(&format!("// {section}")), "{file}: header lacks a {section} line");

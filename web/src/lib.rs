@@ -97,7 +97,12 @@ impl LoadOptions {
         // A tab shares the GPU with everything else on the machine: modest defaults.
         let mut o = LoadOptions {
             kv_memory_bytes: 128 << 20,
-            config: EngineConfig { max_num_seqs: 16, max_num_batched_tokens: 256, max_model_len: 2048, enable_prefix_cache: true },
+            config: EngineConfig {
+                max_num_seqs: 16,
+                max_num_batched_tokens: 256,
+                max_model_len: 2048,
+                enable_prefix_cache: true,
+            },
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -133,7 +138,12 @@ impl WebEngine {
     /// Open the WebGPU device, parse the GGUF `model`, compile the shaders and upload the
     /// weights, calling `on_progress("upload", layers done, layers in all)` on the way; then
     /// start the loop.
-    pub async fn load(model: ModelBytes, name: String, options: JsValue, on_progress: Option<Function>) -> Result<WebEngine, JsError> {
+    pub async fn load(
+        model: ModelBytes,
+        name: String,
+        options: JsValue,
+        on_progress: Option<Function>,
+    ) -> Result<WebEngine, JsError> {
         let options = LoadOptions::from_js(&options)?;
         let builder = EngineBuilder::from_gguf_bytes(&name, model.bytes).map_err(js)?;
         let c = builder.model_config();
@@ -205,14 +215,21 @@ impl WebEngine {
         let endpoint = match kind {
             "chat" => Endpoint::Chat,
             "completion" => Endpoint::Completion,
-            other => return Err(js_error(&OpenAiError::invalid_body(format!("unknown request kind {other:?}; use \"chat\" or \"completion\"")))),
+            other => {
+                return Err(js_error(&OpenAiError::invalid_body(format!(
+                    "unknown request kind {other:?}; use \"chat\" or \"completion\""
+                ))));
+            }
         };
         if self.live.borrow().contains_key(&id) {
             return Err(js_error(&OpenAiError::invalid_body(format!("a request with id {id:?} is already running"))));
         }
         let map = weft::openai::parse_body(body.as_bytes()).map_err(|e| js_error(&e))?;
         let req = weft::openai::parse_request(&self.engine, endpoint, &map).map_err(|e| js_error(&e))?;
-        let (seq, stream) = self.engine.infer_stream_with_id(req.request.clone()).map_err(|e| js_error(&OpenAiError::from_engine(e)))?;
+        let (seq, stream) = self
+            .engine
+            .infer_stream_with_id(req.request.clone())
+            .map_err(|e| js_error(&OpenAiError::from_engine(e)))?;
         let mut stream = Box::pin(stream);
         self.live.borrow_mut().insert(id.clone(), seq);
         let engine = self.engine.clone();

@@ -23,7 +23,10 @@ fn tiny_model() -> Vec<u8> {
 }
 
 async fn load_tiny() -> WebEngine {
-    WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), JsValue::UNDEFINED, None).await.map_err(JsValue::from).expect("the tiny model loads")
+    WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), JsValue::UNDEFINED, None)
+        .await
+        .map_err(JsValue::from)
+        .expect("the tiny model loads")
 }
 
 /// A request in flight: its events so far, and a receiver that fires at "[DONE]".
@@ -47,7 +50,12 @@ impl Run {
             }
             seen.borrow_mut().push(event);
         });
-        engine.create(kind, &body.to_string(), id.into(), callback.as_ref().unchecked_ref::<js_sys::Function>().clone())?;
+        engine.create(
+            kind,
+            &body.to_string(),
+            id.into(),
+            callback.as_ref().unchecked_ref::<js_sys::Function>().clone(),
+        )?;
         Ok(Run { events, done, _callback: callback })
     }
 
@@ -80,10 +88,12 @@ fn finish_reason(chunks: &[Value]) -> Option<String> {
 #[wasm_bindgen_test]
 async fn loads_from_bytes_and_describes_itself() {
     let engine = load_tiny().await;
-    let model: Value = serde_json::from_str(&js_sys::JSON::stringify(&engine.model_info()).unwrap().as_string().unwrap()).unwrap();
+    let model: Value =
+        serde_json::from_str(&js_sys::JSON::stringify(&engine.model_info()).unwrap().as_string().unwrap()).unwrap();
     assert_eq!(model["layers"], 2);
     assert_eq!(model["hasChatTemplate"], true);
-    let adapter: Value = serde_json::from_str(&js_sys::JSON::stringify(&engine.adapter_info()).unwrap().as_string().unwrap()).unwrap();
+    let adapter: Value =
+        serde_json::from_str(&js_sys::JSON::stringify(&engine.adapter_info()).unwrap().as_string().unwrap()).unwrap();
     assert!(adapter["name"].as_str().is_some(), "adapter info has a name: {adapter}");
     assert!(adapter["limits"]["maxStorageBufferBindingSize"].as_u64().unwrap() > 0);
     engine.dispose();
@@ -108,7 +118,11 @@ async fn concurrent_streams_equal_solo_runs() {
         }
         texts
     };
-    let runs: Vec<Run> = prompts.iter().enumerate().map(|(i, p)| Run::start(&engine, "chat", &chat(p, 10, true), &format!("together-{i}")).unwrap()).collect();
+    let runs: Vec<Run> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Run::start(&engine, "chat", &chat(p, 10, true), &format!("together-{i}")).unwrap())
+        .collect();
     assert_eq!(engine.live_requests(), 4);
     for (i, run) in runs.into_iter().enumerate() {
         let chunks = run.finish().await;
@@ -127,13 +141,19 @@ async fn concurrent_streams_equal_solo_runs() {
 #[wasm_bindgen_test]
 async fn malformed_models_are_refused_with_a_readable_error() {
     let junk = vec![0x42u8; 1024];
-    let err = WebEngine::load(ModelBytes::from_vec(junk), "junk.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("junk is refused");
+    let err = WebEngine::load(ModelBytes::from_vec(junk), "junk.gguf".into(), JsValue::UNDEFINED, None)
+        .await
+        .err()
+        .expect("junk is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("junk.gguf") && message.contains("GGUF"), "{message}");
 
     let mut cut = tiny_model();
     cut.truncate(cut.len() / 2);
-    let err = WebEngine::load(ModelBytes::from_vec(cut), "cut.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("a truncated model is refused");
+    let err = WebEngine::load(ModelBytes::from_vec(cut), "cut.gguf".into(), JsValue::UNDEFINED, None)
+        .await
+        .err()
+        .expect("a truncated model is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("cut.gguf") && message.contains("end of the file"), "{message}");
 }
@@ -145,8 +165,12 @@ async fn invalid_requests_throw_naming_the_field() {
     body["temperature"] = (-1.0).into();
     let err = Run::start(&engine, "chat", &body, "bad").err().expect("a negative temperature is refused");
     assert_eq!(js_sys::Reflect::get(&err, &"param".into()).unwrap().as_string().as_deref(), Some("temperature"));
-    assert_eq!(js_sys::Reflect::get(&err, &"type".into()).unwrap().as_string().as_deref(), Some("invalid_request_error"));
-    let err = Run::start(&engine, "embeddings", &chat("Hi", 4, true), "bad-kind").err().expect("an unknown kind is refused");
+    assert_eq!(
+        js_sys::Reflect::get(&err, &"type".into()).unwrap().as_string().as_deref(),
+        Some("invalid_request_error")
+    );
+    let err =
+        Run::start(&engine, "embeddings", &chat("Hi", 4, true), "bad-kind").err().expect("an unknown kind is refused");
     let message = js_sys::Error::from(err).message().as_string().unwrap();
     assert!(message.contains("embeddings"), "{message}");
     assert_eq!(engine.live_requests(), 0, "nothing refused stays live");

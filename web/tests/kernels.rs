@@ -30,7 +30,12 @@ async fn run_and_read(f: &GpuTensorFactory, rec: &Recording, out: &GpuTensor) ->
 fn check(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let (i, worst) = got.iter().zip(want).map(|(a, b)| (a - b).abs()).enumerate().fold((0, 0f32), |m, (i, e)| if e > m.1 { (i, e) } else { m });
+    let (i, worst) = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0f32), |m, (i, e)| if e > m.1 { (i, e) } else { m });
     assert!(worst <= 1e-4 * scale, "{what}: element {i}: gpu {} vs cpu {} (max |ref| {scale})", got[i], want[i]);
 }
 
@@ -42,10 +47,18 @@ async fn matmul_in_every_weight_format() {
             let x = random_values(m * k, 1, 1.0);
             let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 2, 1.0)).unwrap();
             let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
-            let (xt, wt, yt) = (f.upload_f32(&[m, k], &x).unwrap(), f.upload(&[n, k], dtype, &w_bytes).unwrap(), f.zeros(&[m, n], DType::F32).unwrap());
+            let (xt, wt, yt) = (
+                f.upload_f32(&[m, k], &x).unwrap(),
+                f.upload(&[n, k], dtype, &w_bytes).unwrap(),
+                f.zeros(&[m, n], DType::F32).unwrap(),
+            );
             let mut rec = Recording::new();
             matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
-            check(&format!("matmul {dtype} m={m} k={k} n={n}"), &run_and_read(&f, &rec, &yt).await, &weft::cpu::matmul(&x, &w, m, k, n));
+            check(
+                &format!("matmul {dtype} m={m} k={k} n={n}"),
+                &run_and_read(&f, &rec, &yt).await,
+                &weft::cpu::matmul(&x, &w, m, k, n),
+            );
         }
     }
 }
@@ -58,10 +71,18 @@ async fn embedding_in_every_weight_format() {
     for dtype in DType::WEIGHTS {
         let bytes = weft::quant::quantize(dtype, &random_values(rows * k, 3, 1.0)).unwrap();
         let table = weft::quant::dequantize(dtype, &bytes).unwrap();
-        let (tt, it, ot) = (f.upload(&[rows, k], dtype, &bytes).unwrap(), f.upload_u32(&[ids.len()], &ids).unwrap(), f.zeros(&[ids.len(), k], DType::F32).unwrap());
+        let (tt, it, ot) = (
+            f.upload(&[rows, k], dtype, &bytes).unwrap(),
+            f.upload_u32(&[ids.len()], &ids).unwrap(),
+            f.zeros(&[ids.len(), k], DType::F32).unwrap(),
+        );
         let mut rec = Recording::new();
         embedding(f.context(), &mut rec, &tt, &it, &ot).unwrap();
-        check(&format!("embedding {dtype}"), &run_and_read(&f, &rec, &ot).await, &weft::cpu::embedding(&table, k, &ids));
+        check(
+            &format!("embedding {dtype}"),
+            &run_and_read(&f, &rec, &ot).await,
+            &weft::cpu::embedding(&table, k, &ids),
+        );
     }
 }
 
@@ -71,7 +92,11 @@ async fn norms_and_elementwise() {
     let (rows, n) = (3usize, 576usize);
     let x = random_values(rows * n, 4, 3.0);
     let w = random_values(n, 5, 1.5);
-    let (xt, wt, yt) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[n], &w).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+    let (xt, wt, yt) = (
+        f.upload_f32(&[rows, n], &x).unwrap(),
+        f.upload_f32(&[n], &w).unwrap(),
+        f.zeros(&[rows, n], DType::F32).unwrap(),
+    );
     let mut rec = Recording::new();
     rms_norm(f.context(), &mut rec, &xt, &wt, &yt, 1e-5).unwrap();
     check("rms_norm", &run_and_read(&f, &rec, &yt).await, &weft::cpu::rms_norm(&x, &w, 1e-5));
@@ -81,7 +106,11 @@ async fn norms_and_elementwise() {
     check("softmax", &run_and_read(&f, &rec, &xt).await, &weft::cpu::softmax(&x, n));
 
     let (gate, up) = (random_values(1000, 6, 4.0), random_values(1000, 7, 2.0));
-    let (g, u, o) = (f.upload_f32(&[1000], &gate).unwrap(), f.upload_f32(&[1000], &up).unwrap(), f.zeros(&[1000], DType::F32).unwrap());
+    let (g, u, o) = (
+        f.upload_f32(&[1000], &gate).unwrap(),
+        f.upload_f32(&[1000], &up).unwrap(),
+        f.zeros(&[1000], DType::F32).unwrap(),
+    );
     let mut rec = Recording::new();
     silu_mul(f.context(), &mut rec, &g, &u, &o).unwrap();
     check("silu_mul", &run_and_read(&f, &rec, &o).await, &weft::cpu::silu_mul(&gate, &up));

@@ -31,14 +31,26 @@ async fn compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType, num_b
     let w = tiny::random_weights(config, 7, dtype);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
     let model = LlamaModel::load(config.clone(), &GgufWeights { gguf: &gguf }, f).unwrap();
-    let kv = KvPool::new(f, KvCacheConfig { block_size: 4, num_blocks }, config.num_layers, config.num_kv_heads, config.head_dim).unwrap();
+    let kv = KvPool::new(
+        f,
+        KvCacheConfig { block_size: 4, num_blocks },
+        config.num_layers,
+        config.num_kv_heads,
+        config.head_dim,
+    )
+    .unwrap();
     let exec = GpuExecutor::new(f.clone(), model, kv);
     let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
     let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
     let want_a = weft::cpu::llama::forward(config, &w, &a);
     let want_b = weft::cpu::llama::forward(config, &w, &b);
     let (table_a, table_b) = (vec![10, 3, 7], vec![20, 21]);
-    let seq = |tokens: &[u32], start: usize, table: &Vec<u32>| SeqInput { tokens: tokens.to_vec(), start_pos: start, block_table: table.clone(), sample: None };
+    let seq = |tokens: &[u32], start: usize, table: &Vec<u32>| SeqInput {
+        tokens: tokens.to_vec(),
+        start_pos: start,
+        block_table: table.clone(),
+        sample: None,
+    };
     let mut failures = Vec::new();
     let mut check = |what: String, got: &[f32], want: &[f32]| {
         let (worst, scale) = worst_error(got, want);

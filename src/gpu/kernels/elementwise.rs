@@ -25,7 +25,13 @@ fn same_f32(op: &'static str, tensors: &[(&str, &GpuTensor)]) -> Result<usize> {
 }
 
 /// Record `out = silu(gate) * up` over F32 tensors of one shape.
-pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate: &GpuTensor, up: &GpuTensor, out: &GpuTensor) -> Result<()> {
+pub fn silu_mul(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    gate: &GpuTensor,
+    up: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
     const OP: &str = "silu_mul";
     let len = same_f32(OP, &[("gate", gate), ("up", up), ("out", out)])?;
     let params = SiluMulParams { len: u32_of(OP, "len", len)? };
@@ -53,19 +59,29 @@ pub fn add_bias(ctx: &GpuContext, rec: &mut Recording, acc: &GpuTensor, bias: &G
     if acc.dtype() != DType::F32 || bias.dtype() != DType::F32 || bias.shape() != [n] {
         return Err(WeftError::shape(
             OP,
-            format!("bias must be F32 of shape [{n}] for acc of shape {:?}, got {} of shape {:?}", acc.shape(), bias.dtype(), bias.shape()),
+            format!(
+                "bias must be F32 of shape [{n}] for acc of shape {:?}, got {} of shape {:?}",
+                acc.shape(),
+                bias.dtype(),
+                bias.shape()
+            ),
         ));
     }
     record_add(ctx, rec, OP, acc, bias, n)
 }
 
-fn record_add(ctx: &GpuContext, rec: &mut Recording, op: &'static str, acc: &GpuTensor, delta: &GpuTensor, delta_len: usize) -> Result<()> {
+fn record_add(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    op: &'static str,
+    acc: &GpuTensor,
+    delta: &GpuTensor,
+    delta_len: usize,
+) -> Result<()> {
     let len = acc.num_elems();
     let params = Params { len: u32_of(op, "len", len)?, delta_len: u32_of(op, "delta_len", delta_len)? };
-    let bindings = [
-        acc.single_part(op)?.binding(ctx, acc.row_bytes())?,
-        delta.single_part(op)?.binding(ctx, delta.row_bytes())?,
-    ];
+    let bindings =
+        [acc.single_part(op)?.binding(ctx, acc.row_bytes())?, delta.single_part(op)?.binding(ctx, delta.row_bytes())?];
     let variant = ShaderVariant { kernel: "add", weight: None };
     rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(len, WORKGROUP))?);
     Ok(())

@@ -10,10 +10,19 @@ shader_params!(Params { num_tokens: u32, k: u32, row_bytes: u32, first_row: u32,
 /// Record `out[t, :] = table[ids[t], :]`: table (vocab, k), ids (num_tokens) U32, out
 /// (num_tokens, k) F32. Ids at or past `vocab` leave their row of `out` untouched, so callers
 /// validate token ids before they reach the GPU.
-pub fn embedding(ctx: &GpuContext, rec: &mut Recording, table: &GpuTensor, ids: &GpuTensor, out: &GpuTensor) -> Result<()> {
+pub fn embedding(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    table: &GpuTensor,
+    ids: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
     const OP: &str = "embedding";
     if !DType::WEIGHTS.contains(&table.dtype()) || table.shape().len() != 2 {
-        return Err(WeftError::shape(OP, format!("table must be a 2-D weight matrix, got {} {:?}", table.dtype(), table.shape())));
+        return Err(WeftError::shape(
+            OP,
+            format!("table must be a 2-D weight matrix, got {} {:?}", table.dtype(), table.shape()),
+        ));
     }
     let k = table.shape()[1];
     expect(OP, "ids", ids, DType::U32, &[None])?;

@@ -76,8 +76,8 @@ pub(crate) fn decode_chunks(dtype: DType) -> usize {
 
 /// Fail unless `t` has dtype `dtype` and, where `shape` gives `Some`, those dimensions.
 pub(crate) fn expect(op: &'static str, name: &str, t: &GpuTensor, dtype: DType, shape: &[Option<usize>]) -> Result<()> {
-    let dims_ok = t.shape().len() == shape.len()
-        && t.shape().iter().zip(shape).all(|(&got, want)| want.is_none_or(|w| w == got));
+    let dims_ok =
+        t.shape().len() == shape.len() && t.shape().iter().zip(shape).all(|(&got, want)| want.is_none_or(|w| w == got));
     if t.dtype() != dtype || !dims_ok {
         let want: Vec<String> = shape.iter().map(|d| d.map_or("_".into(), |d| d.to_string())).collect();
         return Err(WeftError::shape(

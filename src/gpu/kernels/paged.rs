@@ -43,7 +43,8 @@ impl PagedKv<'_> {
         expect(op, "k_cache", self.k_cache, DType::F32, &[None, None, None])?;
         let shape = self.k_cache.shape();
         expect(op, "v_cache", self.v_cache, DType::F32, &[Some(shape[0]), Some(shape[1]), Some(shape[2])])?;
-        if self.block_size == 0 || self.num_slots % self.block_size != 0 || self.first_slot + self.num_slots > shape[0] {
+        if self.block_size == 0 || self.num_slots % self.block_size != 0 || self.first_slot + self.num_slots > shape[0]
+        {
             return Err(WeftError::shape(
                 op,
                 format!(
@@ -65,7 +66,14 @@ impl PagedKv<'_> {
 
 /// Record writing k and v (num_tokens, num_kv_heads, head_dim) F32 into the slots named by
 /// slots (num_tokens) U32; a slot of `u32::MAX` (padding) writes nothing.
-pub fn kv_write(ctx: &GpuContext, rec: &mut Recording, k: &GpuTensor, v: &GpuTensor, slots: &GpuTensor, cache: &PagedKv<'_>) -> Result<()> {
+pub fn kv_write(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    k: &GpuTensor,
+    v: &GpuTensor,
+    slots: &GpuTensor,
+    cache: &PagedKv<'_>,
+) -> Result<()> {
     const OP: &str = "kv_write";
     let (num_kv_heads, head_dim) = cache.check(OP)?;
     expect(OP, "k", k, DType::F32, &[None, Some(num_kv_heads), Some(head_dim)])?;

@@ -11,7 +11,13 @@ shader_params!(Params { num_entries: u32, vocab: u32 });
 /// Record penalties: logits (rows, vocab) F32 in place; entries (num_entries, 3) U32 of (row,
 /// token, times generated), each (row, token) at most once; penalties (rows, 3) F32 of
 /// (repetition, presence, frequency).
-pub fn penalize(ctx: &GpuContext, rec: &mut Recording, logits: &GpuTensor, entries: &GpuTensor, penalties: &GpuTensor) -> Result<()> {
+pub fn penalize(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    logits: &GpuTensor,
+    entries: &GpuTensor,
+    penalties: &GpuTensor,
+) -> Result<()> {
     const OP: &str = "penalize";
     expect(OP, "logits", logits, DType::F32, &[None, None])?;
     let (rows, vocab) = (logits.shape()[0], logits.shape()[1]);

@@ -15,7 +15,14 @@ fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
 }
 
 /// Record `y = rms_norm(x) * weight`: x and y (rows, n) F32, weight (n) F32.
-pub fn rms_norm(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, weight: &GpuTensor, y: &GpuTensor, eps: f32) -> Result<()> {
+pub fn rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    weight: &GpuTensor,
+    y: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
     const OP: &str = "rms_norm";
     let (rows, n) = rows_of(OP, x)?;
     expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
@@ -48,10 +55,8 @@ pub fn argmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, out: &GpuTen
     let (rows, n) = rows_of(OP, x)?;
     expect(OP, "out", out, DType::U32, &[Some(rows)])?;
     let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
-    let bindings = [
-        x.single_part(OP)?.binding(ctx, x.row_bytes())?,
-        out.single_part(OP)?.binding(ctx, out.row_bytes())?,
-    ];
+    let bindings =
+        [x.single_part(OP)?.binding(ctx, x.row_bytes())?, out.single_part(OP)?.binding(ctx, out.row_bytes())?];
     let variant = ShaderVariant { kernel: "argmax", weight: None };
     rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
     Ok(())

@@ -17,7 +17,13 @@ pub const OUT_PER_ROW: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
 /// Record sampling: logits (rows, vocab) F32, settings (rows, SETTINGS_PER_ROW) U32, out (rows,
 /// OUT_PER_ROW) U32.
-pub fn sample(ctx: &GpuContext, rec: &mut Recording, logits: &GpuTensor, settings: &GpuTensor, out: &GpuTensor) -> Result<()> {
+pub fn sample(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    logits: &GpuTensor,
+    settings: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
     const OP: &str = "sample";
     expect(OP, "logits", logits, DType::F32, &[None, None])?;
     let (rows, vocab) = (logits.shape()[0], logits.shape()[1]);
