@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use weft::DType;
 use weft::gpu::kernels::matmul::matmul;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording, TensorFactory};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
+use weft::tensor::TensorFactory;
 
 const MS: [usize; 3] = [1, 16, 64];
 const KNS: [(usize, usize); 3] = [(576, 1536), (2048, 2048), (4096, 4096)];

@@ -35,6 +35,15 @@ pub enum WeftError {
     #[error("{file}: {detail}")]
     Model { file: String, detail: String },
 
+    /// A request refused at submission, naming the request field at fault (`None`: the
+    /// request as a whole). Nothing was queued.
+    #[error("invalid {}: {reason}", field.as_deref().unwrap_or("request"))]
+    InvalidRequest { field: Option<String>, reason: String },
+
+    /// Not now: the engine is shut down (or draining); retrying elsewhere or later may work.
+    #[error("{0}")]
+    Unavailable(String),
+
     /// The request is well formed but the device or build cannot serve it.
     #[error("{0}")]
     Unsupported(String),
@@ -43,6 +52,16 @@ pub enum WeftError {
 impl WeftError {
     pub fn model(file: impl Into<String>, detail: impl Into<String>) -> Self {
         WeftError::Model { file: file.into(), detail: detail.into() }
+    }
+
+    /// A request refused at submission because of `field`.
+    pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        WeftError::InvalidRequest { field: Some(field.to_string()), reason: reason.into() }
+    }
+
+    /// A request refused at submission, as a whole.
+    pub fn invalid_request(reason: impl Into<String>) -> Self {
+        WeftError::InvalidRequest { field: None, reason: reason.into() }
     }
 
     pub(crate) fn shape(op: &'static str, detail: impl Into<String>) -> Self {

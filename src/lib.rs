@@ -4,6 +4,7 @@
 //! This crate is the foundation: the GPU context, tensors, the kernel library and plain CPU
 //! references of every kernel. See ARCHITECTURE.md for the map.
 
+pub mod builder;
 pub mod cpu;
 pub mod engine;
 pub mod error;
@@ -15,7 +16,10 @@ pub mod openai;
 pub mod quant;
 pub mod rt;
 pub mod sampling;
+pub mod step;
+pub mod tensor;
 pub mod tokenizer;
 
+pub use builder::EngineBuilder;
 pub use error::{Result, WeftError};
 pub use quant::DType;

@@ -36,7 +36,7 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
 
 fn greedy(prompt: &str, max_tokens: usize) -> InferenceRequest {
     let params =
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens, ignore_eos: true, ..Default::default() };
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() };
     InferenceRequest::new(Prompt::Text(prompt.into()), params)
 }
 
@@ -117,7 +117,7 @@ fn batched_requests_equal_requests_run_alone() {
         assert_eq!(g.token_ids, w.token_ids, "request {i}");
         assert_eq!(g.text, w.text, "request {i}");
         assert_eq!(g.finish_reason, FinishReason::Length);
-        assert_eq!(g.usage.completion_tokens, requests[i].params.max_tokens);
+        assert_eq!(g.usage.completion_tokens, requests[i].params.max_tokens.unwrap());
     }
     let tokens: usize = want.iter().map(|r| r.token_ids.len()).sum();
     eprintln!(
@@ -210,7 +210,7 @@ fn dropped_streams_free_their_blocks_and_the_rest_finish() {
 
 fn greedy_like(r: &InferenceRequest, max_tokens: usize) -> InferenceRequest {
     let mut r = r.clone();
-    r.params.max_tokens = max_tokens;
+    r.params.max_tokens = Some(max_tokens);
     r
 }
 
@@ -267,9 +267,9 @@ fn bad_requests_are_refused_while_others_continue() {
     };
     bad(&|r| r.params.sampling.temperature = -1.0, "temperature");
     bad(&|r| r.params.sampling.top_p = 0.0, "top_p");
-    bad(&|r| r.params.max_tokens = 0, "max_tokens");
+    bad(&|r| r.params.max_tokens = Some(0), "max_tokens");
     bad(&|r| r.prompt = Prompt::Text("x".repeat(100)), "prompt");
-    bad(&|r| r.params.max_tokens = 63, "max_tokens");
+    bad(&|r| r.params.max_tokens = Some(63), "max_tokens");
     bad(&|r| r.prompt = Prompt::Tokens(vec![1, 2, 100_000]), "outside the vocabulary");
     bad(&|r| r.prompt = Prompt::Chat(vec![]), "messages");
     assert_eq!(running.join().unwrap().token_ids, want[0].token_ids);
@@ -322,7 +322,7 @@ fn chat_prompts_use_the_model_template() {
     let messages = vec![weft::tokenizer::ChatMessage::user("hi")];
     let chat = InferenceRequest::new(
         Prompt::Chat(messages),
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 3, ignore_eos: true, ..Default::default() },
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(3), ignore_eos: true, ..Default::default() },
     );
     let text = InferenceRequest::new(
         Prompt::Text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()),
@@ -342,7 +342,7 @@ fn the_seed_constructors_check_their_parts() {
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
-    let exec: Arc<dyn weft::model::executor::ModelExecutor> =
+    let exec: Arc<dyn weft::step::ModelExecutor> =
         Arc::new(files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 32 }).unwrap());
     let tok = files.tokenizer.clone();
     let parts = || {
@@ -351,7 +351,7 @@ fn the_seed_constructors_check_their_parts() {
             tok.clone(),
             Arc::new(GpuSampler) as Arc<dyn weft::sampling::Sampler>,
             exec.clone(),
-            Arc::new(f.clone()) as Arc<dyn weft::gpu::TensorFactory>,
+            Arc::new(f.clone()) as Arc<dyn weft::tensor::TensorFactory>,
         )
     };
 

@@ -9,14 +9,15 @@
 
 use weft::DType;
 use weft::gpu::{GpuOptions, GpuTensorFactory};
-use weft::kv::{KvCacheConfig, KvPool};
-use weft::model::config::LlamaConfig;
-use weft::model::executor::{GpuExecutor, ModelExecutor, SampleSpec, SeqInput};
+use weft::kv::KvCacheConfig;
+use weft::model::arch;
+use weft::model::config::ModelConfig;
+use weft::model::executor::GpuExecutor;
 use weft::model::gguf::GgufFile;
-use weft::model::llama::LlamaModel;
 use weft::model::load::GgufWeights;
 use weft::model::tiny;
-use weft::sampling::SamplingParams;
+use weft::sampling::{RowDraw, SampleSpec, SamplingParams};
+use weft::step::{ModelExecutor, SeqStep, StepBatch};
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -24,19 +25,20 @@ fn factory() -> Option<GpuTensorFactory> {
 
 const BLOCK: usize = 4;
 
-fn executor(f: &GpuTensorFactory, config: &LlamaConfig, gguf: &GgufFile) -> GpuExecutor {
-    let loaded = LlamaConfig::from_gguf(gguf).unwrap();
+fn executor(f: &GpuTensorFactory, config: &ModelConfig, gguf: &GgufFile) -> GpuExecutor {
+    let loaded = ModelConfig::from_gguf(gguf).unwrap();
     assert_eq!(&loaded, config, "config read back from the GGUF metadata");
-    let model = LlamaModel::load(loaded, &GgufWeights { gguf }, f).unwrap();
-    let kv = KvPool::new(
-        f,
-        KvCacheConfig { block_size: BLOCK, num_blocks: 64 },
-        config.num_layers,
-        config.num_kv_heads,
-        config.head_dim,
-    )
-    .unwrap();
-    GpuExecutor::new(f.clone(), model, kv)
+    let model = arch::load(loaded, &GgufWeights { gguf }, f, &mut |_, _| {}).unwrap();
+    GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap()
+}
+
+/// A sequence's share of a step, sampling from its last `num_logits` tokens.
+fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize) -> SeqStep {
+    SeqStep { id: 0, tokens: tokens.to_vec(), start_pos, block_table: block_table.to_vec(), num_logits, sampling: None }
+}
+
+fn batch(seqs: Vec<SeqStep>) -> StepBatch {
+    StepBatch { seqs, ..Default::default() }
 }
 
 fn close(what: &str, got: &[f32], want: &[f32]) {
@@ -46,7 +48,7 @@ fn close(what: &str, got: &[f32], want: &[f32]) {
 }
 
 /// Two sequences in one step: one prefilled in chunks (3, 5, 1 tokens), one decoding.
-fn run_and_compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType) {
+fn run_and_compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType) {
     let w = tiny::random_weights(config, 7, dtype);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
     let exec = executor(f, config, &gguf);
@@ -56,22 +58,21 @@ fn run_and_compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType) {
     let want_b = weft::cpu::llama::forward(config, &w, &b);
     let table_a: Vec<u32> = vec![10, 3, 7];
     let table_b: Vec<u32> = vec![20, 21];
-    let seq = |tokens: &[u32], start: usize, table: &[u32]| SeqInput {
-        tokens: tokens.to_vec(),
-        start_pos: start,
-        block_table: table.to_vec(),
-        sample: None,
-    };
-    // Step 1: a's first chunk and b's prompt.
-    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)])).unwrap();
-    close(&format!("{dtype} a[..3]"), &out[0], &want_a[2]);
-    close(&format!("{dtype} b[..5]"), &out[1], &want_b[4]);
+    // Step 1: a's first chunk with logits for all three of its tokens (as when verifying two
+    // drafted tokens), and b's prompt.
+    let step = batch(vec![seq(&a[..3], 0, &table_a, 3), seq(&b[..5], 0, &table_b, 1)]);
+    let out = weft::rt::block_on(exec.logits(&step)).unwrap();
+    for i in 0..3 {
+        close(&format!("{dtype} a[..{}]", i + 1), &out[i], &want_a[i]);
+    }
+    close(&format!("{dtype} b[..5]"), &out[3], &want_b[4]);
     // Step 2: a's second chunk (starting at position 3, across a block boundary) and b's decode.
-    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[3..8], 3, &table_a), seq(&b[5..], 5, &table_b)])).unwrap();
+    let step = batch(vec![seq(&a[3..8], 3, &table_a, 1), seq(&b[5..], 5, &table_b, 1)]);
+    let out = weft::rt::block_on(exec.logits(&step)).unwrap();
     close(&format!("{dtype} a[..8]"), &out[0], &want_a[7]);
     close(&format!("{dtype} b[..6]"), &out[1], &want_b[5]);
     // Step 3: a's last token alone.
-    let out = weft::rt::block_on(exec.last_logits(&[seq(&a[8..], 8, &table_a)])).unwrap();
+    let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&a[8..], 8, &table_a, 1)]))).unwrap();
     close(&format!("{dtype} a[..9]"), &out[0], &want_a[8]);
 }
 
@@ -86,7 +87,7 @@ fn tiny_gguf_matches_cpu_in_every_weight_format() {
 #[test]
 fn untied_head_and_qkv_bias_match_cpu() {
     let Some(f) = factory() else { return };
-    let config = LlamaConfig {
+    let config = ModelConfig {
         architecture: "qwen2".into(),
         tie_word_embeddings: false,
         attention_bias: true,
@@ -98,7 +99,7 @@ fn untied_head_and_qkv_bias_match_cpu() {
 #[test]
 fn sliding_window_matches_cpu() {
     let Some(f) = factory() else { return };
-    let mut config = LlamaConfig { architecture: "mistral".into(), ..tiny::tiny_config() };
+    let mut config = ModelConfig { architecture: "mistral".into(), ..tiny::tiny_config() };
     config.sliding_window = Some(4);
     let w = tiny::random_weights(&config, 9, DType::F32);
     let mut bytes = tiny::gguf_bytes(&config, &w, DType::F32);
@@ -116,13 +117,7 @@ fn sliding_window_matches_cpu() {
     let exec = executor(&f, &config, &gguf);
     let tokens: Vec<u32> = (0..11).map(|i| (i * 37 % 256) as u32).collect();
     let want = weft::cpu::llama::forward(&config, &w, &tokens);
-    let out = weft::rt::block_on(exec.last_logits(&[SeqInput {
-        tokens,
-        start_pos: 0,
-        block_table: vec![0, 1, 2],
-        sample: None,
-    }]))
-    .unwrap();
+    let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens, 0, &[0, 1, 2], 1)]))).unwrap();
     close("window 4", &out[0], &want[10]);
 }
 
@@ -133,19 +128,14 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     let w = tiny::random_weights(&config, 3, DType::Q4_1);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::Q4_1)).unwrap();
     let exec = executor(&f, &config, &gguf);
-    let target = SeqInput { tokens: vec![9, 8, 7, 6, 5], start_pos: 0, block_table: vec![0, 1], sample: None };
-    let alone = weft::rt::block_on(exec.last_logits(std::slice::from_ref(&target))).unwrap();
-    let others: Vec<SeqInput> = (0..6)
-        .map(|i| SeqInput {
-            tokens: (0..(i * 2 + 1) as u32).collect(),
-            start_pos: 0,
-            block_table: vec![10 + 3 * i as u32, 11 + 3 * i as u32, 12 + 3 * i as u32],
-            sample: None,
-        })
+    let target = seq(&[9, 8, 7, 6, 5], 0, &[0, 1], 1);
+    let alone = weft::rt::block_on(exec.logits(&batch(vec![target.clone()]))).unwrap();
+    let others: Vec<SeqStep> = (0..6)
+        .map(|i| seq(&(0..(i * 2 + 1) as u32).collect::<Vec<_>>(), 0, &[10 + 3 * i, 11 + 3 * i, 12 + 3 * i], 1))
         .collect();
-    let mut batch = others.clone();
-    batch.insert(3, target.clone());
-    let together = weft::rt::block_on(exec.last_logits(&batch)).unwrap();
+    let mut seqs = others.clone();
+    seqs.insert(3, target.clone());
+    let together = weft::rt::block_on(exec.logits(&batch(seqs))).unwrap();
     assert!(
         alone[0].iter().zip(&together[3]).all(|(a, b)| a.to_bits() == b.to_bits()),
         "logits differ alone vs in a batch"
@@ -154,39 +144,20 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     // And the sampler: a seeded temperature draw and greedy pick the same token either way.
     let spec = SampleSpec {
         params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() },
-        uniform: 0.37,
-        penalty_entries: Vec::new(),
+        rows: vec![RowDraw { uniform: 0.37, penalty_entries: Vec::new() }],
     };
-    let with = |s: &SeqInput| SeqInput { sample: Some(spec.clone()), ..s.clone() };
-    let a = weft::rt::block_on(exec.execute(&[with(&target)])).unwrap();
-    let mut batch: Vec<SeqInput> = others.iter().map(with).collect();
-    batch.insert(3, with(&target));
-    let b = weft::rt::block_on(exec.execute(&batch)).unwrap();
-    assert_eq!(a[0], b[3]);
-}
-
-#[test]
-fn bad_step_inputs_are_refused() {
-    let Some(f) = factory() else { return };
-    let config = tiny::tiny_config();
-    let w = tiny::random_weights(&config, 3, DType::F32);
-    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::F32)).unwrap();
-    let exec = executor(&f, &config, &gguf);
-    let err = |s: SeqInput| weft::rt::block_on(exec.execute(&[s])).unwrap_err().to_string();
-    let ok = SeqInput { tokens: vec![1, 2], start_pos: 0, block_table: vec![0], sample: None };
-    assert!(err(SeqInput { tokens: vec![config.vocab_size as u32], ..ok.clone() }).contains("outside the vocabulary"));
-    assert!(err(SeqInput { tokens: vec![1; 5], ..ok.clone() }).contains("cannot hold"));
-    assert!(err(SeqInput { block_table: vec![64], ..ok.clone() }).contains("does not exist"));
-    assert!(err(SeqInput { start_pos: 511, ..ok.clone() }).contains("context"));
-    assert!(err(SeqInput { tokens: vec![], ..ok.clone() }).contains("no tokens"));
-    // The executor still works afterwards.
-    assert!(weft::rt::block_on(exec.execute(&[ok])).is_ok());
+    let with = |s: &SeqStep| SeqStep { sampling: Some(spec.clone()), ..s.clone() };
+    let a = weft::rt::block_on(exec.execute(&batch(vec![with(&target)]))).unwrap();
+    let mut seqs: Vec<SeqStep> = others.iter().map(with).collect();
+    seqs.insert(3, with(&target));
+    let b = weft::rt::block_on(exec.execute(&batch(seqs))).unwrap();
+    assert_eq!(a.samples[0], b.samples[3]);
 }
 
 /// A Hugging Face directory holding `w` in `dtype`, in `shards` safetensors files.
 fn write_hf_dir(
     dir: &std::path::Path,
-    config: &LlamaConfig,
+    config: &ModelConfig,
     w: &weft::cpu::llama::HfWeights,
     dtype: safetensors::Dtype,
     shards: usize,
@@ -274,27 +245,13 @@ fn hugging_face_directories_match_cpu() {
         let dir = std::env::temp_dir().join(format!("weft-hf-{}-{dtype:?}", std::process::id()));
         write_hf_dir(&dir, &config, &w, dtype, shards);
         let json = std::fs::read_to_string(dir.join("config.json")).unwrap();
-        let loaded = LlamaConfig::from_hf_json("config.json", &json).unwrap();
+        let loaded = ModelConfig::from_hf_json("config.json", &json).unwrap();
         assert_eq!(loaded, config);
-        let model = LlamaModel::load(loaded, &SafetensorsWeights::open(&dir).unwrap(), &f).unwrap();
-        let kv = KvPool::new(
-            &f,
-            KvCacheConfig { block_size: BLOCK, num_blocks: 8 },
-            config.num_layers,
-            config.num_kv_heads,
-            config.head_dim,
-        )
-        .unwrap();
-        let exec = GpuExecutor::new(f.clone(), model, kv);
+        let model = arch::load(loaded, &SafetensorsWeights::open(&dir).unwrap(), &f, &mut |_, _| {}).unwrap();
+        let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: BLOCK, num_blocks: 8 }).unwrap();
         let tokens: Vec<u32> = vec![4, 8, 15, 16, 23, 42];
         let want = weft::cpu::llama::forward(&config, &w, &tokens);
-        let out = weft::rt::block_on(exec.last_logits(&[SeqInput {
-            tokens,
-            start_pos: 0,
-            block_table: vec![0, 1],
-            sample: None,
-        }]))
-        .unwrap();
+        let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens, 0, &[0, 1], 1)]))).unwrap();
         close(&format!("safetensors {dtype:?} in {shards} shards"), &out[0], &want[5]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -310,9 +267,9 @@ fn broken_hugging_face_directories_name_the_problem() {
     std::fs::write(dir.join("model.safetensors"), b"garbage").unwrap();
     let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
     assert!(err.contains("model.safetensors") && err.contains("not a safetensors file"), "{err}");
-    let err = LlamaConfig::from_hf_json("config.json", "{\"model_type\": \"gpt2\"}").unwrap_err().to_string();
-    assert!(err.contains("model_type \"gpt2\" is not supported"), "{err}");
-    let err = LlamaConfig::from_hf_json("config.json", "{").unwrap_err().to_string();
+    let err = ModelConfig::from_hf_json("config.json", "{\"model_type\": \"gpt2\"}").unwrap_err().to_string();
+    assert!(err.contains("architecture \"gpt2\" is not supported; weft runs llama"), "{err}");
+    let err = ModelConfig::from_hf_json("config.json", "{").unwrap_err().to_string();
     assert!(err.contains("config.json: not valid JSON"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

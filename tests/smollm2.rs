@@ -17,8 +17,9 @@ use std::path::Path;
 
 use serde_json::Value;
 use weft::gpu::{GpuOptions, GpuTensorFactory};
-use weft::kv::{BlockAllocator, KvCacheConfig};
-use weft::model::executor::{ModelExecutor, SampleSpec, SeqInput};
+use weft::kv::KvCacheConfig;
+use weft::sampling::{RowDraw, SampleSpec};
+use weft::step::{ModelExecutor, SeqStep, StepBatch};
 use weft::model::load::ModelFiles;
 use weft::sampling::SamplingParams;
 use weft::tokenizer::{ChatMessage, Tokenizer};
@@ -78,20 +79,35 @@ fn logits_and_greedy_tokens_match_transformers() {
         prompts.iter().map(|p| (p["prompt_ids"].as_array().unwrap().len() + STEPS).div_ceil(BLOCK)).collect();
     let exec =
         files.executor(&factory, KvCacheConfig { block_size: BLOCK, num_blocks: blocks_per_seq.iter().sum() }).unwrap();
-    let mut alloc = BlockAllocator::new(blocks_per_seq.iter().sum());
-    let tables: Vec<Vec<u32>> = blocks_per_seq.iter().map(|&n| alloc.allocate(n).unwrap()).collect();
+    // Consecutive blocks for each sequence.
+    let mut next_block = 0u32;
+    let tables: Vec<Vec<u32>> = blocks_per_seq
+        .iter()
+        .map(|&n| {
+            next_block += n as u32;
+            (next_block - n as u32..next_block).collect()
+        })
+        .collect();
 
     // Prefill every prompt in one step and compare the last position's logits.
-    let mut batch: Vec<SeqInput> = prompts
+    let seqs = prompts
         .iter()
         .zip(&tables)
-        .map(|(p, t)| SeqInput { tokens: ids(&p["prompt_ids"]), start_pos: 0, block_table: t.clone(), sample: None })
+        .map(|(p, t)| SeqStep {
+            id: 0,
+            tokens: ids(&p["prompt_ids"]),
+            start_pos: 0,
+            block_table: t.clone(),
+            num_logits: 1,
+            sampling: None,
+        })
         .collect();
+    let mut batch = StepBatch { seqs, ..Default::default() };
     let started = std::time::Instant::now();
-    let logits = weft::rt::block_on(exec.last_logits(&batch)).unwrap();
+    let logits = weft::rt::block_on(exec.logits(&batch)).unwrap();
     eprintln!(
         "prefill of {} tokens: {:.1} s",
-        batch.iter().map(|s| s.tokens.len()).sum::<usize>(),
+        batch.num_batched_tokens(),
         started.elapsed().as_secs_f64()
     );
     let mut worst = 0f32;
@@ -107,20 +123,23 @@ fn logits_and_greedy_tokens_match_transformers() {
 
     // Greedy decoding: step 0's token is the argmax of those logits, then 31 GPU-sampled steps.
     let mut generated: Vec<Vec<u32>> = logits.iter().map(|l| vec![weft::cpu::argmax(l, l.len())[0]]).collect();
-    let greedy = SampleSpec { params: SamplingParams::greedy(), uniform: 0.0, penalty_entries: Vec::new() };
+    let greedy = SampleSpec {
+        params: SamplingParams::greedy(),
+        rows: vec![RowDraw { uniform: 0.0, penalty_entries: Vec::new() }],
+    };
     let started = std::time::Instant::now();
     for _ in 1..STEPS {
-        for (seq, tokens_so_far) in batch.iter_mut().zip(&generated) {
+        for (seq, tokens_so_far) in batch.seqs.iter_mut().zip(&generated) {
             seq.start_pos += seq.tokens.len();
             seq.tokens = vec![*tokens_so_far.last().unwrap()];
-            seq.sample = Some(greedy.clone());
+            seq.sampling = Some(greedy.clone());
         }
         let out = weft::rt::block_on(exec.execute(&batch)).unwrap();
-        for (tokens_so_far, s) in generated.iter_mut().zip(out) {
-            tokens_so_far.push(s.unwrap().token);
+        for (tokens_so_far, s) in generated.iter_mut().zip(out.samples) {
+            tokens_so_far.push(s[0].token);
         }
     }
-    eprintln!("{} decode steps of {} sequences: {:.1} s", STEPS - 1, batch.len(), started.elapsed().as_secs_f64());
+    eprintln!("{} decode steps of {} sequences: {:.1} s", STEPS - 1, batch.seqs.len(), started.elapsed().as_secs_f64());
     let mut near_ties = 0;
     for (p, got) in prompts.iter().zip(&generated) {
         let want = ids(&p["greedy_ids"]);
@@ -149,7 +168,8 @@ fn logits_and_greedy_tokens_match_transformers() {
 /// tokens are the reference's.
 #[test]
 fn the_engine_builder_serves_the_default_model() {
-    use weft::engine::api::{EngineBuilder, EngineStatus, LlmInferenceEngine};
+    use weft::EngineBuilder;
+    use weft::engine::api::{EngineStatus, LlmInferenceEngine};
     use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
     if model().is_none() {
         return;
@@ -165,7 +185,7 @@ fn the_engine_builder_serves_the_default_model() {
     let engine: std::sync::Arc<dyn LlmInferenceEngine> = std::sync::Arc::new(engine);
     let p = &fixtures()[0];
     let params =
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: 6, ignore_eos: true, ..Default::default() };
+        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(6), ignore_eos: true, ..Default::default() };
     let response =
         weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
     assert_eq!(response.token_ids, ids(&p["greedy_ids"])[..6]);

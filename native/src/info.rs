@@ -4,7 +4,8 @@ use std::time::Instant;
 
 use weft::DType;
 use weft::gpu::kernels::matmul::matmul;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording, TensorFactory};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
+use weft::tensor::TensorFactory;
 
 pub fn run(baseline: bool) -> weft::Result<()> {
     let started = Instant::now();

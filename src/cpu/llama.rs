@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::model::config::LlamaConfig;
+use crate::model::config::ModelConfig;
 
 /// f32 weights by their Hugging Face names, each row-major (out, in).
 pub type HfWeights = HashMap<String, Vec<f32>>;
@@ -27,7 +27,7 @@ fn linear(w: &[f32], x: &[f32], bias: Option<&Vec<f32>>) -> Vec<f32> {
 }
 
 /// Logits (vocab) at every position of `tokens`.
-pub fn forward(config: &LlamaConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f32>> {
+pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f32>> {
     let c = config;
     let (hd, heads, kv_heads) = (c.head_dim, c.num_heads, c.num_kv_heads);
     let get = |name: &str| w.get(name).unwrap_or_else(|| panic!("missing {name}"));

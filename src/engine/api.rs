@@ -1,5 +1,5 @@
-//! The engine's public traits (`InferenceEngine`, `LlmInferenceEngine`), their snapshot types,
-//! and the one-line builder from a model path.
+//! The engine's public traits (`InferenceEngine`, `LlmInferenceEngine`) and their snapshot
+//! types. The one-line builder from a model path is `crate::builder`.
 
 use crate::engine::metrics::EngineMetrics;
 use crate::engine::request::{InferenceRequest, InferenceResponse, StreamChunk};
@@ -124,7 +124,7 @@ impl InferenceEngine for ContinuousBatchEngine {
             if let Some(e) = self.last_step_error() {
                 return unhealthy(format!("the last step failed: {e}"));
             }
-            if let Err(e) = self.device_round_trip().await {
+            if let Err(e) = self.executor().health_check().await {
                 return unhealthy(format!("the GPU does not answer: {e}"));
             }
             HealthReport { healthy: true, detail: format!("{} steps run", ContinuousBatchEngine::metrics(self).steps) }
@@ -139,104 +139,5 @@ impl LlmInferenceEngine for ContinuousBatchEngine {
 
     fn infer_stream(&self, request: InferenceRequest) -> Result<BoxStream<'static, Result<StreamChunk>>> {
         Ok(Box::pin(ContinuousBatchEngine::infer_stream(self, request)?))
-    }
-}
-
-/// The common case in one line: `EngineBuilder::from_model(path)?.build().await?`.
-pub struct EngineBuilder {
-    files: crate::model::load::ModelFiles,
-    config: EngineConfig,
-    kv_memory_bytes: usize,
-    block_size: usize,
-    gpu: crate::gpu::GpuOptions,
-    progress: Option<crate::rt::BoxProgress>,
-}
-
-impl EngineBuilder {
-    /// A GGUF file or a Hugging Face directory.
-    pub fn from_model(path: impl AsRef<std::path::Path>) -> Result<Self> {
-        Ok(Self::from_files(crate::model::load::ModelFiles::open(path.as_ref())?))
-    }
-
-    /// A GGUF file's bytes (the browser's way: a download or a picked file); `name` appears in
-    /// errors.
-    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
-        Ok(Self::from_files(crate::model::load::ModelFiles::from_gguf_bytes(name, bytes)?))
-    }
-
-    fn from_files(files: crate::model::load::ModelFiles) -> Self {
-        EngineBuilder {
-            files,
-            config: EngineConfig::default(),
-            kv_memory_bytes: 256 << 20,
-            block_size: 16,
-            gpu: crate::gpu::GpuOptions::default(),
-            progress: None,
-        }
-    }
-
-    /// The model's shape (layers, vocabulary, context …).
-    pub fn model_config(&self) -> &crate::model::config::LlamaConfig {
-        &self.files.config
-    }
-
-    /// Call `progress(layers uploaded, layers in all)` while the weights go to the GPU.
-    pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + crate::rt::MaybeSend + 'static) -> Self {
-        self.progress = Some(Box::new(progress));
-        self
-    }
-
-    pub fn config(mut self, config: EngineConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// GPU memory for the KV cache (default 256 MiB), clamped to what the model's context needs.
-    pub fn kv_memory_bytes(mut self, bytes: usize) -> Self {
-        self.kv_memory_bytes = bytes;
-        self
-    }
-
-    pub fn gpu_options(mut self, options: crate::gpu::GpuOptions) -> Self {
-        self.gpu = options;
-        self
-    }
-
-    pub async fn build(self) -> Result<ContinuousBatchEngine> {
-        let ctx = crate::gpu::GpuContext::new(self.gpu.clone()).await?;
-        self.build_on(ctx)
-    }
-
-    /// [`build`](Self::build) on a device the caller opened (and may want to describe); the
-    /// builder's GPU options are not used.
-    pub fn build_on(self, ctx: std::sync::Arc<crate::gpu::GpuContext>) -> Result<ContinuousBatchEngine> {
-        let factory = crate::gpu::GpuTensorFactory::new(ctx);
-        let c = &self.files.config;
-        let kv = crate::kv::KvCacheConfig::for_memory(
-            self.kv_memory_bytes,
-            self.block_size,
-            c.num_layers,
-            c.num_kv_heads,
-            c.head_dim,
-        )?;
-        // One layer's K (or V) must fit one binding.
-        let per_layer = kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * 4;
-        if per_layer as u64 > factory.context().max_binding_bytes() {
-            return Err(crate::WeftError::Unsupported(format!(
-                "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
-                self.kv_memory_bytes,
-                factory.context().max_binding_bytes()
-            )));
-        }
-        let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
-        let exec = self.files.executor_with_progress(&factory, kv, &mut *progress)?;
-        let sampler = std::sync::Arc::new(crate::sampling::GpuSampler);
-        ContinuousBatchEngine::new_plan_runtime(
-            self.config,
-            self.files.tokenizer.clone(),
-            sampler,
-            std::sync::Arc::new(exec),
-            std::sync::Arc::new(factory),
-        )
     }
 }

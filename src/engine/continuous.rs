@@ -2,37 +2,39 @@
 //!
 //! Every pending request joins the next step's batch. A step is: the scheduler picks the batch
 //! (decodes first, then prefill chunks within the token budget and the free KV blocks); the
-//! executor runs it as one GPU submission and returns the sampled tokens; each sequence appends
-//! its token, detokenizes, checks its stops and streams a chunk; finished sequences free their
-//! blocks. An iteration lock serializes steps; whoever holds it (the background loop, or a
-//! caller awaiting its own request when no loop runs) steps for everyone.
+//! engine adds each sampled row's draw; the executor runs it as one GPU submission and returns
+//! the samples; each sequence keeps its accepted run (`step::accepted_len`), which goes back to
+//! the scheduler and, through output processing (`output`), to the request's stream; finished
+//! sequences free their blocks. An iteration lock serializes steps; whoever holds it (the
+//! background loop, or a caller awaiting its own request when no loop runs) steps for everyone.
+//!
+//! Requests are validated once, here at the door (`submit`): field values by
+//! `InferenceRequest::validate`, lengths against the context and the KV pool by the scheduler.
+//! Nothing after the door validates again.
 //!
 //! **Invariant:** a request's tokens depend only on the request (prompt, parameters, seed), not
-//! on what shares its batch or whether it was preempted: kernels are batch invariant and each
-//! request draws from its own random stream, once per generated token.
+//! on what shares its batch or whether it was preempted: kernels are batch invariant and a
+//! request's `n`-th generated token is drawn with the `n`-th value of its own random stream.
+//! **Invariant:** the engine never sees the GPU: it holds a `ModelExecutor` and plain data.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 
 use futures::channel::mpsc;
-use futures::{Stream, StreamExt};
 use web_time::Instant;
 
 use crate::engine::metrics::EngineMetrics;
-use crate::engine::request::{
-    FinishReason, InferenceRequest, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage,
-};
-use crate::engine::scheduler::{
-    ContinuousBatchScheduler, RunnerOutput, SchedRequest, SchedulerConfig, SchedulerOutput,
-};
+use crate::engine::output::Live;
+use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
+use crate::engine::scheduler::{ContinuousBatchScheduler, SchedRequest, SchedulerConfig};
 use crate::engine::stop::StopMatcher;
+use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
-use crate::gpu::TensorFactory;
 use crate::kv::{KvCacheManager, SeqId};
-use crate::model::executor::{ModelExecutor, SeqInput};
-use crate::sampling::{Sampled, Sampler, SamplerRng};
+use crate::sampling::{Sampled, Sampler};
+use crate::step::{ModelExecutor, StepBatch, accepted_len};
+use crate::tensor::TensorFactory;
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 /// Speculative decoding settings (the draft model proposes, the target verifies).
@@ -67,77 +69,14 @@ impl Default for EngineConfig {
     }
 }
 
-/// A live request's host-side state.
-struct Live {
-    request: InferenceRequest,
-    rng: SamplerRng,
-    decoder: DecodeStream,
-    stops: StopMatcher,
-    sender: mpsc::UnboundedSender<Result<StreamChunk>>,
-    usage: Usage,
-    submitted_at: Instant,
-    scheduled_at: Option<Instant>,
-    last_token_at: Option<Instant>,
-}
-
-impl Live {
-    /// Take one sampled token: decode it, match stops, and say whether the request is done.
-    fn accept(&mut self, x: &Sampled, eos: &[u32]) -> (StreamChunk, Option<FinishReason>) {
-        let params = &self.request.params;
-        self.usage.completion_tokens += 1;
-        let logprobs = if params.sampling.top_logprobs > 0 {
-            vec![TokenLogprob { token: x.token, logprob: x.logprob, top: x.top_logprobs.clone() }]
-        } else {
-            Vec::new()
-        };
-        let mut text = String::new();
-        let mut finish = None;
-        if !params.ignore_eos && eos.contains(&x.token) {
-            finish = Some(FinishReason::Eos);
-        } else if params.stop_token_ids.contains(&x.token) {
-            finish = Some(FinishReason::Stop);
-        } else {
-            match self.decoder.step(x.token) {
-                Ok(delta) => {
-                    let (released, stopped) = self.stops.push(delta.as_deref().unwrap_or(""));
-                    text = released;
-                    if stopped {
-                        finish = Some(FinishReason::Stop);
-                    }
-                }
-                Err(e) => {
-                    let _ = self.sender.unbounded_send(Err(e));
-                    finish = Some(FinishReason::Error);
-                }
-            }
-            if finish.is_none() && self.usage.completion_tokens >= params.max_tokens {
-                finish = Some(FinishReason::Length);
-            }
-        }
-        if matches!(finish, Some(FinishReason::Length | FinishReason::Eos)) {
-            // The end of the text: release what the decoder and the stop matcher still hold.
-            let rest = self.decoder.finish().ok().flatten().unwrap_or_default();
-            let (released, stopped) = self.stops.push(&rest);
-            text.push_str(&released);
-            if stopped {
-                finish = Some(FinishReason::Stop);
-            } else {
-                text.push_str(&self.stops.finish());
-            }
-        }
-        let usage = finish.map(|_| self.usage);
-        (StreamChunk { text, token_ids: vec![x.token], logprobs, finish_reason: finish, usage }, finish)
-    }
-}
-
-struct State {
+pub(crate) struct State {
     scheduler: ContinuousBatchScheduler,
     live: HashMap<SeqId, Live>,
     metrics: EngineMetrics,
     last_step_error: Option<String>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     config: EngineConfig,
     tokenizer: Arc<dyn Tokenizer>,
     sampler: Arc<dyn Sampler>,
@@ -148,60 +87,22 @@ struct Inner {
     step_lock: futures::lock::Mutex<()>,
     next_id: AtomicU64,
     shut_down: AtomicBool,
-    loop_running: AtomicBool,
+    pub(crate) loop_running: AtomicBool,
     /// Wakes the background loop when work arrives, a stream is dropped, or on shutdown.
-    wakeup: Wakeup,
-}
-
-/// An async wake-up signal for the background loop. It is a future rather than a condition
-/// variable so the same loop runs on a thread natively and as a task on the browser's event
-/// loop, where nothing may block.
-#[derive(Default)]
-struct Wakeup {
-    pending: AtomicBool,
-    waker: futures::task::AtomicWaker,
-}
-
-impl Wakeup {
-    fn wake(&self) {
-        self.pending.store(true, Ordering::SeqCst);
-        self.waker.wake();
-    }
-
-    /// Resolves at the next `wake` (at once if one came since the last wait).
-    async fn wait(&self) {
-        futures::future::poll_fn(|cx| {
-            self.waker.register(cx.waker());
-            if self.pending.swap(false, Ordering::SeqCst) { Poll::Ready(()) } else { Poll::Pending }
-        })
-        .await
-    }
-}
-
-/// A stream's end of its request. Dropping it closes the channel, which cancels the request at
-/// the next step, and wakes the loop so that step comes even when nothing else is running.
-struct Subscription {
-    engine: ContinuousBatchEngine,
-    receiver: mpsc::UnboundedReceiver<Result<StreamChunk>>,
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.receiver.close();
-        self.engine.wake();
-    }
+    pub(crate) wakeup: Wakeup,
 }
 
 /// The engine: a cheap handle (`Clone` shares it).
 #[derive(Clone)]
 pub struct ContinuousBatchEngine {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl ContinuousBatchEngine {
     /// An engine over `model_executor` with the KV manager `kv_cache`, which must describe the
     /// executor's block pool. (The seed API's scheduler argument is `config`: its limits are
-    /// the scheduler's.) `tensor_factory` serves the health check's device round trip.
+    /// the scheduler's.) `tensor_factory` is the factory the executor's device was opened with,
+    /// kept for callers that want tensors on the same device ([`tensor_factory`](Self::tensor_factory)).
     pub fn new(
         config: EngineConfig,
         tokenizer: Arc<dyn Tokenizer>,
@@ -325,23 +226,17 @@ impl ContinuousBatchEngine {
         Self::new(config, tokenizer, sampler, kv, model_executor, tensor_factory)
     }
 
-    /// Upload and read back a small tensor: proof the device still answers.
-    pub async fn device_round_trip(&self) -> Result<()> {
-        let probe = [1.0f32, -2.0, 3.5, 0.25];
-        let t = self.inner.tensor_factory.upload_f32(&[4], &probe)?;
-        let back = self.inner.tensor_factory.download_f32(&t).await?;
-        if back != probe {
-            return Err(WeftError::Readback(format!("the device returned {back:?} for {probe:?}")));
-        }
-        Ok(())
-    }
-
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
 
     pub fn tokenizer(&self) -> &Arc<dyn Tokenizer> {
         &self.inner.tokenizer
+    }
+
+    /// The factory the engine was built with (tensors on the executor's device).
+    pub fn tensor_factory(&self) -> &Arc<dyn TensorFactory> {
+        &self.inner.tensor_factory
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -355,149 +250,117 @@ impl ContinuousBatchEngine {
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
                 match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => Err(WeftError::Unsupported(format!(
-                        "invalid prompt: token id {t} is outside the vocabulary of {vocab}"
-                    ))),
+                    Some(t) => Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}"))),
                     None => Ok(ids.clone()),
                 }
             }
             Prompt::Chat(messages) => {
                 let template = tok.chat_template().ok_or_else(|| {
-                    WeftError::Unsupported(
-                        "invalid messages: this model has no chat template; send a text prompt".into(),
-                    )
+                    WeftError::invalid("messages", "this model has no chat template; send a text prompt")
                 })?;
                 tok.encode(&template.render(messages, true)?, false)
             }
         }
     }
 
-    /// Queue a request; its chunks arrive on the returned receiver as steps run.
+    /// Queue a request; its chunks arrive on the returned receiver as steps run. This is the
+    /// one place requests are validated: a refused request gets [`WeftError::InvalidRequest`]
+    /// naming the field, and nothing of it is queued.
     pub fn submit(&self, request: InferenceRequest) -> Result<(SeqId, mpsc::UnboundedReceiver<Result<StreamChunk>>)> {
-        let reject = |e: WeftError| {
-            self.state().metrics.requests_rejected += 1;
-            Err(e)
-        };
-        if self.inner.shut_down.load(Ordering::SeqCst) {
-            return Err(WeftError::Unsupported("the engine is shut down".into()));
+        if self.is_shut_down() {
+            return Err(WeftError::Unavailable("the engine is shut down".into()));
         }
-        if let Err(e) = request.validate() {
-            return reject(e);
-        }
-        let prompt = match self.tokenize(&request.prompt) {
-            Ok(p) => p,
-            Err(e) => return reject(e),
-        };
-        let max_len = self.inner.config.max_model_len;
-        if prompt.len() >= max_len {
-            return reject(WeftError::Unsupported(format!(
-                "invalid prompt: {} tokens, but the context holds {max_len}",
-                prompt.len()
-            )));
-        }
-        let max_tokens = request.params.max_tokens;
-        if prompt.len() + max_tokens > max_len {
-            return reject(WeftError::Unsupported(format!(
-                "invalid max_tokens: {max_tokens}; the prompt takes {} of the context's {max_len} tokens, so at most {} can be generated",
-                prompt.len(),
-                max_len - prompt.len()
-            )));
-        }
-        // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
-        let decoder = match DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt) {
-            Ok(d) => d,
-            Err(e) => return reject(e),
+        let admitted = request.validate().and_then(|()| {
+            let prompt = self.tokenize(&request.prompt)?;
+            // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
+            let decoder = DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt)?;
+            Ok((prompt, decoder))
+        });
+        let mut state = self.state();
+        let (prompt, decoder) = match admitted {
+            Ok(x) => x,
+            Err(e) => {
+                state.metrics.requests_rejected += 1;
+                return Err(e);
+            }
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let room = self.inner.config.max_model_len.saturating_sub(prompt.len()).clamp(1, DEFAULT_MAX_TOKENS);
+        let max_tokens = request.params.max_tokens.unwrap_or(room);
+        let sched = SchedRequest { id, prompt: prompt.clone(), max_tokens, priority: request.params.priority };
+        if let Err(e) = state.scheduler.add_request(sched) {
+            state.metrics.requests_rejected += 1;
+            return Err(e);
+        }
         let seed = request.params.sampling.seed.unwrap_or_else(|| {
             web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(id, |d| d.as_nanos() as u64 ^ id)
         });
         let (sender, receiver) = mpsc::unbounded();
-        {
-            let mut state = self.state();
-            let sched = SchedRequest { id, prompt: prompt.clone(), max_tokens, priority: request.params.priority };
-            if let Err(e) = state.scheduler.add_request(sched) {
-                state.metrics.requests_rejected += 1;
-                return Err(WeftError::Unsupported(format!("invalid request: {e}")));
-            }
-            state.metrics.requests_submitted += 1;
-            state.metrics.prompt_tokens += prompt.len() as u64;
-            let live = Live {
-                rng: SamplerRng::new(seed),
-                decoder,
-                stops: StopMatcher::new(&request.params.stop),
-                sender,
-                usage: Usage { prompt_tokens: prompt.len(), ..Default::default() },
-                submitted_at: Instant::now(),
-                scheduled_at: None,
-                last_token_at: None,
-                request,
-            };
-            state.live.insert(id, live);
-        }
+        state.metrics.requests_submitted += 1;
+        state.metrics.prompt_tokens += prompt.len() as u64;
+        let live = Live {
+            seed,
+            max_tokens,
+            decoder,
+            stops: StopMatcher::new(&request.params.stop),
+            sender,
+            usage: Usage { prompt_tokens: prompt.len(), ..Default::default() },
+            submitted_at: Instant::now(),
+            scheduled_at: None,
+            last_token_at: None,
+            request,
+        };
+        state.live.insert(id, live);
+        drop(state);
         self.wake();
         Ok((id, receiver))
-    }
-
-    fn wake(&self) {
-        self.inner.wakeup.wake();
     }
 
     /// Run one step for every pending request. Returns false when there was nothing to do.
     pub async fn step(&self) -> Result<bool> {
         let _turn = self.inner.step_lock.lock().await;
-        let (out, batch) = {
+        let batch = {
             let mut state = self.state();
             self.drop_cancelled(&mut state);
-            let out = state.scheduler.schedule();
-            if out.scheduled.is_empty() {
+            let mut batch = state.scheduler.schedule();
+            if batch.seqs.is_empty() {
                 return Ok(false);
             }
             let now = Instant::now();
-            let mut batch = Vec::with_capacity(out.scheduled.len());
             let State { scheduler, live, metrics, .. } = &mut *state;
-            for s in &out.scheduled {
-                let live = live.get_mut(&s.id).expect("every scheduled sequence is live");
+            for s in &mut batch.seqs {
+                let Some(live) = live.get_mut(&s.id) else { continue };
                 if live.scheduled_at.is_none() {
                     // First time on the GPU: tokens before start_pos came from the prefix cache.
                     live.scheduled_at = Some(now);
                     live.usage.cached_prompt_tokens = s.start_pos;
                     metrics.queue_time.observe((now - live.submitted_at).as_secs_f64());
                 }
-                let sample = s.sample.then(|| {
+                if s.num_logits > 0 {
                     let tokens = scheduler.tokens(s.id).unwrap_or(&[]);
                     let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
-                    self.inner.sampler.prepare(&live.request.params.sampling, &mut live.rng, prompt, output)
-                });
-                batch.push(SeqInput {
-                    tokens: s.tokens.clone(),
-                    start_pos: s.start_pos,
-                    block_table: s.block_table.clone(),
-                    sample,
-                });
+                    let params = &live.request.params.sampling;
+                    s.sampling = Some(self.inner.sampler.prepare(params, live.seed, prompt, output, s.drafted()));
+                }
             }
-            (out, batch)
+            batch
         };
         let result = self.inner.executor.execute(&batch).await;
         let mut state = self.state();
         state.metrics.steps += 1;
         match result {
-            Ok(sampled) => {
+            Ok(output) => {
                 state.last_step_error = None;
-                self.apply(&mut state, &out, sampled);
+                self.apply(&mut state, &batch, output.samples);
                 Ok(true)
             }
             Err(e) => {
                 // The step failed as a whole: its requests end with the error; the engine lives on.
                 let message = e.to_string();
                 state.last_step_error = Some(message.clone());
-                for s in &out.scheduled {
-                    self.end(
-                        &mut state,
-                        s.id,
-                        FinishReason::Error,
-                        Some(WeftError::Gpu { context: "an engine step".into(), reason: message.clone() }),
-                    );
+                for s in &batch.seqs {
+                    let error = WeftError::Gpu { context: "an engine step".into(), reason: message.clone() };
+                    self.end(&mut state, s.id, FinishReason::Error, Some(error));
                 }
                 Err(e)
             }
@@ -511,33 +374,39 @@ impl ContinuousBatchEngine {
         }
     }
 
-    fn apply(&self, state: &mut State, out: &SchedulerOutput, sampled: Vec<Option<Sampled>>) {
-        let runner = RunnerOutput {
-            sampled: out
-                .scheduled
-                .iter()
-                .zip(&sampled)
-                .filter_map(|(s, x)| x.as_ref().map(|x| (s.id, x.token)))
-                .collect(),
-        };
-        state.scheduler.update_from_output(out, &runner);
+    /// Each sequence keeps its accepted run of samples: the scheduler appends it (rolling back
+    /// rejected drafts), output processing streams it, and requests it ends are retired.
+    fn apply(&self, state: &mut State, batch: &StepBatch, samples: Vec<Vec<Sampled>>) {
+        let runs: Vec<&[Sampled]> = batch
+            .seqs
+            .iter()
+            .zip(samples.iter().map(Vec::as_slice).chain(std::iter::repeat(&[][..])))
+            .map(|(s, rows)| &rows[..accepted_len(s, rows)])
+            .collect();
+        let accepted: Vec<Vec<u32>> = runs.iter().map(|run| run.iter().map(|x| x.token).collect()).collect();
+        state.scheduler.update_from_output(batch, &accepted);
         let now = Instant::now();
         let eos = self.inner.tokenizer.eos_token_ids();
-        for (s, x) in out.scheduled.iter().zip(sampled) {
-            let Some(x) = x else { continue };
+        for (s, run) in batch.seqs.iter().zip(runs) {
+            if run.is_empty() {
+                continue;
+            }
             // A request cancelled (or the engine shut down) while the step ran is gone already.
             let Some(live) = state.live.get_mut(&s.id) else { continue };
-            let latency = (now - live.last_token_at.unwrap_or(live.submitted_at)).as_secs_f64();
+            let since = live.last_token_at.unwrap_or(live.submitted_at);
             let first = live.last_token_at.is_none();
             live.last_token_at = Some(now);
-            let (chunk, finish) = live.accept(&x, eos);
+            let (chunk, taken, finish) = live.accept(run, eos);
             let _ = live.sender.unbounded_send(Ok(chunk));
             let m = &mut state.metrics;
-            m.generation_tokens += 1;
+            m.generation_tokens += taken as u64;
+            // Tokens that arrive together share the wait: each counts an equal part of it.
+            let latency = (now - since).as_secs_f64();
             if first {
-                m.time_to_first_token.observe(latency)
-            } else {
-                m.inter_token_latency.observe(latency)
+                m.time_to_first_token.observe(latency);
+            }
+            for _ in usize::from(first)..taken {
+                m.inter_token_latency.observe(latency / taken as f64);
             }
             if let Some(reason) = finish {
                 self.end(state, s.id, reason, None);
@@ -562,17 +431,8 @@ impl ContinuousBatchEngine {
         let Some(live) = state.live.remove(&id) else { return };
         state.metrics.finished(reason);
         state.metrics.end_to_end_latency.observe((Instant::now() - live.submitted_at).as_secs_f64());
-        if let Some(e) = error {
-            let _ = live.sender.unbounded_send(Err(e));
-        }
         if matches!(reason, FinishReason::Cancelled | FinishReason::Error) {
-            let _ = live.sender.unbounded_send(Ok(StreamChunk {
-                text: String::new(),
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-                finish_reason: Some(reason),
-                usage: Some(live.usage),
-            }));
+            live.send_final(reason, error);
         }
         self.refresh_gauges(state);
     }
@@ -586,68 +446,6 @@ impl ContinuousBatchEngine {
         }
         self.end(&mut state, id, FinishReason::Cancelled, None);
         true
-    }
-
-    /// Stream a request's chunks. Without a background loop, polling the stream runs steps
-    /// (for every request, not only this one). Dropping the stream cancels the request.
-    pub fn infer_stream(&self, request: InferenceRequest) -> Result<impl Stream<Item = Result<StreamChunk>> + use<>> {
-        Ok(self.infer_stream_with_id(request)?.1)
-    }
-
-    /// [`infer_stream`](Self::infer_stream), also giving the request's id (for [`cancel`](Self::cancel)).
-    pub fn infer_stream_with_id(
-        &self,
-        request: InferenceRequest,
-    ) -> Result<(SeqId, impl Stream<Item = Result<StreamChunk>> + use<>)> {
-        let (id, receiver) = self.submit(request)?;
-        let sub = Subscription { engine: self.clone(), receiver };
-        let stream = futures::stream::unfold((sub, false), |(mut sub, done)| async move {
-            if done {
-                return None;
-            }
-            loop {
-                match sub.receiver.try_recv() {
-                    Ok(item) => {
-                        let last = matches!(&item, Ok(c) if c.finish_reason.is_some());
-                        return Some((item, (sub, last)));
-                    }
-                    Err(mpsc::TryRecvError::Closed) => return None,
-                    Err(mpsc::TryRecvError::Empty) if sub.engine.inner.loop_running.load(Ordering::SeqCst) => {
-                        let item = sub.receiver.next().await?;
-                        let last = matches!(&item, Ok(c) if c.finish_reason.is_some());
-                        return Some((item, (sub, last)));
-                    }
-                    Err(mpsc::TryRecvError::Empty) => {
-                        // Step errors reach each affected request through its channel.
-                        let _ = sub.engine.step().await;
-                    }
-                }
-            }
-        });
-        Ok((id, stream))
-    }
-
-    /// Run a request to completion.
-    pub async fn infer(&self, request: InferenceRequest) -> Result<InferenceResponse> {
-        collect_response(&mut Box::pin(self.infer_stream(request)?)).await
-    }
-
-    /// Start the background loop: from now on steps run by themselves and `infer` only waits.
-    pub fn start_loop(&self) -> Result<()> {
-        if self.inner.loop_running.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let engine = self.clone();
-        crate::rt::spawn_background("weft-engine", async move {
-            while !engine.inner.shut_down.load(Ordering::SeqCst) {
-                let worked = engine.step().await.unwrap_or(true);
-                if !worked {
-                    engine.inner.wakeup.wait().await;
-                }
-            }
-            engine.inner.loop_running.store(false, Ordering::SeqCst);
-        })
-        .inspect_err(|_| self.inner.loop_running.store(false, Ordering::SeqCst))
     }
 
     /// Cancel every request (each gets a final `Cancelled` chunk), stop the loop, and refuse
@@ -699,32 +497,8 @@ impl ContinuousBatchEngine {
         self.state().scheduler.kv().usage()
     }
 
-    /// The executor the engine steps (vocabulary size, context, KV shape).
+    /// The executor the engine steps (vocabulary size, context, KV shape, health probe).
     pub fn executor(&self) -> &Arc<dyn ModelExecutor> {
         &self.inner.executor
     }
-}
-
-/// Gather a request's stream into one response (what [`ContinuousBatchEngine::infer`] returns).
-pub async fn collect_response(
-    stream: &mut (impl Stream<Item = Result<StreamChunk>> + Unpin),
-) -> Result<InferenceResponse> {
-    let mut response = InferenceResponse {
-        text: String::new(),
-        token_ids: Vec::new(),
-        logprobs: Vec::new(),
-        finish_reason: FinishReason::Cancelled,
-        usage: Usage::default(),
-    };
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk?;
-        response.text.push_str(&chunk.text);
-        response.token_ids.extend(&chunk.token_ids);
-        response.logprobs.extend(chunk.logprobs);
-        if let (Some(reason), Some(usage)) = (chunk.finish_reason, chunk.usage) {
-            response.finish_reason = reason;
-            response.usage = usage;
-        }
-    }
-    Ok(response)
 }

@@ -1,14 +1,18 @@
-//! The continuous-batching engine: requests, the pure-logic scheduler, stop strings, metrics,
-//! and `ContinuousBatchEngine`, which steps the model for every pending request at once.
+//! The continuous-batching engine: requests, the pure-logic scheduler, output processing
+//! (detokenizing, stops), streams and the engine loop, metrics, and `ContinuousBatchEngine`,
+//! which steps the model for every pending request at once.
 //!
-//! **Invariant:** `scheduler` (like `kv`) imports no wgpu, async runtime or web-sys; only
-//! `continuous` (the engine) talks to the executor.
+//! **Invariant:** nothing here uses the GPU (`crate::gpu`, wgpu): the engine talks to a
+//! `step::ModelExecutor` in plain data (a tidy test checks the imports).
 
 pub mod api;
 mod continuous;
 pub mod metrics;
+mod output;
 pub mod request;
 pub mod scheduler;
 pub mod stop;
+mod stream;
 
-pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig, collect_response};
+pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig};
+pub use stream::collect_response;

@@ -14,12 +14,16 @@ pub enum Prompt {
     Chat(Vec<ChatMessage>),
 }
 
+/// `max_tokens` of a request that gives none: the rest of the context, at most this many.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 /// Everything about how to continue a prompt.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerationParams {
     pub sampling: SamplingParams,
-    /// Generate at most this many tokens.
-    pub max_tokens: usize,
+    /// Generate at most this many tokens; `None`: the rest of the context after the prompt, at
+    /// most [`DEFAULT_MAX_TOKENS`].
+    pub max_tokens: Option<usize>,
     /// Stop before any of these strings; they never appear in the output.
     pub stop: Vec<String>,
     /// Stop after generating any of these token ids (the token itself is not part of the text).
@@ -34,7 +38,7 @@ impl Default for GenerationParams {
     fn default() -> Self {
         GenerationParams {
             sampling: SamplingParams::default(),
-            max_tokens: 256,
+            max_tokens: None,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
@@ -54,12 +58,13 @@ impl InferenceRequest {
         InferenceRequest { prompt, params }
     }
 
-    /// Reject values no engine can honour, naming the field. (The prompt's length against the
-    /// context is checked once it is tokenized.)
+    /// Reject values no engine can honour, naming the field. The engine calls this at its door
+    /// (`submit`); lengths against the context and the KV pool are checked there too, once the
+    /// prompt is tokenized.
     pub fn validate(&self) -> Result<()> {
         self.params.sampling.validate()?;
-        let bad = |field: &str, why: &str| Err(WeftError::Unsupported(format!("invalid {field}: {why}")));
-        if self.params.max_tokens == 0 {
+        let bad = |field: &str, why: &str| Err(WeftError::invalid(field, why));
+        if self.params.max_tokens == Some(0) {
             return bad("max_tokens", "0 (must be at least 1)");
         }
         if self.params.stop.len() > 16 {
@@ -150,7 +155,7 @@ mod tests {
     fn validation_names_the_field() {
         let text = || Prompt::Text("hi".into());
         let cases = [
-            (req(text(), |p| p.max_tokens = 0), "max_tokens"),
+            (req(text(), |p| p.max_tokens = Some(0)), "max_tokens"),
             (req(text(), |p| p.sampling.temperature = -0.5), "temperature"),
             (req(text(), |p| p.sampling.top_p = 1.5), "top_p"),
             (req(Prompt::Text(String::new()), |_| {}), "prompt"),

@@ -12,8 +12,14 @@
 //!                               ^ num_computed_tokens
 //! ```
 //!
-//! The contract is two calls per step: `schedule()` returns plain data (what to run), and
-//! `update_from_output(&output, &runner_output)` applies what the model sampled.
+//! The contract is two calls per step (the types are `crate::step`'s): `schedule()` returns a
+//! [`StepBatch`] (what to run), and `update_from_output(&batch, &accepted)` applies the tokens
+//! each sequence kept. A decode may carry drafted tokens ([`propose_drafts`]); the step then
+//! verifies them and the sequence keeps a run of one or more tokens. Drafts the model rejected
+//! are rolled back: the computed count stops before them and blocks that only they used return
+//! to the pool.
+//!
+//! [`propose_drafts`]: ContinuousBatchScheduler::propose_drafts
 //!
 //! **Invariant:** this module imports no wgpu, async runtime or web-sys: it is pure logic, and
 //! its tests run fake model outputs (a tidy test below checks the imports of this file and of
@@ -24,10 +30,14 @@
 //! stops scheduling a sequence that has generated `max_tokens` tokens.
 //! **Invariant:** preemption is explicit and logged: a preempted sequence loses its blocks and
 //! its computed count but keeps its tokens, and is recomputed when readmitted.
+//! **Invariant:** a sequence never receives more than `max_tokens` tokens: drafts are cut so
+//! that a fully accepted run still fits.
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, SeqId};
+use crate::step::{SeqStep, StepBatch};
 
 /// Limits of one step and of one sequence.
 #[derive(Clone, Debug)]
@@ -49,38 +59,6 @@ pub struct SchedRequest {
     pub max_tokens: usize,
     /// Higher runs first, and is preempted last.
     pub priority: i32,
-}
-
-/// One sequence's share of a step.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScheduledSeq {
-    pub id: SeqId,
-    /// The tokens to compute this step, at positions `start_pos..start_pos + tokens.len()`.
-    pub tokens: Vec<u32>,
-    /// Position of `tokens[0]`: the sequence's tokens before it are already in the KV cache.
-    pub start_pos: usize,
-    /// The sequence's KV blocks in token order, covering at least `start_pos + tokens.len()`.
-    pub block_table: Vec<u32>,
-    /// This chunk reaches the end of the known tokens, so a next token must be sampled.
-    pub sample: bool,
-}
-
-/// What to run in one forward pass.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SchedulerOutput {
-    /// Running sequences first (decodes and unfinished prefills), then newly admitted ones.
-    pub scheduled: Vec<ScheduledSeq>,
-    /// Sequences preempted this step (blocks freed; back in the waiting queue).
-    pub preempted: Vec<SeqId>,
-    /// Sum of `scheduled[i].tokens.len()`.
-    pub num_batched_tokens: usize,
-}
-
-/// What the model runner returns for one step: the token sampled for each sequence whose chunk
-/// had `sample` set.
-#[derive(Clone, Debug, Default)]
-pub struct RunnerOutput {
-    pub sampled: Vec<(SeqId, u32)>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -109,6 +87,8 @@ struct Sequence {
     /// Order of the latest admission to the running set; the most recent is preempted first
     /// among equal priorities.
     admitted_at: u64,
+    /// Tokens proposed for the next step to verify (drafts); consumed by `schedule`.
+    drafts: Vec<u32>,
 }
 
 impl Sequence {
@@ -150,47 +130,64 @@ impl ContinuousBatchScheduler {
         }
     }
 
-    /// Queue a request. Rejected, with a message naming the problem, when its id is already
-    /// present, the prompt is empty, `max_tokens` is 0, prompt plus `max_tokens` exceed
-    /// `max_model_len`, or the sequence could not finish even holding the whole KV pool alone.
-    pub fn add_request(&mut self, req: SchedRequest) -> Result<(), String> {
+    /// Queue a request. Refused, naming the field at fault, when its id is already present, the
+    /// prompt is empty or fills the context, `max_tokens` is 0 or does not fit the context after
+    /// the prompt, or the sequence could not finish even holding the whole KV pool alone. These
+    /// are the length checks of the engine's one validation at submission.
+    pub fn add_request(&mut self, req: SchedRequest) -> Result<()> {
         let num_prompt_tokens = req.prompt.len();
         if self.req_to_seq.contains_key(&req.id) {
-            return Err(format!("request id {} is already queued or running", req.id));
+            return Err(WeftError::invalid_request(format!("request id {} is already queued or running", req.id)));
         }
         if num_prompt_tokens == 0 {
-            return Err("the prompt is empty; at least one token is needed".into());
+            return Err(WeftError::invalid("prompt", "the prompt is empty; at least one token is needed"));
         }
         if req.max_tokens == 0 {
-            return Err("max_tokens is 0; at least 1 token must be generated".into());
+            return Err(WeftError::invalid("max_tokens", "0 (must be at least 1)"));
         }
         let max_model_len = self.config.max_model_len;
+        if num_prompt_tokens >= max_model_len {
+            return Err(WeftError::invalid(
+                "prompt",
+                format!("{num_prompt_tokens} tokens, but the context holds {max_model_len} (with room for one to generate)"),
+            ));
+        }
         if num_prompt_tokens + req.max_tokens > max_model_len {
-            return Err(format!(
-                "the prompt ({num_prompt_tokens} tokens) plus max_tokens ({}) exceed the maximum length of {max_model_len} tokens",
-                req.max_tokens
+            return Err(WeftError::invalid(
+                "max_tokens",
+                format!(
+                    "{}; the prompt takes {num_prompt_tokens} of the context's {max_model_len} tokens, so at most {} can be generated",
+                    req.max_tokens,
+                    max_model_len - num_prompt_tokens
+                ),
             ));
         }
         let usage = self.kv.usage();
         let block_size = self.kv.block_size();
         let pool_num_tokens = usage.total_blocks * block_size;
         if num_prompt_tokens > pool_num_tokens {
-            return Err(format!(
-                "the prompt ({num_prompt_tokens} tokens, {} KV blocks) can never fit the KV pool of {} blocks of {block_size} tokens",
-                num_prompt_tokens.div_ceil(block_size),
-                usage.total_blocks
+            return Err(WeftError::invalid(
+                "prompt",
+                format!(
+                    "{num_prompt_tokens} tokens ({} KV blocks) can never fit the KV pool of {} blocks of {block_size} tokens",
+                    num_prompt_tokens.div_ceil(block_size),
+                    usage.total_blocks
+                ),
             ));
         }
         // The last sampled token is never computed, so the KV holds at most this many. A
         // sequence that cannot hold them even alone would preempt itself forever.
         let max_kv_tokens = num_prompt_tokens + req.max_tokens - 1;
         if max_kv_tokens > pool_num_tokens {
-            return Err(format!(
-                "the prompt ({num_prompt_tokens} tokens) plus max_tokens ({}) can never fit the KV pool of {} blocks of {block_size} tokens; \
-                 max_tokens can be at most {}",
-                req.max_tokens,
-                usage.total_blocks,
-                pool_num_tokens + 1 - num_prompt_tokens
+            return Err(WeftError::invalid(
+                "max_tokens",
+                format!(
+                    "{}; with the prompt's {num_prompt_tokens} tokens it can never fit the KV pool of {} blocks of {block_size} tokens, \
+                     so it can be at most {}",
+                    req.max_tokens,
+                    usage.total_blocks,
+                    pool_num_tokens + 1 - num_prompt_tokens
+                ),
             ));
         }
         let priority = req.priority;
@@ -201,6 +198,7 @@ impl ContinuousBatchScheduler {
             max_tokens: req.max_tokens,
             priority: req.priority,
             admitted_at: 0,
+            drafts: Vec::new(),
         };
         // Behind every waiting sequence of the same or higher priority.
         self.enqueue(req.id, |p| p < priority);
@@ -216,10 +214,11 @@ impl ContinuousBatchScheduler {
     /// preempted until the grow succeeds or the asker itself was preempted. Then, only if
     /// nobody was preempted, waiting sequences are admitted in queue order while sequences and
     /// budget remain, stopping at the first whose blocks are not available.
-    pub fn schedule(&mut self) -> SchedulerOutput {
+    pub fn schedule(&mut self) -> StepBatch {
         let mut token_budget = self.config.max_num_batched_tokens;
-        // (id, num_new_tokens) in scheduling order.
-        let mut req_to_num_new_tokens: Vec<(SeqId, usize)> = Vec::new();
+        // (id, num_new_tokens, num_drafted) in scheduling order; drafted tokens are part of
+        // num_new_tokens.
+        let mut req_to_num_new_tokens: Vec<(SeqId, usize, usize)> = Vec::new();
         let mut preempted: Vec<SeqId> = Vec::new();
 
         let mut req_index = 0;
@@ -237,21 +236,35 @@ impl ContinuousBatchScheduler {
             // A step always computes at least one token. If the runner never returned the last
             // sample, recompute the last token (same token, same slot) to get its logit again.
             seq.num_computed_tokens = seq.num_computed_tokens.min(seq.tokens.len() - 1);
-            let num_new_tokens = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
-            let num_tokens_after = seq.num_computed_tokens + num_new_tokens;
+            let num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            // Drafts ride along only on a decode, and only as many as the budget, max_tokens
+            // (a fully accepted run must fit) and the context allow.
+            let mut num_drafted = 0;
+            if num_known == 1 && seq.num_computed_tokens + 1 == seq.tokens.len() {
+                let room_in_output = seq.max_tokens - seq.num_generated() - 1;
+                let room_in_context = self.config.max_model_len.saturating_sub(seq.tokens.len());
+                num_drafted =
+                    seq.drafts.len().min(token_budget - num_known).min(room_in_output).min(room_in_context);
+            }
+            let num_computed = seq.num_computed_tokens;
             loop {
-                if self.kv.grow(id, num_tokens_after) {
-                    req_to_num_new_tokens.push((id, num_new_tokens));
-                    token_budget -= num_new_tokens;
+                if self.kv.grow(id, num_computed + num_known + num_drafted) {
+                    req_to_num_new_tokens.push((id, num_known + num_drafted, num_drafted));
+                    token_budget -= num_known + num_drafted;
                     req_index += 1;
                     break;
+                }
+                if num_drafted > 0 {
+                    // Speculation is a bonus: give it up before preempting anyone for it.
+                    num_drafted = 0;
+                    continue;
                 }
                 let Some(victim_index) = self.preemption_victim() else { break };
                 let victim = self.running.remove(victim_index);
                 if victim_index < req_index {
                     req_index -= 1;
                 }
-                if let Some(i) = req_to_num_new_tokens.iter().position(|&(v, _)| v == victim) {
+                if let Some(i) = req_to_num_new_tokens.iter().position(|&(v, ..)| v == victim) {
                     // Scheduled earlier this step: its tokens go back to the budget.
                     token_budget += req_to_num_new_tokens.remove(i).1;
                 }
@@ -280,45 +293,76 @@ impl ContinuousBatchScheduler {
                 seq.admitted_at = self.admission_clock;
                 self.waiting.pop_front();
                 self.running.push(id);
-                req_to_num_new_tokens.push((id, num_new_tokens));
+                req_to_num_new_tokens.push((id, num_new_tokens, 0));
                 token_budget -= num_new_tokens;
             }
         }
 
-        let mut output = SchedulerOutput { preempted, ..Default::default() };
-        for (id, num_new_tokens) in req_to_num_new_tokens {
+        let mut batch = StepBatch { preempted, ..Default::default() };
+        for (id, num_new_tokens, num_drafted) in req_to_num_new_tokens {
             let Some(seq) = self.req_to_seq.get(&id) else { continue };
             let start_pos = seq.num_computed_tokens;
-            let end_pos = start_pos + num_new_tokens;
-            output.scheduled.push(ScheduledSeq {
+            let known_end = start_pos + num_new_tokens - num_drafted;
+            let mut tokens = seq.tokens[start_pos..known_end].to_vec();
+            tokens.extend_from_slice(&seq.drafts[..num_drafted]);
+            let num_logits = if known_end == seq.tokens.len() { num_drafted + 1 } else { 0 };
+            batch.seqs.push(SeqStep {
                 id,
-                tokens: seq.tokens[start_pos..end_pos].to_vec(),
+                tokens,
                 start_pos,
                 block_table: self.kv.block_table(id).to_vec(),
-                sample: end_pos == seq.tokens.len(),
+                num_logits,
+                sampling: None,
             });
-            output.num_batched_tokens += num_new_tokens;
+            batch.num_batched_tokens += num_new_tokens;
         }
-        output
+        // A proposal is good for one step, taken or not.
+        for seq in self.req_to_seq.values_mut() {
+            seq.drafts.clear();
+        }
+        batch
     }
 
-    /// Apply a step's results: each scheduled sequence's computed count advances by its chunk,
-    /// a sampled token is appended (it is the next decode's input, not yet computed), and the
-    /// newly full blocks enter the prefix cache. Sequences finished since, and chunks that no
-    /// longer match the sequence (an output applied twice), are skipped.
-    pub fn update_from_output(&mut self, out: &SchedulerOutput, runner: &RunnerOutput) {
-        let req_to_sampled: HashMap<SeqId, u32> = runner.sampled.iter().copied().collect();
-        for s in &out.scheduled {
+    /// Offer `drafts` as tokens that may follow `id`'s known tokens, for the next step to
+    /// verify (replacing any earlier proposal). The next `schedule` takes as many as fit when
+    /// the sequence decodes, and none otherwise; either way a proposal is used once. Unknown
+    /// ids are a no-op.
+    pub fn propose_drafts(&mut self, id: SeqId, drafts: Vec<u32>) {
+        if let Some(seq) = self.req_to_seq.get_mut(&id) {
+            seq.drafts = drafts;
+        }
+    }
+
+    /// Apply a step's results. `accepted[i]` holds the tokens `batch.seqs[i]` keeps (empty for
+    /// a chunk that sampled nothing): for a sampled chunk, its accepted drafts, then the token
+    /// the model chose after them. The computed count advances past the known tokens and the
+    /// accepted drafts (the last kept token is the next step's input, not yet computed), the
+    /// kept tokens are appended, blocks that only rejected drafts reached return to the pool,
+    /// and newly full blocks enter the prefix cache. Sequences finished since, chunks that no
+    /// longer match the sequence (an output applied twice), and runs that are longer than the
+    /// chunk's logit rows, exceed `max_tokens` or do not start with the chunk's drafts are
+    /// skipped.
+    pub fn update_from_output(&mut self, batch: &StepBatch, accepted: &[Vec<u32>]) {
+        let none = Vec::new();
+        for (i, s) in batch.seqs.iter().enumerate() {
+            let kept = accepted.get(i).unwrap_or(&none);
             let Some(seq) = self.req_to_seq.get_mut(&s.id) else { continue };
-            if s.start_pos != seq.num_computed_tokens || s.start_pos + s.tokens.len() > seq.tokens.len() {
+            let num_known = s.tokens.len() - s.drafted().len();
+            if s.start_pos != seq.num_computed_tokens || s.start_pos + num_known > seq.tokens.len() {
                 continue;
             }
-            seq.num_computed_tokens += s.tokens.len();
-            if s.sample && seq.num_computed_tokens == seq.tokens.len() && !seq.is_done() {
-                if let Some(&token) = req_to_sampled.get(&s.id) {
-                    seq.tokens.push(token);
-                }
+            seq.num_computed_tokens += num_known;
+            let reaches_end = s.num_logits > 0 && seq.num_computed_tokens == seq.tokens.len();
+            let num_kept_drafts = kept.len().saturating_sub(1);
+            let well_formed = kept.len() <= s.num_logits
+                && seq.num_generated() + kept.len() <= seq.max_tokens
+                && kept[..num_kept_drafts] == s.drafted()[..num_kept_drafts];
+            if reaches_end && !kept.is_empty() && well_formed {
+                seq.num_computed_tokens += num_kept_drafts;
+                seq.tokens.extend_from_slice(kept);
             }
+            // Blocks past the known tokens held only rejected drafts.
+            self.kv.shrink(s.id, seq.tokens.len());
             self.kv.mark_computed(s.id, &seq.tokens, seq.num_computed_tokens);
         }
     }
@@ -414,6 +458,7 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+    use crate::sampling::Sampled;
 
     fn config(max_num_seqs: usize, max_num_batched_tokens: usize) -> SchedulerConfig {
         SchedulerConfig { max_num_seqs, max_num_batched_tokens, max_model_len: 1024 }
@@ -424,13 +469,15 @@ mod tests {
     }
 
     /// Apply `out` as a runner that samples `token` for every chunk that asks for one.
-    fn run_step(sched: &mut ContinuousBatchScheduler, out: &SchedulerOutput, token: u32) {
-        let sampled = out.scheduled.iter().filter(|s| s.sample).map(|s| (s.id, token)).collect();
-        sched.update_from_output(out, &RunnerOutput { sampled });
+    fn run_step(sched: &mut ContinuousBatchScheduler, out: &StepBatch, token: u32) {
+        let accepted: Vec<Vec<u32>> =
+            out.seqs.iter().map(|s| if s.num_logits > 0 { vec![token] } else { vec![] }).collect();
+        sched.update_from_output(out, &accepted);
+        sched.kv.check_invariants();
     }
 
-    fn ids(out: &SchedulerOutput) -> Vec<SeqId> {
-        out.scheduled.iter().map(|s| s.id).collect()
+    fn ids(out: &StepBatch) -> Vec<SeqId> {
+        out.seqs.iter().map(|s| s.id).collect()
     }
 
     #[test]
@@ -438,8 +485,8 @@ mod tests {
         let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
         sched.add_request(request(1, vec![1, 2, 3, 4, 5], 10, 0)).unwrap();
         let out = sched.schedule();
-        assert_eq!(out.scheduled.len(), 1);
-        assert_eq!((out.scheduled[0].start_pos, out.scheduled[0].tokens.len(), out.scheduled[0].sample), (0, 5, true));
+        assert_eq!(out.seqs.len(), 1);
+        assert_eq!((out.seqs[0].start_pos, out.seqs[0].tokens.len(), out.seqs[0].num_logits > 0), (0, 5, true));
         run_step(&mut sched, &out, 100);
         assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 4, 5, 100][..]));
 
@@ -447,10 +494,10 @@ mod tests {
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![1, 2]);
         assert_eq!(
-            out.scheduled[0],
-            ScheduledSeq { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], sample: true }
+            out.seqs[0],
+            SeqStep { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], num_logits: 1, sampling: None }
         );
-        assert_eq!((out.scheduled[1].start_pos, out.scheduled[1].tokens.len()), (0, 6));
+        assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));
         assert_eq!(out.num_batched_tokens, 7);
         assert_eq!(
             sched.stats(),
@@ -469,9 +516,9 @@ mod tests {
         let mut table = Vec::new();
         for (start_pos, num_tokens, sample) in [(0, 8, false), (8, 8, false), (16, 4, true)] {
             let out = sched.schedule();
-            let s = &out.scheduled[0];
+            let s = &out.seqs[0];
             assert_eq!(
-                (s.start_pos, s.tokens.as_slice(), s.sample),
+                (s.start_pos, s.tokens.as_slice(), s.num_logits > 0),
                 (start_pos, &prompt[start_pos..start_pos + num_tokens], sample)
             );
             // Blocks for the whole prompt from admission on; the table never changes.
@@ -486,8 +533,8 @@ mod tests {
         // The chunks without `sample` produced no token.
         assert_eq!(sched.num_generated(1), Some(1));
         let out = sched.schedule();
-        let s = &out.scheduled[0];
-        assert_eq!((s.start_pos, s.tokens.as_slice(), s.sample), (20, &[77][..], true));
+        let s = &out.seqs[0];
+        assert_eq!((s.start_pos, s.tokens.as_slice(), s.num_logits > 0), (20, &[77][..], true));
         assert_eq!(&s.block_table[..5], table.as_slice(), "append-only");
         assert_eq!(s.block_table.len(), 6);
     }
@@ -501,11 +548,11 @@ mod tests {
         sched.add_request(request(2, (0..20).collect(), 4, 0)).unwrap();
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![1, 2]);
-        assert_eq!(out.scheduled[1].tokens.len(), 7);
+        assert_eq!(out.seqs[1].tokens.len(), 7);
         assert_eq!(out.num_batched_tokens, 8);
         run_step(&mut sched, &out, 4);
         let out = sched.schedule();
-        assert_eq!((out.scheduled[1].start_pos, out.scheduled[1].tokens.len()), (7, 7));
+        assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (7, 7));
     }
 
     #[test]
@@ -550,7 +597,7 @@ mod tests {
     /// decode of each needs a third block.
     fn full_pool(priorities: [i32; 3]) -> ContinuousBatchScheduler {
         let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(6, 2, false));
-        let mut admission = SchedulerOutput::default();
+        let mut admission = StepBatch::default();
         for (i, priority) in priorities.into_iter().enumerate() {
             let id = i as SeqId + 1;
             sched.add_request(request(id, vec![id as u32; 3], 8, priority)).unwrap();
@@ -559,7 +606,7 @@ mod tests {
             admission = sched.schedule();
         }
         assert_eq!(ids(&admission), vec![1, 2, 3]);
-        assert!(admission.scheduled.iter().all(|s| s.start_pos == 0 && s.sample));
+        assert!(admission.seqs.iter().all(|s| s.start_pos == 0 && (s.num_logits > 0)));
         run_step(&mut sched, &admission, 10);
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![1, 2, 3]);
@@ -587,8 +634,8 @@ mod tests {
         sched.finish(1);
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![2, 3]);
-        let resumed = &out.scheduled[1];
-        assert_eq!((resumed.start_pos, resumed.tokens.as_slice(), resumed.sample), (0, &[3, 3, 3, 10, 11][..], true));
+        let resumed = &out.seqs[1];
+        assert_eq!((resumed.start_pos, resumed.tokens.as_slice(), resumed.num_logits > 0), (0, &[3, 3, 3, 10, 11][..], true));
         run_step(&mut sched, &out, 13);
         assert_eq!(sched.tokens(3), Some(&[3, 3, 3, 10, 11, 13][..]));
         assert_eq!(sched.num_generated(3), Some(3));
@@ -642,7 +689,7 @@ mod tests {
         assert_eq!(out.preempted, vec![1]);
         assert_eq!(ids(&out), vec![2, 3]);
         assert_eq!(out.num_batched_tokens, 2);
-        assert_eq!(out.scheduled[0].block_table.len(), 3);
+        assert_eq!(out.seqs[0].block_table.len(), 3);
     }
 
     #[test]
@@ -656,9 +703,9 @@ mod tests {
         b.extend([90, 91, 92]);
         sched.add_request(request(2, b, 8, 0)).unwrap();
         let out = sched.schedule();
-        let s = &out.scheduled[1];
+        let s = &out.seqs[1];
         assert_eq!((s.id, s.start_pos, s.tokens.as_slice()), (2, 16, &[90, 91, 92][..]));
-        assert_eq!(s.block_table[..4], out.scheduled[0].block_table[..4]);
+        assert_eq!(s.block_table[..4], out.seqs[0].block_table[..4]);
         assert_eq!(sched.kv().prefix_cache_stats().hits, 4);
         run_step(&mut sched, &out, 51);
         sched.finish(1);
@@ -683,10 +730,10 @@ mod tests {
         sched.finish(1);
         assert_eq!(sched.kv().usage().free_blocks, 8);
         assert!(!sched.has_unfinished());
-        assert_eq!(sched.schedule(), SchedulerOutput::default());
+        assert_eq!(sched.schedule(), StepBatch::default());
         assert_eq!(sched.tokens(1), None);
         assert_eq!(sched.num_generated(2), None);
-        sched.update_from_output(&out, &RunnerOutput { sampled: vec![(1, 5)] });
+        sched.update_from_output(&out, &[vec![5]]);
     }
 
     #[test]
@@ -698,7 +745,7 @@ mod tests {
             run_step(&mut sched, &out, 4);
         }
         assert_eq!(sched.num_generated(1), Some(2));
-        assert!(sched.schedule().scheduled.is_empty());
+        assert!(sched.schedule().seqs.is_empty());
         assert!(sched.has_unfinished(), "only the engine finishes a sequence");
         sched.finish(1);
         assert!(!sched.has_unfinished());
@@ -709,11 +756,11 @@ mod tests {
         let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(8, 4, false));
         sched.add_request(request(1, vec![1, 2, 3], 5, 0)).unwrap();
         let out = sched.schedule();
-        sched.update_from_output(&out, &RunnerOutput::default());
+        sched.update_from_output(&out, &[]);
         // All 3 tokens computed, no new one: the last is computed again to get a logit.
         let again = sched.schedule();
         assert_eq!(
-            (again.scheduled[0].start_pos, again.scheduled[0].tokens.as_slice(), again.scheduled[0].sample),
+            (again.seqs[0].start_pos, again.seqs[0].tokens.as_slice(), again.seqs[0].num_logits > 0),
             (2, &[3][..], true)
         );
         run_step(&mut sched, &again, 8);
@@ -725,24 +772,25 @@ mod tests {
     fn add_request_rejects_what_can_never_run() {
         let config = SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens: 64, max_model_len: 100 };
         let mut sched = ContinuousBatchScheduler::new(config, KvCacheManager::new(4, 4, false));
-        let err = |sched: &mut ContinuousBatchScheduler, req| sched.add_request(req).unwrap_err();
-        assert!(err(&mut sched, request(1, vec![], 4, 0)).contains("empty"));
-        assert!(err(&mut sched, request(1, vec![1], 0, 0)).contains("max_tokens"));
-        assert!(err(&mut sched, request(1, vec![1; 90], 11, 0)).contains("maximum length of 100"));
-        assert!(
-            err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("prompt (17 tokens, 5 KV blocks) can never fit")
-        );
+        let err = |sched: &mut ContinuousBatchScheduler, req| sched.add_request(req).unwrap_err().to_string();
+        assert!(err(&mut sched, request(1, vec![], 4, 0)).contains("invalid prompt: the prompt is empty"));
+        assert!(err(&mut sched, request(1, vec![1], 0, 0)).contains("invalid max_tokens: 0"));
+        assert!(err(&mut sched, request(1, vec![1; 100], 1, 0)).contains("invalid prompt: 100 tokens, but the context holds 100"));
+        let message = err(&mut sched, request(1, vec![1; 90], 11, 0));
+        assert!(message.contains("invalid max_tokens: 11; the prompt takes 90 of the context's 100 tokens, so at most 10"), "{message}");
+        assert!(err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("17 tokens (5 KV blocks) can never fit"));
         let message = err(&mut sched, request(1, vec![1; 10], 8, 0));
-        assert!(message.contains("max_tokens can be at most 7"), "{message}");
+        assert!(message.contains("invalid max_tokens: 8;") && message.contains("at most 7"), "{message}");
         sched.add_request(request(1, vec![1; 10], 7, 0)).unwrap();
-        assert!(err(&mut sched, request(1, vec![1], 1, 0)).contains("already"));
+        assert!(err(&mut sched, request(1, vec![1], 1, 0)).contains("invalid request: request id 1 is already"));
         assert_eq!(sched.stats().waiting, 1);
     }
 
     /// A deterministic stand-in for the model: it writes each scheduled token's K/V (here the
-    /// token and its position) into the slot its block table names, and samples a hash of the
-    /// sequence's whole history read back through the block table. A wrong block table, a wrongly
-    /// shared prefix block or a wrong start position changes the tokens.
+    /// token and its position) into the slot its block table names, and samples, for each logit
+    /// row, a hash of the sequence's history up to that row read back through the block table. A
+    /// wrong block table, a wrongly shared prefix block, a wrong start position or a rolled-back
+    /// draft whose slot is read later changes the tokens.
     struct FakeModel {
         block_size: usize,
         /// slot -> (token, position)
@@ -752,29 +800,58 @@ mod tests {
     const VOCAB: u64 = 50;
     const EOS: u32 = 0;
 
+    /// The fake model's choice after `history`.
+    fn next_token(history: impl IntoIterator<Item = u32>) -> u32 {
+        let hash = history.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| (h ^ t as u64).wrapping_mul(0x0100_0000_01b3));
+        (hash % VOCAB) as u32
+    }
+
     impl FakeModel {
         fn slot(&self, block_table: &[u32], pos: usize) -> usize {
             block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
         }
 
-        fn run(&mut self, out: &SchedulerOutput) -> RunnerOutput {
-            let mut sampled = Vec::new();
-            for s in &out.scheduled {
+        /// One sample per logit row of each sequence.
+        fn run(&mut self, out: &StepBatch) -> Vec<Vec<u32>> {
+            let mut samples = Vec::new();
+            for s in &out.seqs {
                 for (i, &token) in s.tokens.iter().enumerate() {
                     let slot = self.slot(&s.block_table, s.start_pos + i);
                     self.slots.insert(slot, (token, s.start_pos + i));
                 }
-                if s.sample {
-                    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-                    for pos in 0..s.start_pos + s.tokens.len() {
+                let rows = (s.end_pos() - s.num_logits..s.end_pos()).map(|last| {
+                    next_token((0..=last).map(|pos| {
                         let (token, written_pos) = self.slots[&self.slot(&s.block_table, pos)];
                         assert_eq!(written_pos, pos, "seq {} reads a slot written for another position", s.id);
-                        hash = (hash ^ token as u64).wrapping_mul(0x0100_0000_01b3);
-                    }
-                    sampled.push((s.id, (hash % VOCAB) as u32));
-                }
+                        token
+                    }))
+                });
+                samples.push(rows.collect());
             }
-            RunnerOutput { sampled }
+            samples
+        }
+    }
+
+    /// Proposes drafts for decoding sequences: the fake model's true continuation, corrupted
+    /// at random, of random length (0 to 4), so steps accept everything, a prefix, or nothing.
+    struct FakeDrafter {
+        rng: crate::sampling::SamplerRng,
+    }
+
+    impl FakeDrafter {
+        fn propose(&mut self, sched: &mut ContinuousBatchScheduler) {
+            let ids: Vec<SeqId> = sched.running.clone();
+            for id in ids {
+                let mut history = sched.tokens(id).unwrap().to_vec();
+                let mut drafts = Vec::new();
+                for _ in 0..self.rng.below(5) {
+                    let truth = next_token(history.iter().copied());
+                    let draft = if self.rng.below(4) == 0 { (truth + 1) % VOCAB as u32 } else { truth };
+                    history.push(draft);
+                    drafts.push(draft);
+                }
+                sched.propose_drafts(id, drafts);
+            }
         }
     }
 
@@ -782,16 +859,25 @@ mod tests {
         req_to_tokens: HashMap<SeqId, Vec<u32>>,
         stats: SchedulerStats,
         num_prefix_hits: u64,
+        /// Drafted tokens scheduled, and accepted.
+        num_drafted: usize,
+        num_accepted: usize,
     }
 
     /// Drive the scheduler like the engine does until every request is finished (EOS or
-    /// max_tokens), checking each step's output.
-    fn simulate(arrivals: &[(usize, SchedRequest)], config: SchedulerConfig, kv: KvCacheManager) -> RunResult {
+    /// max_tokens), checking each step's output and the KV bookkeeping after it. With a drafter,
+    /// decodes verify drafted tokens and keep the accepted run (cut at EOS, as the engine does).
+    fn simulate(
+        arrivals: &[(usize, SchedRequest)],
+        config: SchedulerConfig,
+        kv: KvCacheManager,
+        mut drafter: Option<FakeDrafter>,
+    ) -> RunResult {
         let mut model = FakeModel { block_size: kv.block_size(), slots: HashMap::new() };
         let mut sched = ContinuousBatchScheduler::new(config.clone(), kv);
         let last_arrival = arrivals.iter().map(|(step, _)| *step).max().unwrap_or(0);
         let max_tokens: HashMap<SeqId, usize> = arrivals.iter().map(|(_, r)| (r.id, r.max_tokens)).collect();
-        let mut req_to_tokens = HashMap::new();
+        let (mut req_to_tokens, mut num_drafted, mut num_accepted) = (HashMap::new(), 0, 0);
         for step in 0.. {
             assert!(step < 10_000, "the run does not finish");
             for (_, req) in arrivals.iter().filter(|(at, _)| *at == step) {
@@ -800,44 +886,79 @@ mod tests {
             if step > last_arrival && !sched.has_unfinished() {
                 break;
             }
+            if let Some(drafter) = &mut drafter {
+                drafter.propose(&mut sched);
+            }
             let out = sched.schedule();
             // The step's own invariants.
             assert!(out.num_batched_tokens <= config.max_num_batched_tokens);
-            assert_eq!(out.num_batched_tokens, out.scheduled.iter().map(|s| s.tokens.len()).sum::<usize>());
-            assert!(out.scheduled.len() <= config.max_num_seqs);
+            assert_eq!(out.num_batched_tokens, out.seqs.iter().map(|s| s.tokens.len()).sum::<usize>());
+            assert!(out.seqs.len() <= config.max_num_seqs);
             assert!(sched.stats().running <= config.max_num_seqs);
             let unique: HashSet<SeqId> = ids(&out).into_iter().collect();
-            assert_eq!(unique.len(), out.scheduled.len(), "a sequence scheduled twice");
+            assert_eq!(unique.len(), out.seqs.len(), "a sequence scheduled twice");
             assert!(out.preempted.iter().all(|id| !unique.contains(id)));
             if sched.has_unfinished() {
-                assert!(!out.scheduled.is_empty(), "step {step} schedules nothing with requests pending");
+                assert!(!out.seqs.is_empty(), "step {step} schedules nothing with requests pending");
             }
-            for s in &out.scheduled {
+            for s in &out.seqs {
                 let tokens = sched.tokens(s.id).unwrap();
-                let end = s.start_pos + s.tokens.len();
-                assert!(!s.tokens.is_empty());
-                assert_eq!(&tokens[s.start_pos..end], s.tokens.as_slice());
-                assert_eq!(s.sample, end == tokens.len());
-                assert!(s.block_table.len() * model.block_size >= end);
+                let num_known = s.tokens.len() - s.drafted().len();
+                assert!(num_known > 0);
+                assert_eq!(&tokens[s.start_pos..s.start_pos + num_known], &s.tokens[..num_known]);
+                assert_eq!(s.num_logits > 0, s.start_pos + num_known == tokens.len());
+                assert!(s.block_table.len() * model.block_size >= s.end_pos());
+                let generated = sched.num_generated(s.id).unwrap();
+                assert!(generated + s.num_logits <= max_tokens[&s.id], "a full accept would pass max_tokens");
+                num_drafted += s.drafted().len();
             }
             let usage = sched.kv().usage();
             assert_eq!(usage.used_blocks + usage.cached_blocks + usage.free_blocks, usage.total_blocks);
 
-            let runner = model.run(&out);
-            sched.update_from_output(&out, &runner);
-            for &(id, token) in &runner.sampled {
-                if token == EOS || sched.num_generated(id) == Some(max_tokens[&id]) {
-                    req_to_tokens.insert(id, sched.tokens(id).unwrap().to_vec());
-                    sched.finish(id);
+            let samples = model.run(&out);
+            let accepted: Vec<Vec<u32>> = out
+                .seqs
+                .iter()
+                .zip(&samples)
+                .map(|(s, rows)| {
+                    let as_sampled: Vec<Sampled> =
+                        rows.iter().map(|&token| Sampled { token, logprob: 0.0, top_logprobs: vec![] }).collect();
+                    let mut kept = rows[..crate::step::accepted_len(s, &as_sampled)].to_vec();
+                    if let Some(eos) = kept.iter().position(|&t| t == EOS) {
+                        kept.truncate(eos + 1);
+                    }
+                    num_accepted += kept.len().saturating_sub(1);
+                    kept
+                })
+                .collect();
+            sched.update_from_output(&out, &accepted);
+            sched.kv.check_invariants();
+            for (s, kept) in out.seqs.iter().zip(&accepted) {
+                let done = kept.last() == Some(&EOS) || sched.num_generated(s.id) == Some(max_tokens[&s.id]);
+                if !kept.is_empty() && done {
+                    req_to_tokens.insert(s.id, sched.tokens(s.id).unwrap().to_vec());
+                    sched.finish(s.id);
                 }
             }
+            // Blocks cover the known tokens and nothing past them but the next step's needs.
+            for &id in &sched.running {
+                let tokens = sched.tokens(id).unwrap().len();
+                assert!(sched.kv.block_table(id).len() <= tokens.div_ceil(model.block_size).max(1));
+            }
         }
+        sched.kv.check_invariants();
         assert_eq!(sched.kv().usage().used_blocks, 0);
-        RunResult { req_to_tokens, stats: sched.stats(), num_prefix_hits: sched.kv().prefix_cache_stats().hits }
+        RunResult {
+            req_to_tokens,
+            stats: sched.stats(),
+            num_prefix_hits: sched.kv().prefix_cache_stats().hits,
+            num_drafted,
+            num_accepted,
+        }
     }
 
-    #[test]
-    fn preempted_sequences_resume_and_match_an_unconstrained_run() {
+    /// 16 requests sharing 3 prefixes, arriving over 12 steps.
+    fn arrivals() -> Vec<(usize, SchedRequest)> {
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut next = |bound: u64| {
             rng ^= rng << 13;
@@ -847,19 +968,25 @@ mod tests {
         };
         let prefixes: Vec<Vec<u32>> =
             (0..3).map(|_| (0..16 + next(16)).map(|_| 1 + next(VOCAB - 1) as u32).collect()).collect();
-        let arrivals: Vec<(usize, SchedRequest)> = (0..16)
+        (0..16)
             .map(|id| {
                 let mut prompt = prefixes[next(3) as usize].clone();
                 prompt.extend((0..1 + next(12)).map(|_| 1 + next(VOCAB - 1) as u32));
                 (next(12) as usize, request(id, prompt, 5 + next(30) as usize, next(3) as i32))
             })
-            .collect();
+            .collect()
+    }
 
-        let reference = simulate(
-            &arrivals,
-            SchedulerConfig { max_num_seqs: 32, max_num_batched_tokens: 4096, max_model_len: 1024 },
-            KvCacheManager::new(4096, 4, false),
-        );
+    fn unconstrained() -> (SchedulerConfig, KvCacheManager) {
+        let config = SchedulerConfig { max_num_seqs: 32, max_num_batched_tokens: 4096, max_model_len: 1024 };
+        (config, KvCacheManager::new(4096, 4, false))
+    }
+
+    #[test]
+    fn preempted_sequences_resume_and_match_an_unconstrained_run() {
+        let arrivals = arrivals();
+        let (config, kv) = unconstrained();
+        let reference = simulate(&arrivals, config, kv, None);
         assert_eq!(reference.stats.preemptions, 0);
         assert_eq!(reference.req_to_tokens.len(), arrivals.len());
 
@@ -870,6 +997,7 @@ mod tests {
                 &arrivals,
                 SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
                 KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
+                None,
             );
             assert!(constrained.stats.preemptions > 0, "{num_blocks} blocks: the pool was meant to run out");
             if enable_prefix_cache {
@@ -879,6 +1007,88 @@ mod tests {
                 assert_eq!(constrained.req_to_tokens.get(id), Some(tokens), "request {id} with {num_blocks} blocks");
             }
         }
+    }
+
+    /// Steps that return several tokens per sequence and steps that roll drafts back, alone and
+    /// under preemption and the prefix cache, give exactly the tokens of a run without drafts,
+    /// with the KV bookkeeping checked after every step (inside `simulate`).
+    #[test]
+    fn drafted_tokens_are_verified_kept_or_rolled_back() {
+        let arrivals = arrivals();
+        let (config, kv) = unconstrained();
+        let reference = simulate(&arrivals, config, kv, None);
+        for (num_blocks, max_num_batched_tokens, enable_prefix_cache) in
+            [(4096, 4096, false), (20, 16, true), (24, 32, false), (40, 7, true)]
+        {
+            let drafter = FakeDrafter { rng: crate::sampling::SamplerRng::new(num_blocks as u64) };
+            let run = simulate(
+                &arrivals,
+                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
+                Some(drafter),
+            );
+            assert!(run.num_accepted > 0 && run.num_accepted < run.num_drafted, "{} of {}", run.num_accepted, run.num_drafted);
+            for (id, tokens) in &reference.req_to_tokens {
+                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_blocks} blocks");
+            }
+        }
+    }
+
+    #[test]
+    fn drafts_fit_max_tokens_and_the_budget_and_are_used_once() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 4), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3], 6, 0)).unwrap();
+        // A prefill never carries drafts.
+        sched.propose_drafts(1, vec![5, 6]);
+        let out = sched.schedule();
+        assert_eq!((out.seqs[0].tokens.as_slice(), out.seqs[0].num_logits), (&[1, 2, 3][..], 1));
+        run_step(&mut sched, &out, 9);
+        // Not kept: the decode that follows has no drafts.
+        let out = sched.schedule();
+        assert_eq!((out.seqs[0].tokens.as_slice(), out.seqs[0].num_logits), (&[9][..], 1));
+        sched.update_from_output(&out, &[]);
+        // A decode takes what the budget (4 tokens) allows.
+        sched.propose_drafts(1, vec![5, 6, 7, 8, 9]);
+        let out = sched.schedule();
+        assert_eq!((out.seqs[0].tokens.as_slice(), out.seqs[0].num_logits), (&[9, 5, 6, 7][..], 4));
+        // Keep draft 5 and the correction 4: 6 and 7 were rejected.
+        sched.update_from_output(&out, &[vec![5, 4]]);
+        sched.kv.check_invariants();
+        assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 9, 5, 4][..]));
+        assert_eq!(sched.req_to_seq[&1].num_computed_tokens, 5);
+        assert_eq!(sched.kv().block_table(1).len(), 2, "the block only drafts reached is back in the pool");
+        // Three tokens left before max_tokens: two drafts at most, so a full accept fits.
+        sched.propose_drafts(1, vec![1, 1, 1]);
+        let out = sched.schedule();
+        assert_eq!((out.seqs[0].tokens.as_slice(), out.seqs[0].num_logits), (&[4, 1, 1][..], 3));
+        sched.update_from_output(&out, &[vec![1, 1, 7]]);
+        sched.kv.check_invariants();
+        assert_eq!(sched.num_generated(1), Some(6));
+        assert!(sched.schedule().seqs.is_empty(), "max_tokens reached");
+        sched.finish(1);
+        assert_eq!(sched.kv().usage().used_blocks, 0);
+    }
+
+    #[test]
+    fn malformed_runs_are_ignored() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3], 10, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 9);
+        sched.propose_drafts(1, vec![5, 6]);
+        let out = sched.schedule();
+        // Longer than the rows, or keeping a token that was not drafted: nothing appended.
+        sched.update_from_output(&out, &[vec![5, 6, 7, 8]]);
+        assert_eq!(sched.tokens(1), Some(&[1, 2, 3, 9][..]));
+        let mut sched2 = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched2.add_request(request(1, vec![1, 2, 3], 10, 0)).unwrap();
+        let first = sched2.schedule();
+        run_step(&mut sched2, &first, 9);
+        sched2.propose_drafts(1, vec![5, 6]);
+        let out = sched2.schedule();
+        sched2.update_from_output(&out, &[vec![6, 6]]);
+        assert_eq!(sched2.tokens(1), Some(&[1, 2, 3, 9][..]));
+        sched2.kv.check_invariants();
     }
 
     /// The scheduler and the KV manager are pure logic: no GPU, async runtime or browser API

@@ -15,4 +15,4 @@ pub use context::open_or_skip;
 pub use context::{GpuContext, GpuFeatures, GpuOptions};
 pub use pipelines::{ShaderVariant, compose_shader, embedded_shader_files, shader_variants};
 pub use recording::{Dispatch, Recording};
-pub use tensor::{GpuTensor, GpuTensorFactory, TensorFactory, TensorPart};
+pub use tensor::{GpuTensor, GpuTensorFactory, TensorPart};

@@ -13,6 +13,7 @@ use crate::error::{Result, WeftError};
 use crate::gpu::GpuContext;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
+use crate::tensor::TensorFactory;
 
 /// A contiguous run of rows of a tensor, living in one buffer.
 #[derive(Clone, Debug)]
@@ -155,43 +156,6 @@ impl TensorPart {
             offset: self.offset_bytes,
             size: std::num::NonZeroU64::new(size),
         }))
-    }
-}
-
-/// Makes tensors and reads them back. The engine takes one as `Arc<dyn TensorFactory>`.
-pub trait TensorFactory: Send + Sync {
-    /// Upload raw bytes laid out as `dtype` (block formats as their GGUF blocks).
-    fn upload(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor>;
-
-    /// A tensor of zero bytes (all-zero floats).
-    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor>;
-
-    /// Read a tensor's bytes back, in its own layout.
-    fn download<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u8>>>;
-
-    fn upload_f32(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
-        self.upload(shape, DType::F32, bytemuck::cast_slice(values))
-    }
-
-    fn upload_u32(&self, shape: &[usize], values: &[u32]) -> Result<GpuTensor> {
-        self.upload(shape, DType::U32, bytemuck::cast_slice(values))
-    }
-
-    fn download_f32<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<f32>>> {
-        Box::pin(async move {
-            let bytes = self.download(tensor).await?;
-            crate::quant::dequantize(tensor.dtype(), &bytes)
-        })
-    }
-
-    fn download_u32<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u32>>> {
-        Box::pin(async move {
-            if tensor.dtype() != DType::U32 {
-                return Err(WeftError::shape("download_u32", format!("tensor is {}", tensor.dtype())));
-            }
-            let bytes = self.download(tensor).await?;
-            Ok(bytemuck::pod_collect_to_vec(&bytes))
-        })
     }
 }
 

@@ -19,9 +19,11 @@
 //!
 //! **Invariant:** this module imports no wgpu, async runtime or web-sys: it is bookkeeping over
 //! block ids, unit-tested alone (a tidy test in `engine::scheduler` checks the imports).
-//! **Invariant:** block tables are append-only while a sequence lives: a block id handed to a
+//! **Invariant:** block tables only grow while a sequence lives: a block id handed to a
 //! sequence stays at its index until the sequence is freed, so the executor may keep using a
-//! table it was given ("allocated block IDs won't change", block_pool.py).
+//! table it was given ("allocated block IDs won't change", block_pool.py). The one exception is
+//! [`KvCacheManager::shrink`], between steps, which drops trailing blocks that held nothing but
+//! rejected drafted tokens.
 //! **Invariant:** a block with a reference count above zero is never evicted or handed out again.
 //! **Invariant:** a prefix-cache hit is exact, not merely probable: besides the hash, a cached
 //! block stores its tokens and the identity (id and generation) of the cached block before it,
@@ -254,6 +256,20 @@ impl KvCacheManager {
         true
     }
 
+    /// Release `seq`'s trailing blocks beyond those `num_tokens` tokens need (after drafted
+    /// tokens were rejected). The released blocks were never full of computed tokens, so they
+    /// hold no cache entry and go back to the free list. Unknown `seq`, or nothing to release:
+    /// a no-op.
+    pub fn shrink(&mut self, seq: SeqId, num_tokens: usize) {
+        let num_blocks = num_tokens.div_ceil(self.block_size);
+        let Some(s) = self.seq_to_blocks.get_mut(&seq) else { return };
+        if s.block_ids.len() <= num_blocks.max(s.num_hashed_blocks) {
+            return;
+        }
+        let released = s.block_ids.split_off(num_blocks.max(s.num_hashed_blocks));
+        self.release(&released);
+    }
+
     /// `seq`'s first `num_computed` tokens (of `tokens`, its full token list) now have their K/V
     /// in the cache: every newly full block gets its hash and becomes findable by later
     /// sequences. Blocks already registered keep their hash. When another sequence has already
@@ -309,9 +325,15 @@ impl KvCacheManager {
     /// registered there (and the cache is on), else returns to the free list. Unknown: no-op.
     pub fn free(&mut self, seq: SeqId) {
         let Some(s) = self.seq_to_blocks.remove(&seq) else { return };
-        // Tail first, so a sequence's last blocks get the oldest timestamps and are evicted
-        // before its prefix, which is what other sequences share (block_pool.py does the same).
-        for &block_id in s.block_ids.iter().rev() {
+        self.release(&s.block_ids);
+    }
+
+    /// Drop one reference to each of `block_ids`. A block nobody holds any more stays in the
+    /// prefix cache if it is registered there, else returns to the free list. Tail first, so a
+    /// sequence's last blocks get the oldest timestamps and are evicted before its prefix,
+    /// which is what other sequences share (block_pool.py does the same).
+    fn release(&mut self, block_ids: &[u32]) {
+        for &block_id in block_ids.iter().rev() {
             self.clock += 1;
             let block = &mut self.blocks[block_id as usize];
             block.ref_count = block.ref_count.saturating_sub(1);
@@ -395,7 +417,7 @@ impl KvCacheManager {
     }
 
     /// Recount everything from scratch and compare with the incremental bookkeeping.
-    fn check_invariants(&self) {
+    pub(crate) fn check_invariants(&self) {
         let num_blocks = self.blocks.len();
         let mut ref_counts = vec![0u32; num_blocks];
         for (seq, s) in &self.seq_to_blocks {

@@ -1,9 +1,11 @@
-//! The hyper-parameters of a Llama-family model, read from GGUF metadata or a Hugging Face
-//! `config.json`, and the RoPE frequencies they imply.
+//! The hyper-parameters of a model, read from GGUF metadata or a Hugging Face `config.json`,
+//! and the RoPE frequencies they imply. One `ModelConfig` serves every architecture; fields an
+//! architecture does not use keep their neutral values.
 
 use serde_json::Value;
 
 use crate::error::{Result, WeftError};
+use crate::model::arch::{SUPPORTED, unsupported};
 use crate::model::gguf::GgufFile;
 
 /// How positions stretch beyond the trained context.
@@ -18,7 +20,7 @@ pub enum RopeScaling {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
     /// "llama", "mistral", "qwen2", … (GGUF `general.architecture` or HF `model_type`).
     pub architecture: String,
     pub vocab_size: usize,
@@ -43,16 +45,13 @@ fn missing(file: &str, key: &str) -> WeftError {
     WeftError::model(file, format!("missing or malformed metadata {key}"))
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// From GGUF metadata (`<arch>.*` keys) and the tensors present.
-    pub fn from_gguf(gguf: &GgufFile) -> Result<LlamaConfig> {
+    pub fn from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         let file = gguf.name();
         let arch = gguf.architecture().ok_or_else(|| missing(file, "general.architecture"))?.to_string();
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
-            return Err(WeftError::model(
-                file,
-                format!("architecture {arch:?} is not supported; weft runs llama, mistral and qwen2 models"),
-            ));
+        if !SUPPORTED.contains(&arch.as_str()) {
+            return Err(WeftError::model(file, unsupported(&arch)));
         }
         let int = |key: &str| -> Result<usize> {
             let full = format!("{arch}.{key}");
@@ -76,7 +75,7 @@ impl LlamaConfig {
         } else {
             None
         };
-        let config = LlamaConfig {
+        let config = ModelConfig {
             vocab_size,
             hidden_size,
             intermediate_size: int("feed_forward_length")?,
@@ -98,15 +97,12 @@ impl LlamaConfig {
     }
 
     /// From a Hugging Face `config.json`.
-    pub fn from_hf_json(file: &str, json: &str) -> Result<LlamaConfig> {
+    pub fn from_hf_json(file: &str, json: &str) -> Result<ModelConfig> {
         let v: Value =
             serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
-        if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
-            return Err(WeftError::model(
-                file,
-                format!("model_type {arch:?} is not supported; weft runs llama, mistral and qwen2 models"),
-            ));
+        if !SUPPORTED.contains(&arch.as_str()) {
+            return Err(WeftError::model(file, unsupported(&arch)));
         }
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let float = |key: &str| v[key].as_f64().map(|x| x as f32);
@@ -138,7 +134,7 @@ impl LlamaConfig {
             }
             _ => None,
         };
-        let config = LlamaConfig {
+        let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
             intermediate_size: int("intermediate_size")?,
@@ -231,7 +227,7 @@ mod tests {
     /// (`ROPE_INIT_FUNCTIONS["llama3"]`, f32); they must agree to f32 rounding.
     #[test]
     fn llama3_scaling_matches_transformers() {
-        let config = LlamaConfig {
+        let config = ModelConfig {
             architecture: "llama".into(),
             vocab_size: 128256,
             hidden_size: 4096,
@@ -272,9 +268,9 @@ mod tests {
 
     #[test]
     fn hf_config_errors_name_the_field() {
-        let err = LlamaConfig::from_hf_json("config.json", r#"{"model_type": "llama"}"#).unwrap_err().to_string();
+        let err = ModelConfig::from_hf_json("config.json", r#"{"model_type": "llama"}"#).unwrap_err().to_string();
         assert!(err.contains("config.json") && err.contains("hidden_size"), "{err}");
-        let err = LlamaConfig::from_hf_json(
+        let err = ModelConfig::from_hf_json(
             "config.json",
             r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
                 "intermediate_size": 8, "num_hidden_layers": 1, "vocab_size": 10}"#,
@@ -282,7 +278,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("unsupported shape"), "{err}");
-        let err = LlamaConfig::from_hf_json(
+        let err = ModelConfig::from_hf_json(
             "config.json",
             r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
                 "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4}}"#,

@@ -1,57 +1,26 @@
-//! The model executor: one engine step — a batch of sequences, each with its new tokens — as
-//! one GPU submission whose only readback is the sampled tokens (and log-probabilities).
-
-use std::sync::Arc;
+//! The GPU executor: one engine step — a batch of sequences, each with its new tokens — as one
+//! submission whose only readback is the sampled tokens (and log-probabilities). It owns the
+//! GPU memory behind the KV blocks ([`KvPool`]) and drives any [`Architecture`].
+//!
+//! **Invariant:** the executor trusts its input. The engine validated every request at
+//! submission and the scheduler's block tables fit the pool; debug builds assert it.
 
 use crate::error::{Result, WeftError};
-use crate::gpu::kernels::penalize::penalize;
-use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
-use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording, TensorFactory};
-use crate::kv::{KvCacheConfig, KvPool};
-use crate::model::llama::{LlamaModel, StepInputs};
-use crate::quant::DType;
+use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
+use crate::kv::KvCacheConfig;
+use crate::model::arch::Architecture;
+use crate::model::kv_pool::KvPool;
+use crate::model::layers::StepInputs;
+use crate::model::sampler;
 use crate::rt::BoxFuture;
-use crate::sampling::{Sampled, SamplingParams, read_sampled, settings_row};
+use crate::step::{ModelExecutor, StepBatch, StepOutput};
+use crate::tensor::TensorFactory;
 
-/// One sequence's share of a step.
-#[derive(Clone, Debug)]
-pub struct SeqInput {
-    /// The tokens to run: one for a decode, a chunk for prefill.
-    pub tokens: Vec<u32>,
-    /// Position of `tokens[0]` (how many tokens of this sequence are already in the KV cache).
-    pub start_pos: usize,
-    /// Physical KV block of each logical block, covering at least `start_pos + tokens.len()`.
-    pub block_table: Vec<u32>,
-    /// Sample a next token after the last of `tokens` (None for a prefill chunk that is not the
-    /// prompt's last).
-    pub sample: Option<SampleSpec>,
-}
-
-/// How to pick this step's token: the request's parameters and this step's uniform draw.
-#[derive(Clone, Debug)]
-pub struct SampleSpec {
-    pub params: SamplingParams,
-    pub uniform: f32,
-    /// With penalties on: the sequence's distinct tokens so far and how often each was
-    /// generated (`sampling::penalty_entries`); empty otherwise.
-    pub penalty_entries: Vec<(u32, u32)>,
-}
-
-/// Runs forward steps of a model. The engine holds one as `Arc<dyn ModelExecutor>`.
-pub trait ModelExecutor: Send + Sync {
-    /// Run one step; the result has one entry per sequence, `Some` where it asked to sample.
-    fn execute<'a>(&'a self, batch: &'a [SeqInput]) -> BoxFuture<'a, Result<Vec<Option<Sampled>>>>;
-    fn vocab_size(&self) -> usize;
-    /// Positions a sequence may reach.
-    fn max_context(&self) -> usize;
-    fn kv_config(&self) -> KvCacheConfig;
-}
-
-/// The wgpu executor of a [`LlamaModel`].
+/// The wgpu executor of a model.
 pub struct GpuExecutor {
     factory: GpuTensorFactory,
-    model: LlamaModel,
-    kv: Arc<KvPool>,
+    model: Box<dyn Architecture>,
+    kv: KvPool,
 }
 
 /// A step's inputs, uploaded.
@@ -61,61 +30,43 @@ struct Uploaded {
     token_info: GpuTensor,
     slots: GpuTensor,
     block_tables: GpuTensor,
-    last_rows: GpuTensor,
+    logit_rows: GpuTensor,
 }
 
 impl GpuExecutor {
-    pub fn new(factory: GpuTensorFactory, model: LlamaModel, kv: Arc<KvPool>) -> Self {
-        GpuExecutor { factory, model, kv }
+    /// `model` with a KV pool of `kv`'s shape, made on `factory`'s device.
+    pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {
+        let c = model.config();
+        let pool = KvPool::new(&factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        Ok(GpuExecutor { factory, model, kv: pool })
     }
 
-    pub fn model(&self) -> &LlamaModel {
-        &self.model
+    pub fn model(&self) -> &dyn Architecture {
+        self.model.as_ref()
     }
 
     fn ctx(&self) -> &GpuContext {
         self.factory.context()
     }
 
-    fn check(&self, batch: &[SeqInput]) -> Result<()> {
-        let bad = |s: usize, why: String| Err(WeftError::Unsupported(format!("step input of sequence {s}: {why}")));
-        if batch.is_empty() {
-            return Err(WeftError::Unsupported("a step needs at least one sequence".into()));
-        }
+    fn debug_check(&self, batch: &StepBatch) {
         let kv = self.kv.config();
-        for (s, seq) in batch.iter().enumerate() {
-            let end = seq.start_pos + seq.tokens.len();
-            if seq.tokens.is_empty() {
-                return bad(s, "no tokens".into());
-            }
-            if let Some(&t) = seq.tokens.iter().find(|&&t| t as usize >= self.model.config.vocab_size) {
-                return bad(s, format!("token id {t} is outside the vocabulary of {}", self.model.config.vocab_size));
-            }
-            if end > self.max_context() {
-                return bad(s, format!("position {} is past the model's context of {}", end - 1, self.max_context()));
-            }
-            if seq.block_table.len() * kv.block_size < end {
-                return bad(
-                    s,
-                    format!("{} blocks of {} tokens cannot hold {end} positions", seq.block_table.len(), kv.block_size),
-                );
-            }
-            if let Some(&b) = seq.block_table.iter().find(|&&b| b as usize >= kv.num_blocks) {
-                return bad(s, format!("block {b} does not exist (the pool has {})", kv.num_blocks));
-            }
-            if let Some(spec) = &seq.sample {
-                spec.params.validate()?;
-            }
+        debug_assert!(!batch.seqs.is_empty(), "a step needs at least one sequence");
+        for seq in &batch.seqs {
+            debug_assert!(!seq.tokens.is_empty() && seq.num_logits <= seq.tokens.len());
+            debug_assert!(seq.tokens.iter().all(|&t| (t as usize) < self.model.config().vocab_size));
+            debug_assert!(seq.end_pos() <= self.max_context());
+            debug_assert!(seq.block_table.len() * kv.block_size >= seq.end_pos());
+            debug_assert!(seq.block_table.iter().all(|&b| (b as usize) < kv.num_blocks));
         }
-        Ok(())
     }
 
-    fn upload(&self, batch: &[SeqInput]) -> Result<Uploaded> {
+    fn upload(&self, batch: &StepBatch) -> Result<Uploaded> {
         let block_size = self.kv.config().block_size;
-        let max_blocks = batch.iter().map(|s| s.block_table.len()).max().unwrap_or(1);
-        let (mut ids, mut positions, mut info, mut slots, mut last_rows) = (vec![], vec![], vec![], vec![], vec![]);
-        let mut tables = vec![0u32; batch.len() * max_blocks];
-        for (s, seq) in batch.iter().enumerate() {
+        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1);
+        let (mut ids, mut positions, mut info, mut slots, mut logit_rows) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut tables = vec![0u32; batch.seqs.len() * max_blocks];
+        for (s, seq) in batch.seqs.iter().enumerate() {
             tables[s * max_blocks..s * max_blocks + seq.block_table.len()].copy_from_slice(&seq.block_table);
             for (i, &token) in seq.tokens.iter().enumerate() {
                 let pos = seq.start_pos + i;
@@ -124,7 +75,12 @@ impl GpuExecutor {
                 info.extend([s as u32, pos as u32]);
                 slots.push(seq.block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
             }
-            last_rows.push(ids.len() as u32 - 1);
+            let end = ids.len() as u32;
+            logit_rows.extend(end - seq.num_logits as u32..end);
+        }
+        if logit_rows.is_empty() {
+            // Nothing is sampled this step (only prefill chunks): the LM head still needs a row.
+            logit_rows.push(0);
         }
         let f = &self.factory;
         Ok(Uploaded {
@@ -132,13 +88,13 @@ impl GpuExecutor {
             positions: f.upload_u32(&[ids.len()], &positions)?,
             token_info: f.upload_u32(&[ids.len(), 2], &info)?,
             slots: f.upload_u32(&[ids.len()], &slots)?,
-            block_tables: f.upload_u32(&[batch.len(), max_blocks], &tables)?,
-            last_rows: f.upload_u32(&[batch.len()], &last_rows)?,
+            block_tables: f.upload_u32(&[batch.seqs.len(), max_blocks], &tables)?,
+            logit_rows: f.upload_u32(&[logit_rows.len()], &logit_rows)?,
         })
     }
 
-    fn record(&self, batch: &[SeqInput], rec: &mut Recording) -> Result<GpuTensor> {
-        self.check(batch)?;
+    fn record(&self, batch: &StepBatch, rec: &mut Recording) -> Result<GpuTensor> {
+        self.debug_check(batch);
         let up = self.upload(batch)?;
         let inputs = StepInputs {
             token_ids: &up.token_ids,
@@ -146,69 +102,52 @@ impl GpuExecutor {
             token_info: &up.token_info,
             slots: &up.slots,
             block_tables: &up.block_tables,
-            last_rows: &up.last_rows,
+            logit_rows: &up.logit_rows,
         };
         self.model.record_forward(self.ctx(), &self.factory, rec, &inputs, &self.kv)
     }
 
-    /// Run a step and return the logits of each sequence's last token (for tests and tools;
-    /// the serving path never reads logits back).
-    pub async fn last_logits(&self, batch: &[SeqInput]) -> Result<Vec<Vec<f32>>> {
+    /// Run a step and return the logits of every sampled row, in batch order (for tests and
+    /// tools; the serving path never reads logits back).
+    pub async fn logits(&self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
         let mut rec = Recording::new();
         let logits = self.record(batch, &mut rec)?;
         let bytes = self.ctx().submit_and_read(&rec, &logits).await?;
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        Ok(values.chunks(self.model.config.vocab_size).map(<[f32]>::to_vec).collect())
+        Ok(values.chunks(self.vocab_size()).take(batch.num_logits()).map(<[f32]>::to_vec).collect())
     }
 
-    async fn step(&self, batch: &[SeqInput]) -> Result<Vec<Option<Sampled>>> {
+    async fn step(&self, batch: &StepBatch) -> Result<StepOutput> {
         let mut rec = Recording::new();
         let logits = self.record(batch, &mut rec)?;
-        let greedy = SamplingParams::greedy();
-        let settings: Vec<u32> = batch
-            .iter()
-            .flat_map(|s| match &s.sample {
-                Some(spec) => settings_row(&spec.params, spec.uniform),
-                None => settings_row(&greedy, 0.0),
-            })
-            .collect();
-        let settings = self.factory.upload_u32(&[batch.len(), SETTINGS_PER_ROW], &settings)?;
-        let mut entries = Vec::new();
-        let mut penalties = [1.0f32, 0.0, 0.0].repeat(batch.len());
-        for (row, spec) in batch.iter().enumerate().filter_map(|(r, s)| s.sample.as_ref().map(|spec| (r, spec))) {
-            if spec.params.has_penalties() {
-                penalties[3 * row..3 * row + 3].copy_from_slice(&[
-                    spec.params.repetition_penalty,
-                    spec.params.presence_penalty,
-                    spec.params.frequency_penalty,
-                ]);
-                entries.extend(spec.penalty_entries.iter().flat_map(|&(token, count)| [row as u32, token, count]));
-            }
+        if batch.num_logits() == 0 {
+            self.ctx().submit(&rec).await?;
+            return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()] });
         }
-        if !entries.is_empty() {
-            let entries = self.factory.upload_u32(&[entries.len() / 3, 3], &entries)?;
-            let penalties = self.factory.upload_f32(&[batch.len(), 3], &penalties)?;
-            penalize(self.ctx(), &mut rec, &logits, &entries, &penalties)?;
-        }
-        let out = self.factory.zeros(&[batch.len(), OUT_PER_ROW], DType::U32)?;
-        sample(self.ctx(), &mut rec, &logits, &settings, &out)?;
+        let out = sampler::record(self.ctx(), &self.factory, &mut rec, &logits, batch)?;
         let bytes = self.ctx().submit_and_read(&rec, &out).await?;
-        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-        Ok(batch
-            .iter()
-            .zip(words.chunks(OUT_PER_ROW))
-            .map(|(seq, row)| seq.sample.as_ref().map(|spec| read_sampled(row, spec.params.top_logprobs)))
-            .collect())
+        Ok(sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)))
+    }
+
+    /// Upload and read back a small tensor: proof the device still answers.
+    async fn round_trip(&self) -> Result<()> {
+        let probe = [1.0f32, -2.0, 3.5, 0.25];
+        let t = self.factory.upload_f32(&[4], &probe)?;
+        let back = self.factory.download_f32(&t).await?;
+        if back != probe {
+            return Err(WeftError::Readback(format!("the device returned {back:?} for {probe:?}")));
+        }
+        Ok(())
     }
 }
 
 impl ModelExecutor for GpuExecutor {
-    fn execute<'a>(&'a self, batch: &'a [SeqInput]) -> BoxFuture<'a, Result<Vec<Option<Sampled>>>> {
+    fn execute<'a>(&'a self, batch: &'a StepBatch) -> BoxFuture<'a, Result<StepOutput>> {
         Box::pin(self.step(batch))
     }
 
     fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
+        self.model.config().vocab_size
     }
 
     fn max_context(&self) -> usize {
@@ -217,5 +156,9 @@ impl ModelExecutor for GpuExecutor {
 
     fn kv_config(&self) -> KvCacheConfig {
         self.kv.config()
+    }
+
+    fn health_check(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.round_trip())
     }
 }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use crate::error::{Result, WeftError};
 use crate::model::gguf::{GgufFile, TensorDType};
-use crate::model::llama::{Checkpoint, HostTensor, WeightSource};
+use crate::model::weights::{Checkpoint, HostTensor, WeightSource};
 use crate::quant::DType;
 
 /// Weights read from a GGUF file.
@@ -129,7 +129,7 @@ enum Checkpointed {
 
 /// A model opened from disk or bytes: its config, tokenizer and weights, ready to upload.
 pub struct ModelFiles {
-    pub config: crate::model::config::LlamaConfig,
+    pub config: crate::model::config::ModelConfig,
     pub tokenizer: std::sync::Arc<crate::tokenizer::HfTokenizer>,
     checkpoint: Checkpointed,
 }
@@ -142,7 +142,7 @@ impl ModelFiles {
             let config_path = path.join("config.json");
             let json = std::fs::read_to_string(&config_path)
                 .map_err(|e| WeftError::model(&shown, format!("is a directory but config.json cannot be read ({e}); a model directory needs config.json, tokenizer.json and safetensors weights")))?;
-            let config = crate::model::config::LlamaConfig::from_hf_json(&config_path.display().to_string(), &json)?;
+            let config = crate::model::config::ModelConfig::from_hf_json(&config_path.display().to_string(), &json)?;
             let tokenizer_config = path.join("tokenizer_config.json");
             let tokenizer = crate::tokenizer::HfTokenizer::from_file(
                 &path.join("tokenizer.json"),
@@ -168,7 +168,7 @@ impl ModelFiles {
 
     fn from_gguf(gguf: GgufFile) -> Result<ModelFiles> {
         check_gguf(&gguf)?;
-        let config = crate::model::config::LlamaConfig::from_gguf(&gguf)?;
+        let config = crate::model::config::ModelConfig::from_gguf(&gguf)?;
         let tokenizer = crate::tokenizer::HfTokenizer::from_gguf_metadata_of(&gguf.metadata, gguf.name())?;
         Ok(ModelFiles { config, tokenizer: std::sync::Arc::new(tokenizer), checkpoint: Checkpointed::Gguf(gguf) })
     }
@@ -189,17 +189,19 @@ impl ModelFiles {
         kv: crate::kv::KvCacheConfig,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<crate::model::executor::GpuExecutor> {
-        use crate::model::llama::LlamaModel;
-        let model = match &self.checkpoint {
-            Checkpointed::Gguf(gguf) => {
-                LlamaModel::load_with_progress(self.config.clone(), &GgufWeights { gguf }, factory, progress)?
-            }
-            Checkpointed::HuggingFace(weights) => {
-                LlamaModel::load_with_progress(self.config.clone(), weights, factory, progress)?
-            }
-        };
-        let c = &self.config;
-        let pool = crate::kv::KvPool::new(factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
-        Ok(crate::model::executor::GpuExecutor::new(factory.clone(), model, pool))
+        crate::model::executor::GpuExecutor::new(factory.clone(), self.architecture(factory, progress)?, kv)
+    }
+
+    /// Upload the weights as the model's architecture (no KV pool, no executor).
+    pub fn architecture(
+        &self,
+        factory: &dyn crate::tensor::TensorFactory,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Box<dyn crate::model::arch::Architecture>> {
+        let config = self.config.clone();
+        match &self.checkpoint {
+            Checkpointed::Gguf(gguf) => crate::model::arch::load(config, &GgufWeights { gguf }, factory, progress),
+            Checkpointed::HuggingFace(weights) => crate::model::arch::load(config, weights, factory, progress),
+        }
     }
 }

@@ -1,8 +1,16 @@
-//! Model files and architectures: GGUF and Hugging Face readers, configs, the Llama family.
+//! Models on the GPU: GGUF and Hugging Face readers, configs, the architectures (one file each
+//! under `arch/`, over the shared `layers`), the executor that runs a step and owns the KV
+//! pool's memory, and the GPU half of sampling.
+//!
+//! **Invariant:** model code records dispatches; it never touches a `wgpu::Device`.
 
+pub mod arch;
 pub mod config;
 pub mod executor;
 pub mod gguf;
-pub mod llama;
+pub mod kv_pool;
+pub mod layers;
 pub mod load;
+pub mod sampler;
 pub mod tiny;
+pub mod weights;

@@ -4,14 +4,14 @@
 //! safetensors directories).
 
 use crate::cpu::llama::HfWeights;
-use crate::model::config::LlamaConfig;
+use crate::model::config::ModelConfig;
 use crate::model::gguf::{GgmlType, GgufWriter, MetaValue};
-use crate::model::llama::{Checkpoint, Part, tensor_name};
+use crate::model::weights::{Checkpoint, Part, tensor_name};
 use crate::quant::DType;
 
 /// A small config with grouped-query attention: 2 layers, hidden 64, 4 heads over 2 KV heads.
-pub fn tiny_config() -> LlamaConfig {
-    LlamaConfig {
+pub fn tiny_config() -> ModelConfig {
+    ModelConfig {
         architecture: "llama".into(),
         vocab_size: TINY_VOCAB.len(),
         hidden_size: 64,
@@ -98,7 +98,7 @@ pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 /// Random weights in Hugging Face naming. Matrices of `dtype` are rounded through it, so the
 /// f32 values are exactly what the GPU will decode.
-pub fn random_weights(c: &LlamaConfig, seed: u64, dtype: DType) -> HfWeights {
+pub fn random_weights(c: &ModelConfig, seed: u64, dtype: DType) -> HfWeights {
     let mut w = HfWeights::new();
     let mut seed = seed;
     let mut put = |name: String, len: usize, scale: f32, center: f32, quantize: bool| {
@@ -166,7 +166,7 @@ fn ggml_type(dtype: DType) -> GgmlType {
 
 /// The weights as a GGUF file the way llama.cpp's converter writes a Llama checkpoint: matrices
 /// in `dtype`, norms and biases in F32, q/k rows permuted.
-pub fn gguf_bytes(c: &LlamaConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
+pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
     let arch = c.architecture.clone();
     let mut g = GgufWriter::new();
     let key = |k: &str| format!("{arch}.{k}");

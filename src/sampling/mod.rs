@@ -1,13 +1,19 @@
-//! Sampling parameters, the per-request random stream, and the data exchanged with the GPU
-//! sampler (`gpu::kernels::sample`).
+//! Sampling on the host side: parameters, the per-request random stream, and what each step's
+//! sampled rows need ([`SampleSpec`], made by a [`Sampler`]). The GPU half (penalties, the
+//! token-mask slot, the sampling kernel and reading its rows back) is `model::sampler`.
 //!
-//! The sampler is a pure function of (logits, params, one uniform draw): the draw comes from a
-//! per-request generator seeded by the request, so a seeded request gives the same tokens
-//! whatever else shares its batch, and a preempted request resumes its stream where it stopped.
+//! The sampler is a pure function of (logits, params, one uniform draw): the draw for a
+//! request's `n`-th generated token is the `n`-th value of a stream seeded by the request, so a
+//! seeded request gives the same tokens whatever else shares its batch, after a preemption, and
+//! whether or not some of its tokens were drafted and verified several at a time.
+//!
+//! **Invariant:** imports nothing GPU-side (a tidy test checks).
 
 use crate::error::{Result, WeftError};
-use crate::gpu::kernels::sample::{MAX_TOP_LOGPROBS, OUT_PER_ROW, SETTINGS_PER_ROW};
-use crate::model::executor::SampleSpec;
+
+/// Most top log-probabilities reported per token (OpenAI's limit; the GPU sampler's row holds
+/// this many).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// How one request picks its next token.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,9 +67,9 @@ impl SamplingParams {
 
     /// Reject values no sampler can honour, naming the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, why: String| Err(WeftError::Unsupported(format!("invalid {field}: {why}")));
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad("temperature", format!("{} (must be a finite number >= 0; 0 means greedy)", self.temperature));
+        let bad = |field: &str, why: String| Err(WeftError::invalid(field, why));
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return bad("temperature", format!("{} (must be between 0 and 2; 0 means greedy)", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("{} (must be in (0, 1])", self.top_p));
@@ -81,17 +87,32 @@ impl SamplingParams {
             return bad("frequency_penalty", format!("{} (must be in [-2, 2])", self.frequency_penalty));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return bad("top_logprobs", format!("{} (at most {MAX_TOP_LOGPROBS})", self.top_logprobs));
+            return bad("top_logprobs", format!("{} (must be between 0 and {MAX_TOP_LOGPROBS})", self.top_logprobs));
         }
         Ok(())
     }
 }
 
 /// A request's random stream (SplitMix64: tiny, fast and good enough to drive inverse-CDF
-/// sampling; one draw per generated token).
+/// sampling). Its `n`-th value is also reachable directly ([`SamplerRng::nth_uniform`]), which
+/// is how a generated token's draw is tied to its position rather than to the number of draws
+/// made before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SamplerRng {
     state: u64,
+}
+
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A 64-bit value as a uniform draw in [0, 1) with 24 bits, exactly representable in f32.
+fn to_uniform(x: u64) -> f32 {
+    (x >> 40) as f32 / (1u64 << 24) as f32
 }
 
 impl SamplerRng {
@@ -100,11 +121,8 @@ impl SamplerRng {
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.state = self.state.wrapping_add(GOLDEN_GAMMA);
+        mix(self.state)
     }
 
     /// A draw in `0..bound` (0 when `bound` is 0); for tests that need reproducible choices.
@@ -114,22 +132,14 @@ impl SamplerRng {
 
     /// A uniform draw in [0, 1) with 24 bits, exactly representable in f32.
     pub fn next_uniform(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+        to_uniform(self.next_u64())
     }
-}
 
-/// The GPU sampler's settings row for one sequence.
-pub fn settings_row(params: &SamplingParams, uniform: f32) -> [u32; SETTINGS_PER_ROW] {
-    [
-        params.temperature.to_bits(),
-        params.top_k,
-        params.top_p.to_bits(),
-        params.min_p.to_bits(),
-        uniform.to_bits(),
-        params.top_logprobs as u32,
-        0,
-        0,
-    ]
+    /// The `n`-th (from 0) value [`next_uniform`](Self::next_uniform) would give on a stream
+    /// seeded with `seed`, without drawing the ones before it.
+    pub fn nth_uniform(seed: u64, n: u64) -> f32 {
+        to_uniform(mix(seed.wrapping_add(n.wrapping_add(1).wrapping_mul(GOLDEN_GAMMA))))
+    }
 }
 
 /// The (token, times generated) pairs the penalty kernel needs for one sequence: every distinct
@@ -145,21 +155,55 @@ pub fn penalty_entries(prompt: &[u32], output: &[u32]) -> Vec<(u32, u32)> {
     counts.into_iter().collect()
 }
 
-/// The host half of sampling: what the GPU sampler needs for one sequence's next token, from
-/// the request's parameters, its random stream and its tokens so far. The engine holds one as
-/// `Arc<dyn Sampler>`; the GPU does the rest (`gpu::kernels::{penalize, sample}`).
-pub trait Sampler: Send + Sync {
-    fn prepare(&self, params: &SamplingParams, rng: &mut SamplerRng, prompt: &[u32], output: &[u32]) -> SampleSpec;
+/// What one sampled logit row needs beyond the request's parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowDraw {
+    /// The uniform draw that picks the token (inverse CDF).
+    pub uniform: f32,
+    /// With penalties on: the distinct tokens before this row's token and how often each was
+    /// generated ([`penalty_entries`]); empty otherwise.
+    pub penalty_entries: Vec<(u32, u32)>,
 }
 
-/// The standard host half: one uniform draw per token, penalty entries when penalties are on.
+/// How to pick one step's tokens for one sequence: the request's parameters and one
+/// [`RowDraw`] per sampled logit row (several when drafted tokens are verified).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleSpec {
+    pub params: SamplingParams,
+    pub rows: Vec<RowDraw>,
+}
+
+/// The host half of sampling: what the GPU sampler needs for one sequence's sampled rows, from
+/// the request's parameters and seed and its tokens so far. The engine holds one as
+/// `Arc<dyn Sampler>`; the GPU does the rest (`model::sampler`).
+pub trait Sampler: Send + Sync {
+    /// Rows for the next `drafted.len() + 1` tokens after `prompt` and `output`: row `i` picks
+    /// the token after `drafted[..i]`.
+    fn prepare(&self, params: &SamplingParams, seed: u64, prompt: &[u32], output: &[u32], drafted: &[u32])
+    -> SampleSpec;
+}
+
+/// The standard host half: the request's `n`-th generated token takes the `n`-th draw of its
+/// stream; penalty entries when penalties are on.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GpuSampler;
 
 impl Sampler for GpuSampler {
-    fn prepare(&self, params: &SamplingParams, rng: &mut SamplerRng, prompt: &[u32], output: &[u32]) -> SampleSpec {
-        let penalty_entries = if params.has_penalties() { penalty_entries(prompt, output) } else { Vec::new() };
-        SampleSpec { params: params.clone(), uniform: rng.next_uniform(), penalty_entries }
+    fn prepare(&self, params: &SamplingParams, seed: u64, prompt: &[u32], output: &[u32], drafted: &[u32])
+    -> SampleSpec {
+        let rows = (0..=drafted.len())
+            .map(|i| {
+                let position = (output.len() + i) as u64;
+                let penalty_entries = if params.has_penalties() {
+                    let history: Vec<u32> = output.iter().chain(&drafted[..i]).copied().collect();
+                    penalty_entries(prompt, &history)
+                } else {
+                    Vec::new()
+                };
+                RowDraw { uniform: SamplerRng::nth_uniform(seed, position), penalty_entries }
+            })
+            .collect();
+        SampleSpec { params: params.clone(), rows }
     }
 }
 
@@ -171,18 +215,6 @@ pub struct Sampled {
     pub logprob: f32,
     /// The most likely tokens and their log-probabilities, best first.
     pub top_logprobs: Vec<(u32, f32)>,
-}
-
-/// Decode one row of the sampler's output.
-pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
-    debug_assert_eq!(row.len(), OUT_PER_ROW);
-    Sampled {
-        token: row[0],
-        logprob: f32::from_bits(row[1]),
-        top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS))
-            .map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n])))
-            .collect(),
-    }
 }
 
 #[cfg(test)]
@@ -203,6 +235,29 @@ mod tests {
     }
 
     #[test]
+    fn nth_uniform_is_the_streams_nth_value() {
+        let mut rng = SamplerRng::new(99);
+        for n in 0..50 {
+            assert_eq!(SamplerRng::nth_uniform(99, n), rng.next_uniform());
+        }
+    }
+
+    #[test]
+    fn drafted_rows_draw_at_their_positions_and_see_the_drafts_before_them() {
+        let params = SamplingParams { presence_penalty: 0.5, ..Default::default() };
+        let spec = GpuSampler.prepare(&params, 7, &[1, 2], &[3], &[4, 3]);
+        assert_eq!(spec.rows.len(), 3);
+        for (i, row) in spec.rows.iter().enumerate() {
+            assert_eq!(row.uniform, SamplerRng::nth_uniform(7, 1 + i as u64));
+        }
+        assert_eq!(spec.rows[0].penalty_entries, vec![(1, 0), (2, 0), (3, 1)]);
+        assert_eq!(spec.rows[2].penalty_entries, vec![(1, 0), (2, 0), (3, 2), (4, 1)]);
+        // The same position draws the same value whether or not it was drafted.
+        let plain = GpuSampler.prepare(&params, 7, &[1, 2], &[3, 4], &[]);
+        assert_eq!(plain.rows[0], spec.rows[1]);
+    }
+
+    #[test]
     fn penalty_entries_cover_prompt_and_count_output() {
         assert_eq!(penalty_entries(&[5, 3, 5], &[3, 9, 3]), vec![(3, 2), (5, 0), (9, 1)]);
         assert!(penalty_entries(&[], &[]).is_empty());
@@ -216,6 +271,8 @@ mod tests {
         };
         check(SamplingParams { temperature: -1.0, ..Default::default() }, "temperature");
         check(SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature");
+        check(SamplingParams { temperature: 1e9, ..Default::default() }, "temperature");
+        check(SamplingParams { temperature: 2.01, ..Default::default() }, "temperature");
         check(SamplingParams { top_p: 0.0, ..Default::default() }, "top_p");
         check(SamplingParams { top_p: 1.5, ..Default::default() }, "top_p");
         check(SamplingParams { min_p: -0.1, ..Default::default() }, "min_p");

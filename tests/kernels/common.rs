@@ -62,11 +62,11 @@ pub fn run(f: &GpuTensorFactory, rec: &weft::gpu::Recording) {
 }
 
 pub fn read_f32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<f32> {
-    use weft::gpu::TensorFactory;
+    use weft::tensor::TensorFactory;
     weft::rt::block_on(f.download_f32(t)).unwrap()
 }
 
 pub fn read_u32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<u32> {
-    use weft::gpu::TensorFactory;
+    use weft::tensor::TensorFactory;
     weft::rt::block_on(f.download_u32(t)).unwrap()
 }

@@ -3,7 +3,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::elementwise::{add, add_bias, silu_mul};
-use weft::gpu::{Recording, TensorFactory};
+use weft::gpu::Recording;
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

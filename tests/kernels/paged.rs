@@ -4,7 +4,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::paged::{PagedKv, kv_write, paged_attention};
-use weft::gpu::{GpuTensor, GpuTensorFactory, Recording, TensorFactory};
+use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

@@ -3,7 +3,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::reduce::{argmax, rms_norm, softmax};
-use weft::gpu::{Recording, TensorFactory};
+use weft::gpu::Recording;
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

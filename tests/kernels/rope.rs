@@ -3,7 +3,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq, rope};
-use weft::gpu::{Recording, TensorFactory};
+use weft::gpu::Recording;
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

@@ -8,8 +8,10 @@
 
 use weft::DType;
 use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
-use weft::gpu::{Recording, TensorFactory};
-use weft::sampling::{SamplerRng, SamplingParams, read_sampled, settings_row};
+use weft::gpu::Recording;
+use weft::tensor::TensorFactory;
+use weft::model::sampler::{read_sampled, settings_row};
+use weft::sampling::{SamplerRng, SamplingParams};
 
 use crate::common::*;
 

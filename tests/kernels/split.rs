@@ -4,7 +4,8 @@
 use weft::DType;
 use weft::gpu::kernels::embedding::embedding;
 use weft::gpu::kernels::matmul::matmul;
-use weft::gpu::{Recording, TensorFactory};
+use weft::gpu::Recording;
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

@@ -8,9 +8,10 @@
 
 use wasm_bindgen_test::*;
 use weft::DType;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, TensorFactory};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::tensor::TensorFactory;
 use weft::kv::{KvCacheConfig, KvPool};
-use weft::model::config::LlamaConfig;
+use weft::model::config::ModelConfig;
 use weft::model::executor::{GpuExecutor, SeqInput};
 use weft::model::gguf::GgufFile;
 use weft::model::llama::LlamaModel;
@@ -27,7 +28,7 @@ fn worst_error(got: &[f32], want: &[f32]) -> (f32, f32) {
 
 /// Two sequences in one step (one prefilling in chunks across blocks, one decoding), then the
 /// next chunks: the errors of every checked position.
-async fn compare(f: &GpuTensorFactory, config: &LlamaConfig, dtype: DType, num_blocks: usize) -> Vec<String> {
+async fn compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType, num_blocks: usize) -> Vec<String> {
     let w = tiny::random_weights(config, 7, dtype);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
     let model = LlamaModel::load(config.clone(), &GgufWeights { gguf: &gguf }, f).unwrap();

@@ -1,18 +1,19 @@
 //! Token sampling on the GPU (shaders/sample.wgsl): only token ids and log-probabilities leave
-//! the device. The per-row settings and the output layout are built by `crate::sampling`.
+//! the device. The per-row settings and the output rows are built and read by
+//! `model::sampler`.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::Result;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
+use crate::sampling::MAX_TOP_LOGPROBS;
 
 shader_params!(Params { rows: u32, vocab: u32 });
 
 /// u32 settings per row (`SETTINGS` in the shader).
 pub const SETTINGS_PER_ROW: usize = 8;
-/// Most top log-probabilities reported per row (`MAX_TOP`).
-pub const MAX_TOP_LOGPROBS: usize = 20;
-/// u32 outputs per row: token, its logprob, then (id, logprob) pairs (`OUT_STRIDE`).
+/// u32 outputs per row: token, its logprob, then (id, logprob) pairs (`OUT_STRIDE`; the
+/// shader's `MAX_TOP` is `MAX_TOP_LOGPROBS`).
 pub const OUT_PER_ROW: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
 /// Record sampling: logits (rows, vocab) F32, settings (rows, SETTINGS_PER_ROW) U32, out (rows,

@@ -1,0 +1,155 @@
+//! The Llama family — Llama 2/3, Mistral, Qwen2, SmolLM — as one forward pass recorded on the GPU.
+//!
+//! Reference: transformers' `models/llama/modeling_llama.py` (`LlamaForCausalLM`), and
+//! llama.cpp's `llama` graph for the GGUF layout. Each layer is
+//!
+//! ```text
+//! h = x + o_proj(attention(rope(q_proj(rms_norm(x))), rope(k_proj(…)), v_proj(…)))
+//! x = h + down_proj(silu(gate_proj(rms_norm(h))) * up_proj(rms_norm(h)))
+//! ```
+//!
+//! with grouped-query attention over the paged KV cache, then a final RMSNorm and the LM head
+//! (the embedding matrix itself when tied) on the sampled rows only. Qwen2 adds biases to q, k
+//! and v; Mistral attends within a sliding window.
+//!
+//! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
+//! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
+//! checkpoint runs with its own pairing, which gives the same numbers without un-permuting.
+
+use crate::error::Result;
+use crate::gpu::kernels::elementwise::add;
+use crate::gpu::kernels::embedding::embedding;
+use crate::gpu::kernels::matmul::matmul;
+use crate::gpu::kernels::reduce::rms_norm;
+use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
+use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::model::arch::Architecture;
+use crate::model::config::ModelConfig;
+use crate::model::kv_pool::KvPool;
+use crate::model::layers::{Activations, Attention, AttentionSetup, Linear, Mlp, StepInputs};
+use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
+use crate::quant::DType;
+use crate::tensor::TensorFactory;
+
+struct Layer {
+    attn_norm: GpuTensor, // (hidden)
+    attention: Attention,
+    ffn_norm: GpuTensor, // (hidden)
+    mlp: Mlp,
+}
+
+pub struct LlamaModel {
+    config: ModelConfig,
+    embed: GpuTensor, // (vocab, hidden)
+    layers: Vec<Layer>,
+    norm: GpuTensor,            // (hidden)
+    lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
+    cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
+    pairing: RopePairing,
+}
+
+/// Positions the RoPE table covers at most (a 32k × 64 × 2 f32 table is 16 MiB).
+const MAX_TABLE_POSITIONS: usize = 32768;
+
+impl LlamaModel {
+    /// Upload every weight of `config`'s model from `source`, calling `progress(layers done,
+    /// layers in all)` as layers arrive.
+    pub fn load(
+        config: ModelConfig,
+        source: &dyn WeightSource,
+        factory: &dyn TensorFactory,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<LlamaModel> {
+        let c = &config;
+        let (hidden, q_rows, kv_rows) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let w = Loader { source, factory };
+        let linear = |layer: usize, part: Part, bias: Option<Part>, shape: [usize; 2]| -> Result<Linear> {
+            let bias = match bias.filter(|_| c.attention_bias) {
+                Some(b) => Some(w.vector(Some(layer), b, shape[0])?),
+                None => None,
+            };
+            Ok(Linear { weight: w.matrix(Some(layer), part, &shape)?, bias })
+        };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        progress(0, c.num_layers);
+        for i in 0..c.num_layers {
+            layers.push(Layer {
+                attn_norm: w.vector(Some(i), Part::AttnNorm, hidden)?,
+                attention: Attention {
+                    q: linear(i, Part::Q, Some(Part::QBias), [q_rows, hidden])?,
+                    k: linear(i, Part::K, Some(Part::KBias), [kv_rows, hidden])?,
+                    v: linear(i, Part::V, Some(Part::VBias), [kv_rows, hidden])?,
+                    o: linear(i, Part::O, None, [hidden, q_rows])?,
+                },
+                ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
+                mlp: Mlp {
+                    gate: linear(i, Part::Gate, None, [c.intermediate_size, hidden])?,
+                    up: linear(i, Part::Up, None, [c.intermediate_size, hidden])?,
+                    down: linear(i, Part::Down, None, [hidden, c.intermediate_size])?,
+                },
+            });
+            progress(i + 1, c.num_layers);
+        }
+        let embed = w.matrix(None, Part::Q, &[c.vocab_size, hidden])?;
+        let norm = w.vector(None, Part::AttnNorm, hidden)?;
+        let lm_head =
+            if c.tie_word_embeddings { None } else { Some(w.matrix(None, Part::O, &[c.vocab_size, hidden])?) };
+        let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
+        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &cos_sin_table(&c.inv_freq(), positions))?;
+        let pairing = match (source.checkpoint(), c.architecture.as_str()) {
+            // llama.cpp permutes q/k only for the llama architecture; Qwen2 GGUFs keep HF's order.
+            (Checkpoint::Gguf, "llama" | "mistral") => RopePairing::Interleaved,
+            _ => RopePairing::Neox,
+        };
+        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, pairing })
+    }
+}
+
+impl Architecture for LlamaModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn max_context(&self) -> usize {
+        self.cos_sin.shape()[0]
+    }
+
+    fn record_forward(
+        &self,
+        ctx: &GpuContext,
+        factory: &dyn TensorFactory,
+        rec: &mut Recording,
+        inputs: &StepInputs<'_>,
+        kv: &KvPool,
+    ) -> Result<GpuTensor> {
+        let c = &self.config;
+        let a = Activations::new(factory, c, inputs.token_ids.shape()[0])?;
+        let setup = AttentionSetup {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            cos_sin: &self.cos_sin,
+            pairing: self.pairing,
+            sliding_window: c.sliding_window,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+
+        embedding(ctx, rec, &self.embed, inputs.token_ids, &a.x)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, c.rms_norm_eps)?;
+            layer.attention.forward(ctx, rec, &a, inputs, &kv.layer(i), &setup)?;
+            add(ctx, rec, &a.x, &a.proj)?; // residual connection
+            rms_norm(ctx, rec, &a.x, &layer.ffn_norm, &a.xn, c.rms_norm_eps)?;
+            layer.mlp.forward(ctx, rec, &a)?;
+            add(ctx, rec, &a.x, &a.proj)?; // residual connection
+        }
+        rms_norm(ctx, rec, &a.x, &self.norm, &a.xn, c.rms_norm_eps)?;
+        // Only the sampled rows need logits: gather those rows, then the LM head.
+        let num_logits = inputs.logit_rows.shape()[0];
+        let rows = factory.zeros(&[num_logits, c.hidden_size], DType::F32)?;
+        embedding(ctx, rec, &a.xn, inputs.logit_rows, &rows)?;
+        let logits = factory.zeros(&[num_logits, c.vocab_size], DType::F32)?;
+        matmul(ctx, rec, &rows, self.lm_head.as_ref().unwrap_or(&self.embed), &logits)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,58 @@
+//! Model architectures, one file each over the shared layers (`model::layers`). An
+//! architecture loads its weights and records one forward pass; the executor drives it without
+//! knowing which one it is.
+//!
+//! Adding an architecture: a new file here with a type implementing [`Architecture`], and its
+//! names in [`SUPPORTED`] and [`load`].
+
+mod llama;
+
+pub use llama::LlamaModel;
+
+use crate::error::{Result, WeftError};
+use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::model::config::ModelConfig;
+use crate::model::kv_pool::KvPool;
+use crate::model::layers::StepInputs;
+use crate::model::weights::WeightSource;
+use crate::tensor::TensorFactory;
+
+/// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2"];
+
+/// A model on the GPU, ready to record forward passes.
+pub trait Architecture: Send + Sync {
+    fn config(&self) -> &ModelConfig;
+
+    /// The longest position + 1 a sequence may reach.
+    fn max_context(&self) -> usize;
+
+    /// Record one forward pass of every token in `inputs` through the whole model, writing K/V
+    /// into `kv`; returns the logits (num_logits, vocab) of the rows `inputs.logit_rows` names.
+    fn record_forward(
+        &self,
+        ctx: &GpuContext,
+        factory: &dyn TensorFactory,
+        rec: &mut Recording,
+        inputs: &StepInputs<'_>,
+        kv: &KvPool,
+    ) -> Result<GpuTensor>;
+}
+
+/// Upload `config`'s model from `source`, calling `progress(layers done, layers in all)`.
+pub fn load(
+    config: ModelConfig,
+    source: &dyn WeightSource,
+    factory: &dyn TensorFactory,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<dyn Architecture>> {
+    match config.architecture.as_str() {
+        "llama" | "mistral" | "qwen2" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        other => Err(WeftError::model(source.file(), unsupported(other))),
+    }
+}
+
+/// The message for an architecture weft does not run.
+pub fn unsupported(architecture: &str) -> String {
+    format!("architecture {architecture:?} is not supported; weft runs {}", SUPPORTED.join(", "))
+}

@@ -1,0 +1,434 @@
+//! The protocol against its documented shapes: parsing errors name the field, responses and
+//! chunks look like OpenAI's, and a tiny engine answers end to end.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use super::error::ApiResult;
+use super::*;
+use crate::engine::request::{FinishReason, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage};
+use crate::engine::ContinuousBatchEngine;
+use crate::openai::shape::piece;
+use crate::tokenizer::ChatMessage;
+use crate::error::WeftError;
+use crate::tokenizer::Tokenizer;
+
+fn body(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("not an object"),
+    }
+}
+
+fn chat(extra: Value) -> Map<String, Value> {
+    let mut m = body(json!({"messages": [{"role": "user", "content": "hi"}]}));
+    m.extend(body(extra));
+    m
+}
+
+fn completion(extra: Value) -> Map<String, Value> {
+    let mut m = body(json!({"prompt": "hi"}));
+    m.extend(body(extra));
+    m
+}
+
+/// Parse, then the field checks of the engine's door, mapped as the server and the browser map
+/// them.
+fn full(endpoint: Endpoint, m: &Map<String, Value>) -> ApiResult<OpenAiRequest> {
+    let r = parse(endpoint, m)?;
+    r.request.validate().map_err(OpenAiError::from_engine)?;
+    Ok(r)
+}
+
+fn tiny_tokenizer() -> Arc<dyn Tokenizer> {
+    let meta: crate::model::gguf::Metadata =
+        crate::model::tiny::tokenizer_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    Arc::new(crate::tokenizer::HfTokenizer::from_gguf_metadata(&meta).unwrap())
+}
+
+#[track_caller]
+fn assert_invalid(r: ApiResult<impl std::fmt::Debug>, param: Option<&str>, needle: &str) {
+    let e = r.unwrap_err();
+    assert_eq!(e.kind, "invalid_request_error", "{e:?}");
+    assert_eq!(e.param.as_deref(), param, "{e:?}");
+    assert!(e.message.contains(needle), "{e:?} should mention {needle:?}");
+    let b = e.body();
+    assert_eq!(b["error"]["message"], e.message);
+    assert_eq!(b["error"]["type"], "invalid_request_error");
+    assert!(b["error"].get("code").is_some());
+}
+
+#[test]
+fn bodies_must_be_json_objects() {
+    assert_invalid(parse_body(b"{\"messages\": ["), None, "not valid JSON");
+    assert_invalid(parse_body(b"[1, 2]"), None, "must be a JSON object");
+    assert_eq!(parse_body(b"{\"a\": 1}").unwrap()["a"], 1);
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let cases = [
+        ("temperature", json!("hot"), "expected a number"),
+        ("top_p", json!([]), "expected a number"),
+        ("max_tokens", json!(1.5), "expected an integer"),
+        ("max_tokens", json!(-5), "must not be negative"),
+        ("max_completion_tokens", json!("8"), "expected an integer"),
+        ("seed", json!("x"), "expected an integer"),
+        ("stream", json!("yes"), "expected true or false"),
+        ("stop", json!(7), "a string or a list of strings"),
+        ("stop", json!(["a", 1]), "a string or a list of strings"),
+        ("user", json!(3), "expected a string"),
+        ("model", json!(3), "expected a string"),
+        ("stream_options", json!(true), "expected an object"),
+        ("logprobs", json!(1), "expected true or false"),
+    ];
+    for (field, value, needle) in cases {
+        assert_invalid(full(Endpoint::Chat, &chat(json!({ field: value }))), Some(field), needle);
+    }
+    assert_invalid(
+        full(Endpoint::Chat, &chat(json!({"stream_options": {"include_usage": 1}}))),
+        Some("stream_options"),
+        "include_usage",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"logprobs": true}))),
+        Some("logprobs"),
+        "expected an integer",
+    );
+    assert_invalid(requested_model(&chat(json!({"model": false}))), Some("model"), "expected a string");
+    // null is absent.
+    assert!(full(Endpoint::Chat, &chat(json!({"temperature": null, "stop": null}))).is_ok());
+}
+
+#[test]
+fn only_one_choice() {
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"n": 2}))), Some("n"), "only n=1");
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"best_of": 3}))),
+        Some("best_of"),
+        "only best_of=1",
+    );
+    assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
+}
+
+#[test]
+fn logprob_options() {
+    assert_invalid(
+        full(Endpoint::Chat, &chat(json!({"top_logprobs": 2}))),
+        Some("top_logprobs"),
+        "set logprobs to true",
+    );
+    assert_invalid(
+        full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 21}))),
+        Some("top_logprobs"),
+        "between 0 and 20",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"logprobs": 21}))),
+        Some("top_logprobs"),
+        "between 0 and 20",
+    );
+    let r = full(Endpoint::Chat, &chat(json!({"logprobs": true}))).unwrap();
+    assert_eq!(r.logprobs, Some(0));
+    assert_eq!(r.request.params.sampling.top_logprobs, 1, "the engine needs at least one alternative");
+    let r = full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 5}))).unwrap();
+    assert_eq!((r.logprobs, r.request.params.sampling.top_logprobs), (Some(5), 5));
+    assert_eq!(full(Endpoint::Chat, &chat(json!({"logprobs": false}))).unwrap().logprobs, None);
+    assert_eq!(full(Endpoint::Completion, &completion(json!({"logprobs": 3}))).unwrap().logprobs, Some(3));
+}
+
+#[test]
+fn bad_messages() {
+    let cases = [
+        (json!({}), "missing"),
+        (json!({"messages": "hi"}), "expected a list"),
+        (json!({"messages": [1]}), "message 0 is not an object"),
+        (json!({"messages": [{"content": "hi"}]}), "message 0 has no role string"),
+        (json!({"messages": [{"role": "user", "content": 5}]}), "content must be a string"),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "not text"),
+        // Found by the engine's validation.
+        (json!({"messages": []}), "there are no messages"),
+        (json!({"messages": [{"role": "wizard", "content": "hi"}]}), "unknown role"),
+    ];
+    for (b, needle) in cases {
+        assert_invalid(full(Endpoint::Chat, &body(b)), Some("messages"), needle);
+    }
+    let parts = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "assistant"}]});
+    let r = full(Endpoint::Chat, &body(parts)).unwrap();
+    assert_eq!(r.request.prompt, Prompt::Chat(vec![ChatMessage::user("ab"), ChatMessage::new("assistant", "")]));
+}
+
+#[test]
+fn bad_prompts() {
+    assert_invalid(full(Endpoint::Completion, &body(json!({}))), Some("prompt"), "missing");
+    assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": 5}))), Some("prompt"), "expected a string");
+    assert_invalid(
+        full(Endpoint::Completion, &body(json!({"prompt": ["a", "b"]}))),
+        Some("prompt"),
+        "list of one string",
+    );
+    assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": ""}))), Some("prompt"), "empty");
+    assert_invalid(full(Endpoint::Completion, &completion(json!({"echo": true}))), Some("echo"), "not supported");
+    let r = full(Endpoint::Completion, &body(json!({"prompt": ["once"]}))).unwrap();
+    assert_eq!(r.request.prompt, Prompt::Text("once".into()));
+}
+
+#[test]
+fn the_first_error_is_stable() {
+    // The model's type, then the messages, then the rest.
+    let m = body(json!({"model": 1, "messages": "x", "n": 2}));
+    assert_eq!(parse(Endpoint::Chat, &m).unwrap_err().param.as_deref(), Some("model"));
+    let m = body(json!({"messages": "x", "n": 2}));
+    assert_eq!(parse(Endpoint::Chat, &m).unwrap_err().param.as_deref(), Some("messages"));
+}
+
+#[test]
+fn fields_and_defaults() {
+    let r = full(
+        Endpoint::Chat,
+        &chat(json!({
+            "model": "m", "temperature": 0, "top_p": 0.5, "top_k": -1, "min_p": 0.1, "seed": 7,
+            "stop": "x", "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
+            "max_completion_tokens": 9, "max_tokens": 99,
+        })),
+    )
+    .unwrap();
+    assert_eq!(r.endpoint, Endpoint::Chat);
+    assert_eq!(r.model.as_deref(), Some("m"));
+    assert!(r.stream && r.include_usage);
+    let p = &r.request.params;
+    assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
+    assert_eq!(
+        (p.sampling.temperature, p.sampling.top_p, p.sampling.top_k, p.sampling.min_p, p.sampling.seed),
+        (0.0, 0.5, 0, 0.1, Some(7))
+    );
+    assert_eq!(p.stop, vec!["x".to_string()]);
+    assert!(p.ignore_eos);
+
+    let r = full(Endpoint::Completion, &completion(json!({}))).unwrap();
+    assert_eq!(r.request.params.sampling.temperature, 1.0, "OpenAI's default temperature");
+    assert!(!r.stream && !r.include_usage && r.model.is_none() && r.logprobs.is_none());
+    // No max_tokens: the engine gives the rest of the context, capped.
+    assert_eq!(r.request.params.max_tokens, None);
+    // max_tokens 0 is refused by validation, naming the field.
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"max_tokens": 0}))),
+        Some("max_tokens"),
+        "at least 1",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"temperature": -1}))),
+        Some("temperature"),
+        "temperature",
+    );
+}
+
+#[test]
+fn engine_errors_keep_their_kind() {
+    let e = OpenAiError::from_engine(WeftError::invalid("top_p", "2 (must be in (0, 1])"));
+    assert_eq!((e.kind, e.param.as_deref()), ("invalid_request_error", Some("top_p")));
+    assert_eq!(e.message, "invalid top_p: 2 (must be in (0, 1])");
+    let e = OpenAiError::from_engine(WeftError::invalid_request("nothing to do"));
+    assert_eq!((e.kind, e.param.as_deref(), e.message.as_str()), ("invalid_request_error", None, "invalid request: nothing to do"));
+    let e = OpenAiError::from_engine(WeftError::Unavailable("the engine was shut down".into()));
+    assert_eq!(e.kind, "service_unavailable");
+    let e = OpenAiError::from_engine(WeftError::Readback("lost".into()));
+    assert_eq!(e.kind, "internal_error");
+    assert_eq!(e.to_string(), e.message);
+    assert_eq!(
+        e.body(),
+        json!({"error": {"message": e.message, "type": "internal_error", "param": null, "code": null}})
+    );
+}
+
+#[test]
+fn ids_are_unique_and_prefixed() {
+    let a = request_id(Endpoint::Chat);
+    let b = request_id(Endpoint::Chat);
+    assert!(a.starts_with("chatcmpl-") && a != b, "{a} {b}");
+    assert!(request_id(Endpoint::Completion).starts_with("cmpl-"));
+    assert!(unix_now() > 1_600_000_000);
+}
+
+fn lp(token: u32) -> TokenLogprob {
+    TokenLogprob { token, logprob: -0.5, top: vec![(token, -0.5), (token + 1, -1.5), (token + 2, -2.5)] }
+}
+
+fn response(finish_reason: FinishReason) -> InferenceResponse {
+    let usage = Usage { prompt_tokens: 3, completion_tokens: 2, cached_prompt_tokens: 1 };
+    InferenceResponse {
+        text: "ab".into(),
+        token_ids: vec![66, 67],
+        logprobs: vec![lp(66), lp(67)],
+        finish_reason,
+        usage,
+    }
+}
+
+#[test]
+fn whole_responses() {
+    let tok = tiny_tokenizer();
+    let req = full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 2}))).unwrap();
+    let v = response_json_with(tok.as_ref(), &req, "chatcmpl-1", 5, "tiny", &response(FinishReason::Eos)).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["object"].as_str(), v["created"].as_u64(), v["model"].as_str()),
+        (Some("chatcmpl-1"), Some("chat.completion"), Some(5), Some("tiny"))
+    );
+    let c = &v["choices"][0];
+    assert_eq!(c["message"], json!({"role": "assistant", "content": "ab"}));
+    assert_eq!(c["finish_reason"], "stop");
+    let first = &c["logprobs"]["content"][0];
+    assert_eq!(first["token"].as_str().unwrap(), piece(tok.as_ref(), 66));
+    assert_eq!(first["top_logprobs"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}})
+    );
+
+    let req = full(Endpoint::Completion, &completion(json!({"logprobs": 1}))).unwrap();
+    let v = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Length)).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    let c = &v["choices"][0];
+    assert_eq!((c["text"].as_str(), c["finish_reason"].as_str()), (Some("ab"), Some("length")));
+    let l = &c["logprobs"];
+    let len0 = piece(tok.as_ref(), 66).len();
+    assert_eq!(l["text_offset"], json!([0, len0]));
+    assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 1);
+    let req = full(Endpoint::Completion, &completion(json!({}))).unwrap();
+    assert!(response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Stop)).unwrap()["choices"][0]["logprobs"].is_null());
+
+    let e =
+        response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
+    assert_eq!(e.kind, "internal_error");
+}
+
+fn chunk(text: &str, finish_reason: Option<FinishReason>) -> StreamChunk {
+    let usage = finish_reason.map(|_| Usage { prompt_tokens: 3, completion_tokens: 2, cached_prompt_tokens: 0 });
+    StreamChunk { text: text.into(), token_ids: vec![66], logprobs: vec![lp(66)], finish_reason, usage }
+}
+
+#[test]
+fn streamed_chat_chunks() {
+    let req =
+        full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).unwrap();
+    let mut s = ChunkShaper::with_tokenizer(tiny_tokenizer(), &req, "chatcmpl-1".into(), 5, "tiny".into());
+    let out = s.shape(Ok(chunk("a", None)));
+    assert_eq!(out.len(), 2, "the role first: {out:?}");
+    assert_eq!(out[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    assert_eq!(out[0]["object"], "chat.completion.chunk");
+    assert_eq!(
+        out[1]["choices"][0],
+        json!({"index": 0, "delta": {"content": "a"}, "logprobs": null, "finish_reason": null})
+    );
+    assert!(!s.finished());
+    // An empty chunk without log-probabilities sends nothing.
+    assert!(s.shape(Ok(chunk("", None))).is_empty());
+    let out = s.shape(Ok(chunk("b", Some(FinishReason::Stop))));
+    assert_eq!(out.len(), 3, "{out:?}");
+    assert_eq!(out[1]["choices"][0], json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "stop"}));
+    assert!(out[1].get("usage").is_none());
+    assert_eq!(out[2]["choices"], json!([]));
+    assert_eq!(out[2]["usage"]["total_tokens"], 5);
+    assert!(s.finished());
+    assert!(s.shape(Ok(chunk("c", None))).is_empty(), "nothing after the finish");
+}
+
+#[test]
+fn streamed_completion_chunks() {
+    let tok = tiny_tokenizer();
+    let req = full(Endpoint::Completion, &completion(json!({"stream": true, "logprobs": 2}))).unwrap();
+    let mut s = ChunkShaper::with_tokenizer(tok.clone(), &req, "cmpl-1".into(), 5, "tiny".into());
+    assert!(s.start().is_empty(), "completions have no role chunk");
+    let out = s.shape(Ok(chunk("", None)));
+    assert_eq!(out.len(), 1, "log-probabilities alone make a chunk");
+    assert_eq!(out[0]["object"], "text_completion");
+    assert_eq!(out[0]["choices"][0]["logprobs"]["text_offset"], json!([0]));
+    let out = s.shape(Ok(chunk("b", Some(FinishReason::Eos))));
+    assert_eq!(
+        out[0]["choices"][0]["logprobs"]["text_offset"],
+        json!([piece(tok.as_ref(), 66).len()]),
+        "offsets run on across chunks"
+    );
+    assert_eq!(out[1]["choices"][0], json!({"index": 0, "text": "", "logprobs": null, "finish_reason": "stop"}));
+    assert_eq!(out.len(), 2, "no usage chunk unless asked");
+    assert!(s.finished());
+}
+
+#[test]
+fn streamed_errors() {
+    let req = full(Endpoint::Chat, &chat(json!({"stream": true}))).unwrap();
+    let mut s = ChunkShaper::with_tokenizer(tiny_tokenizer(), &req, "chatcmpl-1".into(), 5, "tiny".into());
+    assert_eq!(s.start().len(), 1);
+    assert!(s.start().is_empty(), "the role is sent once");
+    let out = s.shape(Err(WeftError::Unavailable("the engine was shut down".into())));
+    assert_eq!(out, vec![OpenAiError::unavailable("the engine was shut down").body()]);
+    assert!(s.finished());
+
+    let mut s = ChunkShaper::with_tokenizer(tiny_tokenizer(), &req, "chatcmpl-1".into(), 5, "tiny".into());
+    let out = s.shape(Ok(chunk("", Some(FinishReason::Error))));
+    assert_eq!(out.last().unwrap()["error"]["type"], "internal_error");
+    assert!(s.finished());
+}
+
+/// Against a tiny engine on the GPU: the default max_tokens, and a request end to end.
+#[test]
+fn against_a_tiny_engine() {
+    use crate::engine::EngineConfig;
+    use crate::gpu::{GpuOptions, GpuTensorFactory};
+    use futures::StreamExt;
+
+    let Some(ctx) = crate::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let f = GpuTensorFactory::new(ctx);
+    let c = crate::model::tiny::tiny_config();
+    let w = crate::model::tiny::random_weights(&c, 21, crate::DType::Q8_0);
+    let files = crate::model::load::ModelFiles::from_gguf_bytes(
+        "tiny.gguf",
+        crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0),
+    )
+    .unwrap();
+    let exec = files.executor(&f, crate::kv::KvCacheConfig { block_size: 4, num_blocks: 64 }).unwrap();
+    let config = EngineConfig { max_model_len: 64, ..EngineConfig::default() };
+    let engine = ContinuousBatchEngine::new_plan_runtime(
+        config,
+        files.tokenizer.clone(),
+        Arc::new(crate::sampling::GpuSampler),
+        Arc::new(exec),
+        Arc::new(f.clone()),
+    )
+    .unwrap();
+
+    // Without max_tokens, the rest of the context: here 64 minus the prompt.
+    let r = parse(Endpoint::Completion, &completion(json!({"prompt": "abc", "ignore_eos": true, "temperature": 0})))
+        .unwrap();
+    let n = engine.tokenizer().encode("abc", true).unwrap().len();
+    let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
+    assert_eq!(whole.usage.completion_tokens, engine.config().max_model_len - n);
+    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "only n=1");
+    // Lengths are the engine's to check, with OpenAI's error shape.
+    let r = parse(Endpoint::Completion, &completion(json!({"max_tokens": 1000}))).unwrap();
+    let refused = OpenAiError::from_engine(engine.submit(r.request).err().expect("max_tokens 1000 must be refused"));
+    assert_eq!((refused.kind, refused.param.as_deref()), ("invalid_request_error", Some("max_tokens")));
+
+    let b = chat(
+        json!({"max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true}),
+    );
+    let r = parse(Endpoint::Chat, &b).unwrap();
+    let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
+    let v = response_json(&engine, &r, "chatcmpl-1", 5, "tiny", &whole).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["choices"][0]["logprobs"]["content"].as_array().unwrap().len(), 3);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+
+    let mut shaper = ChunkShaper::new(engine.clone(), &r, "chatcmpl-2".into(), 5, "tiny".into());
+    let mut stream = Box::pin(engine.infer_stream(r.request.clone()).unwrap());
+    let mut chunks = shaper.start();
+    while !shaper.finished() {
+        let Some(item) = crate::rt::block_on(stream.next()) else { break };
+        chunks.extend(shaper.shape(item));
+    }
+    assert!(shaper.finished());
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, whole.text, "streamed and whole agree");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+}

@@ -1,0 +1,141 @@
+//! The step contract: what the scheduler asks of the model executor for one forward pass, and
+//! what comes back. Everything here is plain data; the engine and the scheduler see a
+//! [`ModelExecutor`], never a GPU.
+//!
+//! ```text
+//!   scheduler.schedule() ──> StepBatch ──(engine adds each row's SampleSpec)──> executor.execute()
+//!                                                                                   │
+//!   scheduler.update_from_output(batch, accepted) <── accepted_len() <── StepOutput ┘
+//! ```
+//!
+//! A sequence's share of a step ([`SeqStep`]) runs `tokens` at positions `start_pos..` and
+//! samples from the logits of its last `num_logits` tokens: none for a prefill chunk that does
+//! not reach the end of the prompt, one for a decode or a prompt's last chunk, and `k + 1` when
+//! the last `k` tokens are drafted (speculative) tokens to verify. Row `i`'s sample is the
+//! model's choice after `tokens[..len - num_logits + i + 1]`, so drafted token `i` is accepted
+//! when the sample of the row before it equals it; the run of samples up to and including the
+//! first disagreement is what the sequence gains ([`accepted_len`]). Rejected positions are
+//! rolled back by the scheduler (their KV is simply never marked computed).
+//!
+//! **Invariant:** a [`StepOutput`] has exactly one entry per [`SeqStep`], in order, holding
+//! exactly `num_logits` samples.
+
+use crate::error::Result;
+use crate::kv::{KvCacheConfig, SeqId};
+use crate::rt::BoxFuture;
+use crate::sampling::{SampleSpec, Sampled};
+
+/// One sequence's share of a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqStep {
+    pub id: SeqId,
+    /// The tokens to run, at positions `start_pos..start_pos + tokens.len()`: known tokens whose
+    /// KV is not computed yet, then (when `num_logits > 1`) the drafted tokens to verify.
+    pub tokens: Vec<u32>,
+    /// How many tokens of this sequence are already in the KV cache.
+    pub start_pos: usize,
+    /// Physical KV block of each logical block, covering at least `start_pos + tokens.len()`.
+    pub block_table: Vec<u32>,
+    /// Logit rows to sample, taken from the last `num_logits` tokens (0, 1, or drafted + 1).
+    pub num_logits: usize,
+    /// How to sample each row; set by the engine for every sequence with `num_logits > 0`.
+    pub sampling: Option<SampleSpec>,
+}
+
+impl SeqStep {
+    /// The drafted tokens this step verifies (the last `num_logits - 1` tokens).
+    pub fn drafted(&self) -> &[u32] {
+        let num_drafted = self.num_logits.saturating_sub(1).min(self.tokens.len());
+        &self.tokens[self.tokens.len() - num_drafted..]
+    }
+
+    /// Position just past the last token run this step.
+    pub fn end_pos(&self) -> usize {
+        self.start_pos + self.tokens.len()
+    }
+}
+
+/// One forward pass: what the scheduler picked.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepBatch {
+    /// Running sequences first (decodes and unfinished prefills), then newly admitted ones.
+    pub seqs: Vec<SeqStep>,
+    /// Sequences preempted while scheduling this step (blocks freed; back in the waiting queue).
+    pub preempted: Vec<SeqId>,
+    /// Sum of `seqs[i].tokens.len()`.
+    pub num_batched_tokens: usize,
+}
+
+impl StepBatch {
+    /// Tokens run in this step, over all sequences.
+    pub fn num_batched_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+
+    /// Logit rows sampled in this step, over all sequences.
+    pub fn num_logits(&self) -> usize {
+        self.seqs.iter().map(|s| s.num_logits).sum()
+    }
+}
+
+/// What one step produced: per sequence of the batch, in order, one sample per logit row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutput {
+    pub samples: Vec<Vec<Sampled>>,
+}
+
+/// How many of `samples` (one per logit row of `seq`) the sequence keeps: each row whose
+/// sample equals the next drafted token accepts it and lets the next row count; the first row
+/// that disagrees (or the last row) ends the run with its own sample. 0 when nothing was
+/// sampled.
+pub fn accepted_len(seq: &SeqStep, samples: &[Sampled]) -> usize {
+    let drafted = seq.drafted();
+    let agreeing = samples.iter().zip(drafted).take_while(|&(s, &d)| s.token == d).count();
+    (agreeing + 1).min(samples.len())
+}
+
+/// Runs forward steps of a model. The engine holds one as `Arc<dyn ModelExecutor>`; the
+/// executor owns the GPU memory behind the KV blocks the tables name.
+pub trait ModelExecutor: Send + Sync {
+    /// Run one step. The executor trusts its input: the engine validated every request at
+    /// submission and the scheduler's tables fit the pool (checked by debug assertions only).
+    fn execute<'a>(&'a self, batch: &'a StepBatch) -> BoxFuture<'a, Result<StepOutput>>;
+    fn vocab_size(&self) -> usize;
+    /// Positions a sequence may reach.
+    fn max_context(&self) -> usize;
+    fn kv_config(&self) -> KvCacheConfig;
+    /// Prove the device still answers (a small round trip); for health checks.
+    fn health_check(&self) -> BoxFuture<'_, Result<()>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(tokens: Vec<u32>, num_logits: usize) -> SeqStep {
+        SeqStep { id: 1, tokens, start_pos: 10, block_table: vec![0], num_logits, sampling: None }
+    }
+
+    fn samples(tokens: &[u32]) -> Vec<Sampled> {
+        tokens.iter().map(|&token| Sampled { token, logprob: 0.0, top_logprobs: Vec::new() }).collect()
+    }
+
+    #[test]
+    fn drafted_tokens_are_the_tail() {
+        assert_eq!(seq(vec![5, 6, 7, 8], 3).drafted(), &[7, 8]);
+        assert!(seq(vec![5], 1).drafted().is_empty());
+        assert!(seq(vec![5, 6], 0).drafted().is_empty());
+        assert_eq!(seq(vec![5, 6], 0).end_pos(), 12);
+    }
+
+    #[test]
+    fn the_accepted_run_ends_at_the_first_disagreement() {
+        // Last known token 5, drafts 6 7 8: rows sample after 5, 6, 7, 8.
+        let s = seq(vec![5, 6, 7, 8], 4);
+        assert_eq!(accepted_len(&s, &samples(&[6, 7, 8, 9])), 4, "all drafts and the bonus token");
+        assert_eq!(accepted_len(&s, &samples(&[6, 3, 8, 9])), 2, "draft 6, then the correction 3");
+        assert_eq!(accepted_len(&s, &samples(&[1, 7, 8, 9])), 1, "only the correction");
+        assert_eq!(accepted_len(&seq(vec![5], 1), &samples(&[2])), 1);
+        assert_eq!(accepted_len(&seq(vec![5, 6], 0), &[]), 0);
+    }
+}
