@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use weft::engine::EngineConfig;
-use weft::engine::api::EngineBuilder;
+use weft::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 use weft::{Result, WeftError};
@@ -132,7 +132,7 @@ fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
             let ids: Vec<u32> = (0..opts.prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
-                max_tokens: opts.gen_len,
+                max_tokens: Some(opts.gen_len),
                 ignore_eos: true,
                 ..Default::default()
             };

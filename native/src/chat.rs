@@ -6,7 +6,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
-use weft::engine::api::EngineBuilder;
+use weft::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
@@ -55,7 +55,7 @@ pub fn run(opts: Options) -> Result<()> {
             _ => {}
         }
         history.push(ChatMessage::user(text));
-        let params = GenerationParams { sampling: opts.sampling.clone(), max_tokens: opts.max_tokens, ..Default::default() };
+        let params = GenerationParams { sampling: opts.sampling.clone(), max_tokens: Some(opts.max_tokens), ..Default::default() };
         let request = InferenceRequest::new(Prompt::Chat(history.clone()), params);
         let result = crate::generate::stream_to_stdout(&engine, request);
         let streamed = match result {

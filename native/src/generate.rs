@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use weft::engine::ContinuousBatchEngine;
-use weft::engine::api::EngineBuilder;
+use weft::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt, Usage};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
@@ -59,7 +59,7 @@ pub fn run(opts: Options) -> Result<()> {
     } else {
         Prompt::Text(opts.prompt)
     };
-    let params = GenerationParams { sampling: opts.sampling, max_tokens: opts.max_tokens, ..Default::default() };
+    let params = GenerationParams { sampling: opts.sampling, max_tokens: Some(opts.max_tokens), ..Default::default() };
     let streamed = stream_to_stdout(&engine, InferenceRequest::new(prompt, params))?;
     eprintln!("{}", speeds("generation", streamed.usage, streamed.started, streamed.first_token_at));
     Ok(())

@@ -25,7 +25,8 @@ use futures::StreamExt;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use serde_json::{Map, Value, json};
-use weft::engine::api::{EngineBuilder, InferenceEngine, LlmInferenceEngine};
+use weft::EngineBuilder;
+use weft::engine::api::{InferenceEngine, LlmInferenceEngine};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::engine::metrics::{EngineMetrics, Histogram};
 use weft::engine::request::StreamChunk;
@@ -188,7 +189,7 @@ async fn handle(state: Shared, body: std::result::Result<Bytes, BytesRejection>,
     let map = parse_body(body)?;
     let engine = ready(&state)?.clone();
     check_model(&state, &map)?;
-    let req = weft::openai::parse_request(&engine, endpoint, &map)?;
+    let req = weft::openai::parse(endpoint, &map)?;
     check_queue(&engine)?;
     generate(state, engine, req).await
 }

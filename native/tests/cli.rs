@@ -75,7 +75,7 @@ fn broken_models_are_named_in_one_line() {
 
     let cases: [(&std::path::Path, &str); 4] = [
         (&corrupt, "not a GGUF file"),
-        (&unsupported, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, BF16, Q8_0, Q4_0, Q4_1"),
+        (&unsupported, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16"),
         (&truncated, "past the end of the file"),
         (&no_config, "config.json"),
     ];

@@ -154,14 +154,7 @@ pub fn permute_rows_for_gguf(w: &[f32], num_heads: usize, head_dim: usize, cols:
 }
 
 fn ggml_type(dtype: DType) -> GgmlType {
-    match dtype {
-        DType::F32 => GgmlType::F32,
-        DType::F16 => GgmlType::F16,
-        DType::Q8_0 => GgmlType::Q8_0,
-        DType::Q4_0 => GgmlType::Q4_0,
-        DType::Q4_1 => GgmlType::Q4_1,
-        DType::U32 => unreachable!("weights are never U32"),
-    }
+    GgmlType::from_u32(dtype.format().expect("weights are never U32").ggml_type)
 }
 
 /// The weights as a GGUF file the way llama.cpp's converter writes a Llama checkpoint: matrices

@@ -20,7 +20,7 @@ use futures::StreamExt;
 use js_sys::{Function, Reflect};
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
-use weft::engine::api::EngineBuilder;
+use weft::EngineBuilder;
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::gpu::{GpuContext, GpuOptions};
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError};
@@ -225,7 +225,7 @@ impl WebEngine {
             return Err(js_error(&OpenAiError::invalid_body(format!("a request with id {id:?} is already running"))));
         }
         let map = weft::openai::parse_body(body.as_bytes()).map_err(|e| js_error(&e))?;
-        let req = weft::openai::parse_request(&self.engine, endpoint, &map).map_err(|e| js_error(&e))?;
+        let req = weft::openai::parse(endpoint, &map).map_err(|e| js_error(&e))?;
         let (seq, stream) = self
             .engine
             .infer_stream_with_id(req.request.clone())
