@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use weft::engine::EngineConfig;
-use weft::engine::api::EngineBuilder;
+use weft::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 
@@ -58,7 +58,7 @@ fn main() -> weft::Result<()> {
                     .collect();
                 let params = GenerationParams {
                     sampling: SamplingParams::greedy(),
-                    max_tokens: gen_len,
+                    max_tokens: Some(gen_len),
                     ignore_eos: true,
                     ..Default::default()
                 };

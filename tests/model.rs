@@ -131,7 +131,7 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     let target = seq(&[9, 8, 7, 6, 5], 0, &[0, 1], 1);
     let alone = weft::rt::block_on(exec.logits(&batch(vec![target.clone()]))).unwrap();
     let others: Vec<SeqStep> = (0..6)
-        .map(|i| seq(&(0..(i * 2 + 1) as u32).collect::<Vec<_>>(), 0, &[10 + 3 * i, 11 + 3 * i, 12 + 3 * i], 1))
+        .map(|i| seq(&(0..(i * 2 + 1)).collect::<Vec<_>>(), 0, &[10 + 3 * i, 11 + 3 * i, 12 + 3 * i], 1))
         .collect();
     let mut seqs = others.clone();
     seqs.insert(3, target.clone());

@@ -1,7 +1,8 @@
 //! Tidy rules that keep the tree consistent, run by plain `cargo test`: every Rust file opens
 //! with a `//!` doc line, no source line ends in whitespace, the portable-code boundaries hold
-//! (`cfg(target_arch)` and blocking polls only in `src/gpu/` and `src/rt.rs`; `wgpu` never in
-//! the scheduler or the KV manager).
+//! (`cfg(target_arch)` and blocking polls only in `src/gpu/` and `src/rt.rs`), and the layering
+//! holds: the engine, KV bookkeeping, host-side sampling and the tokenizer never reach the GPU,
+//! and the library never reaches the binaries built on it.
 
 use std::path::{Path, PathBuf};
 
@@ -69,8 +70,105 @@ fn platform_code_stays_in_gpu_and_rt() {
             assert!(!code.contains("target_arch"), "{rel}: cfg(target_arch) belongs in src/gpu/ or src/rt.rs");
             assert!(!code.contains("PollType"), "{rel}: blocking polls belong in src/gpu/");
         }
-        if rel == "src/engine/scheduler.rs" || rel.starts_with("src/kv/manager") {
-            assert!(!code.contains("wgpu"), "{rel} must stay pure logic");
+    }
+}
+
+/// Every path a file's code names, `use` lines and paths in expressions alike: each run of
+/// identifiers joined by `::` (comments and string literals removed first).
+fn paths_named(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        // Drop string literals, so messages and doc strings may name anything.
+        let mut plain = String::new();
+        let mut in_string = false;
+        let mut prev = ' ';
+        for c in code.chars() {
+            if c == '"' && prev != '\\' {
+                in_string = !in_string;
+            } else if !in_string {
+                plain.push(c);
+            }
+            prev = c;
+        }
+        // `use a::{b, c::d}` names a::b and a::c::d: expand one level of braces.
+        let expanded = match (plain.find("::{"), plain.rfind('}')) {
+            (Some(open), Some(close)) if close > open => {
+                let (head, inner) = (&plain[..open], &plain[open + 3..close]);
+                let root = head.rsplit(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).next().unwrap_or("");
+                inner.split(',').map(|item| format!("{root}::{}", item.trim())).collect::<Vec<_>>().join(" ") + " " + &plain
+            }
+            _ => plain.clone(),
+        };
+        for token in expanded.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+            if token.contains("::") || token == "wgpu" {
+                out.push((number + 1, token.trim_matches(':').to_string()));
+            }
         }
     }
+    out
+}
+
+/// The layering, as imports: `(directory, forbidden path prefixes, why)`.
+const LAYERS: &[(&str, &[&str], &str)] = &[
+    (
+        "src/engine",
+        &["crate::gpu", "wgpu", "crate::model", "crate::builder"],
+        "the engine sees a step::ModelExecutor and plain data, never the GPU or a model",
+    ),
+    ("src/kv", &["crate::gpu", "wgpu", "crate::model", "crate::engine"], "KV bookkeeping is plain data"),
+    (
+        "src/sampling",
+        &["crate::gpu", "wgpu", "crate::model", "crate::engine"],
+        "host-side sampling is plain data; its GPU half is model::sampler",
+    ),
+    ("src/tokenizer", &["crate::gpu", "wgpu", "crate::engine", "crate::model::arch"], "the tokenizer is host-side"),
+    ("src/step.rs", &["crate::gpu", "wgpu", "crate::model", "crate::engine"], "the step contract is plain data"),
+    ("src", &["weft_native", "weft_web", "axum", "tokio", "wasm_bindgen"], "the library never uses its doors"),
+];
+
+/// Where `rel` breaks the layering, as messages.
+fn layering_violations(rel: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (dir, forbidden, why) in LAYERS {
+        if !(rel == *dir || rel.starts_with(&format!("{dir}/"))) {
+            continue;
+        }
+        for (line, path) in paths_named(text) {
+            // The tokenizer reads GGUF metadata, which is plain data.
+            let allowed = path.starts_with("crate::model::gguf");
+            if let Some(bad) = forbidden.iter().find(|f| path == **f || path.starts_with(&format!("{f}::"))) {
+                if !(allowed && bad.starts_with("crate::model")) {
+                    out.push(format!("{rel}:{line}: uses {path}: {why}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_layering_holds() {
+    let mut rs = Vec::new();
+    files(&root().join("src"), ".rs", &mut rs);
+    let mut violations = Vec::new();
+    for path in rs {
+        let rel = path.strip_prefix(root()).unwrap().to_string_lossy().replace('\\', "/");
+        violations.extend(layering_violations(&rel, &std::fs::read_to_string(&path).unwrap()));
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+#[test]
+fn the_layering_check_sees_imports_in_every_form() {
+    let bad = |rel: &str, code: &str| layering_violations(rel, code);
+    assert_eq!(bad("src/engine/x.rs", "use crate::gpu::GpuTensor;").len(), 1);
+    assert_eq!(bad("src/engine/x.rs", "use crate::{gpu::GpuTensor, step::StepBatch};").len(), 1);
+    assert_eq!(bad("src/kv/x.rs", "let d = wgpu::Device::default();").len(), 1);
+    assert_eq!(bad("src/sampling/mod.rs", "    crate::model::sampler::read(&b, &w)").len(), 1);
+    assert_eq!(bad("src/model/x.rs", "use weft_native::serve;").len(), 1);
+    assert!(bad("src/engine/x.rs", "// crate::gpu is not used here").is_empty());
+    assert!(bad("src/engine/x.rs", "let m = \"crate::gpu\";").is_empty());
+    assert!(bad("src/tokenizer/gguf.rs", "use crate::model::gguf::Metadata;").is_empty());
+    assert!(bad("src/model/executor.rs", "use crate::gpu::GpuTensor;").is_empty());
 }

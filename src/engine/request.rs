@@ -18,7 +18,7 @@ pub enum Prompt {
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
 /// Everything about how to continue a prompt.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GenerationParams {
     pub sampling: SamplingParams,
     /// Generate at most this many tokens; `None`: the rest of the context after the prompt, at
@@ -32,19 +32,6 @@ pub struct GenerationParams {
     pub ignore_eos: bool,
     /// Higher runs first when the engine must choose, and is preempted last.
     pub priority: i32,
-}
-
-impl Default for GenerationParams {
-    fn default() -> Self {
-        GenerationParams {
-            sampling: SamplingParams::default(),
-            max_tokens: None,
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            priority: 0,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

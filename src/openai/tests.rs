@@ -407,7 +407,7 @@ fn against_a_tiny_engine() {
     assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "only n=1");
     // Lengths are the engine's to check, with OpenAI's error shape.
     let r = parse(Endpoint::Completion, &completion(json!({"max_tokens": 1000}))).unwrap();
-    let refused = OpenAiError::from_engine(engine.submit(r.request).err().expect("max_tokens 1000 must be refused"));
+    let refused = OpenAiError::from_engine(engine.submit(r.request).expect_err("max_tokens 1000 must be refused"));
     assert_eq!((refused.kind, refused.param.as_deref()), ("invalid_request_error", Some("max_tokens")));
 
     let b = chat(
