@@ -1,8 +1,9 @@
 //! weft: a continuous-batching LLM inference runtime whose compute is WGSL run through wgpu.
 //!
-//! The library compiles natively (Vulkan, Metal, DX12) and to `wasm32-unknown-unknown` (WebGPU).
-//! This crate is the foundation: the GPU context, tensors, the kernel library and plain CPU
-//! references of every kernel. See ARCHITECTURE.md for the map.
+//! The library compiles natively (Vulkan, Metal, DX12) and to `wasm32-unknown-unknown` (WebGPU):
+//! the continuous-batching engine over a step contract (`step`), the models and their GPU
+//! executor, the kernels, the OpenAI protocol, and [`EngineBuilder`], which puts them together.
+//! See ARCHITECTURE.md for the map.
 
 pub mod builder;
 pub mod cpu;

