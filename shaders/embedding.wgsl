@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// embedding: out[t, :] = table[ids[t], :], decoding the table's weight format.
+// embedding: out[t, :] = table[ids[t], :], decoding the table's weight format (also used to
+// gather rows of f32 activations).
 //
 // Bindings (group 0)
-//   0 params  uniform     Params                      mirrors gpu::kernels::embedding::Params
-//   1 ids     read        u32 (num_tokens)            row of the table for each token
-//   2 w       read        u32 (part_rows, row_bytes)  raw rows first_row .. first_row + part_rows
-//   3 out     read_write  f32 (num_tokens, k)
-// Workgroup: 64 invocations; one invocation decodes one 8-element chunk of one token's row,
-// value = d · code + m exactly as quant::dequantize computes it.
+//   0 params  uniform        Params                      mirrors gpu::kernels::embedding::Params
+//   1 ids     read           u32 (num_tokens)            row of the table for each token
+//   2 w       weight_source  raw rows first_row .. first_row + part_rows of one part, starting
+//                            w_base bytes into a texture (0 for a buffer)
+//   3 out     read_write     f32 (num_tokens, k)
+// Workgroup: 64 invocations; one invocation decodes one 32-element block of one token's row
+// (w_block) and writes value = d · q + m exactly as quant::dequantize computes it.
 // Tokens whose id lies outside this part are left to the dispatch of the part that holds them.
-// Grid: (ceil(ceil(k / W_BLOCK) · W_CHUNKS / 64), num_tokens, 1).
+// Grid: (ceil(k / 32 / 64), num_tokens, 1). Requires k % 32 == 0.
 
-#include shared/weight_bytes.wgsl
+#include weight_source
 #include weight_format
 
 struct Params {
@@ -20,33 +22,29 @@ struct Params {
     row_bytes: u32,
     first_row: u32,
     part_rows: u32,
+    w_base: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let blk = gid.x / W_CHUNKS;
-    let c = gid.x % W_CHUNKS;
+    let b = gid.x;
     let t = gid.y;
     let k = params.k;
     let row = ids[t] - params.first_row; // wraps past part_rows when ids[t] < first_row
-    let k0 = blk * W_BLOCK;
-    if (k0 >= k || row >= params.part_rows) {
+    if (b * 32u >= k || row >= params.part_rows) {
         return;
     }
-    let row_byte = row * params.row_bytes;
-    let dm = w_scale(row_byte, blk);
-    let q = w_chunk(row_byte, blk, c, k);
-    for (var half = 0u; half < 2u; half++) {
-        for (var j = 0u; j < 4u; j++) {
-            let e = k0 + w_first(c) + half * W_GAP + j;
-            if (e < k) {
-                out[t * k + e] = dm.x * q[half][j] + dm.y;
-            }
-        }
+    let blk = w_block(params.w_base + row * params.row_bytes + b * W_BLOCK_BYTES);
+    let base = t * k + b * 32u;
+    for (var j = 0u; j < 8u; j++) {
+        let v = blk.dm.x * blk.q[j] + blk.dm.y;
+        out[base + 4u * j] = v.x;
+        out[base + 4u * j + 1u] = v.y;
+        out[base + 4u * j + 2u] = v.z;
+        out[base + 4u * j + 3u] = v.w;
     }
 }

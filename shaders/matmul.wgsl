@@ -1,21 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// matmul: y = x · Wᵀ, f32 activations times a weight matrix in any weight format.
+// matmul: y = x · Wᵀ, f32 activations times weights in any format (formats/*.wgsl), every M.
 //
 // Bindings (group 0)
-//   0 params  uniform     Params                   mirrors gpu::kernels::matmul::Params
-//   1 x       read        f32 (m, k)               activations, row-major
-//   2 w       read        u32 (n_part, row_bytes)  raw rows of one weight part, format in formats/
-//   3 y       read_write  f32 (m, n_total)         columns n_offset .. n_offset + n_part written
-// Workgroup: 64 invocations along n. One invocation computes one output column for TM rows of x.
-// It walks k one weight block at a time; per block it reads the scale once, decodes the codes
-// 8 at a time (two vec4 runs) and keeps, per row, s = Σ code·x (and Σ x for formats with a min),
-// then adds d·s (+ m·Σx) to the row's total. Loops have constant trip counts and the math is
-// vec4, so drivers keep everything in registers (lavapipe is many times slower otherwise).
-// Grid: (ceil(n_part / 64), ceil(m / TM), 1).
-// Batch invariance: y[i, j] is summed in an order fixed by k alone, the same whatever m is and
-// whichever slot of a tile row i lands in; no reduction crosses invocations.
+//   0 params  uniform     Params                     mirrors gpu::kernels::matmul::Params
+//   1 x       x_source    f32 (m, k)                 storage buffer, or (CPU drivers) a 64 KiB
+//                                                    uniform window of whole rows
+//   2 w       weight_source  raw bytes of one part   storage buffer, or (CPU drivers) an
+//                                                    rgba32uint texture holding the same bytes,
+//                                                    the part starting w_base bytes into it
+//   3 y       read_write  f32 (y_row0 + m, n_total)  columns n_offset .. n_offset + n_part
+// Tile constants (text-substituted when the variant is composed):
+//   WG  invocations per workgroup (8 on CPU drivers: one SIMD group of llvmpipe)
+//   TN  output columns per invocation     TM  rows of x per invocation (1 for m <= 2, else 4)
+// Workgroup: WG invocations; invocation i of workgroup (gx, gy) computes the TM x TN outputs in
+//   rows gy*TM + r and columns gx*WG*TN + j*WG + i (r < TM, j < TN). Per 32-element block it
+//   loads the TM x-blocks once (workgroup-uniform loads), decodes each of its TN weight blocks
+//   once (w_block) and applies each to all TM rows.
+// Grid: (ceil(n_part / (WG*TN)), ceil(m / TM), 1); with a uniform x window, one dispatch per
+//   window of rows (params.m = rows in it, params.y_row0 = its first row).
+// Requires k % 32 == 0.
+// Batch invariance: y[i, c] = fold over blocks b = 0, 1, ... of block_acc(acc, dm_b,
+//   block_dot(q_b, x_b), sum(x_b)) with the fixed fma/add tree of shared/block_recipe.wgsl. That
+//   order depends only on k: not on m, the tile, which slot row i lands in, nor the weight or x
+//   source. Rows past m are clamped (computed and discarded), never branched on.
 
-#include shared/weight_bytes.wgsl
+#include shared/block_recipe.wgsl
+#include weight_source
+#include x_source
 #include weight_format
 
 struct Params {
@@ -25,74 +36,58 @@ struct Params {
     n_offset: u32,
     n_total: u32,
     row_bytes: u32,
+    y_row0: u32,
+    w_base: u32,
 }
 
-const WG: u32 = 64u;
-const TM: u32 = 4u;
+const WG: u32 = {{WG}}u;
+const TN: u32 = {{TN}}u;
+const TM: u32 = {{TM}}u;
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-// Four consecutive activations from element i; where `check`, those at or past `limit` are 0.
-fn x4(i: u32, check: bool, limit: u32) -> vec4<f32> {
-    let v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-    if (!check) {
-        return v;
-    }
-    return select(vec4<f32>(0.0), v, vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(limit));
-}
-
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let col = gid.x;
-    if (col >= params.n_part) {
-        return;
-    }
-    let k = params.k;
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let k4 = params.k / 4u;
+    let nb = params.k / 32u;
     let m0 = wid.y * TM;
-    let row_byte = col * params.row_bytes;
-    var acc: array<f32, TM>;
-    // Per-block sums, zeroed by hand each block: naga's WGSL output (what browsers get) declares
-    // every local once per function, so a `var` inside the loop would not restart at zero there.
-    var s: array<f32, TM>;
+    // Byte offset of each owned weight row (clamped: out-of-range columns recompute the last).
+    var rowb: array<u32, TN>;
+    for (var j = 0u; j < TN; j++) {
+        rowb[j] = params.w_base + min(wid.x * (WG * TN) + j * WG + lid.x, params.n_part - 1u) * params.row_bytes;
+    }
+    var xrow: array<u32, TM>;
+    for (var r = 0u; r < TM; r++) {
+        xrow[r] = min(m0 + r, params.m - 1u) * k4;
+    }
+    var acc: array<f32, TM * TN>;
+    for (var i = 0u; i < TM * TN; i++) {
+        acc[i] = 0.0;
+    }
+    // Fully rewritten every block before use (safe under naga's hoisting of locals).
+    var xb: array<array<vec4<f32>, 8>, TM>;
     var sx: array<f32, TM>;
-    let num_blocks = (k + W_BLOCK - 1u) / W_BLOCK;
-    for (var blk = 0u; blk < num_blocks; blk++) {
-        let k0 = blk * W_BLOCK;
-        let partial = k0 + W_BLOCK > k; // only a float format's last block can be partial
-        let dm = w_scale(row_byte, blk);
+    for (var b = 0u; b < nb; b++) {
         for (var r = 0u; r < TM; r++) {
-            s[r] = 0.0;
-            sx[r] = 0.0;
-        }
-        for (var c = 0u; c < W_CHUNKS; c++) {
-            let q = w_chunk(row_byte, blk, c, k);
-            let e = k0 + w_first(c);
-            for (var r = 0u; r < TM; r++) {
-                if (m0 + r < params.m) {
-                    let row = (m0 + r) * k;
-                    let lo = x4(row + e, partial, row + k);
-                    let hi = x4(row + e + W_GAP, partial, row + k);
-                    s[r] += dot(q[0], lo) + dot(q[1], hi);
-                    if (W_HAS_MIN) {
-                        sx[r] += dot(lo + hi, vec4<f32>(1.0));
-                    }
-                }
+            for (var j = 0u; j < 8u; j++) {
+                xb[r][j] = xload(xrow[r] + b * 8u + j);
             }
+            sx[r] = block_sum(xb[r]);
         }
-        for (var r = 0u; r < TM; r++) {
-            if (W_HAS_MIN) {
-                acc[r] += dm.x * s[r] + dm.y * sx[r];
-            } else {
-                acc[r] += dm.x * s[r];
+        for (var j = 0u; j < TN; j++) {
+            let blk = w_block(rowb[j] + b * W_BLOCK_BYTES);
+            for (var r = 0u; r < TM; r++) {
+                acc[r * TN + j] = block_acc(acc[r * TN + j], blk.dm, block_dot(blk.q, xb[r]), sx[r]);
             }
         }
     }
     for (var r = 0u; r < TM; r++) {
-        if (m0 + r < params.m) {
-            y[(m0 + r) * params.n_total + params.n_offset + col] = acc[r];
+        for (var j = 0u; j < TN; j++) {
+            let col = wid.x * (WG * TN) + j * WG + lid.x;
+            if (col < params.n_part && m0 + r < params.m) {
+                y[(params.y_row0 + m0 + r) * params.n_total + params.n_offset + col] = acc[r * TN + j];
+            }
         }
     }
 }

@@ -13,6 +13,13 @@ pub trait TensorFactory: Send + Sync {
     /// Upload raw bytes laid out as `dtype` (block formats as their GGUF blocks).
     fn upload(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor>;
 
+    /// Upload a weight matrix or embedding table: like [`upload`](Self::upload), but the
+    /// factory may keep it where its device's weight kernels read fastest (a texture on CPU
+    /// drivers).
+    fn upload_weight(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
+        self.upload(shape, dtype, bytes)
+    }
+
     /// A tensor of zero bytes (all-zero floats).
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor>;
 

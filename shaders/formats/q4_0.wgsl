@@ -1,29 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight format Q4_0 (ggml block_q4_0, 18 bytes): d: f16, then 16 bytes of nibbles. Byte i holds
-// element i (low nibble) and element i + 16 (high nibble); x = d * (nibble - 8).
-// Four chunks, one per 4-byte word: chunk c holds elements 4c .. 4c + 3 and 4c + 16 .. 4c + 19.
-//
-// The block interface every format gives the weight kernels:
-//   W_BLOCK, W_CHUNKS  elements per block, 8-code chunks per block
-//   W_HAS_MIN          whether values are d·code + m (else d·code)
-//   w_scale(row_byte, blk) -> (d, m) of block blk of the row starting at byte row_byte
-//   w_chunk(row_byte, blk, c, k) -> the 8 codes of chunk c as two vec4 runs of consecutive
-//                      elements, starting at w_first(c) and w_first(c) + W_GAP in the block
-const W_BLOCK: u32 = 32u;
-const W_CHUNKS: u32 = 4u;
+// Q4_0 (ggml block_q4_0, 18 bytes): d f16, 16 bytes of nibbles as Q4_1; value = d * (q - 8).
+// A block starts on a word or mid-word (2-byte aligned); both cases read the same 5 words and
+// pick with select (no divergent branch).
+const W_BLOCK_BYTES: u32 = 18u;
 const W_HAS_MIN: bool = false;
 
-fn w_scale(row_byte: u32, blk: u32) -> vec2<f32> {
-    return vec2<f32>(half_to_f32(w_u16(row_byte + blk * 18u)), 0.0);
+struct WBlock {
+    dm: vec2<f32>,
+    q: array<vec4<f32>, 8>,
 }
 
-fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> mat2x4<f32> {
-    let bytes = vec4<u32>(w_u32(row_byte + blk * 18u + 2u + 4u * c)) >> vec4<u32>(0u, 8u, 16u, 24u);
-    return mat2x4<f32>(vec4<f32>(bytes & vec4<u32>(0xfu)) - 8.0, vec4<f32>((bytes >> vec4<u32>(4u)) & vec4<u32>(0xfu)) - 8.0);
+fn nib_lo(v: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)) - 8.0;
 }
 
-fn w_first(c: u32) -> u32 {
-    return 4u * c;
+fn nib_hi(v: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u)) - 8.0;
 }
 
-const W_GAP: u32 = 16u;
+fn w_block(byte: u32) -> WBlock {
+    let mid = (byte & 2u) != 0u;
+    let s = wspan5(byte >> 2u);
+    let c0 = select((s[0] >> 16u) | (s[1] << 16u), s[1], mid);
+    let c1 = select((s[1] >> 16u) | (s[2] << 16u), s[2], mid);
+    let c2 = select((s[2] >> 16u) | (s[3] << 16u), s[3], mid);
+    let c3 = select((s[3] >> 16u) | (s[4] << 16u), s[4], mid);
+    let d = unpack2x16float(select(s[0], s[0] >> 16u, mid)).x;
+    return WBlock(vec2<f32>(d, 0.0), array<vec4<f32>, 8>(
+        nib_lo(c0), nib_lo(c1), nib_lo(c2), nib_lo(c3),
+        nib_hi(c0), nib_hi(c1), nib_hi(c2), nib_hi(c3)));
+}

@@ -1,27 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-// Weight format Q8_0 (ggml block_q8_0, 34 bytes): d: f16, then 32 signed bytes; x = d * q.
-// Four chunks of 8 codes: chunk c holds elements 8c .. 8c + 7.
-const W_BLOCK: u32 = 32u;
-const W_CHUNKS: u32 = 4u;
+// Q8_0 (ggml block_q8_0, 34 bytes): d f16, 32 signed bytes; value = d * q. A block starts on a
+// word or mid-word; both cases read the same 9 words and pick with select.
+const W_BLOCK_BYTES: u32 = 34u;
 const W_HAS_MIN: bool = false;
 
-fn w_scale(row_byte: u32, blk: u32) -> vec2<f32> {
-    return vec2<f32>(half_to_f32(w_u16(row_byte + blk * 34u)), 0.0);
+struct WBlock {
+    dm: vec2<f32>,
+    q: array<vec4<f32>, 8>,
 }
 
-// Four signed bytes of a word, sign-extended: shift each to the top, then arithmetic-shift down.
 fn signed_bytes(word: u32) -> vec4<f32> {
-    let up = vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u);
-    return vec4<f32>(bitcast<vec4<i32>>(up) >> vec4<u32>(24u));
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-fn w_chunk(row_byte: u32, blk: u32, c: u32, k: u32) -> mat2x4<f32> {
-    let b = row_byte + blk * 34u + 2u + 8u * c;
-    return mat2x4<f32>(signed_bytes(w_u32(b)), signed_bytes(w_u32(b + 4u)));
+fn w_block(byte: u32) -> WBlock {
+    let mid = (byte & 2u) != 0u;
+    let s = wspan9(byte >> 2u);
+    let c0 = select((s[0] >> 16u) | (s[1] << 16u), s[1], mid);
+    let c1 = select((s[1] >> 16u) | (s[2] << 16u), s[2], mid);
+    let c2 = select((s[2] >> 16u) | (s[3] << 16u), s[3], mid);
+    let c3 = select((s[3] >> 16u) | (s[4] << 16u), s[4], mid);
+    let c4 = select((s[4] >> 16u) | (s[5] << 16u), s[5], mid);
+    let c5 = select((s[5] >> 16u) | (s[6] << 16u), s[6], mid);
+    let c6 = select((s[6] >> 16u) | (s[7] << 16u), s[7], mid);
+    let c7 = select((s[7] >> 16u) | (s[8] << 16u), s[8], mid);
+    let d = unpack2x16float(select(s[0], s[0] >> 16u, mid)).x;
+    return WBlock(vec2<f32>(d, 0.0), array<vec4<f32>, 8>(
+        signed_bytes(c0), signed_bytes(c1), signed_bytes(c2), signed_bytes(c3),
+        signed_bytes(c4), signed_bytes(c5), signed_bytes(c6), signed_bytes(c7)));
 }
-
-fn w_first(c: u32) -> u32 {
-    return 8u * c;
-}
-
-const W_GAP: u32 = 4u;

@@ -1,5 +1,6 @@
 //! Opening the GPU: instance, adapter choice, device with the adapter's real limits.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
@@ -13,6 +14,54 @@ pub struct GpuOptions {
     pub max_binding_bytes: Option<u64>,
     /// Use only core WebGPU even where the adapter offers more (shader-f16, subgroups).
     pub baseline_only: bool,
+    /// Force a family of kernel variants instead of the adapter's own choice.
+    pub kernels: Option<KernelFamily>,
+}
+
+/// Which kernel variants a device runs. Every family computes the same numbers to within
+/// rounding and is batch invariant; they differ in how they read memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelFamily {
+    /// Core WebGPU and storage buffers only: what a browser without extensions runs, and what
+    /// GPUs run.
+    Baseline,
+    /// For drivers that run on the CPU (lavapipe, SwiftShader): weights in textures and matmul
+    /// activations in uniform windows, which such drivers load vectorized where they load
+    /// storage buffers lane by lane; one 8-lane SIMD group per workgroup.
+    Cpu,
+}
+
+impl KernelFamily {
+    /// `baseline` or `cpu` (what `WEFT_KERNELS` takes).
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "baseline" => Ok(KernelFamily::Baseline),
+            "cpu" => Ok(KernelFamily::Cpu),
+            other => Err(WeftError::Unsupported(format!("unknown kernel family {other:?}; use baseline or cpu"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Baseline => "baseline",
+            KernelFamily::Cpu => "cpu",
+        }
+    }
+}
+
+/// How many GPU objects a context has created: a warm engine step creates none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Creations {
+    pub buffers: u64,
+    pub textures: u64,
+    pub bind_groups: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct CreationCounters {
+    pub buffers: AtomicU64,
+    pub textures: AtomicU64,
+    pub bind_groups: AtomicU64,
 }
 
 /// Optional adapter features weft knows how to use. Every kernel has a path that needs none.
@@ -34,6 +83,8 @@ pub struct GpuContext {
     limits: wgpu::Limits,
     max_binding_bytes: u64,
     pub(crate) pipelines: PipelineCache,
+    family: KernelFamily,
+    pub(crate) creations: CreationCounters,
     /// The first error wgpu raised outside any error scope (e.g. a shader that failed to
     /// compile when its pipeline was built); reported with the next failed submission.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -104,7 +155,13 @@ impl GpuContext {
             .or_else(|| std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok()));
         // Bindings must be 4-byte multiples, so the cap is rounded down to one.
         let max_binding_bytes = requested_cap.map_or(device_cap, |c| c.min(device_cap)) & !3;
-        tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, "GPU opened");
+        let family = match (options.kernels, std::env::var("WEFT_KERNELS")) {
+            (Some(family), _) => family,
+            (None, Ok(name)) => KernelFamily::parse(&name)?,
+            (None, Err(_)) if info.device_type == wgpu::DeviceType::Cpu => KernelFamily::Cpu,
+            (None, Err(_)) => KernelFamily::Baseline,
+        };
+        tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, kernels = family.name(), "GPU opened");
         Ok(Arc::new(GpuContext {
             device,
             queue,
@@ -113,6 +170,8 @@ impl GpuContext {
             limits,
             max_binding_bytes,
             pipelines: PipelineCache::default(),
+            family,
+            creations: CreationCounters::default(),
             uncaptured,
         }))
     }
@@ -129,6 +188,27 @@ impl GpuContext {
         &self.limits
     }
 
+    /// The kernel variants this device runs.
+    pub fn kernel_family(&self) -> KernelFamily {
+        self.family
+    }
+
+    /// Buffers, textures and bind groups created so far (a warm engine step adds none).
+    pub fn creations(&self) -> Creations {
+        let c = &self.creations;
+        Creations {
+            buffers: c.buffers.load(Ordering::Relaxed),
+            textures: c.textures.load(Ordering::Relaxed),
+            bind_groups: c.bind_groups.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Make a buffer, counted in [`creations`](Self::creations).
+    pub(crate) fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        self.creations.buffers.fetch_add(1, Ordering::Relaxed);
+        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+    }
+
     /// Largest byte span of one storage binding; tensors above it are split by rows.
     pub fn max_binding_bytes(&self) -> u64 {
         self.max_binding_bytes
@@ -141,6 +221,7 @@ impl GpuContext {
         format!(
             "adapter: {} ({:?}, {:?}, driver {} {})\n\
              features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
+             kernels: {}\n\
              limits: storage binding {} MiB, buffer {} MiB, workgroup {} invocations, \
              workgroup memory {} KiB, {} storage buffers per stage",
             self.info.name,
@@ -153,6 +234,7 @@ impl GpuContext {
             f.subgroup_min_size,
             f.subgroup_max_size,
             f.timestamp_query,
+            self.family.name(),
             l.max_storage_buffer_binding_size >> 20,
             l.max_buffer_size >> 20,
             l.max_compute_invocations_per_workgroup,
@@ -166,7 +248,7 @@ impl GpuContext {
     /// so the web build does this while loading: the cost and any rejection come before the
     /// first request instead of inside it. Returns how many variants there are.
     pub async fn compile_all_shaders(&self) -> Result<usize> {
-        let variants = crate::gpu::pipelines::shader_variants();
+        let variants = self.own_shader_variants();
         for &variant in &variants {
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
             self.pipelines.get(&self.device, variant)?;
@@ -178,6 +260,19 @@ impl GpuContext {
             }
         }
         Ok(variants.len())
+    }
+
+    /// The shader variants this device's kernel family can dispatch.
+    pub fn own_shader_variants(&self) -> Vec<crate::gpu::ShaderVariant> {
+        use crate::gpu::pipelines::{WeightSource, XSource};
+        let cpu = self.family == KernelFamily::Cpu;
+        let own = |v: &crate::gpu::ShaderVariant| match (v.weight, cpu) {
+            (None, _) => true,
+            // CPU drivers also read activations (stored in buffers) as embedding tables.
+            (Some(_), true) => v.tile == [0; 3] || v.tile[0] == 8,
+            (Some(_), false) => v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage && v.tile[0] != 8,
+        };
+        crate::gpu::pipelines::shader_variants().into_iter().filter(own).collect()
     }
 
     /// The error wgpu raised outside a scope since the last call, if any.

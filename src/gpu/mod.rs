@@ -12,7 +12,10 @@ mod tensor;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::open_or_skip;
-pub use context::{GpuContext, GpuFeatures, GpuOptions};
-pub use pipelines::{ShaderVariant, compose_shader, embedded_shader_files, shader_variants};
+pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
+pub use pipelines::{
+    BindingKind, ShaderVariant, WeightSource, XSource, binding_kinds, compose_shader, embedded_shader_files,
+    shader_variants,
+};
 pub use recording::{Dispatch, Recording};
-pub use tensor::{GpuTensor, GpuTensorFactory, TensorPart};
+pub use tensor::{GpuTensor, GpuTensorFactory, TEXTURE_WIDTH, TensorPart};

@@ -1,10 +1,16 @@
-//! WGSL sources, their `#include` composition, and the cache of compiled compute pipelines.
+//! WGSL sources, the variants composed from them, and the cache of compiled compute pipelines.
 //!
 //! Kernels live in `shaders/*.wgsl`. A line `#include shared/NAME.wgsl` pastes a shared file
-//! (includes nest); the line `#include weight_format` pastes `shaders/formats/<dtype>.wgsl`, which gives the kernel a
-//! `w_block` decoder for one weight format. That is how one matmul source serves every format
-//! instead of five copies. Bind-group layouts are derived from the WGSL by wgpu (`layout: None`),
-//! never written by hand.
+//! (includes nest). Three includes are chosen by the variant: `#include weight_format` pastes
+//! `shaders/formats/<dtype>.wgsl` (the `w_block` decoder of one weight format), `#include
+//! weight_source` pastes where the weight bytes are read from (a storage buffer, or the texture
+//! CPU drivers read faster), and `#include x_source` where a matmul's activations come from (a
+//! storage buffer, or 64 KiB uniform windows). Tile sizes are substituted for `{{WG}}`,
+//! `{{TN}}` and `{{TM}}`. That is how one matmul source serves every format and adapter.
+//!
+//! Bind-group layouts are read from the composed WGSL's binding declarations
+//! ([`binding_kinds`]), not written by hand; every uniform binding takes a dynamic offset, so a
+//! kernel's parameters and a matmul's activation window move without new bind groups.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -31,11 +37,14 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
-    ("shared/float_weights.wgsl", include_str!("../../shaders/shared/float_weights.wgsl")),
-    ("shared/weight_bytes.wgsl", include_str!("../../shaders/shared/weight_bytes.wgsl")),
+    ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
+    ("shared/weight_storage.wgsl", include_str!("../../shaders/shared/weight_storage.wgsl")),
+    ("shared/weight_texture.wgsl", include_str!("../../shaders/shared/weight_texture.wgsl")),
+    ("shared/x_storage.wgsl", include_str!("../../shaders/shared/x_storage.wgsl")),
+    ("shared/x_uniform.wgsl", include_str!("../../shaders/shared/x_uniform.wgsl")),
 ];
 
-/// Kernels that are compiled once per weight format.
+/// Kernels that read weights (compiled once per weight format and weight source).
 const WEIGHT_KERNELS: &[&str] = &["matmul", "embedding"];
 
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).
@@ -43,35 +52,119 @@ pub fn embedded_shader_files() -> impl Iterator<Item = &'static str> {
     SOURCES.iter().map(|(path, _)| *path)
 }
 
-/// One compilable shader: a kernel, and for weight kernels the weight format it decodes.
+/// Where a weight kernel reads the weight bytes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightSource {
+    /// A storage buffer: portable, and what GPUs want.
+    Storage,
+    /// The same bytes in an rgba32uint texture: CPU drivers fetch texels vectorized, where they
+    /// load storage buffers lane by lane.
+    Texture,
+}
+
+/// Where a matmul reads its activations from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum XSource {
+    /// A storage buffer: any number of rows in one dispatch.
+    Storage,
+    /// 64 KiB uniform windows of whole rows, one dispatch per window: a workgroup-uniform
+    /// uniform load is one scalar load and a broadcast on CPU drivers.
+    Uniform,
+}
+
+/// Bytes of one uniform activation window (the core WebGPU uniform binding limit).
+pub const X_WINDOW_BYTES: u64 = 65536;
+
+/// One compilable shader: a kernel, and for the kernels that read weights the format, where
+/// the weights and activations come from and the tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ShaderVariant {
     pub kernel: &'static str,
     pub weight: Option<DType>,
+    pub weights_in: WeightSource,
+    pub x_in: XSource,
+    /// (WG, TN, TM) of a matmul: invocations per workgroup, columns and rows per invocation.
+    pub tile: [u16; 3],
+}
+
+impl ShaderVariant {
+    /// A kernel with no variants.
+    pub fn plain(kernel: &'static str) -> Self {
+        ShaderVariant { kernel, weight: None, weights_in: WeightSource::Storage, x_in: XSource::Storage, tile: [0; 3] }
+    }
+
+    /// A kernel that reads weights of `dtype` from `source`.
+    pub fn weights(kernel: &'static str, dtype: DType, source: WeightSource) -> Self {
+        ShaderVariant { weight: Some(dtype), weights_in: source, ..Self::plain(kernel) }
+    }
 }
 
 impl std::fmt::Display for ShaderVariant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.weight {
-            Some(dtype) => write!(f, "{}[{dtype}]", self.kernel),
-            None => f.write_str(self.kernel),
+        f.write_str(self.kernel)?;
+        if let Some(dtype) = self.weight {
+            let source = if self.weights_in == WeightSource::Texture { ",texture" } else { "" };
+            write!(f, "[{dtype}{source}")?;
+            if self.tile != [0; 3] {
+                let x = if self.x_in == XSource::Uniform { ",x-uniform" } else { "" };
+                write!(f, "{x},{}x{}x{}", self.tile[0], self.tile[1], self.tile[2])?;
+            }
+            f.write_str("]")?;
         }
+        Ok(())
+    }
+}
+
+/// The matmul tiles weft dispatches: (WG, TN, TM) for (few, many) rows, for narrow and wide
+/// outputs, per family of adapters. Measured on lavapipe (benches/kernels.rs): one 8-lane SIMD
+/// group per workgroup, 16 columns per lane where the output is wide, and 4 rows per lane only
+/// when there are rows to share (more spill registers on llvmpipe).
+pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
+    let tm = if m <= 2 { 1 } else { 4 };
+    if cpu_driver {
+        [8, if n >= 512 { 16 } else { 8 }, tm]
+    } else {
+        [64, 2, tm]
     }
 }
 
 /// Every shader variant the library can compile.
 pub fn shader_variants() -> Vec<ShaderVariant> {
-    SOURCES
-        .iter()
-        .filter_map(|(path, _)| path.strip_suffix(".wgsl").filter(|p| !p.contains('/')))
-        .flat_map(|kernel| {
-            if WEIGHT_KERNELS.contains(&kernel) {
-                DType::WEIGHTS.iter().map(|&d| ShaderVariant { kernel, weight: Some(d) }).collect()
-            } else {
-                vec![ShaderVariant { kernel, weight: None }]
+    let mut out = Vec::new();
+    for (path, _) in SOURCES {
+        let Some(kernel) = path.strip_suffix(".wgsl").filter(|p| !p.contains('/')) else { continue };
+        if !WEIGHT_KERNELS.contains(&kernel) {
+            out.push(ShaderVariant::plain(kernel));
+            continue;
+        }
+        for dtype in DType::WEIGHTS {
+            for source in [WeightSource::Storage, WeightSource::Texture] {
+                let base = ShaderVariant::weights(kernel, dtype, source);
+                if kernel != "matmul" {
+                    out.push(base);
+                    continue;
+                }
+                // GPUs read weights and activations from buffers; CPU drivers read either.
+                for cpu_driver in [false, true] {
+                    if !cpu_driver && source == WeightSource::Texture {
+                        continue;
+                    }
+                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512)] {
+                        let tile = matmul_tile(cpu_driver, m, n);
+                        let x_sources: &[XSource] =
+                            if cpu_driver { &[XSource::Storage, XSource::Uniform] } else { &[XSource::Storage] };
+                        for &x_in in x_sources {
+                            let v = ShaderVariant { tile, x_in, ..base };
+                            if !out.contains(&v) {
+                                out.push(v);
+                            }
+                        }
+                    }
+                }
             }
-        })
-        .collect()
+        }
+    }
+    out
 }
 
 fn source(path: &str) -> Result<&'static str> {
@@ -82,11 +175,12 @@ fn source(path: &str) -> Result<&'static str> {
         .ok_or_else(|| WeftError::Unsupported(format!("no shader file {path}")))
 }
 
-/// The full WGSL text of a variant, with its includes resolved.
+/// The full WGSL text of a variant, with its includes resolved and its tile substituted.
 pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut out = String::new();
     expand(&format!("{}.wgsl", variant.kernel), variant, &mut out)?;
-    Ok(out)
+    let [wg, tn, tm] = variant.tile;
+    Ok(out.replace("{{WG}}", &wg.to_string()).replace("{{TN}}", &tn.to_string()).replace("{{TM}}", &tm.to_string()))
 }
 
 fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
@@ -98,6 +192,20 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
                 })?;
                 expand(&format!("formats/{}.wgsl", dtype.name().to_lowercase()), variant, out)?;
             }
+            Some("weight_source") => {
+                let file = match variant.weights_in {
+                    WeightSource::Storage => "shared/weight_storage.wgsl",
+                    WeightSource::Texture => "shared/weight_texture.wgsl",
+                };
+                expand(file, variant, out)?;
+            }
+            Some("x_source") => {
+                let file = match variant.x_in {
+                    XSource::Storage => "shared/x_storage.wgsl",
+                    XSource::Uniform => "shared/x_uniform.wgsl",
+                };
+                expand(file, variant, out)?;
+            }
             Some(included) => expand(included.trim(), variant, out)?,
             None => out.push_str(line),
         }
@@ -106,23 +214,106 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// What one binding of a kernel is, as its WGSL declaration says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    /// `var<uniform>`: bound with a dynamic offset.
+    Uniform,
+    /// `var<storage, read>`.
+    StorageRead,
+    /// `var<storage, read_write>`.
+    StorageReadWrite,
+    /// `texture_2d<u32>`.
+    TextureU32,
+}
+
+/// The group-0 bindings a composed kernel declares, in binding order. Kernels declare each
+/// binding on one line (`@group(0) @binding(N) var<...> name: type;`).
+pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
+    let mut found: Vec<(u32, BindingKind)> = Vec::new();
+    for line in wgsl.lines() {
+        let Some(rest) = line.trim().strip_prefix("@group(0) @binding(") else { continue };
+        let bad = || WeftError::Unsupported(format!("cannot read the binding declaration {line:?}"));
+        let (index, decl) = rest.split_once(')').ok_or_else(bad)?;
+        let index: u32 = index.parse().map_err(|_| bad())?;
+        let decl = decl.trim();
+        let kind = if decl.starts_with("var<uniform>") {
+            BindingKind::Uniform
+        } else if decl.starts_with("var<storage, read_write>") {
+            BindingKind::StorageReadWrite
+        } else if decl.starts_with("var<storage, read>") {
+            BindingKind::StorageRead
+        } else if decl.starts_with("var ") && decl.contains("texture_2d<u32>") {
+            BindingKind::TextureU32
+        } else {
+            return Err(bad());
+        };
+        found.push((index, kind));
+    }
+    found.sort_by_key(|(i, _)| *i);
+    if found.iter().enumerate().any(|(i, (b, _))| *b != i as u32) {
+        return Err(WeftError::Unsupported(format!("bindings are not numbered 0, 1, 2, …: {found:?}")));
+    }
+    Ok(found.into_iter().map(|(_, k)| k).collect())
+}
+
+/// A compiled kernel: its pipeline, bind-group layout and binding kinds.
+#[derive(Clone, Debug)]
+pub(crate) struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    pub kinds: Vec<BindingKind>,
+}
+
 /// Compiled pipelines, built on first use and kept for the life of the device.
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    pipelines: Mutex<HashMap<ShaderVariant, wgpu::ComputePipeline>>,
+    pipelines: Mutex<HashMap<ShaderVariant, Pipeline>>,
 }
 
 impl PipelineCache {
-    pub(crate) fn get(&self, device: &wgpu::Device, variant: ShaderVariant) -> Result<wgpu::ComputePipeline> {
+    pub(crate) fn get(&self, device: &wgpu::Device, variant: ShaderVariant) -> Result<Pipeline> {
         let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pipelines.get(&variant) {
             return Ok(p.clone());
         }
         let label = variant.to_string();
-        let desc = wgpu::ShaderModuleDescriptor {
+        let wgsl = compose_shader(variant)?;
+        let kinds = binding_kinds(&wgsl)?;
+        let entries: Vec<wgpu::BindGroupLayoutEntry> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: match kind {
+                    BindingKind::Uniform => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: true,
+                        min_binding_size: None,
+                    },
+                    BindingKind::StorageRead | BindingKind::StorageReadWrite => wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only: *kind == BindingKind::StorageRead },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    BindingKind::TextureU32 => wgpu::BindingType::Texture {
+                        sample_type: wgpu::TextureSampleType::Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                        multisampled: false,
+                    },
+                },
+                count: None,
+            })
+            .collect();
+        let layout =
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(compose_shader(variant)?.into()),
-        };
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
         // Bounds checks stay on. The one check turned off is the iteration counter wgpu adds to
         // every loop against infinite loops: it hides constant trip counts from the driver,
         // which then cannot unroll the decode loops (on lavapipe the matmul ran 2x slower).
@@ -134,13 +325,14 @@ impl PipelineCache {
         let module = unsafe { device.create_shader_module_trusted(desc, checks) };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
-            layout: None,
+            layout: Some(&pipeline_layout),
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
             cache: None,
         });
-        pipelines.insert(variant, pipeline.clone());
-        Ok(pipeline)
+        let compiled = Pipeline { pipeline, layout, kinds };
+        pipelines.insert(variant, compiled.clone());
+        Ok(compiled)
     }
 }

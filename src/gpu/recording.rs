@@ -1,38 +1,77 @@
 //! Recording dispatches and submitting them to the GPU as one command buffer.
 //!
-//! Kernel functions in `kernels/` only build [`Dispatch`]es (pipeline + bind group + grid) and
-//! push them onto a [`Recording`]; [`GpuContext::submit`] is the one place that encodes and
-//! submits. A recording holds its bind groups, so submitting it again reruns the same work
-//! without creating anything.
+//! Kernel functions in `kernels/` only describe [`Dispatch`]es (pipeline, the resources to
+//! bind, parameters, grid) and push them onto a [`Recording`]; [`GpuContext::submit`] is the
+//! one place that encodes and submits. A recording is also an arena that outlives its
+//! dispatches: every kernel's parameters go into one uniform buffer the recording owns (each
+//! dispatch binds its slot with a dynamic offset), bind groups are cached by what they bind,
+//! and the readback staging buffer is kept. An executor that clears and refills the same
+//! recording every step over the same tensors therefore creates nothing once warm
+//! ([`GpuContext::creations`] counts what is created).
 
-use wgpu::util::DeviceExt;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuContext;
-use crate::gpu::pipelines::ShaderVariant;
+use crate::gpu::pipelines::{BindingKind, Pipeline, ShaderVariant, X_WINDOW_BYTES};
 
-/// One compute dispatch, ready to record.
+/// What a dispatch binds at one binding: plain handles, so a bind group can be looked up by
+/// them (wgpu resources compare and hash by identity).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Resource {
+    /// A storage buffer from this byte offset to its end (kernels take their extents from their
+    /// parameters, so one binding serves every batch size).
+    Buffer(wgpu::Buffer, u64),
+    /// A weight texture.
+    Texture(wgpu::TextureView),
+    /// A uniform window of [`X_WINDOW_BYTES`] over a buffer; where it starts is the dispatch's
+    /// dynamic offset.
+    Window(wgpu::Buffer),
+}
+
+/// One compute dispatch, ready to encode.
 #[derive(Debug)]
 pub struct Dispatch {
     variant: ShaderVariant,
-    pipeline: wgpu::ComputePipeline,
-    bind_group: wgpu::BindGroup,
+    pipeline: Pipeline,
+    resources: Vec<Resource>,
+    /// Byte offset of this dispatch's parameters in the recording's uniform buffer.
+    params_offset: u32,
+    /// Byte offset of the uniform activation window, for kernels that bind one.
+    window_offset: Option<u32>,
     workgroups: [u32; 3],
 }
 
-/// An ordered list of dispatches that run as one submission.
+/// What a recording keeps between uses.
+#[derive(Debug, Default)]
+struct Arena {
+    params_buffer: Option<wgpu::Buffer>,
+    bind_groups: HashMap<(ShaderVariant, Vec<Resource>), wgpu::BindGroup>,
+    staging: Option<wgpu::Buffer>,
+}
+
+/// An ordered list of dispatches that run as one submission, and the arena they live in.
 #[derive(Debug, Default)]
 pub struct Recording {
     dispatches: Vec<Dispatch>,
+    params: Vec<u8>,
+    arena: Mutex<Arena>,
 }
+
+/// Bytes every dispatch's parameter slot binds (at least the largest `Params` struct).
+const PARAMS_BINDING_BYTES: u64 = 256;
 
 impl Recording {
     pub fn new() -> Self {
         Recording::default()
     }
 
-    pub fn push(&mut self, dispatch: Dispatch) {
-        self.dispatches.push(dispatch);
+    /// Forget the dispatches, keep the arena (parameter buffer, bind groups, staging buffer).
+    pub fn clear(&mut self) {
+        self.dispatches.clear();
+        self.params.clear();
     }
 
     pub fn len(&self) -> usize {
@@ -43,9 +82,13 @@ impl Recording {
         self.dispatches.is_empty()
     }
 
-    /// The kernels recorded, in order (for logs and tests).
+    /// The kernels recorded, in order (for logs, profiles and tests).
     pub fn kernels(&self) -> impl Iterator<Item = ShaderVariant> + '_ {
         self.dispatches.iter().map(|d| d.variant)
+    }
+
+    fn arena(&self) -> std::sync::MutexGuard<'_, Arena> {
+        self.arena.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -58,15 +101,17 @@ pub(crate) fn flat_grid(len: usize, per_workgroup: usize) -> [u32; 3] {
 }
 
 impl GpuContext {
-    /// Build a dispatch of `variant`: binding 0 is a uniform holding `params`, bindings 1.. are
-    /// `storage` in order.
+    /// Record a dispatch of `variant`: binding 0 is a uniform holding `params`, bindings 1.. are
+    /// `resources` in order; `window_offset` places a [`Resource::Window`].
     pub(crate) fn dispatch(
         &self,
+        rec: &mut Recording,
         variant: ShaderVariant,
         params: &[u8],
-        storage: &[wgpu::BindingResource<'_>],
+        resources: Vec<Resource>,
+        window_offset: Option<u32>,
         workgroups: [u32; 3],
-    ) -> Result<Dispatch> {
+    ) -> Result<()> {
         let max = self.limits().max_compute_workgroups_per_dimension;
         if workgroups.iter().any(|&g| g > max) {
             return Err(WeftError::shape(
@@ -74,52 +119,132 @@ impl GpuContext {
                 format!("{variant} needs a grid of {workgroups:?} workgroups; this device allows {max} per dimension"),
             ));
         }
+        debug_assert!(params.len() as u64 <= PARAMS_BINDING_BYTES);
         let pipeline = self.pipelines.get(&self.device, variant)?;
-        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: params,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
-        entries.extend(
-            storage
-                .iter()
-                .enumerate()
-                .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32 + 1, resource: r.clone() }),
-        );
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("kernel bindings"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        Ok(Dispatch { variant, pipeline, bind_group, workgroups })
+        let align = u64::from(self.limits().min_uniform_buffer_offset_alignment).max(4);
+        let params_offset = (rec.params.len() as u64).next_multiple_of(align);
+        rec.params.resize(params_offset as usize, 0);
+        rec.params.extend_from_slice(params);
+        let params_offset = u32::try_from(params_offset)
+            .map_err(|_| WeftError::Unsupported("a recording's parameters outgrew 4 GiB".into()))?;
+        rec.dispatches.push(Dispatch { variant, pipeline, resources, params_offset, window_offset, workgroups });
+        Ok(())
     }
 
-    fn encode(&self, recording: &Recording, timestamps: Option<&wgpu::QuerySet>) -> wgpu::CommandEncoder {
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("weft step"),
-                timestamp_writes: timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
-                    query_set,
-                    beginning_of_pass_write_index: Some(0),
-                    end_of_pass_write_index: Some(1),
+    /// Make sure the recording's parameter buffer holds its parameters, write them, and find
+    /// (or make) every dispatch's bind group.
+    fn prepare(&self, recording: &Recording) -> Result<Vec<wgpu::BindGroup>> {
+        let mut arena = recording.arena();
+        let needed = recording.params.len() as u64 + PARAMS_BINDING_BYTES;
+        if arena.params_buffer.as_ref().is_none_or(|b| b.size() < needed) {
+            // A new buffer invalidates every bind group that binds the old one.
+            arena.bind_groups.clear();
+            let size = needed.max(64 << 10).next_power_of_two();
+            arena.params_buffer = Some(self.create_buffer("kernel parameters", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST));
+        }
+        let Arena { params_buffer, bind_groups, .. } = &mut *arena;
+        let params_buffer = params_buffer.as_ref().expect("made above");
+        if !recording.params.is_empty() {
+            self.queue.write_buffer(params_buffer, 0, &recording.params);
+        }
+        let mut out = Vec::with_capacity(recording.dispatches.len());
+        for d in &recording.dispatches {
+            let key = (d.variant, d.resources.clone());
+            if let Some(group) = bind_groups.get(&key) {
+                out.push(group.clone());
+                continue;
+            }
+            if d.resources.len() + 1 != d.pipeline.kinds.len() {
+                return Err(WeftError::shape(
+                    "dispatch",
+                    format!("{} binds {} resources, its shader declares {}", d.variant, d.resources.len() + 1, d.pipeline.kinds.len()),
+                ));
+            }
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: params_buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(PARAMS_BINDING_BYTES),
                 }),
+            }];
+            for (i, (r, kind)) in d.resources.iter().zip(&d.pipeline.kinds[1..]).enumerate() {
+                let resource = match (r, kind) {
+                    (Resource::Buffer(buffer, offset), BindingKind::StorageRead | BindingKind::StorageReadWrite) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset: *offset, size: None })
+                    }
+                    (Resource::Texture(view), BindingKind::TextureU32) => wgpu::BindingResource::TextureView(view),
+                    (Resource::Window(buffer), BindingKind::Uniform) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(X_WINDOW_BYTES),
+                    }),
+                    (r, kind) => {
+                        return Err(WeftError::shape(
+                            "dispatch",
+                            format!("{} binding {}: a {r:?} cannot be bound as {kind:?}", d.variant, i + 1),
+                        ));
+                    }
+                };
+                entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
+            }
+            self.creations.bind_groups.fetch_add(1, Ordering::Relaxed);
+            let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("kernel bindings"),
+                layout: &d.pipeline.layout,
+                entries: &entries,
             });
-            for d in &recording.dispatches {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, &d.bind_group, &[]);
-                pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+            bind_groups.insert(key, group.clone());
+            out.push(group);
+        }
+        Ok(out)
+    }
+
+    /// Encode `recording` into `encoder`: one compute pass, or (profiling) one pass per dispatch
+    /// with timestamps written into `queries` at 2i and 2i + 1.
+    fn encode_into(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        recording: &Recording,
+        groups: &[wgpu::BindGroup],
+        queries: Option<&wgpu::QuerySet>,
+    ) {
+        let set = |pass: &mut wgpu::ComputePass<'_>, d: &Dispatch, group: &wgpu::BindGroup| {
+            pass.set_pipeline(&d.pipeline.pipeline);
+            let offsets: Vec<u32> = std::iter::once(d.params_offset).chain(d.window_offset).collect();
+            pass.set_bind_group(0, group, &offsets);
+            pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+        };
+        match queries {
+            None => {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("weft step"), timestamp_writes: None });
+                for (d, group) in recording.dispatches.iter().zip(groups) {
+                    set(&mut pass, d, group);
+                }
+            }
+            Some(query_set) => {
+                for (i, (d, group)) in recording.dispatches.iter().zip(groups).enumerate() {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("weft step (profiled)"),
+                        timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                            query_set,
+                            beginning_of_pass_write_index: Some(2 * i as u32),
+                            end_of_pass_write_index: Some(2 * i as u32 + 1),
+                        }),
+                    });
+                    set(&mut pass, d, group);
+                }
             }
         }
-        encoder
     }
 
     /// Run a recording as one submission and wait for it; GPU validation errors come back as
     /// [`WeftError::Gpu`].
     pub async fn submit(&self, recording: &Recording) -> Result<()> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let encoder = self.encode(recording, None);
+        let groups = self.prepare(recording)?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        self.encode_into(&mut encoder, recording, &groups, None);
         self.queue.submit([encoder.finish()]);
         if let Some(error) = self.settle(scope.pop()).await? {
             return Err(self.gpu_error(recording, error));
@@ -127,11 +252,23 @@ impl GpuContext {
         Ok(())
     }
 
-    /// Run a recording and read `result` back, in one submission: the step's only readback.
+    /// Run a recording and read `result` back, in one submission: the step's only readback. The
+    /// staging buffer is the recording's own and is reused.
     pub async fn submit_and_read(&self, recording: &Recording, result: &crate::gpu::GpuTensor) -> Result<Vec<u8>> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut encoder = self.encode(recording, None);
-        let readback = self.encode_readback(&mut encoder, result);
+        let groups = self.prepare(recording)?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        self.encode_into(&mut encoder, recording, &groups, None);
+        let staging = {
+            let mut arena = recording.arena();
+            let needed = self.readback_bytes(result);
+            if arena.staging.as_ref().is_none_or(|s| s.size() < needed) {
+                let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+                arena.staging = Some(self.create_buffer("readback", needed.next_power_of_two(), usage));
+            }
+            arena.staging.clone().expect("made above")
+        };
+        let readback = self.encode_readback_into(&mut encoder, result, staging);
         self.queue.submit([encoder.finish()]);
         if let Some(error) = self.settle(scope.pop()).await? {
             return Err(self.gpu_error(recording, error));
@@ -139,34 +276,31 @@ impl GpuContext {
         self.finish_readback(readback).await
     }
 
-    /// Like [`submit`](Self::submit), and return the GPU time between the start and the end of
-    /// the pass in seconds, where the adapter has timestamp queries.
-    pub async fn submit_timed(&self, recording: &Recording) -> Result<Option<f64>> {
-        if !self.features().timestamp_query {
+    /// Like [`submit`](Self::submit), and return each dispatch's GPU time in seconds, in
+    /// order, where the adapter has timestamp queries (`None` otherwise). Each dispatch runs in
+    /// its own pass, so the sum is a little above the step's unprofiled time.
+    pub async fn submit_profiled(&self, recording: &Recording) -> Result<Option<Vec<(ShaderVariant, f64)>>> {
+        if !self.features().timestamp_query || recording.is_empty() {
             self.submit(recording).await?;
             return Ok(None);
         }
-        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("pass timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let readback = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps readback"),
-            size: 16,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let count = 2 * recording.dispatches.len() as u32;
+        if count > wgpu::QUERY_SET_MAX_QUERIES {
+            return Err(WeftError::Unsupported(format!(
+                "profiling {} dispatches needs more timestamps than one query set holds; profile a smaller step",
+                recording.dispatches.len()
+            )));
+        }
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("dispatch timestamps"), ty: wgpu::QueryType::Timestamp, count });
+        let bytes = 8 * u64::from(count);
+        let resolve = self.create_buffer("timestamps", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
+        let readback = self.create_buffer("timestamps readback", bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mut encoder = self.encode(recording, Some(&queries));
-        encoder.resolve_query_set(&queries, 0..2, &resolve, 0);
-        encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, 16);
+        let groups = self.prepare(recording)?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        self.encode_into(&mut encoder, recording, &groups, Some(&queries));
+        encoder.resolve_query_set(&queries, 0..count, &resolve, 0);
+        encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
         self.queue.submit([encoder.finish()]);
         let (sender, receiver) = futures::channel::oneshot::channel();
         readback.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -180,13 +314,24 @@ impl GpuContext {
             .map_err(|_| WeftError::Readback("device lost while timing".into()))?
             .map_err(|e| WeftError::Readback(e.to_string()))?;
         let view = readback.get_mapped_range(..).map_err(|e| WeftError::Readback(e.to_string()))?;
-        let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[..16]);
-        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period());
-        Ok(Some(ns * 1e-9))
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&view[..bytes as usize]);
+        let period = f64::from(self.queue.get_timestamp_period()) * 1e-9;
+        Ok(Some(
+            recording
+                .dispatches
+                .iter()
+                .zip(ticks.chunks(2))
+                .map(|(d, t)| (d.variant, t[1].saturating_sub(t[0]) as f64 * period))
+                .collect(),
+        ))
     }
-}
 
-impl GpuContext {
+    /// Like [`submit`](Self::submit), and return the GPU time of the whole recording in
+    /// seconds, where the adapter has timestamp queries.
+    pub async fn submit_timed(&self, recording: &Recording) -> Result<Option<f64>> {
+        Ok(self.submit_profiled(recording).await?.map(|times| times.iter().map(|(_, t)| t).sum()))
+    }
+
     /// A failed submission, with the earlier unscoped error that usually explains it.
     fn gpu_error(&self, recording: &Recording, error: wgpu::Error) -> WeftError {
         let names: Vec<String> = recording.kernels().map(|v| v.to_string()).collect();

@@ -1,25 +1,43 @@
-//! Tensors in GPU buffers, split by rows when they outgrow one storage binding.
+//! Tensors in GPU buffers (or, for weights on CPU drivers, textures), split by rows when they
+//! outgrow one binding.
 //!
 //! A tensor of shape `(rows, ...)` is row-major; a row is everything after the first dimension
 //! (a 1-D tensor is a single row). When the bytes exceed [`GpuContext::max_binding_bytes`], the
 //! rows are spread over several buffers ([`TensorPart`]s), each a whole number of rows, so a
 //! kernel can run once per part. Block-format rows keep their raw GGUF bytes; a part's buffer is
-//! padded to a multiple of 4 bytes because shaders read it as `array<u32>`.
+//! padded to a multiple of 4 bytes because shaders read it as `array<u32>`. A texture part holds
+//! the same bytes in an rgba32uint texture [`TEXTURE_WIDTH`] texels wide (`shared/weight_texture.wgsl`
+//! reads it).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuContext;
+use crate::gpu::pipelines::X_WINDOW_BYTES;
+use crate::gpu::recording::Resource;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
 use crate::tensor::TensorFactory;
 
-/// A contiguous run of rows of a tensor, living in one buffer.
+/// Texels per row of a weight texture (16 bytes each: 128 KiB per texture row), the core WebGPU
+/// 2D texture limit; `shared/weight_texture.wgsl` finds word i at texel (i/4 % 8192, i/4 / 8192).
+pub const TEXTURE_WIDTH: u32 = 8192;
+const TEXTURE_ROW_BYTES: u64 = TEXTURE_WIDTH as u64 * 16;
+
+/// Where a part's bytes live.
+#[derive(Clone, Debug)]
+pub(crate) enum PartStorage {
+    Buffer(wgpu::Buffer),
+    /// An rgba32uint texture [`TEXTURE_WIDTH`] texels wide holding the bytes in order.
+    Texture(wgpu::Texture, wgpu::TextureView),
+}
+
+/// A contiguous run of rows of a tensor, living in one buffer or texture.
 #[derive(Clone, Debug)]
 pub struct TensorPart {
-    pub(crate) buffer: wgpu::Buffer,
-    /// Where the first row starts in `buffer`.
+    pub(crate) storage: PartStorage,
+    /// Where the first row starts in the buffer or texture.
     pub(crate) offset_bytes: u64,
     /// First row of the tensor held here, and how many rows.
     pub rows: Range<usize>,
@@ -100,7 +118,7 @@ impl GpuTensor {
             .map(|p| {
                 let first = p.rows.start.max(rows.start);
                 TensorPart {
-                    buffer: p.buffer.clone(),
+                    storage: p.storage.clone(),
                     offset_bytes: p.offset_bytes + ((first - p.rows.start) * self.row_bytes) as u64,
                     rows: first - rows.start..p.rows.end.min(rows.end) - rows.start,
                 }
@@ -135,8 +153,25 @@ impl TensorPart {
         self.rows.len()
     }
 
-    /// The binding of this part for a shader reading `row_bytes`-byte rows.
-    pub(crate) fn binding(&self, ctx: &GpuContext, row_bytes: usize) -> Result<wgpu::BindingResource<'_>> {
+    /// Whether the bytes are in a texture (read with `shared/weight_texture.wgsl`).
+    pub fn in_texture(&self) -> bool {
+        matches!(self.storage, PartStorage::Texture(..))
+    }
+
+    /// Where the part's first row starts, for kernels that read it from a texture (a buffer
+    /// binding starts at the row, so there it is 0).
+    pub(crate) fn base_bytes(&self) -> u64 {
+        if self.in_texture() { self.offset_bytes } else { 0 }
+    }
+
+    /// The part as a resource to bind. A buffer is bound from its first row to the buffer's
+    /// end: kernels take their extents from their parameters, so the same binding serves every
+    /// batch size.
+    pub(crate) fn resource(&self, ctx: &GpuContext) -> Result<Resource> {
+        let buffer = match &self.storage {
+            PartStorage::Texture(_, view) => return Ok(Resource::Texture(view.clone())),
+            PartStorage::Buffer(buffer) => buffer,
+        };
         let align = u64::from(ctx.limits().min_storage_buffer_offset_alignment);
         if self.offset_bytes % align != 0 {
             return Err(WeftError::shape(
@@ -148,14 +183,20 @@ impl TensorPart {
                 ),
             ));
         }
-        // The shader reads whole u32 words: round up into the padding every buffer carries.
-        let len = ((self.rows.len() * row_bytes) as u64).next_multiple_of(4).max(4);
-        let size = len.min(self.buffer.size() - self.offset_bytes);
-        Ok(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-            buffer: &self.buffer,
-            offset: self.offset_bytes,
-            size: std::num::NonZeroU64::new(size),
-        }))
+        Ok(Resource::Buffer(buffer.clone(), self.offset_bytes))
+    }
+
+    /// The part as the uniform activation window of a matmul: the buffer, and the window's
+    /// dynamic offset for rows starting `row_offset` bytes into the part; `None` when the buffer
+    /// has no room for a whole window there or the offset is not a multiple of the device's
+    /// uniform offset alignment.
+    pub(crate) fn window(&self, ctx: &GpuContext, row_offset: u64) -> Option<(Resource, u32)> {
+        let PartStorage::Buffer(buffer) = &self.storage else { return None };
+        let at = self.offset_bytes + row_offset;
+        let aligned = at % u64::from(ctx.limits().min_uniform_buffer_offset_alignment) == 0;
+        let fits = buffer.usage().contains(wgpu::BufferUsages::UNIFORM) && at + X_WINDOW_BYTES <= buffer.size();
+        let offset = u32::try_from(at).ok()?;
+        (aligned && fits).then(|| (Resource::Window(buffer.clone()), offset))
     }
 }
 
@@ -174,13 +215,17 @@ impl GpuTensorFactory {
         &self.ctx
     }
 
-    fn layout(&self, shape: &[usize], dtype: DType) -> Result<(usize, usize, usize)> {
+    fn layout(&self, shape: &[usize], dtype: DType, texture: bool) -> Result<(usize, usize, usize)> {
         let probe = GpuTensor { shape: shape.to_vec(), dtype, row_bytes: 0, parts: Vec::new() };
         if shape.contains(&0) {
             return Err(WeftError::shape("create tensor", format!("shape {shape:?} has an empty dimension")));
         }
         let row_bytes = dtype.size_bytes(probe.row_elems())?;
-        let cap = self.ctx.max_binding_bytes() as usize;
+        let mut cap = self.ctx.max_binding_bytes();
+        if texture {
+            cap = cap.min(u64::from(self.ctx.limits().max_texture_dimension_2d) * TEXTURE_ROW_BYTES);
+        }
+        let cap = cap as usize;
         if row_bytes > cap {
             return Err(WeftError::Unsupported(format!(
                 "one row of a {dtype} tensor of shape {shape:?} takes {row_bytes} bytes, more than \
@@ -190,8 +235,8 @@ impl GpuTensorFactory {
         Ok((probe.num_rows(), row_bytes, (cap / row_bytes).max(1)))
     }
 
-    fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&[u8]>) -> Result<GpuTensor> {
-        let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype)?;
+    fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&[u8]>, kind: Kind) -> Result<GpuTensor> {
+        let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype, kind == Kind::Texture)?;
         if let Some(bytes) = bytes
             && bytes.len() != num_rows * row_bytes
         {
@@ -204,41 +249,130 @@ impl GpuTensorFactory {
                 ),
             ));
         }
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let mut parts = Vec::new();
         for first in (0..num_rows).step_by(rows_per_part) {
             let rows = first..(first + rows_per_part).min(num_rows);
-            let size = (rows.len() * row_bytes).next_multiple_of(4) as u64;
-            let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("tensor"),
-                size,
-                usage,
-                mapped_at_creation: bytes.is_some(),
-            });
-            if let Some(bytes) = bytes {
-                let src = &bytes[rows.start * row_bytes..rows.end * row_bytes];
-                let mut view = buffer
-                    .slice(..)
-                    .get_mapped_range_mut()
-                    .map_err(|e| WeftError::Gpu { context: "upload".into(), reason: e.to_string() })?;
-                view.slice(..src.len()).copy_from_slice(src);
-                drop(view);
-                buffer.unmap();
-            }
-            parts.push(TensorPart { buffer, offset_bytes: 0, rows });
+            let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
+            let len = (rows.len() * row_bytes) as u64;
+            let storage = match kind {
+                Kind::Texture => self.texture(len, src)?,
+                Kind::Buffer | Kind::Activations => {
+                    let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+                    let mut size = len.next_multiple_of(4);
+                    if kind == Kind::Activations {
+                        // Room for a whole uniform window from any row (`TensorPart::window`).
+                        usage |= wgpu::BufferUsages::UNIFORM;
+                        size += X_WINDOW_BYTES;
+                    }
+                    self.ctx.creations.buffers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Mapped at creation: the bytes go straight from the model file into the
+                    // buffer, with no staging copy on the host.
+                    let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("tensor"),
+                        size,
+                        usage,
+                        mapped_at_creation: src.is_some(),
+                    });
+                    if let Some(src) = src {
+                        let mut view = buffer
+                            .slice(..)
+                            .get_mapped_range_mut()
+                            .map_err(|e| WeftError::Gpu { context: "upload".into(), reason: e.to_string() })?;
+                        view.slice(..src.len()).copy_from_slice(src);
+                        drop(view);
+                        buffer.unmap();
+                    }
+                    PartStorage::Buffer(buffer)
+                }
+            };
+            parts.push(TensorPart { storage, offset_bytes: 0, rows });
         }
         Ok(GpuTensor { shape: shape.to_vec(), dtype, row_bytes, parts })
     }
+
+    /// An rgba32uint texture holding `len` bytes (zeros, or `src`), row after row of
+    /// [`TEXTURE_WIDTH`] texels.
+    fn texture(&self, len: u64, src: Option<&[u8]>) -> Result<PartStorage> {
+        let height = len.div_ceil(TEXTURE_ROW_BYTES).max(1) as u32;
+        self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let texture = self.ctx.device.create_texture(&wgpu::TextureDescriptor {
+            label: Some("weights"),
+            size: wgpu::Extent3d { width: TEXTURE_WIDTH, height, depth_or_array_layers: 1 },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
+            view_formats: &[],
+        });
+        if let Some(src) = src {
+            let full_rows = (src.len() as u64 / TEXTURE_ROW_BYTES) as u32;
+            let write = |data: &[u8], first_row: u32, rows: u32| {
+                self.ctx.queue.write_texture(
+                    wgpu::TexelCopyTextureInfo {
+                        texture: &texture,
+                        mip_level: 0,
+                        origin: wgpu::Origin3d { x: 0, y: first_row, z: 0 },
+                        aspect: wgpu::TextureAspect::All,
+                    },
+                    data,
+                    wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(TEXTURE_ROW_BYTES as u32), rows_per_image: Some(rows) },
+                    wgpu::Extent3d { width: TEXTURE_WIDTH, height: rows, depth_or_array_layers: 1 },
+                );
+            };
+            if full_rows > 0 {
+                write(&src[..(u64::from(full_rows) * TEXTURE_ROW_BYTES) as usize], 0, full_rows);
+            }
+            let rest = &src[(u64::from(full_rows) * TEXTURE_ROW_BYTES) as usize..];
+            if !rest.is_empty() {
+                let mut last = vec![0u8; TEXTURE_ROW_BYTES as usize];
+                last[..rest.len()].copy_from_slice(rest);
+                write(&last, full_rows, 1);
+            }
+        }
+        let view = texture.create_view(&Default::default());
+        Ok(PartStorage::Texture(texture, view))
+    }
+
+    /// F32 zeros for a step's activations: buffers a matmul can also read through uniform
+    /// windows (see `shared/x_uniform.wgsl`), which CPU drivers load faster.
+    pub fn activations(&self, shape: &[usize]) -> Result<GpuTensor> {
+        self.create(shape, DType::F32, None, Kind::Activations)
+    }
+
+    /// [`activations`](Self::activations) holding `values`.
+    pub fn upload_activations(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
+        self.create(shape, DType::F32, Some(bytemuck::cast_slice(values)), Kind::Activations)
+    }
 }
+
+/// What a tensor is created as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Buffer,
+    /// A buffer with uniform usage and a window's worth of room at the end.
+    Activations,
+    /// An rgba32uint texture (weights on CPU drivers).
+    Texture,
+}
+
 
 impl TensorFactory for GpuTensorFactory {
     fn upload(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
-        self.create(shape, dtype, Some(bytes))
+        self.create(shape, dtype, Some(bytes), Kind::Buffer)
+    }
+
+    fn upload_weight(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
+        let kind = match self.ctx.kernel_family() {
+            crate::gpu::KernelFamily::Cpu if dtype != DType::U32 => Kind::Texture,
+            _ => Kind::Buffer,
+        };
+        self.create(shape, dtype, Some(bytes), kind)
     }
 
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor> {
         // wgpu zero-initialises new buffers.
-        self.create(shape, dtype, None)
+        self.create(shape, dtype, None, Kind::Buffer)
     }
 
     fn download<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u8>>> {
@@ -250,39 +384,75 @@ impl TensorFactory for GpuTensorFactory {
 /// mapped once the submission completes.
 pub(crate) struct Readback {
     staging: wgpu::Buffer,
-    /// Per part: (bytes copied, bytes of padding before the part's first row).
+    /// Per part: (bytes copied, bytes of padding before the part's first row, bytes wanted).
     spans: Vec<(u64, u64, usize)>,
 }
 
+/// The bytes `part` occupies from `start` for `len` bytes, widened to what a copy can move:
+/// whole 4-byte words of a buffer, whole texel rows of a texture. (start, copied length).
+fn copy_span(part: &TensorPart, len: u64) -> (u64, u64) {
+    match &part.storage {
+        PartStorage::Buffer(buffer) => {
+            let start = part.offset_bytes & !3;
+            let end = (part.offset_bytes + len).next_multiple_of(4).min(buffer.size());
+            (start, end - start)
+        }
+        PartStorage::Texture(..) => {
+            let first = part.offset_bytes / TEXTURE_ROW_BYTES;
+            let last = (part.offset_bytes + len).div_ceil(TEXTURE_ROW_BYTES).max(first + 1);
+            (first * TEXTURE_ROW_BYTES, (last - first) * TEXTURE_ROW_BYTES)
+        }
+    }
+}
+
 impl GpuContext {
-    /// Record copies of every part of `tensor` into one staging buffer. Copies need 4-byte
-    /// aligned offsets and sizes, so the aligned span around each part is copied.
-    pub(crate) fn encode_readback(&self, encoder: &mut wgpu::CommandEncoder, tensor: &GpuTensor) -> Readback {
-        let spans: Vec<(u64, u64, usize)> = tensor
-            .parts()
-            .iter()
-            .map(|p| {
-                let start = p.offset_bytes & !3;
-                let end = (p.offset_bytes + (p.rows.len() * tensor.row_bytes()) as u64).next_multiple_of(4);
-                (end.min(p.buffer.size()) - start, p.offset_bytes - start, p.rows.len() * tensor.row_bytes())
-            })
-            .collect();
-        let total: u64 = spans.iter().map(|s| s.0).sum();
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: total.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+    /// Staging bytes a readback of `tensor` needs.
+    pub(crate) fn readback_bytes(&self, tensor: &GpuTensor) -> u64 {
+        let spans = tensor.parts().iter().map(|p| copy_span(p, (p.rows.len() * tensor.row_bytes()) as u64).1);
+        spans.sum::<u64>().max(4)
+    }
+
+    /// Record copies of every part of `tensor` into `staging` (at least
+    /// [`readback_bytes`](Self::readback_bytes) long).
+    pub(crate) fn encode_readback_into(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        tensor: &GpuTensor,
+        staging: wgpu::Buffer,
+    ) -> Readback {
+        let mut spans = Vec::new();
         let mut at = 0;
-        for (part, (len, _, _)) in tensor.parts().iter().zip(&spans) {
-            encoder.copy_buffer_to_buffer(&part.buffer, part.offset_bytes & !3, &staging, at, *len);
+        for part in tensor.parts() {
+            let wanted = part.rows.len() * tensor.row_bytes();
+            let (start, len) = copy_span(part, wanted as u64);
+            match &part.storage {
+                PartStorage::Buffer(buffer) => encoder.copy_buffer_to_buffer(buffer, start, &staging, at, len),
+                PartStorage::Texture(texture, _) => encoder.copy_texture_to_buffer(
+                    wgpu::TexelCopyTextureInfo {
+                        texture,
+                        mip_level: 0,
+                        origin: wgpu::Origin3d { x: 0, y: (start / TEXTURE_ROW_BYTES) as u32, z: 0 },
+                        aspect: wgpu::TextureAspect::All,
+                    },
+                    wgpu::TexelCopyBufferInfo {
+                        buffer: &staging,
+                        layout: wgpu::TexelCopyBufferLayout {
+                            offset: at,
+                            bytes_per_row: Some(TEXTURE_ROW_BYTES as u32),
+                            rows_per_image: None,
+                        },
+                    },
+                    wgpu::Extent3d { width: TEXTURE_WIDTH, height: (len / TEXTURE_ROW_BYTES) as u32, depth_or_array_layers: 1 },
+                ),
+            }
+            spans.push((len, part.offset_bytes - start, wanted));
             at += len;
         }
         Readback { staging, spans }
     }
 
-    /// Map a submitted readback and return the tensor's bytes.
+    /// Map a submitted readback and return the tensor's bytes; the staging buffer is unmapped
+    /// again, ready for the next readback.
     pub(crate) async fn finish_readback(&self, readback: Readback) -> Result<Vec<u8>> {
         let (sender, receiver) = futures::channel::oneshot::channel();
         readback.staging.map_async(wgpu::MapMode::Read, .., move |r| {
@@ -300,13 +470,17 @@ impl GpuContext {
             out.extend_from_slice(&view[from..from + bytes]);
             at += len;
         }
+        drop(view);
+        readback.staging.unmap();
         Ok(out)
     }
 
     /// Copy a tensor back to the CPU in a submission of its own.
     pub(crate) async fn read_tensor(&self, tensor: &GpuTensor) -> Result<Vec<u8>> {
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        let readback = self.encode_readback(&mut encoder, tensor);
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.create_buffer("readback", self.readback_bytes(tensor), usage);
+        let readback = self.encode_readback_into(&mut encoder, tensor, staging);
         self.queue.submit([encoder.finish()]);
         self.finish_readback(readback).await
     }

@@ -173,5 +173,5 @@ fn upload(
             format!("tensor {name} is {} but its rows of {} are not whole blocks", t.dtype, shape[shape.len() - 1]),
         ));
     }
-    factory.upload(shape, t.dtype, &t.bytes)
+    factory.upload_weight(shape, t.dtype, &t.bytes)
 }

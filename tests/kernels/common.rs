@@ -3,7 +3,8 @@
 use std::sync::{Arc, OnceLock};
 
 use weft::DType;
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensor, GpuTensorFactory, KernelFamily};
+use weft::tensor::TensorFactory;
 
 /// Unit roundoff of f32.
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
@@ -22,6 +23,61 @@ pub fn gpu() -> Option<&'static GpuTensorFactory> {
 pub fn gpu_with_tiny_bindings() -> Option<&'static GpuTensorFactory> {
     static GPU: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
     GPU.get_or_init(|| open(GpuOptions { max_binding_bytes: Some(1 << 20), ..Default::default() })).as_ref()
+}
+
+/// A device whose kernel family is forced (each family is tested on lavapipe).
+pub fn gpu_with_family(family: KernelFamily) -> Option<&'static GpuTensorFactory> {
+    static BASELINE: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
+    static CPU: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
+    let cell = match family {
+        KernelFamily::Baseline => &BASELINE,
+        KernelFamily::Cpu => &CPU,
+    };
+    cell.get_or_init(|| open(GpuOptions { kernels: Some(family), ..Default::default() })).as_ref()
+}
+
+/// One way a weight kernel can run: a kernel family, weights in a texture or a buffer, and (for
+/// matmul) activations read through uniform windows or from a storage buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    pub family: KernelFamily,
+    pub texture_weights: bool,
+    pub window_x: bool,
+}
+
+impl Setup {
+    pub fn factory(&self) -> Option<&'static GpuTensorFactory> {
+        gpu_with_family(self.family)
+    }
+
+    pub fn name(&self) -> String {
+        let w = if self.texture_weights { "texture" } else { "buffer" };
+        let x = if self.window_x { "windows" } else { "storage" };
+        format!("{} kernels, weights in a {w}, x from {x}", self.family.name())
+    }
+
+    pub fn weights(&self, f: &GpuTensorFactory, shape: &[usize], dtype: DType, bytes: &[u8]) -> GpuTensor {
+        let t = if self.texture_weights { f.upload_weight(shape, dtype, bytes) } else { f.upload(shape, dtype, bytes) };
+        let t = t.unwrap();
+        assert!(t.parts().iter().all(|p| p.in_texture() == self.texture_weights), "{}", self.name());
+        t
+    }
+
+    pub fn x(&self, f: &GpuTensorFactory, shape: &[usize], values: &[f32]) -> GpuTensor {
+        if self.window_x { f.upload_activations(shape, values) } else { f.upload_f32(shape, values) }.unwrap()
+    }
+}
+
+/// Every setup the library dispatches: the baseline (buffers only), and the CPU-driver family
+/// with each combination of weight and activation source.
+pub fn setups() -> Vec<Setup> {
+    let mut out = vec![Setup { family: KernelFamily::Baseline, texture_weights: false, window_x: false }];
+    for texture_weights in [false, true] {
+        for window_x in [false, true] {
+            out.push(Setup { family: KernelFamily::Cpu, texture_weights, window_x });
+        }
+    }
+    out
 }
 
 pub fn ctx(f: &GpuTensorFactory) -> &Arc<GpuContext> {
@@ -62,11 +118,9 @@ pub fn run(f: &GpuTensorFactory, rec: &weft::gpu::Recording) {
 }
 
 pub fn read_f32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<f32> {
-    use weft::tensor::TensorFactory;
     weft::rt::block_on(f.download_f32(t)).unwrap()
 }
 
 pub fn read_u32(f: &GpuTensorFactory, t: &weft::gpu::GpuTensor) -> Vec<u32> {
-    use weft::tensor::TensorFactory;
     weft::rt::block_on(f.download_u32(t)).unwrap()
 }

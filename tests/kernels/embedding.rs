@@ -9,19 +9,20 @@ use weft::tensor::TensorFactory;
 use crate::common::*;
 
 fn check(dtype: DType) {
-    let Some(f) = gpu() else { return };
-    let k_values: &[usize] = if dtype.is_quantized() { &[32, 96, 576] } else { &[5, 64, 100] };
-    for &k in k_values {
-        let vocab = 300;
-        let (bytes, table) = weights(dtype, vocab * k, k as u64);
-        let ids: Vec<u32> = vec![0, 299, 7, 7, 150, 1];
-        let tt = f.upload(&[vocab, k], dtype, &bytes).unwrap();
-        let it = f.upload_u32(&[ids.len()], &ids).unwrap();
-        let out = f.zeros(&[ids.len(), k], DType::F32).unwrap();
-        let mut rec = Recording::new();
-        embedding(ctx(f), &mut rec, &tt, &it, &out).unwrap();
-        run(f, &rec);
-        assert!(read_f32(f, &out) == weft::cpu::embedding(&table, k, &ids), "{dtype} k={k}");
+    for setup in setups().into_iter().filter(|s| !s.window_x) {
+        let Some(f) = setup.factory() else { return };
+        for k in [32, 96, 576] {
+            let vocab = 300;
+            let (bytes, table) = weights(dtype, vocab * k, k as u64);
+            let ids: Vec<u32> = vec![0, 299, 7, 7, 150, 1];
+            let tt = setup.weights(f, &[vocab, k], dtype, &bytes);
+            let it = f.upload_u32(&[ids.len()], &ids).unwrap();
+            let out = f.zeros(&[ids.len(), k], DType::F32).unwrap();
+            let mut rec = Recording::new();
+            embedding(ctx(f), &mut rec, &tt, &it, &out).unwrap();
+            run(f, &rec);
+            assert!(read_f32(f, &out) == weft::cpu::embedding(&table, k, &ids), "{dtype} k={k}, {}", setup.name());
+        }
     }
 }
 

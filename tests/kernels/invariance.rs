@@ -11,30 +11,30 @@ use crate::common::*;
 
 #[test]
 fn matmul_rows_are_bit_identical_alone_and_in_a_batch() {
-    let Some(f) = gpu() else { return };
-    let (k, n, m) = (256, 96, 37);
-    for dtype in DType::WEIGHTS {
-        let (w_bytes, _) = weights(dtype, n * k, 5);
-        let wt = f.upload(&[n, k], dtype, &w_bytes).unwrap();
-        let x = random(m * k, 6, 1.0);
-        let batch = {
-            let xt = f.upload_f32(&[m, k], &x).unwrap();
-            let yt = f.zeros(&[m, n], DType::F32).unwrap();
-            let mut rec = Recording::new();
-            matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
-            run(f, &rec);
-            read_f32(f, &yt)
-        };
-        // Rows at every position of the 4-row tile, alone.
-        for r in [0, 1, 2, 3, 17, 36] {
-            let xt = f.upload_f32(&[1, k], &x[r * k..(r + 1) * k]).unwrap();
-            let yt = f.zeros(&[1, n], DType::F32).unwrap();
-            let mut rec = Recording::new();
-            matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
-            run(f, &rec);
-            let alone = read_f32(f, &yt);
-            let same = alone.iter().zip(&batch[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{dtype}: row {r} differs alone vs in a batch of {m}");
+    // 37 rows of k = 1536 span four uniform windows of 10 rows; k = 256, one.
+    for (k, n, m) in [(256, 96, 37), (1536, 40, 37)] {
+        for setup in setups() {
+            let Some(f) = setup.factory() else { return };
+            for dtype in DType::WEIGHTS {
+                let (w_bytes, _) = weights(dtype, n * k, 5);
+                let wt = setup.weights(f, &[n, k], dtype, &w_bytes);
+                let x = random(m * k, 6, 1.0);
+                let run_rows = |x: &[f32], rows: usize| {
+                    let xt = setup.x(f, &[rows, k], x);
+                    let yt = f.zeros(&[rows, n], DType::F32).unwrap();
+                    let mut rec = Recording::new();
+                    matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+                    run(f, &rec);
+                    read_f32(f, &yt)
+                };
+                let batch = run_rows(&x, m);
+                // Rows at every position of a 4-row tile and of a window, alone.
+                for r in [0, 1, 2, 3, 9, 10, 17, 36] {
+                    let alone = run_rows(&x[r * k..(r + 1) * k], 1);
+                    let same = alone.iter().zip(&batch[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype} k={k}: row {r} differs alone vs in a batch of {m}, {}", setup.name());
+                }
+            }
         }
     }
 }

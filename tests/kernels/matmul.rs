@@ -1,5 +1,6 @@
-//! matmul against `cpu::matmul` for every weight format and shapes that are not multiples of
-//! the workgroup (64 columns) or the row tile (4 rows).
+//! matmul against `cpu::matmul` for every weight format, every kernel setup (family, weight
+//! and activation source) and shapes that are not multiples of the tiles, with more rows than
+//! one uniform window holds.
 //!
 //! Tolerance: the GPU sums k products in f32 where the reference sums in f64. Decoding is exact
 //! (an f16 scale times a small integer fits f32's mantissa; Q4_1 adds its offset with one
@@ -13,28 +14,39 @@ use weft::tensor::TensorFactory;
 
 use crate::common::*;
 
-const SHAPES: &[(usize, usize, usize)] = &[(1, 64, 1), (1, 576, 100), (3, 96, 65), (17, 256, 130), (64, 128, 67)];
-const FLOAT_ONLY_SHAPES: &[(usize, usize, usize)] = &[(5, 45, 70), (2, 3, 129)];
+const SHAPES: &[(usize, usize, usize)] =
+    &[(1, 64, 1), (1, 576, 100), (3, 96, 65), (17, 256, 130), (64, 128, 67), (70, 1536, 9)];
 
+/// Every setup against the CPU, and every setup bit-identical to the first: all of them fold
+/// each output in the same fixed order, whatever the tile, source or family.
 fn check(dtype: DType) {
-    let Some(f) = gpu() else { return };
-    let shapes = SHAPES.iter().chain(if dtype.is_quantized() { &[][..] } else { FLOAT_ONLY_SHAPES });
-    for (case, &(m, k, n)) in shapes.enumerate() {
+    for (case, &(m, k, n)) in SHAPES.iter().enumerate() {
         let x = random(m * k, case as u64 + 1, 1.0);
         let (w_bytes, w) = weights(dtype, n * k, case as u64 + 100);
-        let xt = f.upload_f32(&[m, k], &x).unwrap();
-        let wt = f.upload(&[n, k], dtype, &w_bytes).unwrap();
-        let yt = f.zeros(&[m, n], DType::F32).unwrap();
-        let mut rec = Recording::new();
-        matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
-        run(f, &rec);
         let want = weft::cpu::matmul(&x, &w, m, k, n);
-        let got = read_f32(f, &yt);
-        assert_close(&format!("{dtype} m={m} k={k} n={n}"), &got, &want, |i| {
-            let (r, c) = (i / n, i % n);
-            let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
-            2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
-        });
+        let mut first: Option<Vec<f32>> = None;
+        for setup in setups() {
+            let Some(f) = setup.factory() else { return };
+            let xt = setup.x(f, &[m, k], &x);
+            let wt = setup.weights(f, &[n, k], dtype, &w_bytes);
+            let yt = f.zeros(&[m, n], DType::F32).unwrap();
+            let mut rec = Recording::new();
+            matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+            run(f, &rec);
+            let got = read_f32(f, &yt);
+            let what = format!("{dtype} m={m} k={k} n={n}, {}", setup.name());
+            assert_close(&what, &got, &want, |i| {
+                let (r, c) = (i / n, i % n);
+                let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
+                2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
+            });
+            match &first {
+                None => first = Some(got),
+                Some(first) => {
+                    assert!(first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: bits differ from the baseline")
+                }
+            }
+        }
     }
 }
 
@@ -61,6 +73,16 @@ fn q4_0_matches_cpu() {
 #[test]
 fn q4_1_matches_cpu() {
     check(DType::Q4_1);
+}
+
+#[test]
+fn k_must_be_whole_blocks() {
+    let Some(f) = gpu() else { return };
+    let x = f.zeros(&[2, 45], DType::F32).unwrap();
+    let w = f.zeros(&[8, 45], DType::F32).unwrap();
+    let y = f.zeros(&[2, 8], DType::F32).unwrap();
+    let err = matmul(ctx(f), &mut Recording::new(), &x, &w, &y).unwrap_err();
+    assert!(err.to_string().contains("k = 45") && err.to_string().contains("multiple of 32"), "{err}");
 }
 
 #[test]

@@ -114,7 +114,43 @@ fn nested_vars_are_initialized() {
 
 #[test]
 fn every_shader_compiles_on_the_device() {
-    let Some(f) = crate::common::gpu() else { return };
-    let n = weft::rt::block_on(f.context().compile_all_shaders()).unwrap();
-    assert_eq!(n, weft::gpu::shader_variants().len());
+    let mut compiled = std::collections::HashSet::new();
+    for family in [weft::gpu::KernelFamily::Baseline, weft::gpu::KernelFamily::Cpu] {
+        let Some(f) = crate::common::gpu_with_family(family) else { return };
+        let n = weft::rt::block_on(f.context().compile_all_shaders()).unwrap();
+        assert_eq!(n, f.context().own_shader_variants().len());
+        compiled.extend(f.context().own_shader_variants());
+    }
+    assert_eq!(compiled.len(), weft::gpu::shader_variants().len(), "some variant belongs to no family");
+}
+
+#[test]
+fn binding_declarations_are_read_as_naga_reads_them() {
+    use weft::gpu::BindingKind;
+    for variant in weft::gpu::shader_variants() {
+        let source = weft::gpu::compose_shader(variant).unwrap();
+        let kinds = weft::gpu::binding_kinds(&source).unwrap();
+        let module = parse(variant);
+        let mut from_naga: Vec<(u32, BindingKind)> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| {
+                let binding = g.binding.as_ref()?;
+                assert_eq!(binding.group, 0, "{variant}");
+                let kind = match (g.space, &module.types[g.ty].inner) {
+                    (naga::AddressSpace::Uniform, _) => BindingKind::Uniform,
+                    (naga::AddressSpace::Storage { access }, _) if access.contains(naga::StorageAccess::STORE) => {
+                        BindingKind::StorageReadWrite
+                    }
+                    (naga::AddressSpace::Storage { .. }, _) => BindingKind::StorageRead,
+                    (naga::AddressSpace::Handle, naga::TypeInner::Image { .. }) => BindingKind::TextureU32,
+                    other => panic!("{variant}: unexpected binding {other:?}"),
+                };
+                Some((binding.binding, kind))
+            })
+            .collect();
+        from_naga.sort_by_key(|(b, _)| *b);
+        let from_naga: Vec<BindingKind> = from_naga.into_iter().map(|(_, k)| k).collect();
+        assert_eq!(kinds, from_naga, "{variant}");
+    }
 }

@@ -36,12 +36,12 @@ pub fn silu_mul(
     let len = same_f32(OP, &[("gate", gate), ("up", up), ("out", out)])?;
     let params = SiluMulParams { len: u32_of(OP, "len", len)? };
     let bindings = [
-        gate.single_part(OP)?.binding(ctx, gate.row_bytes())?,
-        up.single_part(OP)?.binding(ctx, up.row_bytes())?,
-        out.single_part(OP)?.binding(ctx, out.row_bytes())?,
+        gate.single_part(OP)?.resource(ctx)?,
+        up.single_part(OP)?.resource(ctx)?,
+        out.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "silu_mul", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(len, WORKGROUP))?);
+    let variant = ShaderVariant::plain("silu_mul");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
     Ok(())
 }
 
@@ -81,8 +81,8 @@ fn record_add(
     let len = acc.num_elems();
     let params = Params { len: u32_of(op, "len", len)?, delta_len: u32_of(op, "delta_len", delta_len)? };
     let bindings =
-        [acc.single_part(op)?.binding(ctx, acc.row_bytes())?, delta.single_part(op)?.binding(ctx, delta.row_bytes())?];
-    let variant = ShaderVariant { kernel: "add", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(len, WORKGROUP))?);
+        [acc.single_part(op)?.resource(ctx)?, delta.single_part(op)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("add");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
     Ok(())
 }

@@ -1,22 +1,17 @@
-//! Embedding row gather from a table in any weight format (shaders/embedding.wgsl).
+//! Gather rows of a table in any weight format (shaders/embedding.wgsl): token embeddings, and
+//! the rows of activations that need logits. One dispatch per table part.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
+use crate::gpu::pipelines::WeightSource;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(Params { num_tokens: u32, k: u32, row_bytes: u32, first_row: u32, part_rows: u32 });
+shader_params!(Params { num_tokens: u32, k: u32, row_bytes: u32, first_row: u32, part_rows: u32, w_base: u32 });
 
-/// Record `out[t, :] = table[ids[t], :]`: table (vocab, k), ids (num_tokens) U32, out
-/// (num_tokens, k) F32. Ids at or past `vocab` leave their row of `out` untouched, so callers
-/// validate token ids before they reach the GPU.
-pub fn embedding(
-    ctx: &GpuContext,
-    rec: &mut Recording,
-    table: &GpuTensor,
-    ids: &GpuTensor,
-    out: &GpuTensor,
-) -> Result<()> {
+/// Record `out[t] = table[ids[t]]`: table (rows, k) in any weight format with k a multiple of
+/// 32, ids (num_tokens) U32, out (num_tokens, k) F32.
+pub fn embedding(ctx: &GpuContext, rec: &mut Recording, table: &GpuTensor, ids: &GpuTensor, out: &GpuTensor) -> Result<()> {
     const OP: &str = "embedding";
     if !DType::WEIGHTS.contains(&table.dtype()) || table.shape().len() != 2 {
         return Err(WeftError::shape(
@@ -25,24 +20,28 @@ pub fn embedding(
         ));
     }
     let k = table.shape()[1];
+    if k % 32 != 0 {
+        return Err(WeftError::shape(OP, format!("k = {k}: rows are read in whole blocks of 32, so k must be a multiple of 32")));
+    }
     expect(OP, "ids", ids, DType::U32, &[None])?;
     let num_tokens = ids.shape()[0];
     expect(OP, "out", out, DType::F32, &[Some(num_tokens), Some(k)])?;
-    let ids_bind = ids.single_part(OP)?.binding(ctx, ids.row_bytes())?;
-    let out_bind = out.single_part(OP)?.binding(ctx, out.row_bytes())?;
-    let variant = ShaderVariant { kernel: "embedding", weight: Some(table.dtype()) };
-    let chunks = k.div_ceil(super::decode_block_elems(table.dtype())) * super::decode_chunks(table.dtype());
+    let ids_res = ids.single_part(OP)?.resource(ctx)?;
+    let out_res = out.single_part(OP)?.resource(ctx)?;
     for part in table.parts() {
+        let source = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
+        let variant = ShaderVariant::weights("embedding", table.dtype(), source);
         let params = Params {
             num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
             k: u32_of(OP, "k", k)?,
             row_bytes: u32_of(OP, "row bytes", table.row_bytes())?,
             first_row: u32_of(OP, "row", part.rows.start)?,
             part_rows: u32_of(OP, "rows", part.num_rows())?,
+            w_base: u32_of(OP, "table offset", part.base_bytes() as usize)?,
         };
-        let grid = [chunks.div_ceil(64) as u32, u32_of(OP, "num_tokens", num_tokens)?, 1];
-        let bindings = [ids_bind.clone(), part.binding(ctx, table.row_bytes())?, out_bind.clone()];
-        rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, grid)?);
+        let grid = [(k / 32).div_ceil(64) as u32, params.num_tokens, 1];
+        let resources = vec![ids_res.clone(), part.resource(ctx)?, out_res.clone()];
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), resources, None, grid)?;
     }
     Ok(())
 }

@@ -1,41 +1,85 @@
-//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl). One dispatch per weight part.
+//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl). One dispatch per weight part,
+//! and on CPU drivers one per 64 KiB window of activation rows.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile};
+use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(Params { m: u32, k: u32, n_part: u32, n_offset: u32, n_total: u32, row_bytes: u32 });
+shader_params!(Params {
+    m: u32,
+    k: u32,
+    n_part: u32,
+    n_offset: u32,
+    n_total: u32,
+    row_bytes: u32,
+    y_row0: u32,
+    w_base: u32,
+});
 
-/// Rows of x per invocation (`TM` in the shader).
-const ROWS_PER_INVOCATION: usize = 4;
-const WORKGROUP: usize = 64;
-
-/// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32.
+/// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
+/// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
     const OP: &str = "matmul";
     if !DType::WEIGHTS.contains(&w.dtype()) || w.shape().len() != 2 {
         return Err(WeftError::shape(OP, format!("w must be a 2-D weight matrix, got {} {:?}", w.dtype(), w.shape())));
     }
     let (n, k) = (w.shape()[0], w.shape()[1]);
+    if k % 32 != 0 {
+        return Err(WeftError::shape(OP, format!("k = {k}: weft's matmul reads whole blocks of 32, so k must be a multiple of 32")));
+    }
     expect(OP, "x", x, DType::F32, &[None, Some(k)])?;
     let m = x.shape()[0];
     expect(OP, "y", y, DType::F32, &[Some(m), Some(n)])?;
-    let x_bind = x.single_part(OP)?.binding(ctx, x.row_bytes())?;
-    let y_bind = y.single_part(OP)?.binding(ctx, y.row_bytes())?;
-    let variant = ShaderVariant { kernel: "matmul", weight: Some(w.dtype()) };
+    let x_part = x.single_part(OP)?;
+    let y_res = y.single_part(OP)?.resource(ctx)?;
+    let cpu = ctx.kernel_family() == KernelFamily::Cpu;
+    let row_bytes = (k * 4) as u64;
     for part in w.parts() {
-        let params = Params {
-            m: u32_of(OP, "m", m)?,
-            k: u32_of(OP, "k", k)?,
-            n_part: u32_of(OP, "n", part.num_rows())?,
-            n_offset: u32_of(OP, "n", part.rows.start)?,
-            n_total: u32_of(OP, "n", n)?,
-            row_bytes: u32_of(OP, "row bytes", w.row_bytes())?,
+        let tile = matmul_tile(cpu, m, part.num_rows());
+        let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
+        let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
+        let variant = ShaderVariant { tile, ..ShaderVariant::weights("matmul", w.dtype(), weights_in) };
+        let params = |rows: usize, y_row0: usize| -> Result<Params> {
+            Ok(Params {
+                m: u32_of(OP, "m", rows)?,
+                k: u32_of(OP, "k", k)?,
+                n_part: u32_of(OP, "n", part.num_rows())?,
+                n_offset: u32_of(OP, "n", part.rows.start)?,
+                n_total: u32_of(OP, "n", n)?,
+                row_bytes: u32_of(OP, "row bytes", w.row_bytes())?,
+                y_row0: u32_of(OP, "row", y_row0)?,
+                w_base: u32_of(OP, "weight offset", part.base_bytes() as usize)?,
+            })
         };
-        let grid = [part.num_rows().div_ceil(WORKGROUP) as u32, m.div_ceil(ROWS_PER_INVOCATION) as u32, 1];
-        let bindings = [x_bind.clone(), part.binding(ctx, w.row_bytes())?, y_bind.clone()];
-        rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, grid)?);
+        let grid = |rows: usize| [part.num_rows().div_ceil(wg * tn) as u32, rows.div_ceil(tm) as u32, 1];
+        let w_res = part.resource(ctx)?;
+        // Uniform windows on CPU drivers, when a window holds whole tiles of rows and every
+        // window start is a valid uniform offset; else all rows from a storage binding.
+        let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
+        let rows_per_window = ((X_WINDOW_BYTES / row_bytes) as usize / tm) * tm;
+        let windowed = cpu
+            && rows_per_window > 0
+            && (rows_per_window as u64 * row_bytes) % align == 0
+            && x_part.window(ctx, 0).is_some();
+        if !windowed {
+            let v = ShaderVariant { x_in: XSource::Storage, ..variant };
+            let p = params(m, 0)?;
+            let resources = vec![x_part.resource(ctx)?, w_res.clone(), y_res.clone()];
+            ctx.dispatch(rec, v, bytemuck::bytes_of(&p), resources, None, grid(m))?;
+            continue;
+        }
+        let v = ShaderVariant { x_in: XSource::Uniform, ..variant };
+        for first in (0..m).step_by(rows_per_window) {
+            let rows = rows_per_window.min(m - first);
+            let (window, offset) = x_part
+                .window(ctx, first as u64 * row_bytes)
+                .ok_or_else(|| WeftError::shape(OP, format!("x has no room for a uniform window at row {first}")))?;
+            let p = params(rows, first)?;
+            let resources = vec![window, w_res.clone(), y_res.clone()];
+            ctx.dispatch(rec, v, bytemuck::bytes_of(&p), resources, Some(offset), grid(rows))?;
+        }
     }
     Ok(())
 }

@@ -64,16 +64,6 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
     ]
 }
 
-/// Elements per decoded block: `W_BLOCK` in `shaders/formats/<dtype>.wgsl`.
-pub(crate) fn decode_block_elems(dtype: DType) -> usize {
-    if dtype.is_quantized() { dtype.block_elems() } else { 8 }
-}
-
-/// 8-code chunks per decoded block: `W_CHUNKS` in `shaders/formats/<dtype>.wgsl`.
-pub(crate) fn decode_chunks(dtype: DType) -> usize {
-    decode_block_elems(dtype) / 8
-}
-
 /// Fail unless `t` has dtype `dtype` and, where `shape` gives `Some`, those dimensions.
 pub(crate) fn expect(op: &'static str, name: &str, t: &GpuTensor, dtype: DType, shape: &[Option<usize>]) -> Result<()> {
     let dims_ok =

@@ -88,14 +88,14 @@ pub fn kv_write(
         num_slots: u32_of(OP, "num_slots", cache.num_slots)?,
     };
     let bindings = [
-        k.single_part(OP)?.binding(ctx, k.row_bytes())?,
-        v.single_part(OP)?.binding(ctx, v.row_bytes())?,
-        slots.single_part(OP)?.binding(ctx, slots.row_bytes())?,
-        cache.k_cache.single_part(OP)?.binding(ctx, cache.k_cache.row_bytes())?,
-        cache.v_cache.single_part(OP)?.binding(ctx, cache.v_cache.row_bytes())?,
+        k.single_part(OP)?.resource(ctx)?,
+        v.single_part(OP)?.resource(ctx)?,
+        slots.single_part(OP)?.resource(ctx)?,
+        cache.k_cache.single_part(OP)?.resource(ctx)?,
+        cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "kv_write", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(num_tokens * kv_dim, 256))?);
+    let variant = ShaderVariant::plain("kv_write");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(num_tokens * kv_dim, 256))?;
     Ok(())
 }
 
@@ -143,15 +143,15 @@ pub fn paged_attention(
         scale,
     };
     let bindings = [
-        q.single_part(OP)?.binding(ctx, q.row_bytes())?,
-        cache.k_cache.single_part(OP)?.binding(ctx, cache.k_cache.row_bytes())?,
-        cache.v_cache.single_part(OP)?.binding(ctx, cache.v_cache.row_bytes())?,
-        block_tables.single_part(OP)?.binding(ctx, block_tables.row_bytes())?,
-        token_info.single_part(OP)?.binding(ctx, token_info.row_bytes())?,
-        out.single_part(OP)?.binding(ctx, out.row_bytes())?,
+        q.single_part(OP)?.resource(ctx)?,
+        cache.k_cache.single_part(OP)?.resource(ctx)?,
+        cache.v_cache.single_part(OP)?.resource(ctx)?,
+        block_tables.single_part(OP)?.resource(ctx)?,
+        token_info.single_part(OP)?.resource(ctx)?,
+        out.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "paged_attention", weight: None };
+    let variant = ShaderVariant::plain("paged_attention");
     let grid = [params.num_heads, params.num_tokens, 1];
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, grid)?);
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
 }

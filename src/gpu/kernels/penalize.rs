@@ -26,11 +26,11 @@ pub fn penalize(
     let num_entries = entries.shape()[0];
     let params = Params { num_entries: u32_of(OP, "entries", num_entries)?, vocab: u32_of(OP, "vocab", vocab)? };
     let bindings = [
-        logits.single_part(OP)?.binding(ctx, logits.row_bytes())?,
-        entries.single_part(OP)?.binding(ctx, entries.row_bytes())?,
-        penalties.single_part(OP)?.binding(ctx, penalties.row_bytes())?,
+        logits.single_part(OP)?.resource(ctx)?,
+        entries.single_part(OP)?.resource(ctx)?,
+        penalties.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "penalize", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, flat_grid(num_entries, 64))?);
+    let variant = ShaderVariant::plain("penalize");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(num_entries, 64))?;
     Ok(())
 }

@@ -29,12 +29,12 @@ pub fn rms_norm(
     expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
     let params = RmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
     let bindings = [
-        x.single_part(OP)?.binding(ctx, x.row_bytes())?,
-        weight.single_part(OP)?.binding(ctx, weight.row_bytes())?,
-        y.single_part(OP)?.binding(ctx, y.row_bytes())?,
+        x.single_part(OP)?.resource(ctx)?,
+        weight.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "rms_norm", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    let variant = ShaderVariant::plain("rms_norm");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())
 }
 
@@ -43,9 +43,9 @@ pub fn softmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<(
     const OP: &str = "softmax";
     let (rows, n) = rows_of(OP, x)?;
     let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
-    let bindings = [x.single_part(OP)?.binding(ctx, x.row_bytes())?];
-    let variant = ShaderVariant { kernel: "softmax", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    let bindings = [x.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("softmax");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())
 }
 
@@ -56,8 +56,8 @@ pub fn argmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, out: &GpuTen
     expect(OP, "out", out, DType::U32, &[Some(rows)])?;
     let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
     let bindings =
-        [x.single_part(OP)?.binding(ctx, x.row_bytes())?, out.single_part(OP)?.binding(ctx, out.row_bytes())?];
-    let variant = ShaderVariant { kernel: "argmax", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+        [x.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("argmax");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())
 }

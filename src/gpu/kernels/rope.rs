@@ -62,12 +62,12 @@ pub fn rope(
         table_rows: u32_of(OP, "table rows", cos_sin.shape()[0])?,
     };
     let bindings = [
-        x.single_part(OP)?.binding(ctx, x.row_bytes())?,
-        positions.single_part(OP)?.binding(ctx, positions.row_bytes())?,
-        cos_sin.single_part(OP)?.binding(ctx, cos_sin.row_bytes())?,
+        x.single_part(OP)?.resource(ctx)?,
+        positions.single_part(OP)?.resource(ctx)?,
+        cos_sin.single_part(OP)?.resource(ctx)?,
     ];
     let grid = flat_grid(num_tokens * num_heads * head_dim / 2, 64);
-    let variant = ShaderVariant { kernel: "rope", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, grid)?);
+    let variant = ShaderVariant::plain("rope");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
 }

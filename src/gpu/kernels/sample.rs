@@ -32,11 +32,11 @@ pub fn sample(
     expect(OP, "out", out, DType::U32, &[Some(rows), Some(OUT_PER_ROW)])?;
     let params = Params { rows: u32_of(OP, "rows", rows)?, vocab: u32_of(OP, "vocab", vocab)? };
     let bindings = [
-        logits.single_part(OP)?.binding(ctx, logits.row_bytes())?,
-        settings.single_part(OP)?.binding(ctx, settings.row_bytes())?,
-        out.single_part(OP)?.binding(ctx, out.row_bytes())?,
+        logits.single_part(OP)?.resource(ctx)?,
+        settings.single_part(OP)?.resource(ctx)?,
+        out.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant { kernel: "sample", weight: None };
-    rec.push(ctx.dispatch(variant, bytemuck::bytes_of(&params), &bindings, [params.rows, 1, 1])?);
+    let variant = ShaderVariant::plain("sample");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())
 }
