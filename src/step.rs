@@ -82,6 +82,40 @@ impl StepBatch {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepOutput {
     pub samples: Vec<Vec<Sampled>>,
+    /// Where the step's time went.
+    pub timings: StepTimings,
+}
+
+/// Where one step's time went, in seconds. Host phases are wall time on the calling thread;
+/// the GPU's own time is known where the adapter has timestamps and profiling is on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepTimings {
+    /// Choosing the batch and preparing its sampling (the engine's part).
+    pub schedule_s: f64,
+    /// Writing the step's inputs and recording its dispatches.
+    pub record_s: f64,
+    /// Encoding the command buffer (bind groups, passes).
+    pub encode_s: f64,
+    /// Handing it to the queue.
+    pub submit_s: f64,
+    /// Waiting for the GPU and the readback.
+    pub wait_s: f64,
+    /// Dispatches recorded.
+    pub dispatches: usize,
+    /// GPU time of each kernel variant, summed over its dispatches (profiling only).
+    pub kernels: Vec<(String, f64)>,
+}
+
+impl StepTimings {
+    /// Host time spent on the step, the GPU wait excluded.
+    pub fn host_s(&self) -> f64 {
+        self.schedule_s + self.record_s + self.encode_s + self.submit_s
+    }
+
+    /// GPU time summed over the profiled kernels (`None` unless profiling).
+    pub fn gpu_s(&self) -> Option<f64> {
+        (!self.kernels.is_empty()).then(|| self.kernels.iter().map(|(_, t)| t).sum())
+    }
 }
 
 /// How many of `samples` (one per logit row of `seq`) the sequence keeps: each row whose
@@ -106,6 +140,8 @@ pub trait ModelExecutor: Send + Sync {
     fn kv_config(&self) -> KvCacheConfig;
     /// Prove the device still answers (a small round trip); for health checks.
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
+    /// Time every kernel of the next steps on the GPU (slower: one pass per dispatch), or stop.
+    fn set_profiling(&self, _on: bool) {}
 }
 
 #[cfg(test)]

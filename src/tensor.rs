@@ -20,6 +20,12 @@ pub trait TensorFactory: Send + Sync {
         self.upload(shape, dtype, bytes)
     }
 
+    /// F32 zeros for activations: like `zeros(shape, F32)`, but the factory may make them
+    /// readable in the ways its device's matmul reads fastest (uniform windows on CPU drivers).
+    fn activations(&self, shape: &[usize]) -> Result<GpuTensor> {
+        self.zeros(shape, DType::F32)
+    }
+
     /// A tensor of zero bytes (all-zero floats).
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor>;
 

@@ -436,3 +436,38 @@ fn the_seed_constructors_check_their_parts() {
     assert_eq!(a.token_ids, b.token_ids);
     assert!(weft::rt::block_on(weft::engine::api::InferenceEngine::health_check(&engine)).healthy);
 }
+
+/// DESIGN.md principle 2: nothing is created in a warm step. The first run of a workload grows
+/// the executor's workspace and fills its bind-group cache; the same shapes again (other
+/// prompts of the same lengths, prefill chunks, decodes alone and batched) create no buffer,
+/// texture or bind group.
+#[test]
+fn a_warm_step_creates_nothing() {
+    let Some(f) = factory() else { return };
+    let e = engine(&f, 256, EngineConfig { max_num_batched_tokens: 16, ..Default::default() });
+    let run = |first: u8| {
+        let prompts: Vec<String> = (0..5)
+            .map(|i| (0..3 + 4 * i).map(|j| char::from(first + ((i + j) % 13) as u8)).collect())
+            .collect();
+        let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(greedy(p, 6)).unwrap().1).collect();
+        let mut steps = 0;
+        while weft::rt::block_on(e.step()).unwrap() {
+            steps += 1;
+        }
+        for s in &mut streams {
+            let chunks: Vec<_> = weft::rt::block_on(s.collect::<Vec<_>>());
+            assert_eq!(chunks.last().unwrap().as_ref().unwrap().finish_reason, Some(FinishReason::Length));
+        }
+        // And one request alone: single-row steps.
+        let lone = weft::rt::block_on(e.infer(greedy(&prompts[1], 5))).unwrap();
+        assert_eq!(lone.usage.completion_tokens, 5);
+        steps
+    };
+    let cold = f.context().creations();
+    let steps = run(b'a');
+    let warm = f.context().creations();
+    assert!(warm.buffers > cold.buffers && warm.bind_groups > cold.bind_groups, "the first run creates the workspace");
+    let steps_again = run(b'n');
+    assert_eq!(steps, steps_again, "the same shapes");
+    assert_eq!(f.context().creations(), warm, "{steps_again} warm steps created GPU objects");
+}

@@ -17,5 +17,5 @@ pub use pipelines::{
     BindingKind, ShaderVariant, WeightSource, XSource, binding_kinds, compose_shader, embedded_shader_files,
     shader_variants,
 };
-pub use recording::{Dispatch, Recording};
+pub use recording::{Dispatch, Recording, SubmitTimes};
 pub use tensor::{GpuTensor, GpuTensorFactory, TEXTURE_WIDTH, TensorPart};

@@ -48,8 +48,21 @@ pub struct Dispatch {
 #[derive(Debug, Default)]
 struct Arena {
     params_buffer: Option<wgpu::Buffer>,
+    /// The parameters in `params_buffer` are the recording's current ones.
+    params_written: bool,
     bind_groups: HashMap<(ShaderVariant, Vec<Resource>), wgpu::BindGroup>,
     staging: Option<wgpu::Buffer>,
+}
+
+/// Host time of one submission, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SubmitTimes {
+    /// Writing parameters, finding bind groups, encoding the passes.
+    pub encode_s: f64,
+    /// `queue.submit`.
+    pub submit_s: f64,
+    /// Waiting for the GPU (and the readback's mapping).
+    pub wait_s: f64,
 }
 
 /// An ordered list of dispatches that run as one submission, and the arena they live in.
@@ -72,6 +85,7 @@ impl Recording {
     pub fn clear(&mut self) {
         self.dispatches.clear();
         self.params.clear();
+        self.arena().params_written = false;
     }
 
     pub fn len(&self) -> usize {
@@ -125,6 +139,7 @@ impl GpuContext {
         let params_offset = (rec.params.len() as u64).next_multiple_of(align);
         rec.params.resize(params_offset as usize, 0);
         rec.params.extend_from_slice(params);
+        rec.arena().params_written = false;
         let params_offset = u32::try_from(params_offset)
             .map_err(|_| WeftError::Unsupported("a recording's parameters outgrew 4 GiB".into()))?;
         rec.dispatches.push(Dispatch { variant, pipeline, resources, params_offset, window_offset, workgroups });
@@ -139,13 +154,17 @@ impl GpuContext {
         if arena.params_buffer.as_ref().is_none_or(|b| b.size() < needed) {
             // A new buffer invalidates every bind group that binds the old one.
             arena.bind_groups.clear();
+            arena.params_written = false;
             let size = needed.max(64 << 10).next_power_of_two();
             arena.params_buffer = Some(self.create_buffer("kernel parameters", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST));
         }
-        let Arena { params_buffer, bind_groups, .. } = &mut *arena;
+        let Arena { params_buffer, params_written, bind_groups, .. } = &mut *arena;
         let params_buffer = params_buffer.as_ref().expect("made above");
-        if !recording.params.is_empty() {
+        // A recording submitted again unchanged (a decode step shaped like the last) keeps
+        // its parameters on the GPU.
+        if !recording.params.is_empty() && !*params_written {
             self.queue.write_buffer(params_buffer, 0, &recording.params);
+            *params_written = true;
         }
         let mut out = Vec::with_capacity(recording.dispatches.len());
         for d in &recording.dispatches {
@@ -255,6 +274,16 @@ impl GpuContext {
     /// Run a recording and read `result` back, in one submission: the step's only readback. The
     /// staging buffer is the recording's own and is reused.
     pub async fn submit_and_read(&self, recording: &Recording, result: &crate::gpu::GpuTensor) -> Result<Vec<u8>> {
+        Ok(self.submit_and_read_timed(recording, result).await?.0)
+    }
+
+    /// [`submit_and_read`](Self::submit_and_read), with where the host's time went.
+    pub async fn submit_and_read_timed(
+        &self,
+        recording: &Recording,
+        result: &crate::gpu::GpuTensor,
+    ) -> Result<(Vec<u8>, SubmitTimes)> {
+        let started = web_time::Instant::now();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
@@ -269,11 +298,20 @@ impl GpuContext {
             arena.staging.clone().expect("made above")
         };
         let readback = self.encode_readback_into(&mut encoder, result, staging);
-        self.queue.submit([encoder.finish()]);
+        let command_buffer = encoder.finish();
+        let encoded = web_time::Instant::now();
+        self.queue.submit([command_buffer]);
+        let submitted = web_time::Instant::now();
         if let Some(error) = self.settle(scope.pop()).await? {
             return Err(self.gpu_error(recording, error));
         }
-        self.finish_readback(readback).await
+        let bytes = self.finish_readback(readback).await?;
+        let times = SubmitTimes {
+            encode_s: (encoded - started).as_secs_f64(),
+            submit_s: (submitted - encoded).as_secs_f64(),
+            wait_s: submitted.elapsed().as_secs_f64(),
+        };
+        Ok((bytes, times))
     }
 
     /// Like [`submit`](Self::submit), and return each dispatch's GPU time in seconds, in

@@ -207,6 +207,22 @@ pub struct GpuTensorFactory {
 }
 
 impl GpuTensorFactory {
+    /// Write `bytes` into `tensor`'s first part from its first row on (step inputs): queued, no
+    /// buffer created.
+    pub fn write(&self, tensor: &GpuTensor, bytes: &[u8]) -> Result<()> {
+        let part = tensor.single_part("write")?;
+        let PartStorage::Buffer(buffer) = &part.storage else {
+            return Err(WeftError::Unsupported("step inputs live in buffers, not textures".into()));
+        };
+        if bytes.len() > part.rows.len() * tensor.row_bytes() || bytes.len() % 4 != 0 {
+            return Err(WeftError::shape("write", format!("{} bytes do not fit a tensor of shape {:?}", bytes.len(), tensor.shape())));
+        }
+        if !bytes.is_empty() {
+            self.ctx.queue.write_buffer(buffer, part.offset_bytes, bytes);
+        }
+        Ok(())
+    }
+
     pub fn new(ctx: Arc<GpuContext>) -> Self {
         GpuTensorFactory { ctx }
     }
@@ -334,13 +350,7 @@ impl GpuTensorFactory {
         Ok(PartStorage::Texture(texture, view))
     }
 
-    /// F32 zeros for a step's activations: buffers a matmul can also read through uniform
-    /// windows (see `shared/x_uniform.wgsl`), which CPU drivers load faster.
-    pub fn activations(&self, shape: &[usize]) -> Result<GpuTensor> {
-        self.create(shape, DType::F32, None, Kind::Activations)
-    }
-
-    /// [`activations`](Self::activations) holding `values`.
+    /// [`TensorFactory::activations`] holding `values`.
     pub fn upload_activations(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
         self.create(shape, DType::F32, Some(bytemuck::cast_slice(values)), Kind::Activations)
     }
@@ -373,6 +383,12 @@ impl TensorFactory for GpuTensorFactory {
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor> {
         // wgpu zero-initialises new buffers.
         self.create(shape, dtype, None, Kind::Buffer)
+    }
+
+    /// Buffers a matmul can also read through uniform windows (`shared/x_uniform.wgsl`),
+    /// which CPU drivers load faster.
+    fn activations(&self, shape: &[usize]) -> Result<GpuTensor> {
+        self.create(shape, DType::F32, None, Kind::Activations)
     }
 
     fn download<'a>(&'a self, tensor: &'a GpuTensor) -> BoxFuture<'a, Result<Vec<u8>>> {

@@ -2,18 +2,30 @@
 //! submission whose only readback is the sampled tokens (and log-probabilities). It owns the
 //! GPU memory behind the KV blocks ([`KvPool`]) and drives any [`Architecture`].
 //!
+//! A step is persistent: the executor keeps a workspace sized for the largest step so far (the
+//! step inputs, the activations, the logits and the sampler's buffers) and one [`Recording`]
+//! that it clears and refills, so bind groups and the parameter buffer are made once. Each
+//! step only writes its inputs into the workspace and records dispatches over views of it; a
+//! decode step shaped like the one before reuses the recording itself. Once warm, a step
+//! creates no buffer, texture or bind group (`GpuContext::creations`; a test checks).
+//!
 //! **Invariant:** the executor trusts its input. The engine validated every request at
 //! submission and the scheduler's block tables fit the pool; debug builds assert it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use web_time::Instant;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::KvCacheConfig;
 use crate::model::arch::Architecture;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::StepInputs;
-use crate::model::sampler;
+use crate::model::layers::{Activations, StepInputs};
+use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
+use crate::quant::DType;
 use crate::rt::BoxFuture;
-use crate::step::{ModelExecutor, StepBatch, StepOutput};
+use crate::step::{ModelExecutor, StepBatch, StepOutput, StepTimings};
 use crate::tensor::TensorFactory;
 
 /// The wgpu executor of a model.
@@ -21,16 +33,146 @@ pub struct GpuExecutor {
     factory: GpuTensorFactory,
     model: Box<dyn Architecture>,
     kv: KvPool,
+    /// The workspace and the recording, one step at a time.
+    arena: futures::lock::Mutex<StepArena>,
+    profiling: AtomicBool,
 }
 
-/// A step's inputs, uploaded.
-struct Uploaded {
-    token_ids: GpuTensor,
-    positions: GpuTensor,
-    token_info: GpuTensor,
-    slots: GpuTensor,
-    block_tables: GpuTensor,
-    logit_rows: GpuTensor,
+/// The most a step may hold, for sizing the workspace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCapacity {
+    pub tokens: usize,
+    pub seqs: usize,
+    /// Block-table entries over all sequences (sequences × the longest table).
+    pub table_entries: usize,
+    pub logits: usize,
+    pub penalty_entries: usize,
+}
+
+impl StepCapacity {
+    fn covers(&self, other: &StepCapacity) -> bool {
+        self.tokens >= other.tokens
+            && self.seqs >= other.seqs
+            && self.table_entries >= other.table_entries
+            && self.logits >= other.logits
+            && self.penalty_entries >= other.penalty_entries
+    }
+
+    /// Room for `need` and for this, each dimension rounded up to a power of two so that a
+    /// workload growing step by step regrows rarely.
+    fn grown_to(&self, need: &StepCapacity) -> StepCapacity {
+        let grow = |have: usize, need: usize| have.max(need.next_power_of_two()).max(1);
+        StepCapacity {
+            tokens: grow(self.tokens, need.tokens),
+            seqs: grow(self.seqs, need.seqs),
+            table_entries: grow(self.table_entries, need.table_entries),
+            logits: grow(self.logits, need.logits),
+            penalty_entries: grow(self.penalty_entries, need.penalty_entries),
+        }
+    }
+}
+
+/// Buffers every step writes into, made for `capacity`.
+struct Workspace {
+    capacity: StepCapacity,
+    token_ids: GpuTensor,    // (tokens, 1) U32
+    positions: GpuTensor,    // (tokens, 1) U32
+    token_info: GpuTensor,   // (tokens, 2) U32: sequence index, position
+    slots: GpuTensor,        // (tokens, 1) U32
+    block_tables: GpuTensor, // (table entries, 1) U32
+    logit_rows: GpuTensor,   // (logits, 1) U32
+    acts: Activations,
+    logits: GpuTensor, // (logits, vocab) F32
+    sampler: SamplerBuffers,
+}
+
+impl Workspace {
+    fn new(factory: &GpuTensorFactory, model: &dyn Architecture, capacity: StepCapacity) -> Result<Self> {
+        let c = model.config();
+        let u32s = |shape: &[usize]| factory.zeros(shape, DType::U32);
+        Ok(Workspace {
+            capacity,
+            token_ids: u32s(&[capacity.tokens, 1])?,
+            positions: u32s(&[capacity.tokens, 1])?,
+            token_info: u32s(&[capacity.tokens, 2])?,
+            slots: u32s(&[capacity.tokens, 1])?,
+            block_tables: u32s(&[capacity.table_entries, 1])?,
+            logit_rows: u32s(&[capacity.logits, 1])?,
+            acts: Activations::new(factory, c, capacity.tokens, capacity.logits)?,
+            logits: factory.zeros(&[capacity.logits, c.vocab_size], DType::F32)?,
+            sampler: SamplerBuffers::new(factory, capacity.logits, capacity.penalty_entries)?,
+        })
+    }
+}
+
+/// One step's inputs, laid out as the kernels read them.
+struct HostInputs {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    info: Vec<u32>,
+    slots: Vec<u32>,
+    tables: Vec<u32>,
+    max_blocks: usize,
+    logit_rows: Vec<u32>,
+    sampler: SamplerInputs,
+}
+
+impl HostInputs {
+    fn of(batch: &StepBatch, block_size: usize) -> Self {
+        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let num_tokens = batch.num_batched_tokens();
+        let mut inputs = HostInputs {
+            ids: Vec::with_capacity(num_tokens),
+            positions: Vec::with_capacity(num_tokens),
+            info: Vec::with_capacity(2 * num_tokens),
+            slots: Vec::with_capacity(num_tokens),
+            tables: vec![0u32; batch.seqs.len() * max_blocks],
+            max_blocks,
+            logit_rows: Vec::with_capacity(batch.num_logits()),
+            sampler: SamplerInputs::of(batch),
+        };
+        for (s, seq) in batch.seqs.iter().enumerate() {
+            inputs.tables[s * max_blocks..s * max_blocks + seq.block_table.len()].copy_from_slice(&seq.block_table);
+            for (i, &token) in seq.tokens.iter().enumerate() {
+                let pos = seq.start_pos + i;
+                inputs.ids.push(token);
+                inputs.positions.push(pos as u32);
+                inputs.info.extend([s as u32, pos as u32]);
+                inputs.slots.push(seq.block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+            }
+            let end = inputs.ids.len() as u32;
+            inputs.logit_rows.extend(end - seq.num_logits as u32..end);
+        }
+        if inputs.logit_rows.is_empty() {
+            // Nothing is sampled this step (only prefill chunks): the LM head still needs a row.
+            inputs.logit_rows.push(0);
+        }
+        inputs
+    }
+
+    fn capacity(&self, num_seqs: usize) -> StepCapacity {
+        StepCapacity {
+            tokens: self.ids.len(),
+            seqs: num_seqs,
+            table_entries: self.tables.len(),
+            logits: self.logit_rows.len(),
+            penalty_entries: self.sampler.num_entries(),
+        }
+    }
+
+    /// What decides the dispatches and their parameters: equal shapes record equal steps.
+    fn shape(&self, num_seqs: usize) -> (usize, usize, usize, usize, usize) {
+        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), self.sampler.num_entries())
+    }
+}
+
+/// The executor's state between steps.
+#[derive(Default)]
+struct StepArena {
+    rec: Recording,
+    ws: Option<Workspace>,
+    /// The shape of the step `rec` holds, and whether it samples.
+    recorded: Option<((usize, usize, usize, usize, usize), bool)>,
 }
 
 impl GpuExecutor {
@@ -38,7 +180,13 @@ impl GpuExecutor {
     pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {
         let c = model.config();
         let pool = KvPool::new(&factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
-        Ok(GpuExecutor { factory, model, kv: pool })
+        Ok(GpuExecutor {
+            factory,
+            model,
+            kv: pool,
+            arena: futures::lock::Mutex::new(StepArena::default()),
+            profiling: AtomicBool::new(false),
+        })
     }
 
     pub fn model(&self) -> &dyn Architecture {
@@ -47,6 +195,30 @@ impl GpuExecutor {
 
     fn ctx(&self) -> &GpuContext {
         self.factory.context()
+    }
+
+    /// Make the workspace hold steps up to `tokens` tokens, `seqs` sequences and `logits` logit
+    /// rows now, rather than growing into them during the first steps.
+    pub async fn reserve(&self, tokens: usize, seqs: usize, logits: usize) -> Result<()> {
+        let blocks_per_seq = self.max_context().div_ceil(self.kv.config().block_size);
+        let need = StepCapacity {
+            tokens,
+            seqs,
+            table_entries: seqs * blocks_per_seq.min(tokens.div_ceil(self.kv.config().block_size).max(1) * 4),
+            logits,
+            penalty_entries: 0,
+        };
+        let mut arena = self.arena.lock().await;
+        self.ensure_workspace(&mut arena, &need)
+    }
+
+    fn ensure_workspace(&self, arena: &mut StepArena, need: &StepCapacity) -> Result<()> {
+        let have = arena.ws.as_ref().map(|w| w.capacity).unwrap_or_default();
+        if arena.ws.is_none() || !have.covers(need) {
+            arena.ws = Some(Workspace::new(&self.factory, self.model.as_ref(), have.grown_to(need))?);
+            arena.recorded = None;
+        }
+        Ok(())
     }
 
     fn debug_check(&self, batch: &StepBatch) {
@@ -61,72 +233,102 @@ impl GpuExecutor {
         }
     }
 
-    fn upload(&self, batch: &StepBatch) -> Result<Uploaded> {
-        let block_size = self.kv.config().block_size;
-        let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1);
-        let (mut ids, mut positions, mut info, mut slots, mut logit_rows) = (vec![], vec![], vec![], vec![], vec![]);
-        let mut tables = vec![0u32; batch.seqs.len() * max_blocks];
-        for (s, seq) in batch.seqs.iter().enumerate() {
-            tables[s * max_blocks..s * max_blocks + seq.block_table.len()].copy_from_slice(&seq.block_table);
-            for (i, &token) in seq.tokens.iter().enumerate() {
-                let pos = seq.start_pos + i;
-                ids.push(token);
-                positions.push(pos as u32);
-                info.extend([s as u32, pos as u32]);
-                slots.push(seq.block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
-            }
-            let end = ids.len() as u32;
-            logit_rows.extend(end - seq.num_logits as u32..end);
-        }
-        if logit_rows.is_empty() {
-            // Nothing is sampled this step (only prefill chunks): the LM head still needs a row.
-            logit_rows.push(0);
-        }
-        let f = &self.factory;
-        Ok(Uploaded {
-            token_ids: f.upload_u32(&[ids.len()], &ids)?,
-            positions: f.upload_u32(&[ids.len()], &positions)?,
-            token_info: f.upload_u32(&[ids.len(), 2], &info)?,
-            slots: f.upload_u32(&[ids.len()], &slots)?,
-            block_tables: f.upload_u32(&[batch.seqs.len(), max_blocks], &tables)?,
-            logit_rows: f.upload_u32(&[logit_rows.len()], &logit_rows)?,
-        })
-    }
-
-    fn record(&self, batch: &StepBatch, rec: &mut Recording) -> Result<GpuTensor> {
+    /// Write the step's inputs into the workspace and (unless the recording already holds a
+    /// step of this shape) record its forward pass and, when `sample`, its sampler. Returns the
+    /// logits and the sampler's output rows, viewed at the step's size.
+    fn record(&self, arena: &mut StepArena, batch: &StepBatch, sample: bool) -> Result<(GpuTensor, GpuTensor)> {
         self.debug_check(batch);
-        let up = self.upload(batch)?;
-        let inputs = StepInputs {
-            token_ids: &up.token_ids,
-            positions: &up.positions,
-            token_info: &up.token_info,
-            slots: &up.slots,
-            block_tables: &up.block_tables,
-            logit_rows: &up.logit_rows,
+        let inputs = HostInputs::of(batch, self.kv.config().block_size);
+        self.ensure_workspace(arena, &inputs.capacity(batch.seqs.len()))?;
+        let StepArena { rec, ws, recorded } = arena;
+        let ws = ws.as_ref().expect("ensured above");
+        let (num_tokens, num_logits) = (inputs.ids.len(), inputs.logit_rows.len());
+        let view = |t: &GpuTensor, rows: usize| t.slice_rows(0..rows);
+        // The first n entries of an (entries, 1) buffer, as a vector.
+        let first = |t: &GpuTensor, n: usize| t.slice_rows(0..n)?.reshape(&[n]);
+        let f = &self.factory;
+        f.write(&ws.token_ids, bytemuck::cast_slice(&inputs.ids))?;
+        f.write(&ws.positions, bytemuck::cast_slice(&inputs.positions))?;
+        f.write(&ws.token_info, bytemuck::cast_slice(&inputs.info))?;
+        f.write(&ws.slots, bytemuck::cast_slice(&inputs.slots))?;
+        f.write(&ws.block_tables, bytemuck::cast_slice(&inputs.tables))?;
+        f.write(&ws.logit_rows, bytemuck::cast_slice(&inputs.logit_rows))?;
+        let logits = view(&ws.logits, num_logits)?;
+        let out = ws.sampler.out(num_logits)?;
+        let shape = (inputs.shape(batch.seqs.len()), sample);
+        if *recorded == Some(shape) {
+            if sample {
+                // Same dispatches, same parameters: only the sampler's inputs are new.
+                sampler::write(f, &inputs.sampler, &ws.sampler, num_logits)?;
+            }
+            return Ok((logits, out));
+        }
+        rec.clear();
+        *recorded = None;
+        let step_inputs = StepInputs {
+            token_ids: &first(&ws.token_ids, num_tokens)?,
+            positions: &first(&ws.positions, num_tokens)?,
+            token_info: &view(&ws.token_info, num_tokens)?,
+            slots: &first(&ws.slots, num_tokens)?,
+            block_tables: &first(&ws.block_tables, inputs.tables.len())?.reshape(&[batch.seqs.len(), inputs.max_blocks])?,
+            logit_rows: &first(&ws.logit_rows, num_logits)?,
         };
-        self.model.record_forward(self.ctx(), &self.factory, rec, &inputs, &self.kv)
+        let acts = ws.acts.view(num_tokens, num_logits)?;
+        self.model.record_forward(self.ctx(), rec, &step_inputs, &acts, &self.kv, &logits)?;
+        if sample {
+            sampler::write(f, &inputs.sampler, &ws.sampler, num_logits)?;
+            sampler::record(self.ctx(), rec, &logits, inputs.sampler.num_entries(), &ws.sampler)?;
+        }
+        *recorded = Some(shape);
+        Ok((logits, out))
     }
 
     /// Run a step and return the logits of every sampled row, in batch order (for tests and
     /// tools; the serving path never reads logits back).
     pub async fn logits(&self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
-        let mut rec = Recording::new();
-        let logits = self.record(batch, &mut rec)?;
-        let bytes = self.ctx().submit_and_read(&rec, &logits).await?;
+        let mut arena = self.arena.lock().await;
+        let (logits, _) = self.record(&mut arena, batch, false)?;
+        let bytes = self.ctx().submit_and_read(&arena.rec, &logits).await?;
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(values.chunks(self.vocab_size()).take(batch.num_logits()).map(<[f32]>::to_vec).collect())
     }
 
     async fn step(&self, batch: &StepBatch) -> Result<StepOutput> {
-        let mut rec = Recording::new();
-        let logits = self.record(batch, &mut rec)?;
-        if batch.num_logits() == 0 {
-            self.ctx().submit(&rec).await?;
-            return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()] });
+        let started = Instant::now();
+        let mut arena = self.arena.lock().await;
+        let sample = batch.num_logits() > 0;
+        let (_, out) = self.record(&mut arena, batch, sample)?;
+        let mut timings =
+            StepTimings { record_s: started.elapsed().as_secs_f64(), dispatches: arena.rec.len(), ..Default::default() };
+        if self.profiling.load(Ordering::Relaxed) {
+            let waited = Instant::now();
+            let kernels = self.ctx().submit_profiled(&arena.rec).await?.unwrap_or_default();
+            timings.wait_s = waited.elapsed().as_secs_f64();
+            let mut by_kernel: Vec<(String, f64)> = Vec::new();
+            for (variant, seconds) in kernels {
+                let name = variant.to_string();
+                match by_kernel.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, total)) => *total += seconds,
+                    None => by_kernel.push((name, seconds)),
+                }
+            }
+            timings.kernels = by_kernel;
+            if !sample {
+                return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
+            }
+            // Profiling times the step on its own; the samples come back in a second submission.
+            let bytes = self.ctx().read_tensor(&out).await?;
+            return Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) });
         }
-        let out = sampler::record(self.ctx(), &self.factory, &mut rec, &logits, batch)?;
-        let bytes = self.ctx().submit_and_read(&rec, &out).await?;
-        Ok(sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)))
+        if !sample {
+            let waited = Instant::now();
+            self.ctx().submit(&arena.rec).await?;
+            timings.wait_s = waited.elapsed().as_secs_f64();
+            return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
+        }
+        let (bytes, times) = self.ctx().submit_and_read_timed(&arena.rec, &out).await?;
+        (timings.encode_s, timings.submit_s, timings.wait_s) = (times.encode_s, times.submit_s, times.wait_s);
+        Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) })
     }
 
     /// Upload and read back a small tensor: proof the device still answers.
@@ -160,5 +362,9 @@ impl ModelExecutor for GpuExecutor {
 
     fn health_check(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(self.round_trip())
+    }
+
+    fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
     }
 }

@@ -12,7 +12,6 @@ use crate::gpu::kernels::paged::{PagedKv, kv_write, paged_attention};
 use crate::gpu::kernels::rope::{RopePairing, rope};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
-use crate::quant::DType;
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`.
@@ -42,7 +41,8 @@ pub struct StepInputs<'a> {
 }
 
 /// The activations of one step, shared by every layer (wgpu orders the dispatches that use
-/// them).
+/// them). Made once for the most tokens a step may hold and viewed at each step's size, so the
+/// same buffers (and bind groups) serve every step.
 pub struct Activations {
     pub x: GpuTensor,    // (tokens, hidden): the residual stream
     pub xn: GpuTensor,   // (tokens, hidden): normalised x
@@ -54,23 +54,48 @@ pub struct Activations {
     pub gate: GpuTensor, // (tokens, intermediate)
     pub up: GpuTensor,   // (tokens, intermediate)
     pub act: GpuTensor,  // (tokens, intermediate)
+    pub rows: GpuTensor, // (logit rows, hidden): the normalised rows the LM head reads
 }
 
 impl Activations {
-    pub fn new(factory: &dyn TensorFactory, c: &ModelConfig, num_tokens: usize) -> Result<Self> {
-        let zeros = |cols: usize| factory.zeros(&[num_tokens, cols], DType::F32);
+    pub fn new(factory: &dyn TensorFactory, c: &ModelConfig, num_tokens: usize, num_logits: usize) -> Result<Self> {
+        let t = |cols: usize| factory.activations(&[num_tokens, cols]);
         Ok(Activations {
-            x: zeros(c.hidden_size)?,
-            xn: zeros(c.hidden_size)?,
-            q: zeros(c.num_heads * c.head_dim)?,
-            k: zeros(c.num_kv_heads * c.head_dim)?,
-            v: zeros(c.num_kv_heads * c.head_dim)?,
-            attn: zeros(c.num_heads * c.head_dim)?,
-            proj: zeros(c.hidden_size)?,
-            gate: zeros(c.intermediate_size)?,
-            up: zeros(c.intermediate_size)?,
-            act: zeros(c.intermediate_size)?,
+            x: t(c.hidden_size)?,
+            xn: t(c.hidden_size)?,
+            q: t(c.num_heads * c.head_dim)?,
+            k: t(c.num_kv_heads * c.head_dim)?,
+            v: t(c.num_kv_heads * c.head_dim)?,
+            attn: t(c.num_heads * c.head_dim)?,
+            proj: t(c.hidden_size)?,
+            gate: t(c.intermediate_size)?,
+            up: t(c.intermediate_size)?,
+            act: t(c.intermediate_size)?,
+            rows: factory.activations(&[num_logits, c.hidden_size])?,
         })
+    }
+
+    /// The first `num_tokens` token rows and `num_logits` logit rows (no copy).
+    pub fn view(&self, num_tokens: usize, num_logits: usize) -> Result<Activations> {
+        let t = |a: &GpuTensor| a.slice_rows(0..num_tokens);
+        Ok(Activations {
+            x: t(&self.x)?,
+            xn: t(&self.xn)?,
+            q: t(&self.q)?,
+            k: t(&self.k)?,
+            v: t(&self.v)?,
+            attn: t(&self.attn)?,
+            proj: t(&self.proj)?,
+            gate: t(&self.gate)?,
+            up: t(&self.up)?,
+            act: t(&self.act)?,
+            rows: self.rows.slice_rows(0..num_logits)?,
+        })
+    }
+
+    /// Tokens and logit rows these activations hold.
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.x.shape()[0], self.rows.shape()[0])
     }
 }
 

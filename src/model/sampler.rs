@@ -13,7 +13,7 @@
 use crate::error::Result;
 use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
-use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::quant::DType;
 use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams, Sampled};
 use crate::step::{StepBatch, StepOutput};
@@ -45,46 +45,100 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
     }
 }
 
-/// Record the sampling of every logit row of `batch` (`logits` holds them in batch order) and
-/// return the output tensor (rows, OUT_PER_ROW) U32 to read back.
-pub fn record(
-    ctx: &GpuContext,
-    factory: &dyn TensorFactory,
-    rec: &mut Recording,
-    logits: &GpuTensor,
-    batch: &StepBatch,
-) -> Result<GpuTensor> {
-    let num_rows = batch.num_logits();
-    let greedy = SamplingParams::greedy();
-    let mut settings = Vec::with_capacity(num_rows * SETTINGS_PER_ROW);
-    let mut penalties = Vec::with_capacity(num_rows * 3);
-    let mut entries = Vec::new();
-    for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
-        let spec = seq.sampling.as_ref();
-        debug_assert!(spec.is_some_and(|s| s.rows.len() == seq.num_logits), "the engine prepares every sampled row");
-        for i in 0..seq.num_logits {
-            let row = (settings.len() / SETTINGS_PER_ROW) as u32;
-            let (params, draw) = match spec {
-                Some(s) => (&s.params, s.rows.get(i)),
-                None => (&greedy, None),
-            };
-            settings.extend(settings_row(params, draw.map_or(0.0, |d| d.uniform)));
-            penalties.extend([params.repetition_penalty, params.presence_penalty, params.frequency_penalty]);
-            if let Some(draw) = draw.filter(|_| params.has_penalties()) {
-                entries.extend(draw.penalty_entries.iter().flat_map(|&(token, count)| [row, token, count]));
+/// The sampler's buffers, made once for up to `rows` logit rows and `entries` penalty entries
+/// (grown when a step needs more) and rewritten every step.
+pub struct SamplerBuffers {
+    settings: GpuTensor,  // (rows, SETTINGS_PER_ROW) U32
+    penalties: GpuTensor, // (rows, 3) F32: repetition, presence, frequency
+    entries: GpuTensor,   // (entries, 3) U32: row, token, times generated
+    out: GpuTensor,       // (rows, OUT_PER_ROW) U32
+}
+
+impl SamplerBuffers {
+    pub fn new(factory: &dyn TensorFactory, rows: usize, entries: usize) -> Result<Self> {
+        Ok(SamplerBuffers {
+            settings: factory.zeros(&[rows, SETTINGS_PER_ROW], DType::U32)?,
+            penalties: factory.zeros(&[rows, 3], DType::F32)?,
+            entries: factory.zeros(&[entries.max(1), 3], DType::U32)?,
+            out: factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?,
+        })
+    }
+
+    /// (logit rows, penalty entries) these buffers hold.
+    pub fn capacity(&self) -> (usize, usize) {
+        (self.settings.shape()[0], self.entries.shape()[0])
+    }
+}
+
+/// What the sampler needs uploaded for one step: per logit row its settings and penalties, and
+/// the penalty entries of every row.
+pub struct SamplerInputs {
+    settings: Vec<u32>,
+    penalties: Vec<f32>,
+    entries: Vec<u32>,
+}
+
+impl SamplerInputs {
+    /// The inputs of every logit row of `batch`, in batch order.
+    pub fn of(batch: &StepBatch) -> Self {
+        let num_rows = batch.num_logits();
+        let greedy = SamplingParams::greedy();
+        let mut settings = Vec::with_capacity(num_rows * SETTINGS_PER_ROW);
+        let mut penalties = Vec::with_capacity(num_rows * 3);
+        let mut entries = Vec::new();
+        for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
+            let spec = seq.sampling.as_ref();
+            debug_assert!(spec.is_some_and(|s| s.rows.len() == seq.num_logits), "the engine prepares every sampled row");
+            for i in 0..seq.num_logits {
+                let row = (settings.len() / SETTINGS_PER_ROW) as u32;
+                let (params, draw) = match spec {
+                    Some(s) => (&s.params, s.rows.get(i)),
+                    None => (&greedy, None),
+                };
+                settings.extend(settings_row(params, draw.map_or(0.0, |d| d.uniform)));
+                penalties.extend([params.repetition_penalty, params.presence_penalty, params.frequency_penalty]);
+                if let Some(draw) = draw.filter(|_| params.has_penalties()) {
+                    entries.extend(draw.penalty_entries.iter().flat_map(|&(token, count)| [row, token, count]));
+                }
             }
         }
+        SamplerInputs { settings, penalties, entries }
     }
-    if !entries.is_empty() {
-        let entries = factory.upload_u32(&[entries.len() / 3, 3], &entries)?;
-        let penalties = factory.upload_f32(&[num_rows, 3], &penalties)?;
-        penalize(ctx, rec, logits, &entries, &penalties)?;
+
+    /// Penalty entries these inputs hold.
+    pub fn num_entries(&self) -> usize {
+        self.entries.len() / 3
+    }
+}
+
+impl SamplerBuffers {
+    /// The output rows of a step with `rows` logit rows.
+    pub fn out(&self, rows: usize) -> Result<GpuTensor> {
+        self.out.slice_rows(0..rows)
+    }
+}
+
+/// Upload a step's sampler inputs into `bufs` (queued writes; nothing is created).
+pub fn write(factory: &GpuTensorFactory, inputs: &SamplerInputs, bufs: &SamplerBuffers, rows: usize) -> Result<()> {
+    factory.write(&bufs.settings.slice_rows(0..rows)?, bytemuck::cast_slice(&inputs.settings))?;
+    if inputs.num_entries() > 0 {
+        factory.write(&bufs.entries.slice_rows(0..inputs.num_entries())?, bytemuck::cast_slice(&inputs.entries))?;
+        factory.write(&bufs.penalties.slice_rows(0..rows)?, bytemuck::cast_slice(&inputs.penalties))?;
+    }
+    Ok(())
+}
+
+/// Record the sampling of `logits` (rows, vocab), whose rows are the batch's logit rows in
+/// order, from the inputs [`write`] put in `bufs` (`num_entries` penalty entries).
+pub fn record(ctx: &GpuContext, rec: &mut Recording, logits: &GpuTensor, num_entries: usize, bufs: &SamplerBuffers) -> Result<()> {
+    let rows = logits.shape()[0];
+    let settings = bufs.settings.slice_rows(0..rows)?;
+    if num_entries > 0 {
+        let entries = bufs.entries.slice_rows(0..num_entries)?;
+        penalize(ctx, rec, logits, &entries, &bufs.penalties.slice_rows(0..rows)?)?;
     }
     // Structured output's token masks go here: after penalties, before any filtering.
-    let settings = factory.upload_u32(&[num_rows, SETTINGS_PER_ROW], &settings)?;
-    let out = factory.zeros(&[num_rows, OUT_PER_ROW], DType::U32)?;
-    sample(ctx, rec, logits, &settings, &out)?;
-    Ok(out)
+    sample(ctx, rec, logits, &settings, &bufs.out(rows)?)
 }
 
 /// Split the sampler's output words (rows × OUT_PER_ROW, in batch order) into the step's output.
@@ -98,5 +152,5 @@ pub fn read(batch: &StepBatch, words: &[u32]) -> StepOutput {
             rows.by_ref().take(seq.num_logits).map(|row| read_sampled(row, top)).collect()
         })
         .collect();
-    StepOutput { samples }
+    StepOutput { samples, ..Default::default() }
 }

@@ -157,7 +157,7 @@ fn upload(
     if t.shape != shape {
         return Err(WeftError::model(file, format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape)));
     }
-    if float_only && t.dtype != DType::F32 {
+    if float_only {
         if t.dtype.is_quantized() {
             return Err(WeftError::model(
                 file,
@@ -167,10 +167,14 @@ fn upload(
         let values = crate::quant::dequantize(t.dtype, &t.bytes)?;
         return factory.upload_f32(shape, &values);
     }
-    if t.dtype.is_quantized() && shape[shape.len() - 1] % crate::quant::QK != 0 {
+    if shape[shape.len() - 1] % crate::quant::QK != 0 {
         return Err(WeftError::model(
             file,
-            format!("tensor {name} is {} but its rows of {} are not whole blocks", t.dtype, shape[shape.len() - 1]),
+            format!(
+                "tensor {name} has rows of {} elements; weft's matmul reads whole blocks of {}",
+                shape[shape.len() - 1],
+                crate::quant::QK
+            ),
         ));
     }
     factory.upload_weight(shape, t.dtype, &t.bytes)

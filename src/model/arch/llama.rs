@@ -28,7 +28,6 @@ use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Linear, Mlp, StepInputs};
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
-use crate::quant::DType;
 use crate::tensor::TensorFactory;
 
 struct Layer {
@@ -117,13 +116,13 @@ impl Architecture for LlamaModel {
     fn record_forward(
         &self,
         ctx: &GpuContext,
-        factory: &dyn TensorFactory,
         rec: &mut Recording,
         inputs: &StepInputs<'_>,
+        a: &Activations,
         kv: &KvPool,
-    ) -> Result<GpuTensor> {
+        logits: &GpuTensor,
+    ) -> Result<()> {
         let c = &self.config;
-        let a = Activations::new(factory, c, inputs.token_ids.shape()[0])?;
         let setup = AttentionSetup {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -137,19 +136,15 @@ impl Architecture for LlamaModel {
         embedding(ctx, rec, &self.embed, inputs.token_ids, &a.x)?;
         for (i, layer) in self.layers.iter().enumerate() {
             rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, c.rms_norm_eps)?;
-            layer.attention.forward(ctx, rec, &a, inputs, &kv.layer(i), &setup)?;
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i), &setup)?;
             add(ctx, rec, &a.x, &a.proj)?; // residual connection
             rms_norm(ctx, rec, &a.x, &layer.ffn_norm, &a.xn, c.rms_norm_eps)?;
-            layer.mlp.forward(ctx, rec, &a)?;
+            layer.mlp.forward(ctx, rec, a)?;
             add(ctx, rec, &a.x, &a.proj)?; // residual connection
         }
         rms_norm(ctx, rec, &a.x, &self.norm, &a.xn, c.rms_norm_eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
-        let num_logits = inputs.logit_rows.shape()[0];
-        let rows = factory.zeros(&[num_logits, c.hidden_size], DType::F32)?;
-        embedding(ctx, rec, &a.xn, inputs.logit_rows, &rows)?;
-        let logits = factory.zeros(&[num_logits, c.vocab_size], DType::F32)?;
-        matmul(ctx, rec, &rows, self.lm_head.as_ref().unwrap_or(&self.embed), &logits)?;
-        Ok(logits)
+        embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
+        matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
     }
 }

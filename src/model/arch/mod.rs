@@ -13,7 +13,7 @@ use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::StepInputs;
+use crate::model::layers::{Activations, StepInputs};
 use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
@@ -27,16 +27,18 @@ pub trait Architecture: Send + Sync {
     /// The longest position + 1 a sequence may reach.
     fn max_context(&self) -> usize;
 
-    /// Record one forward pass of every token in `inputs` through the whole model, writing K/V
-    /// into `kv`; returns the logits (num_logits, vocab) of the rows `inputs.logit_rows` names.
+    /// Record one forward pass of every token in `inputs` through the whole model, using `acts`
+    /// (viewed at this step's size) and writing K/V into `kv`; `logits` (num_logits, vocab)
+    /// receives the logits of the rows `inputs.logit_rows` names.
     fn record_forward(
         &self,
         ctx: &GpuContext,
-        factory: &dyn TensorFactory,
         rec: &mut Recording,
         inputs: &StepInputs<'_>,
+        acts: &Activations,
         kv: &KvPool,
-    ) -> Result<GpuTensor>;
+        logits: &GpuTensor,
+    ) -> Result<()>;
 }
 
 /// Upload `config`'s model from `source`, calling `progress(layers done, layers in all)`.
