@@ -102,6 +102,8 @@ pub struct StepTimings {
     pub wait_s: f64,
     /// Dispatches recorded.
     pub dispatches: usize,
+    /// The GPU's time for the step's pass, where the adapter has timestamps.
+    pub gpu_s: Option<f64>,
     /// GPU time of each kernel variant, summed over its dispatches (profiling only).
     pub kernels: Vec<(String, f64)>,
 }
@@ -112,10 +114,6 @@ impl StepTimings {
         self.schedule_s + self.record_s + self.encode_s + self.submit_s
     }
 
-    /// GPU time summed over the profiled kernels (`None` unless profiling).
-    pub fn gpu_s(&self) -> Option<f64> {
-        (!self.kernels.is_empty()).then(|| self.kernels.iter().map(|(_, t)| t).sum())
-    }
 }
 
 /// How many of `samples` (one per logit row of `seq`) the sequence keeps: each row whose

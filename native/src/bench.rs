@@ -1,10 +1,15 @@
 //! `weft bench`: measure throughput and latency at several concurrency levels, either in-process
 //! (the engine with its background loop) or against a running `weft serve` over HTTP.
 //!
-//! At each level, N clients each send one request at the same moment: a prompt of about
+//! For each prompt length and concurrency N, each repeat first times a lone prompt's first
+//! token (prefill tokens/s), then sends N requests at the same moment: prompts of
 //! --prompt-len tokens, greedy, generating exactly --gen-len tokens (end-of-sequence ignored).
-//! Every token's arrival time is recorded; from those come prefill, decode and aggregate
-//! throughput and the time-to-first-token and inter-token latency percentiles.
+//! Every token's arrival time is recorded; from those come the per-sequence decode rate (the
+//! median inter-token latency), the aggregate rate, and latency percentiles. In-process, the
+//! engine's step records add the host and GPU time per step, and the device's allocations and
+//! the process's peak memory are reported. Every figure is the median over --repeats.
+//! `--profile` then times every kernel of some decode steps on the GPU and splits the host's
+//! time per step.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -13,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use weft::engine::EngineConfig;
 use weft::EngineBuilder;
+use weft::engine::metrics::StepRecord;
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
+use weft::gpu::{GpuContext, GpuOptions};
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 use weft::{Result, WeftError};
@@ -24,10 +31,12 @@ pub struct Options {
     pub url: Option<String>,
     pub api_key: Option<String>,
     pub concurrency: Vec<usize>,
-    pub prompt_len: usize,
+    pub prompt_len: Vec<usize>,
     pub gen_len: usize,
+    pub repeats: usize,
     pub kv_memory_bytes: usize,
     pub json: bool,
+    pub profile: bool,
 }
 
 /// One request's timeline.
@@ -40,17 +49,22 @@ struct Trace {
     arrivals: Vec<(Instant, usize)>,
 }
 
-/// One concurrency level's results.
-struct Level {
+/// One (concurrency, prompt length) run: medians over the repeats. Fields the target cannot
+/// report (GPU figures against a server) are `None`.
+#[derive(Clone, Debug, Default)]
+struct Run {
     concurrency: usize,
-    prompt_tokens: usize,
-    generated_tokens: usize,
-    wall_s: f64,
-    prefill_tps: f64,
-    decode_tps: f64,
-    aggregate_tps: f64,
-    ttft_ms: [f64; 3],
-    itl_ms: [f64; 3],
+    prompt_len: usize,
+    gen_len: usize,
+    prefill_tok_s: f64,
+    decode_tok_s_per_seq: f64,
+    aggregate_tok_s: f64,
+    ttft_ms: [f64; 2],
+    itl_ms: [f64; 2],
+    host_ms_per_step: Option<f64>,
+    gpu_ms_per_step: Option<f64>,
+    gpu_mem_mib: Option<f64>,
+    host_rss_mib: Option<f64>,
 }
 
 fn bad(msg: impl Into<String>) -> WeftError {
@@ -61,109 +75,247 @@ pub fn run(opts: Options) -> Result<()> {
     if opts.concurrency.is_empty() || opts.concurrency.contains(&0) {
         return Err(bad("invalid --concurrency: give positive numbers, e.g. 1,4,16"));
     }
-    if opts.prompt_len == 0 || opts.gen_len == 0 {
+    if opts.prompt_len.is_empty() || opts.prompt_len.contains(&0) || opts.gen_len == 0 {
         return Err(bad("--prompt-len and --gen-len must be at least 1"));
     }
-    let levels = match &opts.url {
+    if opts.repeats == 0 {
+        return Err(bad("--repeats must be at least 1"));
+    }
+    let (adapter, model, runs) = match &opts.url {
         Some(url) => {
             let target = HttpTarget::parse(url, opts.api_key.clone())?;
-            let mut levels = Vec::new();
-            for (i, &n) in opts.concurrency.iter().enumerate() {
-                levels.push(summarize(n, &target.run_level(i, n, opts.prompt_len, opts.gen_len)?));
+            let mut runs = Vec::new();
+            for &prompt_len in &opts.prompt_len {
+                for (i, &n) in opts.concurrency.iter().enumerate() {
+                    let mut repeats = Vec::new();
+                    for r in 0..opts.repeats {
+                        let traces = target.run_level(i * 1000 + r, n, prompt_len, opts.gen_len)?;
+                        repeats.push(summarize(n, prompt_len, opts.gen_len, &traces, None));
+                    }
+                    runs.push(median_run(&repeats));
+                }
             }
-            levels
+            (Value::Null, url.clone(), runs)
         }
         None => run_in_process(&opts)?,
     };
     if opts.json {
-        let levels: Vec<Value> = levels
-            .iter()
-            .map(|l| {
-                json!({
-                    "concurrency": l.concurrency,
-                    "prompt_tokens": l.prompt_tokens,
-                    "generated_tokens": l.generated_tokens,
-                    "wall_s": l.wall_s,
-                    "prefill_tokens_per_s": l.prefill_tps,
-                    "decode_tokens_per_s": l.decode_tps,
-                    "aggregate_tokens_per_s": l.aggregate_tps,
-                    "ttft_ms": {"p50": l.ttft_ms[0], "p90": l.ttft_ms[1], "p99": l.ttft_ms[2]},
-                    "itl_ms": {"p50": l.itl_ms[0], "p90": l.itl_ms[1], "p99": l.itl_ms[2]},
-                })
-            })
-            .collect();
-        let target = match &opts.url {
-            Some(u) => json!({"url": u}),
-            None => json!({"model": crate::generate::model_path(opts.model.clone())?.display().to_string()}),
-        };
-        let doc = json!({"target": target, "prompt_len": opts.prompt_len, "gen_len": opts.gen_len, "levels": levels});
+        let runs: Vec<Value> = runs.iter().map(run_json).collect();
+        let doc = json!({"adapter": adapter, "model": model, "repeats": opts.repeats, "runs": runs});
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        print_table(&levels);
+        if let Some(name) = adapter["name"].as_str() {
+            println!("adapter: {name} ({}), model: {model}, medians of {} repeats", adapter["backend"].as_str().unwrap_or(""), opts.repeats);
+        }
+        print_table(&runs);
     }
     Ok(())
 }
 
-fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
-    let path = crate::generate::model_path(opts.model.clone())?;
-    let max_c = *opts.concurrency.iter().max().unwrap_or(&1);
-    let config = EngineConfig {
-        max_num_seqs: max_c,
-        max_model_len: EngineConfig::default().max_model_len.max(opts.prompt_len + opts.gen_len),
-        // Every prompt differs anyway; keep the cache from making later levels look faster.
-        enable_prefix_cache: false,
-        ..EngineConfig::default()
-    };
-    let engine = weft::rt::block_on(EngineBuilder::from_model(&path)?.config(config).kv_memory_bytes(opts.kv_memory_bytes).build())?;
-    engine.start_loop()?;
-    let vocab = engine.tokenizer().vocab_size();
-    let usable = vocab.saturating_sub(1000);
-    if usable < opts.prompt_len {
-        return Err(bad(format!("--prompt-len {} is more than the {usable} non-special token ids of this model", opts.prompt_len)));
-    }
-    let mut levels = Vec::new();
-    let mut serial = 0usize;
-    for &n in &opts.concurrency {
-        let mut requests = Vec::new();
-        for _ in 0..n {
-            // Distinct ids (avoiding the low, often special ones), different for every request.
-            let offset = serial * 7919;
-            serial += 1;
-            let ids: Vec<u32> = (0..opts.prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
+fn run_json(r: &Run) -> Value {
+    json!({
+        "concurrency": r.concurrency,
+        "prompt_len": r.prompt_len,
+        "gen_len": r.gen_len,
+        "prefill_tok_s": r.prefill_tok_s,
+        "decode_tok_s_per_seq": r.decode_tok_s_per_seq,
+        "aggregate_tok_s": r.aggregate_tok_s,
+        "ttft_ms_p50": r.ttft_ms[0],
+        "ttft_ms_p99": r.ttft_ms[1],
+        "itl_ms_p50": r.itl_ms[0],
+        "itl_ms_p99": r.itl_ms[1],
+        "host_ms_per_step_p50": r.host_ms_per_step,
+        "gpu_ms_per_step_p50": r.gpu_ms_per_step,
+        "gpu_mem_mib": r.gpu_mem_mib,
+        "host_rss_mib": r.host_rss_mib,
+    })
+}
+
+/// Greedy requests of `prompt_len` distinct token ids each (different for every request, so
+/// nothing hits a cache), generating exactly `gen_len` tokens.
+fn requests(n: usize, prompt_len: usize, gen_len: usize, vocab: usize, serial: &mut usize) -> Vec<InferenceRequest> {
+    let usable = vocab.saturating_sub(1000).max(1);
+    (0..n)
+        .map(|_| {
+            let offset = *serial * 7919;
+            *serial += 1;
+            let ids: Vec<u32> = (0..prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
-                max_tokens: Some(opts.gen_len),
+                max_tokens: Some(gen_len),
                 ignore_eos: true,
                 ..Default::default()
             };
-            requests.push(InferenceRequest::new(Prompt::Tokens(ids), params));
+            InferenceRequest::new(Prompt::Tokens(ids), params)
+        })
+        .collect()
+}
+
+/// Run `requests` at once on the engine and time every token's arrival.
+fn traces(engine: &ContinuousBatchEngine, requests: Vec<InferenceRequest>) -> Result<Vec<Trace>> {
+    weft::rt::block_on(async {
+        let mut streams = Vec::new();
+        for r in requests {
+            streams.push((Instant::now(), engine.infer_stream(r)?));
         }
-        let traces = weft::rt::block_on(async {
-            let mut streams = Vec::new();
-            for r in requests {
-                streams.push((Instant::now(), engine.infer_stream(r)?));
-            }
-            let runs = streams.into_iter().map(|(start, stream)| async move {
-                let mut stream = Box::pin(stream);
-                let mut trace = Trace { start, prompt_tokens: 0, completion_tokens: 0, arrivals: Vec::new() };
-                while let Some(chunk) = stream.next().await {
-                    let chunk = chunk?;
-                    if !chunk.token_ids.is_empty() {
-                        trace.arrivals.push((Instant::now(), chunk.token_ids.len()));
-                    }
-                    if let Some(u) = chunk.usage {
-                        trace.prompt_tokens = u.prompt_tokens;
-                        trace.completion_tokens = u.completion_tokens;
-                    }
+        let runs = streams.into_iter().map(|(start, stream)| async move {
+            let mut stream = Box::pin(stream);
+            let mut trace = Trace { start, prompt_tokens: 0, completion_tokens: 0, arrivals: Vec::new() };
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if !chunk.token_ids.is_empty() {
+                    trace.arrivals.push((Instant::now(), chunk.token_ids.len()));
                 }
-                Ok::<Trace, WeftError>(trace)
-            });
-            futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<Trace>>>()
-        })?;
-        levels.push(summarize(n, &traces));
+                if let Some(u) = chunk.usage {
+                    trace.prompt_tokens = u.prompt_tokens;
+                    trace.completion_tokens = u.completion_tokens;
+                }
+            }
+            Ok::<Trace, WeftError>(trace)
+        });
+        futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<Trace>>>()
+    })
+}
+
+fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
+    let path = crate::generate::model_path(opts.model.clone())?;
+    let max_c = *opts.concurrency.iter().max().unwrap_or(&1);
+    let max_p = *opts.prompt_len.iter().max().unwrap_or(&1);
+    let config = EngineConfig {
+        max_num_seqs: max_c,
+        max_model_len: EngineConfig::default().max_model_len.max(max_p + opts.gen_len),
+        // Every prompt differs anyway; keep the cache from making later runs look faster.
+        enable_prefix_cache: false,
+        ..EngineConfig::default()
+    };
+    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
+    let builder = EngineBuilder::from_model(&path)?.config(config).kv_memory_bytes(opts.kv_memory_bytes);
+    let engine = builder.build_on(ctx.clone())?;
+    engine.start_loop()?;
+    let vocab = engine.tokenizer().vocab_size();
+    if vocab.saturating_sub(1000) < max_p {
+        return Err(bad(format!("--prompt-len {max_p} is more than the non-special token ids of this model")));
+    }
+    let mut serial = 0usize;
+    // One short request first: pipelines compile, the workspace grows.
+    traces(&engine, requests(1, 8, 2, vocab, &mut serial))?;
+    let mut runs = Vec::new();
+    for &prompt_len in &opts.prompt_len {
+        for &n in &opts.concurrency {
+            let mut repeats = Vec::new();
+            for _ in 0..opts.repeats {
+                let lone = traces(&engine, requests(1, prompt_len, 1, vocab, &mut serial))?;
+                let ttft = lone.first().and_then(|t| t.arrivals.first()).map(|(at, _)| (*at - lone[0].start).as_secs_f64());
+                engine.take_step_records();
+                let t = traces(&engine, requests(n, prompt_len, opts.gen_len, vocab, &mut serial))?;
+                let steps = engine.take_step_records();
+                let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
+                run.prefill_tok_s = ttft.map_or(0.0, |s| prompt_len as f64 / s);
+                run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
+                run.host_rss_mib = peak_rss_mib();
+                repeats.push(run);
+            }
+            runs.push(median_run(&repeats));
+        }
+    }
+    if opts.profile {
+        profile(&engine, &opts.concurrency, opts.prompt_len[0], opts.gen_len.min(16), vocab, &mut serial)?;
     }
     engine.shutdown();
-    Ok(levels)
+    let info = ctx.adapter_info();
+    let f = ctx.features();
+    let features: Vec<&str> = [("shader-f16", f.shader_f16), ("subgroups", f.subgroups), ("timestamp-query", f.timestamp_query)]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+    let adapter = json!({
+        "name": info.name,
+        "backend": format!("{:?}", info.backend).to_lowercase(),
+        "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+        "device_type": format!("{:?}", info.device_type),
+        "features": features,
+        "kernels": ctx.kernel_family().name(),
+    });
+    let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    Ok((adapter, model, runs))
+}
+
+/// Per-step GPU time by kernel (timestamps around every dispatch) and host time by phase, for
+/// decode steps at each concurrency.
+fn profile(engine: &ContinuousBatchEngine, levels: &[usize], prompt_len: usize, gen_len: usize, vocab: usize, serial: &mut usize) -> Result<()> {
+    engine.set_profiling(true);
+    for &n in levels {
+        engine.take_step_records();
+        traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
+        let steps: Vec<StepRecord> = engine.take_step_records().into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect();
+        if steps.is_empty() {
+            continue;
+        }
+        let per_step = |f: &dyn Fn(&StepRecord) -> f64| steps.iter().map(f).sum::<f64>() / steps.len() as f64 * 1e3;
+        println!("\nprofile: {} decode steps of {n} sequences ({} dispatches each)", steps.len(), steps[0].timings.dispatches);
+        let mut kernels: Vec<(String, f64)> = Vec::new();
+        for s in &steps {
+            for (name, t) in &s.timings.kernels {
+                match kernels.iter_mut().find(|(k, _)| k == name) {
+                    Some((_, total)) => *total += t,
+                    None => kernels.push((name.clone(), *t)),
+                }
+            }
+        }
+        kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let gpu: f64 = kernels.iter().map(|(_, t)| t).sum::<f64>() / steps.len() as f64 * 1e3;
+        println!("  GPU {gpu:.2} ms per step, by kernel:");
+        for (name, t) in &kernels {
+            let ms = t / steps.len() as f64 * 1e3;
+            println!("    {ms:9.3} ms  {:5.1}%  {name}", 100.0 * ms / gpu.max(1e-12));
+        }
+        println!(
+            "  host per step: schedule {:.3} ms, record {:.3} ms, encode {:.3} ms, submit {:.3} ms; GPU wait {:.2} ms",
+            per_step(&|s| s.timings.schedule_s),
+            per_step(&|s| s.timings.record_s),
+            per_step(&|s| s.timings.encode_s),
+            per_step(&|s| s.timings.submit_s),
+            per_step(&|s| s.timings.wait_s),
+        );
+    }
+    engine.set_profiling(false);
+    Ok(())
+}
+
+/// The process's peak resident memory (Linux), in MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+/// Field by field, the median of the repeats.
+fn median_run(repeats: &[Run]) -> Run {
+    let m = |f: &dyn Fn(&Run) -> f64| median(repeats.iter().map(f).collect());
+    let opt = |f: &dyn Fn(&Run) -> Option<f64>| {
+        let v: Vec<f64> = repeats.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    Run {
+        concurrency: repeats[0].concurrency,
+        prompt_len: repeats[0].prompt_len,
+        gen_len: repeats[0].gen_len,
+        prefill_tok_s: m(&|r| r.prefill_tok_s),
+        decode_tok_s_per_seq: m(&|r| r.decode_tok_s_per_seq),
+        aggregate_tok_s: m(&|r| r.aggregate_tok_s),
+        ttft_ms: [m(&|r| r.ttft_ms[0]), m(&|r| r.ttft_ms[1])],
+        itl_ms: [m(&|r| r.itl_ms[0]), m(&|r| r.itl_ms[1])],
+        host_ms_per_step: opt(&|r| r.host_ms_per_step),
+        gpu_ms_per_step: opt(&|r| r.gpu_ms_per_step),
+        gpu_mem_mib: opt(&|r| r.gpu_mem_mib),
+        host_rss_mib: opt(&|r| r.host_rss_mib),
+    }
 }
 
 /// Nearest-rank percentile of sorted values (0 when there are none).
@@ -175,26 +327,17 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn summarize(concurrency: usize, traces: &[Trace]) -> Level {
+fn summarize(concurrency: usize, prompt_len: usize, gen_len: usize, traces: &[Trace], steps: Option<&[StepRecord]>) -> Run {
     let begin = traces.iter().map(|t| t.start).min().unwrap_or_else(Instant::now);
     let mut ttft = Vec::new();
     let mut itl = Vec::new();
-    let mut prompt_tokens = 0;
     let mut generated = 0;
-    let mut after_first = 0;
-    let mut last_first: Option<Instant> = None;
-    let mut first_first: Option<Instant> = None;
     let mut end = begin;
     for t in traces {
-        prompt_tokens += t.prompt_tokens;
         let count: usize = t.arrivals.iter().map(|a| a.1).sum();
-        let tokens = t.completion_tokens.max(count);
-        generated += tokens;
+        generated += t.completion_tokens.max(count);
         let Some(&(first, _)) = t.arrivals.first() else { continue };
-        after_first += tokens.saturating_sub(1);
         ttft.push((first - t.start).as_secs_f64() * 1e3);
-        last_first = Some(last_first.map_or(first, |x| x.max(first)));
-        first_first = Some(first_first.map_or(first, |x| x.min(first)));
         for w in t.arrivals.windows(2) {
             let gap = (w[1].0 - w[0].0).as_secs_f64() * 1e3;
             // A piece holding several tokens spreads its gap over them.
@@ -209,47 +352,51 @@ fn summarize(concurrency: usize, traces: &[Trace]) -> Level {
     ttft.sort_by(f64::total_cmp);
     itl.sort_by(f64::total_cmp);
     let wall = (end - begin).as_secs_f64();
-    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    // Prefill: every prompt token over the time until the last request got its first token.
-    let prefill_wall = last_first.map_or(0.0, |x| (x - begin).as_secs_f64());
-    // Decode: tokens after each request's first over the span from the first first token to the end.
-    let decode_wall = first_first.map_or(0.0, |x| (end - x).as_secs_f64());
-    let pct = |v: &[f64]| [percentile(v, 50.0), percentile(v, 90.0), percentile(v, 99.0)];
-    Level {
+    let itl_p50 = percentile(&itl, 50.0);
+    let host = steps.map(|s| median(s.iter().map(|r| r.timings.host_s() * 1e3).collect()));
+    let gpu = steps.and_then(|s| {
+        let v: Vec<f64> = s.iter().filter_map(|r| r.timings.gpu_s).map(|g| g * 1e3).collect();
+        (!v.is_empty()).then(|| median(v))
+    });
+    Run {
         concurrency,
-        prompt_tokens,
-        generated_tokens: generated,
-        wall_s: wall,
-        prefill_tps: rate(prompt_tokens, prefill_wall),
-        decode_tps: rate(after_first, decode_wall),
-        aggregate_tps: rate(generated, wall),
-        ttft_ms: pct(&ttft),
-        itl_ms: pct(&itl),
+        prompt_len,
+        gen_len,
+        prefill_tok_s: 0.0,
+        decode_tok_s_per_seq: if itl_p50 > 0.0 { 1e3 / itl_p50 } else { 0.0 },
+        aggregate_tok_s: if wall > 0.0 { generated as f64 / wall } else { 0.0 },
+        ttft_ms: [percentile(&ttft, 50.0), percentile(&ttft, 99.0)],
+        itl_ms: [itl_p50, percentile(&itl, 99.0)],
+        host_ms_per_step: host,
+        gpu_ms_per_step: gpu,
+        ..Default::default()
     }
 }
 
-fn print_table(levels: &[Level]) {
+fn print_table(runs: &[Run]) {
     let header = [
-        "conc", "prompt tok", "gen tok", "wall s", "prefill tok/s", "decode tok/s", "total tok/s", "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50",
-        "ITL p90", "ITL p99",
+        "conc", "prompt", "gen", "prefill tok/s", "decode tok/s/seq", "total tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+        "host ms/step", "GPU ms/step", "GPU MiB", "RSS MiB",
     ];
-    let rows: Vec<Vec<String>> = levels
+    let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |x| format!("{x:.digits$}"));
+    let rows: Vec<Vec<String>> = runs
         .iter()
-        .map(|l| {
+        .map(|r| {
             vec![
-                l.concurrency.to_string(),
-                l.prompt_tokens.to_string(),
-                l.generated_tokens.to_string(),
-                format!("{:.2}", l.wall_s),
-                format!("{:.1}", l.prefill_tps),
-                format!("{:.2}", l.decode_tps),
-                format!("{:.2}", l.aggregate_tps),
-                format!("{:.1}", l.ttft_ms[0]),
-                format!("{:.1}", l.ttft_ms[1]),
-                format!("{:.1}", l.ttft_ms[2]),
-                format!("{:.1}", l.itl_ms[0]),
-                format!("{:.1}", l.itl_ms[1]),
-                format!("{:.1}", l.itl_ms[2]),
+                r.concurrency.to_string(),
+                r.prompt_len.to_string(),
+                r.gen_len.to_string(),
+                format!("{:.1}", r.prefill_tok_s),
+                format!("{:.2}", r.decode_tok_s_per_seq),
+                format!("{:.2}", r.aggregate_tok_s),
+                format!("{:.1}", r.ttft_ms[0]),
+                format!("{:.1}", r.ttft_ms[1]),
+                format!("{:.1}", r.itl_ms[0]),
+                format!("{:.1}", r.itl_ms[1]),
+                opt(r.host_ms_per_step, 3),
+                opt(r.gpu_ms_per_step, 1),
+                opt(r.gpu_mem_mib, 0),
+                opt(r.host_rss_mib, 0),
             ]
         })
         .collect();
@@ -259,7 +406,7 @@ fn print_table(levels: &[Level]) {
     for r in &rows {
         println!("{}", line(r.iter().map(String::as_str).collect()));
     }
-    println!("(latencies in ms; TTFT = time to first token, ITL = inter-token latency)");
+    println!("(latencies in ms; prefill from a lone prompt's time to first token; decode per sequence from the median inter-token latency)");
 }
 
 /// Common short words, most of them one token each in typical tokenizers.

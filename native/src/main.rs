@@ -99,9 +99,9 @@ enum Command {
         /// (in-process, the engine's max_num_seqs is the largest level).
         #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
         concurrency: Vec<usize>,
-        /// Prompt length in tokens (with --url, about this many words).
-        #[arg(long, default_value_t = 128)]
-        prompt_len: usize,
+        /// Prompt lengths in tokens, comma-separated (with --url, about this many words).
+        #[arg(long, value_delimiter = ',', default_value = "128")]
+        prompt_len: Vec<usize>,
         /// Tokens to generate per request.
         #[arg(long, default_value_t = 128)]
         gen_len: usize,
@@ -109,9 +109,16 @@ enum Command {
         /// request of the largest level at once avoids preemption).
         #[arg(long, default_value = "1GiB", value_parser = serve::parse_size, conflicts_with = "url")]
         kv_memory: usize,
-        /// Print one JSON object (with an array of levels) instead of a table.
+        /// Run each configuration this many times and report medians.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Print one JSON object ({adapter, model, repeats, runs: [...]}) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also time every kernel of a few decode steps on the GPU (timestamp queries) and split
+        /// the host's time per step into scheduling, recording, encoding and submission.
+        #[arg(long, conflicts_with = "url")]
+        profile: bool,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health and /metrics (Prometheus text).
@@ -192,8 +199,19 @@ fn main() -> ExitCode {
         Command::Chat { model, system, max_tokens, sampling } => {
             chat::run(chat::Options { model, system, max_tokens, sampling: sampling.params() })
         }
-        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json } => {
-            bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json })
+        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, repeats, json, profile } => {
+            bench::run(bench::Options {
+                model,
+                url,
+                api_key,
+                concurrency,
+                prompt_len,
+                gen_len,
+                repeats,
+                kv_memory_bytes: kv_memory,
+                json,
+                profile,
+            })
         }
         Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache } => {
             serve::run(serve::Options {

@@ -17,14 +17,14 @@
 //! request's `n`-th generated token is drawn with the `n`-th value of its own random stream.
 //! **Invariant:** the engine never sees the GPU: it holds a `ModelExecutor` and plain data.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
 use web_time::Instant;
 
-use crate::engine::metrics::EngineMetrics;
+use crate::engine::metrics::{EngineMetrics, MAX_STEP_RECORDS, StepRecord};
 use crate::engine::output::Live;
 use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
 use crate::engine::scheduler::{ContinuousBatchScheduler, SchedRequest, SchedulerConfig};
@@ -74,6 +74,8 @@ pub(crate) struct State {
     live: HashMap<SeqId, Live>,
     metrics: EngineMetrics,
     last_step_error: Option<String>,
+    /// The latest steps, oldest first (at most `MAX_STEP_RECORDS`).
+    step_records: VecDeque<StepRecord>,
 }
 
 pub(crate) struct Inner {
@@ -147,6 +149,7 @@ impl ContinuousBatchEngine {
                     live: HashMap::new(),
                     metrics: EngineMetrics::default(),
                     last_step_error: None,
+                    step_records: VecDeque::new(),
                 }),
                 step_lock: futures::lock::Mutex::new(()),
                 next_id: AtomicU64::new(1),
@@ -319,6 +322,7 @@ impl ContinuousBatchEngine {
     /// Run one step for every pending request. Returns false when there was nothing to do.
     pub async fn step(&self) -> Result<bool> {
         let _turn = self.inner.step_lock.lock().await;
+        let started = Instant::now();
         let batch = {
             let mut state = self.state();
             self.drop_cancelled(&mut state);
@@ -345,12 +349,24 @@ impl ContinuousBatchEngine {
             }
             batch
         };
+        let schedule_s = started.elapsed().as_secs_f64();
         let result = self.inner.executor.execute(&batch).await;
         let mut state = self.state();
         state.metrics.steps += 1;
         match result {
             Ok(output) => {
                 state.last_step_error = None;
+                if state.step_records.len() == MAX_STEP_RECORDS {
+                    state.step_records.pop_front();
+                }
+                let timings = crate::step::StepTimings { schedule_s, ..output.timings };
+                let record = StepRecord {
+                    num_seqs: batch.seqs.len(),
+                    num_tokens: batch.num_batched_tokens,
+                    num_logits: batch.num_logits(),
+                    timings,
+                };
+                state.step_records.push_back(record);
                 self.apply(&mut state, &batch, output.samples);
                 Ok(true)
             }
@@ -495,6 +511,16 @@ impl ContinuousBatchEngine {
     /// Blocks in use, cached and free right now.
     pub fn kv_usage(&self) -> crate::kv::KvUsage {
         self.state().scheduler.kv().usage()
+    }
+
+    /// The steps run since the last call (at most the latest `MAX_STEP_RECORDS`), oldest first.
+    pub fn take_step_records(&self) -> Vec<StepRecord> {
+        self.state().step_records.drain(..).collect()
+    }
+
+    /// Time every kernel of the coming steps on the GPU (see `ModelExecutor::set_profiling`).
+    pub fn set_profiling(&self, on: bool) {
+        self.inner.executor.set_profiling(on);
     }
 
     /// The executor the engine steps (vocabulary size, context, KV shape, health probe).

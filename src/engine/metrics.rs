@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::engine::request::FinishReason;
+use crate::step::StepTimings;
 use crate::kv::{KvUsage, PrefixCacheStats};
 
 /// A latency histogram with fixed bucket bounds in seconds (cumulative counts, as Prometheus).
@@ -81,6 +82,19 @@ impl Default for EngineMetrics {
         }
     }
 }
+
+/// One engine step, as benchmarks and profiles see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRecord {
+    pub num_seqs: usize,
+    pub num_tokens: usize,
+    pub num_logits: usize,
+    pub timings: StepTimings,
+}
+
+/// Steps kept for [`ContinuousBatchEngine::take_step_records`](crate::engine::ContinuousBatchEngine::take_step_records)
+/// at most; older ones are dropped.
+pub const MAX_STEP_RECORDS: usize = 8192;
 
 impl EngineMetrics {
     pub(crate) fn finished(&mut self, reason: FinishReason) {

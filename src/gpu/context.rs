@@ -55,6 +55,8 @@ pub struct Creations {
     pub buffers: u64,
     pub textures: u64,
     pub bind_groups: u64,
+    /// Bytes of every buffer and texture created (freed ones included).
+    pub bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +64,7 @@ pub(crate) struct CreationCounters {
     pub buffers: AtomicU64,
     pub textures: AtomicU64,
     pub bind_groups: AtomicU64,
+    pub bytes: AtomicU64,
 }
 
 /// Optional adapter features weft knows how to use. Every kernel has a path that needs none.
@@ -200,12 +203,14 @@ impl GpuContext {
             buffers: c.buffers.load(Ordering::Relaxed),
             textures: c.textures.load(Ordering::Relaxed),
             bind_groups: c.bind_groups.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
         }
     }
 
     /// Make a buffer, counted in [`creations`](Self::creations).
     pub(crate) fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
         self.creations.buffers.fetch_add(1, Ordering::Relaxed);
+        self.creations.bytes.fetch_add(size, Ordering::Relaxed);
         self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
     }
 

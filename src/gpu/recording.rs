@@ -52,6 +52,8 @@ struct Arena {
     params_written: bool,
     bind_groups: HashMap<(ShaderVariant, Vec<Resource>), wgpu::BindGroup>,
     staging: Option<wgpu::Buffer>,
+    /// Timestamps at the start and end of the pass, and the buffer they resolve into.
+    timestamps: Option<(wgpu::QuerySet, wgpu::Buffer)>,
 }
 
 /// Host time of one submission, in seconds.
@@ -63,6 +65,8 @@ pub struct SubmitTimes {
     pub submit_s: f64,
     /// Waiting for the GPU (and the readback's mapping).
     pub wait_s: f64,
+    /// The GPU's time for the pass, where the adapter has timestamps.
+    pub gpu_s: Option<f64>,
 }
 
 /// An ordered list of dispatches that run as one submission, and the arena they live in.
@@ -228,6 +232,19 @@ impl GpuContext {
         groups: &[wgpu::BindGroup],
         queries: Option<&wgpu::QuerySet>,
     ) {
+        self.encode_timed(encoder, recording, groups, queries, None)
+    }
+
+    /// [`encode_into`](Self::encode_into), with the whole pass's start and end written into
+    /// `pass_queries` (unprofiled only).
+    fn encode_timed(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        recording: &Recording,
+        groups: &[wgpu::BindGroup],
+        queries: Option<&wgpu::QuerySet>,
+        pass_queries: Option<&wgpu::QuerySet>,
+    ) {
         let set = |pass: &mut wgpu::ComputePass<'_>, d: &Dispatch, group: &wgpu::BindGroup| {
             pass.set_pipeline(&d.pipeline.pipeline);
             let offsets: Vec<u32> = std::iter::once(d.params_offset).chain(d.window_offset).collect();
@@ -236,7 +253,12 @@ impl GpuContext {
         };
         match queries {
             None => {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("weft step"), timestamp_writes: None });
+                let timestamp_writes = pass_queries.map(|query_set| wgpu::ComputePassTimestampWrites {
+                    query_set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                });
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("weft step"), timestamp_writes });
                 for (d, group) in recording.dispatches.iter().zip(groups) {
                     set(&mut pass, d, group);
                 }
@@ -287,17 +309,32 @@ impl GpuContext {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        self.encode_into(&mut encoder, recording, &groups, None);
-        let staging = {
+        let (staging, timestamps) = {
             let mut arena = recording.arena();
-            let needed = self.readback_bytes(result);
+            // The result, then the pass's two timestamps (8-byte aligned).
+            let needed = self.readback_bytes(result).next_multiple_of(8) + 16;
             if arena.staging.as_ref().is_none_or(|s| s.size() < needed) {
                 let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
                 arena.staging = Some(self.create_buffer("readback", needed.next_power_of_two(), usage));
             }
-            arena.staging.clone().expect("made above")
+            if arena.timestamps.is_none() && self.features().timestamp_query {
+                let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("step timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                });
+                let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+                arena.timestamps = Some((set, self.create_buffer("step timestamps", 16, usage)));
+            }
+            (arena.staging.clone().expect("made above"), arena.timestamps.clone())
         };
-        let readback = self.encode_readback_into(&mut encoder, result, staging);
+        self.encode_timed(&mut encoder, recording, &groups, None, timestamps.as_ref().map(|(set, _)| set));
+        let result_bytes = self.readback_bytes(result).next_multiple_of(8);
+        if let Some((set, resolve)) = &timestamps {
+            encoder.resolve_query_set(set, 0..2, resolve, 0);
+            encoder.copy_buffer_to_buffer(resolve, 0, &staging, result_bytes, 16);
+        }
+        let readback = self.encode_readback_into(&mut encoder, result, staging.clone());
         let command_buffer = encoder.finish();
         let encoded = web_time::Instant::now();
         self.queue.submit([command_buffer]);
@@ -305,11 +342,22 @@ impl GpuContext {
         if let Some(error) = self.settle(scope.pop()).await? {
             return Err(self.gpu_error(recording, error));
         }
-        let bytes = self.finish_readback(readback).await?;
+        let mut gpu_s = None;
+        let bytes = self
+            .finish_readback_with(readback, |view| {
+                if timestamps.is_some() {
+                    let at = result_bytes as usize;
+                    let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[at..at + 16]);
+                    let seconds = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9;
+                    gpu_s = Some(seconds);
+                }
+            })
+            .await?;
         let times = SubmitTimes {
             encode_s: (encoded - started).as_secs_f64(),
             submit_s: (submitted - encoded).as_secs_f64(),
             wait_s: submitted.elapsed().as_secs_f64(),
+            gpu_s,
         };
         Ok((bytes, times))
     }

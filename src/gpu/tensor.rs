@@ -281,6 +281,7 @@ impl GpuTensorFactory {
                         size += X_WINDOW_BYTES;
                     }
                     self.ctx.creations.buffers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.ctx.creations.bytes.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
                     // Mapped at creation: the bytes go straight from the model file into the
                     // buffer, with no staging copy on the host.
                     let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -311,6 +312,7 @@ impl GpuTensorFactory {
     fn texture(&self, len: u64, src: Option<&[u8]>) -> Result<PartStorage> {
         let height = len.div_ceil(TEXTURE_ROW_BYTES).max(1) as u32;
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.creations.bytes.fetch_add(u64::from(height) * TEXTURE_ROW_BYTES, std::sync::atomic::Ordering::Relaxed);
         let texture = self.ctx.device.create_texture(&wgpu::TextureDescriptor {
             label: Some("weights"),
             size: wgpu::Extent3d { width: TEXTURE_WIDTH, height, depth_or_array_layers: 1 },
@@ -470,6 +472,12 @@ impl GpuContext {
     /// Map a submitted readback and return the tensor's bytes; the staging buffer is unmapped
     /// again, ready for the next readback.
     pub(crate) async fn finish_readback(&self, readback: Readback) -> Result<Vec<u8>> {
+        self.finish_readback_with(readback, |_| {}).await
+    }
+
+    /// [`finish_readback`](Self::finish_readback), also showing `also` the whole mapped staging
+    /// buffer (where other results were copied after the tensor).
+    pub(crate) async fn finish_readback_with(&self, readback: Readback, also: impl FnOnce(&[u8])) -> Result<Vec<u8>> {
         let (sender, receiver) = futures::channel::oneshot::channel();
         readback.staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = sender.send(r);
@@ -486,6 +494,7 @@ impl GpuContext {
             out.extend_from_slice(&view[from..from + bytes]);
             at += len;
         }
+        also(&view);
         drop(view);
         readback.staging.unmap();
         Ok(out)

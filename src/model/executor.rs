@@ -312,6 +312,7 @@ impl GpuExecutor {
                     None => by_kernel.push((name, seconds)),
                 }
             }
+            timings.gpu_s = Some(by_kernel.iter().map(|(_, t)| t).sum());
             timings.kernels = by_kernel;
             if !sample {
                 return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
@@ -328,6 +329,7 @@ impl GpuExecutor {
         }
         let (bytes, times) = self.ctx().submit_and_read_timed(&arena.rec, &out).await?;
         (timings.encode_s, timings.submit_s, timings.wait_s) = (times.encode_s, times.submit_s, times.wait_s);
+        timings.gpu_s = times.gpu_s;
         Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) })
     }
 
