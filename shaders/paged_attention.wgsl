@@ -6,7 +6,7 @@
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
-//   1 q             read        f32 (num_tokens, num_heads, head_dim)
+//   1 q             read        f32 (num_tokens, q_stride): head h at columns h·head_dim ..
 //   2 k_cache       read        f32 (num_slots, num_kv_heads, head_dim) from element cache_offset
 //   3 v_cache       read        f32 (num_slots, num_kv_heads, head_dim) likewise
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
@@ -28,6 +28,7 @@ struct AttentionParams {
     cache_offset: u32,
     window: u32,
     scale: f32,
+    q_stride: u32,
 }
 
 const WG: u32 = 16u;
@@ -58,10 +59,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_stride = params.num_kv_heads * hd;
 
     var qv: array<f32, MAX_HEAD_DIM>;
-    let q_base = (t * params.num_heads + head) * hd;
+    let q_base = t * params.q_stride + head * hd;
     for (var d = 0u; d < hd; d++) {
         qv[d] = q[q_base + d] * params.scale;
     }
+    let out_base = (t * params.num_heads + head) * hd;
 
     var first = 0u;
     if (params.window > 0u && pos + 1u > params.window) {
@@ -108,6 +110,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var j = 0u; j < WG; j++) {
             o += sh_acc[j * MAX_HEAD_DIM + d] * exp(sh_max[j] - total_max);
         }
-        out[q_base + d] = o / total_sum;
+        out[out_base + d] = o / total_sum;
     }
 }

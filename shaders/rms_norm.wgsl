@@ -2,13 +2,13 @@
 // rms_norm: y[r, i] = x[r, i] / sqrt(mean(x[r, :]²) + eps) * weight[i].
 //
 // Bindings (group 0)
-//   0 params  uniform     Params         mirrors gpu::kernels::rms_norm::Params
+//   0 params  uniform     Params         mirrors gpu::kernels::reduce::RmsNormParams
 //   1 x       read        f32 (rows, n)
 //   2 weight  read        f32 (n)
 //   3 y       read_write  f32 (rows, n)
 // Workgroup: 64 invocations per row. Invocation t sums the squares of x[r, t], x[r, t + 64], …;
-// a fixed tree over workgroup memory adds the 64 partial sums; then each invocation scales its
-// strided elements. The order depends only on n, so rows are batch invariant.
+// shared/row_norm.wgsl adds the partial sums in a fixed order; then each invocation scales its
+// strided elements. Rows are batch invariant.
 // Grid: (rows, 1, 1).
 
 struct Params {
@@ -24,7 +24,7 @@ const WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read> weight: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-var<workgroup> sh_sum: array<f32, WG>;
+#include shared/row_norm.wgsl
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -34,15 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let v = x[base + i];
         s += v * v;
     }
-    sh_sum[lid] = s;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            sh_sum[lid] += sh_sum[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let scale = inverseSqrt(sh_sum[0] / f32(params.n) + params.eps);
+    let scale = norm_scale(lid, s);
     for (var i = lid; i < params.n; i += WG) {
         y[base + i] = x[base + i] * scale * weight[i];
     }

@@ -1,28 +1,39 @@
 //! The building blocks architectures share, each recording its dispatches: a [`Linear`]
-//! projection (weight and optional bias), self-[`Attention`] over the paged KV cache with RoPE,
-//! and the gated [`Mlp`]. An architecture file composes them top to bottom.
+//! projection (one or several weight matrices written side by side, optional bias),
+//! self-[`Attention`] over the paged KV cache with RoPE, and the gated [`Mlp`]. An architecture
+//! file composes them top to bottom.
+//!
+//! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
+//! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
+//! RoPE and the KV write are one kernel, the residual add and the next norm another. A layer
+//! is 9 dispatches (on CPU drivers, more for prefill steps: one matmul per window of rows).
 //!
 //! **Invariant:** layers record dispatches over tensors the caller owns; they allocate only
-//! what they are told to through [`Activations`], made once per step for all layers.
+//! what they are told to through [`Activations`], made once for all steps.
 
 use crate::error::Result;
 use crate::gpu::kernels::elementwise::{add_bias, silu_mul};
-use crate::gpu::kernels::matmul::matmul;
-use crate::gpu::kernels::paged::{PagedKv, kv_write, paged_attention};
-use crate::gpu::kernels::rope::{RopePairing, rope};
+use crate::gpu::kernels::matmul::matmul_into;
+use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
+use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
 use crate::tensor::TensorFactory;
 
-/// `y = x · Wᵀ (+ b)`.
+/// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
+/// columns (in order), and b covers all of y's columns.
 pub struct Linear {
-    pub weight: GpuTensor,      // (out, in), any weight format
-    pub bias: Option<GpuTensor>, // (out) F32
+    pub weights: Vec<GpuTensor>, // each (out_i, in), any weight format
+    pub bias: Option<GpuTensor>, // (Σ out_i) F32
 }
 
 impl Linear {
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, y: &GpuTensor) -> Result<()> {
-        matmul(ctx, rec, x, &self.weight, y)?;
+        let mut col = 0;
+        for w in &self.weights {
+            matmul_into(ctx, rec, x, w, y, col)?;
+            col += w.shape()[0];
+        }
         if let Some(bias) = &self.bias {
             add_bias(ctx, rec, y, bias)?;
         }
@@ -44,17 +55,14 @@ pub struct StepInputs<'a> {
 /// them). Made once for the most tokens a step may hold and viewed at each step's size, so the
 /// same buffers (and bind groups) serve every step.
 pub struct Activations {
-    pub x: GpuTensor,    // (tokens, hidden): the residual stream
-    pub xn: GpuTensor,   // (tokens, hidden): normalised x
-    pub q: GpuTensor,    // (tokens, heads · head_dim)
-    pub k: GpuTensor,    // (tokens, kv_heads · head_dim)
-    pub v: GpuTensor,    // (tokens, kv_heads · head_dim)
-    pub attn: GpuTensor, // (tokens, heads · head_dim)
-    pub proj: GpuTensor, // (tokens, hidden): o_proj / down_proj output
-    pub gate: GpuTensor, // (tokens, intermediate)
-    pub up: GpuTensor,   // (tokens, intermediate)
-    pub act: GpuTensor,  // (tokens, intermediate)
-    pub rows: GpuTensor, // (logit rows, hidden): the normalised rows the LM head reads
+    pub x: GpuTensor,       // (tokens, hidden): the residual stream
+    pub xn: GpuTensor,      // (tokens, hidden): normalised x
+    pub qkv: GpuTensor,     // (tokens, (heads + 2 · kv_heads) · head_dim)
+    pub attn: GpuTensor,    // (tokens, heads · head_dim)
+    pub proj: GpuTensor,    // (tokens, hidden): o_proj / down_proj output
+    pub gate_up: GpuTensor, // (tokens, 2 · intermediate)
+    pub act: GpuTensor,     // (tokens, intermediate)
+    pub rows: GpuTensor,    // (logit rows, hidden): the normalised rows the LM head reads
 }
 
 impl Activations {
@@ -63,13 +71,10 @@ impl Activations {
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
-            q: t(c.num_heads * c.head_dim)?,
-            k: t(c.num_kv_heads * c.head_dim)?,
-            v: t(c.num_kv_heads * c.head_dim)?,
+            qkv: t((c.num_heads + 2 * c.num_kv_heads) * c.head_dim)?,
             attn: t(c.num_heads * c.head_dim)?,
             proj: t(c.hidden_size)?,
-            gate: t(c.intermediate_size)?,
-            up: t(c.intermediate_size)?,
+            gate_up: t(2 * c.intermediate_size)?,
             act: t(c.intermediate_size)?,
             rows: factory.activations(&[num_logits, c.hidden_size])?,
         })
@@ -81,37 +86,25 @@ impl Activations {
         Ok(Activations {
             x: t(&self.x)?,
             xn: t(&self.xn)?,
-            q: t(&self.q)?,
-            k: t(&self.k)?,
-            v: t(&self.v)?,
+            qkv: t(&self.qkv)?,
             attn: t(&self.attn)?,
             proj: t(&self.proj)?,
-            gate: t(&self.gate)?,
-            up: t(&self.up)?,
+            gate_up: t(&self.gate_up)?,
             act: t(&self.act)?,
             rows: self.rows.slice_rows(0..num_logits)?,
         })
-    }
-
-    /// Tokens and logit rows these activations hold.
-    pub fn capacity(&self) -> (usize, usize) {
-        (self.x.shape()[0], self.rows.shape()[0])
     }
 }
 
 /// Grouped-query self-attention with RoPE over the paged KV cache.
 pub struct Attention {
-    pub q: Linear,
-    pub k: Linear,
-    pub v: Linear,
+    pub qkv: Linear, // q, k, v side by side
     pub o: Linear,
 }
 
 /// What attention needs besides its weights: the model's shape and RoPE table.
 pub struct AttentionSetup<'a> {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
+    pub layout: QkvLayout,
     pub cos_sin: &'a GpuTensor, // (max_positions, head_dim / 2, 2)
     pub pairing: RopePairing,
     pub sliding_window: Option<usize>,
@@ -119,8 +112,8 @@ pub struct AttentionSetup<'a> {
 }
 
 impl Attention {
-    /// `a.proj = o(attention(rope(q(a.xn)), rope(k(a.xn)), v(a.xn)))`, writing this step's K and
-    /// V into `cache`.
+    /// `a.proj = o(attention(rope(q), rope(k), v))` with q, k, v from `a.xn`, writing this
+    /// step's K and V into `cache`.
     pub fn forward(
         &self,
         ctx: &GpuContext,
@@ -130,34 +123,24 @@ impl Attention {
         cache: &PagedKv<'_>,
         s: &AttentionSetup<'_>,
     ) -> Result<()> {
-        let num_tokens = a.xn.shape()[0];
-        self.q.forward(ctx, rec, &a.xn, &a.q)?;
-        self.k.forward(ctx, rec, &a.xn, &a.k)?;
-        self.v.forward(ctx, rec, &a.xn, &a.v)?;
-        let q3 = a.q.reshape(&[num_tokens, s.num_heads, s.head_dim])?;
-        let k3 = a.k.reshape(&[num_tokens, s.num_kv_heads, s.head_dim])?;
-        let v3 = a.v.reshape(&[num_tokens, s.num_kv_heads, s.head_dim])?;
-        let attn3 = a.attn.reshape(&[num_tokens, s.num_heads, s.head_dim])?;
-        rope(ctx, rec, &q3, inputs.positions, s.cos_sin, s.pairing)?;
-        rope(ctx, rec, &k3, inputs.positions, s.cos_sin, s.pairing)?;
-        kv_write(ctx, rec, &k3, &v3, inputs.slots, cache)?;
-        paged_attention(ctx, rec, &q3, cache, inputs.block_tables, inputs.token_info, &attn3, s.sliding_window, s.scale)?;
+        self.qkv.forward(ctx, rec, &a.xn, &a.qkv)?;
+        rope_kv_write(ctx, rec, &a.qkv, s.layout, inputs.positions, s.cos_sin, s.pairing, inputs.slots, cache)?;
+        let (tables, info) = (inputs.block_tables, inputs.token_info);
+        paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, &a.attn, s.sliding_window, s.scale)?;
         self.o.forward(ctx, rec, &a.attn, &a.proj)
     }
 }
 
 /// The gated MLP: `a.proj = down(silu(gate(a.xn)) · up(a.xn))`.
 pub struct Mlp {
-    pub gate: Linear,
-    pub up: Linear,
+    pub gate_up: Linear, // gate, up side by side
     pub down: Linear,
 }
 
 impl Mlp {
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
-        self.gate.forward(ctx, rec, &a.xn, &a.gate)?;
-        self.up.forward(ctx, rec, &a.xn, &a.up)?;
-        silu_mul(ctx, rec, &a.gate, &a.up, &a.act)?;
+        self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
+        silu_mul(ctx, rec, &a.gate_up, &a.act)?;
         self.down.forward(ctx, rec, &a.act, &a.proj)
     }
 }

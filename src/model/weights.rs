@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
+use crate::model::layers::Linear;
 use crate::quant::DType;
 use crate::tensor::TensorFactory;
 
@@ -116,14 +117,21 @@ pub struct Loader<'a> {
 }
 
 impl Loader<'_> {
-    fn get(&self, layer: Option<usize>, part: Part, shape: &[usize], float_only: bool) -> Result<Option<GpuTensor>> {
+    /// The host tensor `part` of `layer`, its shape checked; `None` if the checkpoint lacks it.
+    fn host(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<(String, HostTensor<'_>)>> {
         let name = tensor_name(self.source.checkpoint(), layer, part);
         let Some(t) = self.source.get(&name)? else { return Ok(None) };
-        upload(self.source.file(), &name, t, shape, float_only, self.factory).map(Some)
+        if t.shape != shape {
+            return Err(WeftError::model(
+                self.source.file(),
+                format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape),
+            ));
+        }
+        Ok(Some((name, t)))
     }
 
-    fn required(&self, layer: Option<usize>, part: Part, shape: &[usize], float_only: bool) -> Result<GpuTensor> {
-        self.get(layer, part, shape, float_only)?.ok_or_else(|| {
+    fn required_host(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<(String, HostTensor<'_>)> {
+        self.host(layer, part, shape)?.ok_or_else(|| {
             let name = tensor_name(self.source.checkpoint(), layer, part);
             WeftError::model(self.source.file(), format!("tensor {name} is missing"))
         })
@@ -131,51 +139,76 @@ impl Loader<'_> {
 
     /// A weight matrix or embedding table, kept in the checkpoint's format.
     pub fn matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<GpuTensor> {
-        self.required(layer, part, shape, false)
+        let (name, t) = self.required_host(layer, part, shape)?;
+        upload_matrix(self.source.file(), &name, &t, self.factory)
     }
 
     /// A norm weight or bias, as F32.
     pub fn vector(&self, layer: Option<usize>, part: Part, len: usize) -> Result<GpuTensor> {
-        self.required(layer, part, &[len], true)
+        let (name, t) = self.required_host(layer, part, &[len])?;
+        self.factory.upload_f32(&[len], &float_values(self.source.file(), &name, &t)?)
     }
 
     /// A matrix that may be absent (an untied LM head).
     pub fn optional_matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<GpuTensor>> {
-        self.get(layer, part, shape, false)
+        match self.host(layer, part, shape)? {
+            Some((name, t)) => upload_matrix(self.source.file(), &name, &t, self.factory).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Projections of one input that run as one (`parts` as (part, output rows); each `cols`
+    /// wide): their rows concatenated into one matrix when they share a format, else one
+    /// matrix each; their biases (when `biases` names them) concatenated into one vector.
+    pub fn linear(&self, layer: usize, parts: &[(Part, usize)], biases: Option<&[Part]>, cols: usize) -> Result<Linear> {
+        let file = self.source.file();
+        let mut hosts = Vec::with_capacity(parts.len());
+        for &(part, rows) in parts {
+            hosts.push(self.required_host(Some(layer), part, &[rows, cols])?);
+        }
+        let weights = if hosts.iter().all(|(_, t)| t.dtype == hosts[0].1.dtype) && hosts.len() > 1 {
+            let rows: usize = parts.iter().map(|(_, r)| r).sum();
+            let mut bytes = Vec::with_capacity(hosts.iter().map(|(_, t)| t.bytes.len()).sum());
+            for (_, t) in &hosts {
+                bytes.extend_from_slice(&t.bytes);
+            }
+            let fused = HostTensor { shape: vec![rows, cols], dtype: hosts[0].1.dtype, bytes: Cow::Owned(bytes) };
+            let names: Vec<&str> = hosts.iter().map(|(n, _)| n.as_str()).collect();
+            vec![upload_matrix(file, &names.join("+"), &fused, self.factory)?]
+        } else {
+            hosts.iter().map(|(name, t)| upload_matrix(file, name, t, self.factory)).collect::<Result<_>>()?
+        };
+        let bias = match biases {
+            Some(biases) => {
+                let mut values = Vec::new();
+                for (&b, &(_, rows)) in biases.iter().zip(parts) {
+                    let (name, t) = self.required_host(Some(layer), b, &[rows])?;
+                    values.extend(float_values(file, &name, &t)?);
+                }
+                Some(self.factory.upload_f32(&[values.len()], &values)?)
+            }
+            None => None,
+        };
+        Ok(Linear { weights, bias })
     }
 }
 
-/// Check a checkpoint tensor's shape and upload it; norm weights and biases become F32.
-fn upload(
-    file: &str,
-    name: &str,
-    t: HostTensor<'_>,
-    shape: &[usize],
-    float_only: bool,
-    factory: &dyn TensorFactory,
-) -> Result<GpuTensor> {
-    if t.shape != shape {
-        return Err(WeftError::model(file, format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape)));
+/// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.
+fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> {
+    if t.dtype.is_quantized() {
+        return Err(WeftError::model(file, format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype)));
     }
-    if float_only {
-        if t.dtype.is_quantized() {
-            return Err(WeftError::model(
-                file,
-                format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype),
-            ));
-        }
-        let values = crate::quant::dequantize(t.dtype, &t.bytes)?;
-        return factory.upload_f32(shape, &values);
-    }
-    if shape[shape.len() - 1] % crate::quant::QK != 0 {
+    crate::quant::dequantize(t.dtype, &t.bytes)
+}
+
+/// Upload a weight matrix in its own format, where the device's weight kernels read it best.
+fn upload_matrix(file: &str, name: &str, t: &HostTensor<'_>, factory: &dyn TensorFactory) -> Result<GpuTensor> {
+    let cols = t.shape[t.shape.len() - 1];
+    if cols % crate::quant::QK != 0 {
         return Err(WeftError::model(
             file,
-            format!(
-                "tensor {name} has rows of {} elements; weft's matmul reads whole blocks of {}",
-                shape[shape.len() - 1],
-                crate::quant::QK
-            ),
+            format!("tensor {name} has rows of {cols} elements; weft's matmul reads whole blocks of {}", crate::quant::QK),
         ));
     }
-    factory.upload_weight(shape, t.dtype, &t.bytes)
+    factory.upload_weight(&t.shape, t.dtype, &t.bytes)
 }

@@ -13,19 +13,19 @@ use crate::common::*;
 #[test]
 fn silu_mul_matches_cpu() {
     let Some(f) = gpu() else { return };
-    for &len in &[1, 255, 257, 5000] {
-        let gate = random(len, 1, 8.0);
-        let up = random(len, 2, 2.0);
-        let (g, u, o) = (
-            f.upload_f32(&[len], &gate).unwrap(),
-            f.upload_f32(&[len], &up).unwrap(),
-            f.zeros(&[len], DType::F32).unwrap(),
-        );
+    for &(rows, cols) in &[(1, 1), (1, 255), (3, 257), (5, 1000)] {
+        let gate = random(rows * cols, 1, 8.0);
+        let up = random(rows * cols, 2, 2.0);
+        // Gate and up side by side in each row, as the MLP's fused projection writes them.
+        let gate_up: Vec<f32> =
+            (0..rows).flat_map(|r| gate[r * cols..(r + 1) * cols].iter().chain(&up[r * cols..(r + 1) * cols]).copied()).collect();
+        let gu = f.upload_f32(&[rows, 2 * cols], &gate_up).unwrap();
+        let o = f.zeros(&[rows, cols], DType::F32).unwrap();
         let mut rec = Recording::new();
-        silu_mul(ctx(f), &mut rec, &g, &u, &o).unwrap();
+        silu_mul(ctx(f), &mut rec, &gu, &o).unwrap();
         run(f, &rec);
         let want = weft::cpu::silu_mul(&gate, &up);
-        assert_close(&format!("silu_mul len={len}"), &read_f32(f, &o), &want, |i| {
+        assert_close(&format!("silu_mul {rows}x{cols}"), &read_f32(f, &o), &want, |i| {
             24.0 * U * f64::from(want[i].abs()) + 1e-30
         });
     }

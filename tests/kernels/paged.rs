@@ -1,9 +1,10 @@
-//! Paged KV: kv_write puts rows in the right slots, and paged_attention over scattered blocks
-//! equals plain attention over each sequence's keys, for decode tokens and prefill chunks that
-//! start mid-sequence, with and without a sliding window, on a layer that is not the first.
+//! Paged attention over scattered blocks equals plain attention over each sequence's keys, for
+//! decode tokens and prefill chunks that start mid-sequence, with and without a sliding window,
+//! on a layer that is not the first, with the queries read from a fused qkv row. (Writing the
+//! cache is `rope_kv_write`'s, tested in rope.rs.)
 
 use weft::DType;
-use weft::gpu::kernels::paged::{PagedKv, kv_write, paged_attention};
+use weft::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention};
 use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
@@ -14,6 +15,7 @@ const KV_HEADS: usize = 3;
 const HEAD_DIM: usize = 64;
 const BLOCK: usize = 16;
 const KV_DIM: usize = KV_HEADS * HEAD_DIM;
+const LAYOUT: QkvLayout = QkvLayout { num_heads: HEADS, num_kv_heads: KV_HEADS, head_dim: HEAD_DIM };
 
 /// Sequences with their K/V written into a two-layer cache, addressed through layer 1.
 pub struct Filled {
@@ -48,7 +50,10 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
     let mut free: Vec<u32> = (0..num_blocks as u32).map(|b| (b * 7 + 3) % num_blocks as u32).collect();
     let mut tables = vec![u32::MAX; lens.len() * max_blocks];
     let (mut k, mut v) = (Vec::new(), Vec::new());
-    let (mut all_k, mut all_v, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    let slots_per_layer = num_blocks * BLOCK;
+    // Layer 1 of a two-layer cache, filled on the CPU.
+    let mut k_cache = vec![0f32; 2 * slots_per_layer * KV_DIM];
+    let mut v_cache = k_cache.clone();
     for (s, &len) in lens.iter().enumerate() {
         for b in 0..len.div_ceil(BLOCK) {
             tables[s * max_blocks + b] = free.pop().unwrap();
@@ -56,36 +61,23 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
         let ks: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64, 1.0)).collect();
         let vs: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64 + 500_000, 1.0)).collect();
         for p in 0..len {
-            all_k.extend(&ks[p]);
-            all_v.extend(&vs[p]);
-            slots.push(tables[s * max_blocks + p / BLOCK] * BLOCK as u32 + (p % BLOCK) as u32);
+            let slot = slots_per_layer + tables[s * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
+            k_cache[slot * KV_DIM..(slot + 1) * KV_DIM].copy_from_slice(&ks[p]);
+            v_cache[slot * KV_DIM..(slot + 1) * KV_DIM].copy_from_slice(&vs[p]);
         }
         k.push(ks);
         v.push(vs);
     }
-    // One padding token: its slot is u32::MAX and it must write nothing.
-    all_k.extend(vec![9.0; KV_DIM]);
-    all_v.extend(vec![9.0; KV_DIM]);
-    slots.push(u32::MAX);
-    let tokens = slots.len();
-    let slots_per_layer = num_blocks * BLOCK;
-    let filled = Filled {
+    Filled {
         lens: lens.to_vec(),
         k,
         v,
         tables,
         max_blocks,
-        k_cache: f.zeros(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], DType::F32).unwrap(),
-        v_cache: f.zeros(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], DType::F32).unwrap(),
+        k_cache: f.upload_f32(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], &k_cache).unwrap(),
+        v_cache: f.upload_f32(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], &v_cache).unwrap(),
         slots_per_layer,
-    };
-    let kt = f.upload_f32(&[tokens, KV_HEADS, HEAD_DIM], &all_k).unwrap();
-    let vt = f.upload_f32(&[tokens, KV_HEADS, HEAD_DIM], &all_v).unwrap();
-    let st = f.upload_u32(&[tokens], &slots).unwrap();
-    let mut rec = Recording::new();
-    kv_write(ctx(f), &mut rec, &kt, &vt, &st, &filled.cache()).unwrap();
-    run(f, &rec);
-    filled
+    }
 }
 
 /// Attention for the given (sequence, position) query tokens; returns (q, gpu output).
@@ -99,36 +91,21 @@ pub fn attend(
     let n = queries.len();
     let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
     let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
-    let qt = f.upload_f32(&[n, HEADS, HEAD_DIM], &q).unwrap();
+    // The queries in a qkv row, the other columns junk the kernel must not read as queries.
+    let stride = LAYOUT.row_stride();
+    let mut qkv = random(n * stride, seed + 1, 100.0);
+    for t in 0..n {
+        qkv[t * stride..t * stride + HEADS * HEAD_DIM].copy_from_slice(&q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM]);
+    }
+    let qt = f.upload_f32(&[n, stride], &qkv).unwrap();
     let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();
     let it = f.upload_u32(&[n, 2], &info).unwrap();
-    let out = f.zeros(&[n, HEADS, HEAD_DIM], DType::F32).unwrap();
+    let out = f.zeros(&[n, HEADS * HEAD_DIM], DType::F32).unwrap();
     let mut rec = Recording::new();
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-    paged_attention(ctx(f), &mut rec, &qt, &filled.cache(), &bt, &it, &out, window, scale).unwrap();
+    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &filled.cache(), &bt, &it, &out, window, scale).unwrap();
     run(f, &rec);
     (q, read_f32(f, &out))
-}
-
-#[test]
-fn kv_write_fills_the_right_slots() {
-    let Some(f) = gpu() else { return };
-    let filled = fill(f, &[1, 17, 40]);
-    let k_cache = read_f32(f, &filled.k_cache);
-    let v_cache = read_f32(f, &filled.v_cache);
-    let mut written = 0;
-    for (s, &len) in filled.lens.iter().enumerate() {
-        for p in 0..len {
-            let slot =
-                filled.slots_per_layer + filled.tables[s * filled.max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
-            assert_eq!(&k_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.k[s][p][..], "K seq {s} pos {p}");
-            assert_eq!(&v_cache[slot * KV_DIM..(slot + 1) * KV_DIM], &filled.v[s][p][..], "V seq {s} pos {p}");
-            written += KV_DIM;
-        }
-    }
-    // Layer 0 and every slot no token owns stay zero; the padding token wrote nothing.
-    let nonzero = k_cache.iter().filter(|&&x| x != 0.0).count();
-    assert!(nonzero <= written && !k_cache.contains(&9.0));
 }
 
 /// Tolerance: a score's f32 dot product errs by at most (head_dim + 2)·u·Σ|q·k|·scale, which is
@@ -170,11 +147,12 @@ fn attention_matches_cpu_for_decode_and_prefill_chunks() {
 fn attention_rejects_heads_that_do_not_group() {
     let Some(f) = gpu() else { return };
     let filled = fill(f, &[4]);
-    let q = f.zeros(&[1, 4, HEAD_DIM], DType::F32).unwrap(); // 4 heads over 3 KV heads
+    let layout = QkvLayout { num_heads: 4, ..LAYOUT }; // 4 heads over 3 KV heads
+    let q = f.zeros(&[1, layout.row_stride()], DType::F32).unwrap();
     let bt = f.upload_u32(&[1, 1], &filled.tables).unwrap();
     let it = f.upload_u32(&[1, 2], &[0, 0]).unwrap();
-    let out = f.zeros(&[1, 4, HEAD_DIM], DType::F32).unwrap();
-    let err =
-        paged_attention(ctx(f), &mut Recording::new(), &q, &filled.cache(), &bt, &it, &out, None, 1.0).unwrap_err();
+    let out = f.zeros(&[1, 4 * HEAD_DIM], DType::F32).unwrap();
+    let err = paged_attention(ctx(f), &mut Recording::new(), &q, layout, &filled.cache(), &bt, &it, &out, None, 1.0)
+        .unwrap_err();
     assert!(err.to_string().contains("multiple of num_kv_heads"), "{err}");
 }

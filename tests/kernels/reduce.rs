@@ -2,7 +2,8 @@
 //! 64-invocation workgroup.
 
 use weft::DType;
-use weft::gpu::kernels::reduce::{argmax, rms_norm, softmax};
+use weft::gpu::kernels::elementwise::add;
+use weft::gpu::kernels::reduce::{add_rms_norm, argmax, rms_norm, softmax};
 use weft::gpu::Recording;
 use weft::tensor::TensorFactory;
 
@@ -31,6 +32,28 @@ fn rms_norm_matches_cpu() {
         assert_close(&format!("rms_norm {rows}x{n}"), &read_f32(f, &yt), &want, |i| {
             rel * f64::from(want[i].abs()) + 1e-30
         });
+    }
+}
+
+/// The fused residual connection and norm computes exactly what `add` then `rms_norm` do: the
+/// same additions, the same reduction.
+#[test]
+fn add_rms_norm_equals_add_then_rms_norm_bit_for_bit() {
+    let Some(f) = gpu() else { return };
+    for &(rows, n) in SHAPES {
+        let x = random(rows * n, n as u64, 3.0);
+        let d = random(rows * n, n as u64 + 9, 1.0);
+        let w = random(n, 7, 1.5);
+        let wt = f.upload_f32(&[n], &w).unwrap();
+        let (xa, da, ya) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+        let (xb, db, yb) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+        let mut rec = Recording::new();
+        add_rms_norm(ctx(f), &mut rec, &xa, &da, &wt, &ya, 1e-5).unwrap();
+        add(ctx(f), &mut rec, &xb, &db).unwrap();
+        rms_norm(ctx(f), &mut rec, &xb, &wt, &yb, 1e-5).unwrap();
+        run(f, &rec);
+        assert!(read_f32(f, &xa) == read_f32(f, &xb), "{rows}x{n}: the residual stream");
+        assert!(read_f32(f, &ya) == read_f32(f, &yb), "{rows}x{n}: the normalised rows");
     }
 }
 

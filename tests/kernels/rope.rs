@@ -1,38 +1,76 @@
-//! RoPE in both pairings against the CPU. The angles come from one table, so the only error is
-//! the rotation itself: two products and a sum, within 2·u·(|xa| + |xb|) each, checked at 4·u.
+//! RoPE fused with the KV write, in both pairings, against the CPU: the query heads of a qkv
+//! row rotate in place; the key heads rotate into their tokens' cache slots and the value heads
+//! are copied there; a token whose slot lies past the cache writes nothing. The angles come
+//! from one table, so the only error is the rotation itself: two products and a sum, within
+//! 2·u·(|xa| + |xb|) each, checked at 4·u.
 
 use weft::DType;
-use weft::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq, rope};
 use weft::gpu::Recording;
+use weft::gpu::kernels::paged::{PagedKv, QkvLayout, rope_kv_write};
+use weft::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
 
+const BLOCK: usize = 4;
+
 fn check(pairing: RopePairing) {
     let Some(f) = gpu() else { return };
-    for &(tokens, heads, head_dim) in &[(1, 1, 2), (5, 3, 64), (33, 9, 64), (4, 2, 128)] {
+    for &(tokens, heads, kv_heads, head_dim) in &[(1, 1, 1, 2), (5, 3, 1, 64), (33, 9, 3, 64), (4, 2, 2, 128)] {
+        let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim };
+        let stride = layout.row_stride();
         let table = cos_sin_table(&inv_freq(head_dim, 100000.0), 8192);
-        let x = random(tokens * heads * head_dim, head_dim as u64, 2.0);
+        let qkv = random(tokens * stride, head_dim as u64, 2.0);
         let positions: Vec<u32> = (0..tokens as u32).map(|t| t * 97 % 8192 + t).collect();
-        let xt = f.upload_f32(&[tokens, heads, head_dim], &x).unwrap();
+        // Slots scattered over a two-layer cache; the last token's slot is past it.
+        let num_slots = (tokens + 3).div_ceil(BLOCK) * BLOCK;
+        let mut slots: Vec<u32> = (0..tokens as u32).map(|t| (t * 5 + 2) % num_slots as u32).collect();
+        *slots.last_mut().unwrap() = num_slots as u32 + 7;
+        let qt = f.upload_f32(&[tokens, stride], &qkv).unwrap();
         let pt = f.upload_u32(&[tokens], &positions).unwrap();
         let ct = f.upload_f32(&[8192, head_dim / 2, 2], &table).unwrap();
+        let st = f.upload_u32(&[tokens], &slots).unwrap();
+        let k_cache = f.zeros(&[2 * num_slots, kv_heads, head_dim], DType::F32).unwrap();
+        let v_cache = f.zeros(&[2 * num_slots, kv_heads, head_dim], DType::F32).unwrap();
+        let cache = PagedKv { k_cache: &k_cache, v_cache: &v_cache, block_size: BLOCK, first_slot: num_slots, num_slots };
         let mut rec = Recording::new();
-        rope(ctx(f), &mut rec, &xt, &pt, &ct, pairing).unwrap();
+        rope_kv_write(ctx(f), &mut rec, &qt, layout, &pt, &ct, pairing, &st, &cache).unwrap();
         run(f, &rec);
-        let mut want = x.clone();
-        weft::cpu::rope(&mut want, heads, head_dim, &positions, &table, pairing == RopePairing::Neox);
-        let got = read_f32(f, &xt);
-        let norm = |i: usize| {
-            let base = i / head_dim * head_dim;
-            x[base..base + head_dim].iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max)
-        };
-        assert_close(&format!("{pairing:?} {tokens}x{heads}x{head_dim}"), &got, &want, |i| 8.0 * U * norm(i) + 1e-30);
+
+        let neox = pairing == RopePairing::Neox;
+        let (q_cols, kv_cols) = (heads * head_dim, kv_heads * head_dim);
+        let column = |t: usize, from: usize, len: usize| qkv[t * stride + from..t * stride + from + len].to_vec();
+        let mut want_q: Vec<f32> = (0..tokens).flat_map(|t| column(t, 0, q_cols)).collect();
+        let mut want_k: Vec<f32> = (0..tokens).flat_map(|t| column(t, q_cols, kv_cols)).collect();
+        weft::cpu::rope(&mut want_q, heads, head_dim, &positions, &table, neox);
+        weft::cpu::rope(&mut want_k, kv_heads, head_dim, &positions, &table, neox);
+        let got = read_f32(f, &qt);
+        let (got_k, got_v) = (read_f32(f, &k_cache), read_f32(f, &v_cache));
+        let bound = |row: &[f32]| 8.0 * U * row.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) + 1e-30;
+        for t in 0..tokens {
+            let what = format!("{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}");
+            let q_row = &column(t, 0, q_cols);
+            assert_close(&format!("{what} q"), &got[t * stride..t * stride + q_cols], &want_q[t * q_cols..(t + 1) * q_cols], |_| bound(q_row));
+            assert_eq!(&got[t * stride + q_cols..(t + 1) * stride], &column(t, q_cols, stride - q_cols)[..], "{what}: k and v stay");
+            let slot = slots[t] as usize;
+            if slot >= num_slots {
+                continue;
+            }
+            let at = (num_slots + slot) * kv_cols;
+            let k_row = &column(t, q_cols, kv_cols);
+            assert_close(&format!("{what} k"), &got_k[at..at + kv_cols], &want_k[t * kv_cols..(t + 1) * kv_cols], |_| bound(k_row));
+            assert_eq!(&got_v[at..at + kv_cols], &column(t, q_cols + kv_cols, kv_cols)[..], "{what} v");
+        }
+        // Layer 0 stays empty, and the skipped token wrote nowhere.
+        let written = (tokens - 1) * kv_cols;
+        assert!(got_v[..num_slots * kv_cols].iter().all(|&x| x == 0.0));
+        assert!(got_v.iter().filter(|&&x| x != 0.0).count() <= written);
         // The pairings differ, so each test also proves it used its own.
-        let mut other = x.clone();
-        weft::cpu::rope(&mut other, heads, head_dim, &positions, &table, pairing != RopePairing::Neox);
+        let mut other: Vec<f32> = (0..tokens).flat_map(|t| column(t, 0, q_cols)).collect();
+        weft::cpu::rope(&mut other, heads, head_dim, &positions, &table, !neox);
+        let got_q: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride..t * stride + q_cols].to_vec()).collect();
         if tokens > 1 {
-            assert!(got != other, "{pairing:?} gave the other pairing's result");
+            assert!(got_q != other, "{pairing:?} gave the other pairing's result");
         }
     }
 }
@@ -48,10 +86,17 @@ fn interleaved_pairing_matches_cpu() {
 }
 
 #[test]
-fn odd_head_dim_is_an_error() {
+fn odd_head_dim_and_foreign_caches_are_errors() {
     let Some(f) = gpu() else { return };
-    let x = f.zeros(&[1, 1, 3], DType::F32).unwrap();
+    let layout = QkvLayout { num_heads: 1, num_kv_heads: 1, head_dim: 3 };
+    let x = f.zeros(&[1, 9], DType::F32).unwrap();
     let p = f.zeros(&[1], DType::U32).unwrap();
     let c = f.zeros(&[4, 1, 2], DType::F32).unwrap();
-    assert!(rope(ctx(f), &mut Recording::new(), &x, &p, &c, RopePairing::Neox).is_err());
+    let cache_t = f.zeros(&[4, 1, 3], DType::F32).unwrap();
+    let cache = PagedKv { k_cache: &cache_t, v_cache: &cache_t, block_size: 4, first_slot: 0, num_slots: 4 };
+    let err = rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err();
+    assert!(err.to_string().contains("even"), "{err}");
+    let layout = QkvLayout { num_heads: 1, num_kv_heads: 2, head_dim: 3 };
+    let err = rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err();
+    assert!(err.to_string().contains("KV heads"), "{err}");
 }

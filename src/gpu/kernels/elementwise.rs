@@ -1,13 +1,13 @@
 //! One-element-per-invocation kernels: the SwiGLU gate, the residual add and bias add.
 
-use super::{shader_params, u32_of};
+use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
 shader_params!(Params { len: u32, delta_len: u32 });
-shader_params!(SiluMulParams { len: u32 });
+shader_params!(SiluMulParams { len: u32, cols: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -24,24 +24,17 @@ fn same_f32(op: &'static str, tensors: &[(&str, &GpuTensor)]) -> Result<usize> {
     Ok(first.num_elems())
 }
 
-/// Record `out = silu(gate) * up` over F32 tensors of one shape.
-pub fn silu_mul(
-    ctx: &GpuContext,
-    rec: &mut Recording,
-    gate: &GpuTensor,
-    up: &GpuTensor,
-    out: &GpuTensor,
-) -> Result<()> {
+/// Record out[r, c] = silu(gate_up[r, c]) · gate_up[r, cols + c]: gate_up (rows, 2 · cols) F32
+/// holds the gate and up projections side by side, out is (rows, cols) F32.
+pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
     const OP: &str = "silu_mul";
-    let len = same_f32(OP, &[("gate", gate), ("up", up), ("out", out)])?;
-    let params = SiluMulParams { len: u32_of(OP, "len", len)? };
-    let bindings = [
-        gate.single_part(OP)?.resource(ctx)?,
-        up.single_part(OP)?.resource(ctx)?,
-        out.single_part(OP)?.resource(ctx)?,
-    ];
+    expect(OP, "out", out, DType::F32, &[None, None])?;
+    let (rows, cols) = (out.shape()[0], out.shape()[1]);
+    expect(OP, "gate_up", gate_up, DType::F32, &[Some(rows), Some(2 * cols)])?;
+    let params = SiluMulParams { len: u32_of(OP, "len", rows * cols)?, cols: u32_of(OP, "cols", cols)? };
+    let bindings = [gate_up.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
     let variant = ShaderVariant::plain("silu_mul");
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(rows * cols, WORKGROUP))?;
     Ok(())
 }
 

@@ -21,6 +21,17 @@ shader_params!(Params {
 /// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
 /// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
+    record(ctx, rec, x, w, y, 0, true)
+}
+
+/// Record `y[:, col..col + n] = x · wᵀ`: as [`matmul`], into columns of a wider y (m, n_total)
+/// F32, so several projections of one input can land side by side in one buffer.
+pub fn matmul_into(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor, col: usize) -> Result<()> {
+    record(ctx, rec, x, w, y, col, false)
+}
+
+/// `exact`: y must have exactly w's n columns (else at least col + n).
+fn record(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor, col: usize, exact: bool) -> Result<()> {
     const OP: &str = "matmul";
     if !DType::WEIGHTS.contains(&w.dtype()) || w.shape().len() != 2 {
         return Err(WeftError::shape(OP, format!("w must be a 2-D weight matrix, got {} {:?}", w.dtype(), w.shape())));
@@ -31,7 +42,11 @@ pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTenso
     }
     expect(OP, "x", x, DType::F32, &[None, Some(k)])?;
     let m = x.shape()[0];
-    expect(OP, "y", y, DType::F32, &[Some(m), Some(n)])?;
+    expect(OP, "y", y, DType::F32, &[Some(m), exact.then_some(n)])?;
+    let n_total = y.shape()[1];
+    if col + n > n_total {
+        return Err(WeftError::shape(OP, format!("columns {col}..{} do not fit y's {n_total}", col + n)));
+    }
     let x_part = x.single_part(OP)?;
     let y_res = y.single_part(OP)?.resource(ctx)?;
     let cpu = ctx.kernel_family() == KernelFamily::Cpu;
@@ -46,8 +61,8 @@ pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTenso
                 m: u32_of(OP, "m", rows)?,
                 k: u32_of(OP, "k", k)?,
                 n_part: u32_of(OP, "n", part.num_rows())?,
-                n_offset: u32_of(OP, "n", part.rows.start)?,
-                n_total: u32_of(OP, "n", n)?,
+                n_offset: u32_of(OP, "n", col + part.rows.start)?,
+                n_total: u32_of(OP, "n", n_total)?,
                 row_bytes: u32_of(OP, "row bytes", w.row_bytes())?,
                 y_row0: u32_of(OP, "row", y_row0)?,
                 w_base: u32_of(OP, "weight offset", part.base_bytes() as usize)?,

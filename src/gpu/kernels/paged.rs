@@ -8,10 +8,23 @@
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::recording::flat_grid;
+use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(KvWriteParams { num_tokens: u32, kv_dim: u32, cache_offset: u32, num_slots: u32 });
+shader_params!(RopeKvParams {
+    num_tokens: u32,
+    num_heads: u32,
+    num_kv_heads: u32,
+    head_dim: u32,
+    row_stride: u32,
+    k_col: u32,
+    v_col: u32,
+    neox: u32,
+    table_rows: u32,
+    cache_offset: u32,
+    num_slots: u32,
+});
 shader_params!(AttentionParams {
     num_tokens: u32,
     num_heads: u32,
@@ -22,6 +35,7 @@ shader_params!(AttentionParams {
     cache_offset: u32,
     window: u32,
     scale: f32,
+    q_stride: u32,
 });
 
 /// Largest head_dim the attention kernel holds in registers (`MAX_HEAD_DIM` in the shader).
@@ -64,50 +78,89 @@ impl PagedKv<'_> {
     }
 }
 
-/// Record writing k and v (num_tokens, num_kv_heads, head_dim) F32 into the slots named by
-/// slots (num_tokens) U32; a slot of `u32::MAX` (padding) writes nothing.
-pub fn kv_write(
+/// The layout of a step's fused q/k/v activations: each token's row holds `num_heads` query
+/// heads from column 0, then `num_kv_heads` key heads, then as many value heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvLayout {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    /// Columns of one token's row.
+    pub fn row_stride(&self) -> usize {
+        (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+}
+
+/// Record RoPE on qkv's query heads (in place) and key heads, and write the rotated keys and
+/// the values into the cache slots named by slots (num_tokens) U32 (a slot past the cache
+/// writes nothing). qkv (num_tokens, layout.row_stride()) F32; positions (num_tokens) U32;
+/// angles from cos_sin (table_rows, head_dim / 2, 2) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_write(
     ctx: &GpuContext,
     rec: &mut Recording,
-    k: &GpuTensor,
-    v: &GpuTensor,
+    qkv: &GpuTensor,
+    layout: QkvLayout,
+    positions: &GpuTensor,
+    cos_sin: &GpuTensor,
+    pairing: RopePairing,
     slots: &GpuTensor,
     cache: &PagedKv<'_>,
 ) -> Result<()> {
-    const OP: &str = "kv_write";
+    const OP: &str = "rope_kv_write";
     let (num_kv_heads, head_dim) = cache.check(OP)?;
-    expect(OP, "k", k, DType::F32, &[None, Some(num_kv_heads), Some(head_dim)])?;
-    let num_tokens = k.shape()[0];
-    expect(OP, "v", v, DType::F32, &[Some(num_tokens), Some(num_kv_heads), Some(head_dim)])?;
+    if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim || head_dim % 2 != 0 {
+        return Err(WeftError::shape(
+            OP,
+            format!("qkv has {} KV heads of {} (even) dims; the cache holds {num_kv_heads} of {head_dim}", layout.num_kv_heads, layout.head_dim),
+        ));
+    }
+    expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
+    let num_tokens = qkv.shape()[0];
+    expect(OP, "positions", positions, DType::U32, &[Some(num_tokens)])?;
+    expect(OP, "cos_sin", cos_sin, DType::F32, &[None, Some(head_dim / 2), Some(2)])?;
     expect(OP, "slots", slots, DType::U32, &[Some(num_tokens)])?;
-    let kv_dim = num_kv_heads * head_dim;
-    let params = KvWriteParams {
+    let q_cols = layout.num_heads * head_dim;
+    let params = RopeKvParams {
         num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
-        kv_dim: u32_of(OP, "kv_dim", kv_dim)?,
+        num_heads: u32_of(OP, "num_heads", layout.num_heads)?,
+        num_kv_heads: u32_of(OP, "num_kv_heads", num_kv_heads)?,
+        head_dim: u32_of(OP, "head_dim", head_dim)?,
+        row_stride: u32_of(OP, "row stride", layout.row_stride())?,
+        k_col: u32_of(OP, "k column", q_cols)?,
+        v_col: u32_of(OP, "v column", q_cols + num_kv_heads * head_dim)?,
+        neox: u32::from(pairing == RopePairing::Neox),
+        table_rows: u32_of(OP, "table rows", cos_sin.shape()[0])?,
         cache_offset: cache.cache_offset(OP)?,
         num_slots: u32_of(OP, "num_slots", cache.num_slots)?,
     };
     let bindings = [
-        k.single_part(OP)?.resource(ctx)?,
-        v.single_part(OP)?.resource(ctx)?,
+        qkv.single_part(OP)?.resource(ctx)?,
+        positions.single_part(OP)?.resource(ctx)?,
+        cos_sin.single_part(OP)?.resource(ctx)?,
         slots.single_part(OP)?.resource(ctx)?,
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant::plain("kv_write");
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(num_tokens * kv_dim, 256))?;
+    let pairs = num_tokens * (layout.num_heads + num_kv_heads) * head_dim / 2;
+    let variant = ShaderVariant::plain("rope_kv_write");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(pairs, 64))?;
     Ok(())
 }
 
-/// Record causal attention of q (num_tokens, num_heads, head_dim) F32 over the paged cache into
-/// out (same shape). block_tables (num_seqs, max_blocks_per_seq) U32 maps each sequence's
+/// Record causal attention of the query heads of qkv (num_tokens, layout.row_stride()) F32 (as
+/// [`rope_kv_write`] left them) over the paged cache into out (num_tokens, num_heads · head_dim). block_tables (num_seqs, max_blocks_per_seq) U32 maps each sequence's
 /// logical blocks to physical ones; token_info (num_tokens, 2) U32 gives each query token's
 /// (sequence index, position). `window` limits attention to the last `window` positions.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     ctx: &GpuContext,
     rec: &mut Recording,
-    q: &GpuTensor,
+    qkv: &GpuTensor,
+    layout: QkvLayout,
     cache: &PagedKv<'_>,
     block_tables: &GpuTensor,
     token_info: &GpuTensor,
@@ -117,8 +170,11 @@ pub fn paged_attention(
 ) -> Result<()> {
     const OP: &str = "paged_attention";
     let (num_kv_heads, head_dim) = cache.check(OP)?;
-    expect(OP, "q", q, DType::F32, &[None, None, Some(head_dim)])?;
-    let (num_tokens, num_heads) = (q.shape()[0], q.shape()[1]);
+    expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
+    let (num_tokens, num_heads) = (qkv.shape()[0], layout.num_heads);
+    if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim {
+        return Err(WeftError::shape(OP, format!("qkv's heads do not match the cache's {num_kv_heads} KV heads of {head_dim}")));
+    }
     if head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads != 0 {
         return Err(WeftError::shape(
             OP,
@@ -128,7 +184,7 @@ pub fn paged_attention(
             ),
         ));
     }
-    expect(OP, "out", out, DType::F32, &[Some(num_tokens), Some(num_heads), Some(head_dim)])?;
+    expect(OP, "out", out, DType::F32, &[Some(num_tokens), Some(num_heads * head_dim)])?;
     expect(OP, "block_tables", block_tables, DType::U32, &[None, None])?;
     expect(OP, "token_info", token_info, DType::U32, &[Some(num_tokens), Some(2)])?;
     let params = AttentionParams {
@@ -141,9 +197,10 @@ pub fn paged_attention(
         cache_offset: cache.cache_offset(OP)?,
         window: u32_of(OP, "window", window.unwrap_or(0))?,
         scale,
+        q_stride: u32_of(OP, "row stride", layout.row_stride())?,
     };
     let bindings = [
-        q.single_part(OP)?.resource(ctx)?,
+        qkv.single_part(OP)?.resource(ctx)?,
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
         block_tables.single_part(OP)?.resource(ctx)?,

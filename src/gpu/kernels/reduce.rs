@@ -38,6 +38,35 @@ pub fn rms_norm(
     Ok(())
 }
 
+/// Record the residual connection and the next norm in one pass: `x += delta`, then
+/// `y = rms_norm(x) · weight` (the same numbers as `add` then [`rms_norm`]). x, delta, y (rows, n)
+/// F32; weight (n) F32.
+pub fn add_rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    delta: &GpuTensor,
+    weight: &GpuTensor,
+    y: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "add_rms_norm";
+    let (rows, n) = rows_of(OP, x)?;
+    expect(OP, "delta", delta, DType::F32, &[Some(rows), Some(n)])?;
+    expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
+    expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
+    let params = RmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
+    let bindings = [
+        x.single_part(OP)?.resource(ctx)?,
+        delta.single_part(OP)?.resource(ctx)?,
+        weight.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let variant = ShaderVariant::plain("add_rms_norm");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
+    Ok(())
+}
+
 /// Record an in-place softmax over each row of x (rows, n) F32.
 pub fn softmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<()> {
     const OP: &str = "softmax";

@@ -1,12 +1,5 @@
-//! Rotary position embedding (shaders/rope.wgsl) and the CPU-built angle table it reads.
-
-use super::{expect, shader_params, u32_of};
-use crate::error::{Result, WeftError};
-use crate::gpu::recording::flat_grid;
-use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
-use crate::quant::DType;
-
-shader_params!(Params { num_tokens: u32, num_heads: u32, head_dim: u32, neox: u32, table_rows: u32 });
+//! Rotary position embedding: the pairings and the CPU-built angle table the GPU reads (the
+//! rotation itself runs in `paged::rope_kv_write`, fused with the KV write).
 
 /// Which dimensions of a head rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,40 +27,4 @@ pub fn cos_sin_table(inv_freq: &[f32], num_positions: usize) -> Vec<f32> {
         }
     }
     table
-}
-
-/// Rotate x (num_tokens, num_heads, head_dim) F32 in place by positions (num_tokens) U32 with
-/// angles from cos_sin (table_rows, head_dim / 2, 2) F32.
-pub fn rope(
-    ctx: &GpuContext,
-    rec: &mut Recording,
-    x: &GpuTensor,
-    positions: &GpuTensor,
-    cos_sin: &GpuTensor,
-    pairing: RopePairing,
-) -> Result<()> {
-    const OP: &str = "rope";
-    expect(OP, "x", x, DType::F32, &[None, None, None])?;
-    let (num_tokens, num_heads, head_dim) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-    if head_dim % 2 != 0 {
-        return Err(WeftError::shape(OP, format!("head_dim must be even, got {head_dim}")));
-    }
-    expect(OP, "positions", positions, DType::U32, &[Some(num_tokens)])?;
-    expect(OP, "cos_sin", cos_sin, DType::F32, &[None, Some(head_dim / 2), Some(2)])?;
-    let params = Params {
-        num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
-        num_heads: u32_of(OP, "num_heads", num_heads)?,
-        head_dim: u32_of(OP, "head_dim", head_dim)?,
-        neox: u32::from(pairing == RopePairing::Neox),
-        table_rows: u32_of(OP, "table rows", cos_sin.shape()[0])?,
-    };
-    let bindings = [
-        x.single_part(OP)?.resource(ctx)?,
-        positions.single_part(OP)?.resource(ctx)?,
-        cos_sin.single_part(OP)?.resource(ctx)?,
-    ];
-    let grid = flat_grid(num_tokens * num_heads * head_dim / 2, 64);
-    let variant = ShaderVariant::plain("rope");
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
-    Ok(())
 }

@@ -8,6 +8,8 @@
 //! x = h + down_proj(silu(gate_proj(rms_norm(h))) * up_proj(rms_norm(h)))
 //! ```
 //!
+//! (each residual addition runs fused with the norm that follows it).
+//!
 //! with grouped-query attention over the paged KV cache, then a final RMSNorm and the LM head
 //! (the embedding matrix itself when tied) on the sampled rows only. Qwen2 adds biases to q, k
 //! and v; Mistral attends within a sliding window.
@@ -17,16 +19,16 @@
 //! checkpoint runs with its own pairing, which gives the same numbers without un-permuting.
 
 use crate::error::Result;
-use crate::gpu::kernels::elementwise::add;
 use crate::gpu::kernels::embedding::embedding;
 use crate::gpu::kernels::matmul::matmul;
-use crate::gpu::kernels::reduce::rms_norm;
+use crate::gpu::kernels::paged::QkvLayout;
+use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Linear, Mlp, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, Mlp, StepInputs};
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -62,29 +64,22 @@ impl LlamaModel {
         let c = &config;
         let (hidden, q_rows, kv_rows) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let w = Loader { source, factory };
-        let linear = |layer: usize, part: Part, bias: Option<Part>, shape: [usize; 2]| -> Result<Linear> {
-            let bias = match bias.filter(|_| c.attention_bias) {
-                Some(b) => Some(w.vector(Some(layer), b, shape[0])?),
-                None => None,
-            };
-            Ok(Linear { weight: w.matrix(Some(layer), part, &shape)?, bias })
-        };
+        let qkv = [(Part::Q, q_rows), (Part::K, kv_rows), (Part::V, kv_rows)];
+        let qkv_bias = c.attention_bias.then_some(&[Part::QBias, Part::KBias, Part::VBias][..]);
+        let inter = c.intermediate_size;
         let mut layers = Vec::with_capacity(c.num_layers);
         progress(0, c.num_layers);
         for i in 0..c.num_layers {
             layers.push(Layer {
                 attn_norm: w.vector(Some(i), Part::AttnNorm, hidden)?,
                 attention: Attention {
-                    q: linear(i, Part::Q, Some(Part::QBias), [q_rows, hidden])?,
-                    k: linear(i, Part::K, Some(Part::KBias), [kv_rows, hidden])?,
-                    v: linear(i, Part::V, Some(Part::VBias), [kv_rows, hidden])?,
-                    o: linear(i, Part::O, None, [hidden, q_rows])?,
+                    qkv: w.linear(i, &qkv, qkv_bias, hidden)?,
+                    o: w.linear(i, &[(Part::O, hidden)], None, q_rows)?,
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 mlp: Mlp {
-                    gate: linear(i, Part::Gate, None, [c.intermediate_size, hidden])?,
-                    up: linear(i, Part::Up, None, [c.intermediate_size, hidden])?,
-                    down: linear(i, Part::Down, None, [hidden, c.intermediate_size])?,
+                    gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
+                    down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
                 },
             });
             progress(i + 1, c.num_layers);
@@ -124,25 +119,27 @@ impl Architecture for LlamaModel {
     ) -> Result<()> {
         let c = &self.config;
         let setup = AttentionSetup {
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
+            layout: QkvLayout { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
             cos_sin: &self.cos_sin,
             pairing: self.pairing,
             sliding_window: c.sliding_window,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
 
+        let eps = c.rms_norm_eps;
         embedding(ctx, rec, &self.embed, inputs.token_ids, &a.x)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, c.rms_norm_eps)?;
+            if i == 0 {
+                rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, eps)?;
+            } else {
+                // The previous layer's residual connection, then this layer's first norm.
+                add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.attn_norm, &a.xn, eps)?;
+            }
             layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i), &setup)?;
-            add(ctx, rec, &a.x, &a.proj)?; // residual connection
-            rms_norm(ctx, rec, &a.x, &layer.ffn_norm, &a.xn, c.rms_norm_eps)?;
+            add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.ffn_norm, &a.xn, eps)?;
             layer.mlp.forward(ctx, rec, a)?;
-            add(ctx, rec, &a.x, &a.proj)?; // residual connection
         }
-        rms_norm(ctx, rec, &a.x, &self.norm, &a.xn, c.rms_norm_eps)?;
+        add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)

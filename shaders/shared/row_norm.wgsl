@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+// The RMS norm scale of one row, shared by rms_norm and add_rms_norm so both reduce in the same
+// order: each of the WG invocations passes the sum of squares of its strided elements; a fixed
+// tree over workgroup memory adds them; the result is 1 / sqrt(mean + eps). The order depends
+// only on n, so rows are batch invariant. The including kernel defines WG and params.n/eps.
+
+var<workgroup> sh_sum: array<f32, WG>;
+
+fn norm_scale(lid: u32, partial: f32) -> f32 {
+    sh_sum[lid] = partial;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            sh_sum[lid] += sh_sum[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    return inverseSqrt(sh_sum[0] / f32(params.n) + params.eps);
+}
