@@ -25,6 +25,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
+    ("matmul_bsplit.wgsl", include_str!("../../shaders/matmul_bsplit.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
@@ -46,7 +47,7 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "embedding"];
+const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_bsplit", "embedding"];
 
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).
 pub fn embedded_shader_files() -> impl Iterator<Item = &'static str> {
@@ -129,6 +130,12 @@ pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
     }
 }
 
+/// The tile of `matmul_bsplit` (CPU drivers only): (8 lanes, TN weight rows per workgroup, TM
+/// rows of x); measured on lavapipe.
+pub(crate) fn split_rows_tile(m: usize) -> [u16; 3] {
+    if m <= 2 { [8, 32, 1] } else { [8, 16, 4] }
+}
+
 /// Every shader variant the library can compile.
 pub fn shader_variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
@@ -141,8 +148,16 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
         for dtype in DType::WEIGHTS {
             for source in [WeightSource::Storage, WeightSource::Texture] {
                 let base = ShaderVariant::weights(kernel, dtype, source);
-                if kernel != "matmul" {
+                if kernel == "embedding" {
                     out.push(base);
+                    continue;
+                }
+                if kernel == "matmul_bsplit" {
+                    for m in [1, 4] {
+                        for x_in in [XSource::Storage, XSource::Uniform] {
+                            out.push(ShaderVariant { tile: split_rows_tile(m), x_in, ..base });
+                        }
+                    }
                     continue;
                 }
                 // GPUs read weights and activations from buffers; CPU drivers read either.

@@ -105,3 +105,40 @@ fn quantized_rows_must_be_whole_blocks() {
     let err = f.zeros(&[4, 48], DType::Q4_0).unwrap_err();
     assert!(err.to_string().contains("blocks of 32"), "{err}");
 }
+
+/// The LM head's kernel (rows split between lanes on CPU drivers) against the CPU in every
+/// setup, and each row bit-identical alone and in a batch.
+#[test]
+fn lm_head_matches_cpu_and_rows_do_not_depend_on_the_batch() {
+    use weft::gpu::kernels::matmul::lm_head;
+    let (m, k, n) = (13, 576, 300);
+    for dtype in [DType::Q8_0, DType::Q4_1, DType::F16] {
+        let x = random(m * k, 31, 1.0);
+        let (w_bytes, w) = weights(dtype, n * k, 32);
+        let want = weft::cpu::matmul(&x, &w, m, k, n);
+        for setup in setups() {
+            let Some(f) = setup.factory() else { return };
+            let wt = setup.weights(f, &[n, k], dtype, &w_bytes);
+            let run_rows = |x: &[f32], rows: usize| {
+                let xt = setup.x(f, &[rows, k], x);
+                let yt = f.zeros(&[rows, n], DType::F32).unwrap();
+                let mut rec = Recording::new();
+                lm_head(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+                run(f, &rec);
+                read_f32(f, &yt)
+            };
+            let got = run_rows(&x, m);
+            let what = format!("lm_head {dtype}, {}", setup.name());
+            assert_close(&what, &got, &want, |i| {
+                let (r, c) = (i / n, i % n);
+                let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
+                2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
+            });
+            for r in [0, 1, 2, 5, 12] {
+                let alone = run_rows(&x[r * k..(r + 1) * k], 1);
+                let same = alone.iter().zip(&got[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{what}: row {r} differs alone vs in a batch of {m}");
+            }
+        }
+    }
+}

@@ -1,9 +1,10 @@
-//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl). One dispatch per weight part,
-//! and on CPU drivers one per 64 KiB window of activation rows.
+//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl, and shaders/matmul_bsplit.wgsl for
+//! the LM head on CPU drivers). One dispatch per weight part, and on CPU drivers one per 64 KiB
+//! window of activation rows.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile};
+use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, split_rows_tile};
 use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -21,17 +22,45 @@ shader_params!(Params {
 /// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
 /// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
-    record(ctx, rec, x, w, y, 0, true)
+    record(ctx, rec, x, w, y, 0, true, Recipe::Columns)
+}
+
+/// [`matmul`] for an LM head: a tall matrix read once per step, for every row of every batch
+/// size. On CPU drivers the lanes of a workgroup split each weight row between them
+/// (`matmul_bsplit.wgsl`), so they read contiguous memory; that sums in another fixed order,
+/// which is why a tensor is always multiplied one way or the other, never by batch size.
+pub fn lm_head(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
+    let recipe = if ctx.kernel_family() == KernelFamily::Cpu { Recipe::SplitRows } else { Recipe::Columns };
+    record(ctx, rec, x, w, y, 0, true, recipe)
+}
+
+/// How a matmul's lanes share the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recipe {
+    /// Each lane owns output columns (matmul.wgsl).
+    Columns,
+    /// The lanes of a workgroup split each weight row's blocks (matmul_bsplit.wgsl).
+    SplitRows,
 }
 
 /// Record `y[:, col..col + n] = x · wᵀ`: as [`matmul`], into columns of a wider y (m, n_total)
 /// F32, so several projections of one input can land side by side in one buffer.
 pub fn matmul_into(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor, col: usize) -> Result<()> {
-    record(ctx, rec, x, w, y, col, false)
+    record(ctx, rec, x, w, y, col, false, Recipe::Columns)
 }
 
 /// `exact`: y must have exactly w's n columns (else at least col + n).
-fn record(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor, col: usize, exact: bool) -> Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn record(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    w: &GpuTensor,
+    y: &GpuTensor,
+    col: usize,
+    exact: bool,
+    recipe: Recipe,
+) -> Result<()> {
     const OP: &str = "matmul";
     if !DType::WEIGHTS.contains(&w.dtype()) || w.shape().len() != 2 {
         return Err(WeftError::shape(OP, format!("w must be a 2-D weight matrix, got {} {:?}", w.dtype(), w.shape())));
@@ -52,10 +81,15 @@ fn record(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y
     let cpu = ctx.kernel_family() == KernelFamily::Cpu;
     let row_bytes = (k * 4) as u64;
     for part in w.parts() {
-        let tile = matmul_tile(cpu, m, part.num_rows());
+        let (kernel, tile) = match recipe {
+            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows())),
+            Recipe::SplitRows => ("matmul_bsplit", split_rows_tile(m)),
+        };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
+        // A split-rows workgroup covers TN rows of the weight; a columns one WG · TN.
+        let cols_per_group = if recipe == Recipe::SplitRows { tn } else { wg * tn };
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
-        let variant = ShaderVariant { tile, ..ShaderVariant::weights("matmul", w.dtype(), weights_in) };
+        let variant = ShaderVariant { tile, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };
         let params = |rows: usize, y_row0: usize| -> Result<Params> {
             Ok(Params {
                 m: u32_of(OP, "m", rows)?,
@@ -68,7 +102,7 @@ fn record(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y
                 w_base: u32_of(OP, "weight offset", part.base_bytes() as usize)?,
             })
         };
-        let grid = |rows: usize| [part.num_rows().div_ceil(wg * tn) as u32, rows.div_ceil(tm) as u32, 1];
+        let grid = |rows: usize| [part.num_rows().div_ceil(cols_per_group) as u32, rows.div_ceil(tm) as u32, 1];
         let w_res = part.resource(ctx)?;
         // Uniform windows on CPU drivers, when a window holds whole tiles of rows and every
         // window start is a valid uniform offset; else all rows from a storage binding.
