@@ -2,23 +2,28 @@
 // paged_attention: causal grouped-query attention of each query token over its sequence's paged
 // KV cache. One kernel serves decode (one token per sequence) and prefill chunks that start at
 // any position: token t of sequence s at position p attends to positions [first, p] of s, where
-// first = 0, or p + 1 - window with a sliding window. The chunk's own K/V are written first.
+// first = 0, or p + 1 - window with a sliding window. The chunk's own K/V are written first
+// (rope_kv_write).
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
-//   1 q             read        f32 (num_tokens, q_stride): head h at columns h·head_dim ..
-//   2 k_cache       read        f32 (num_slots, num_kv_heads, head_dim) from element cache_offset
-//   3 v_cache       read        f32 (num_slots, num_kv_heads, head_dim) likewise
+//   1 q             read        vec4 (num_tokens, q_stride / 4): head h at vec4 h·HD/4 ..
+//   2 k_cache       kv_read     vec4 (num_slots, num_kv_heads, HD / 4) from cache_offset
+//   3 v_cache       kv_read     likewise (storage buffers, or textures on CPU drivers)
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
 //   5 token_info    read        u32 (num_tokens, 2)     (sequence index, position) per token
-//   6 out           read_write  f32 (num_tokens, num_heads, head_dim)
-// Workgroup: WG = 16 invocations per (head, token). Invocation j takes positions first + j,
-// first + j + 16, … with its own online softmax (running max, sum, weighted V). The 16 partial
-// states are merged in index order through workgroup memory, so the result depends only on the
-// token's own keys: batch invariant.
-// Grid: (num_heads, num_tokens, 1). head_dim ≤ MAX_HEAD_DIM.
+//   6 out           read_write  vec4 (num_tokens, num_heads · HD / 4)
+// HD (the head size) is a compile-time constant, so q and the running output are HD/4 vec4
+// registers: llvmpipe keeps dynamically indexed private arrays in per-lane scratch memory.
+// Workgroup: WG = 8 invocations per (head, token). Lane j takes positions first + j, first + j
+// + 8, … with its own online softmax (running max, sum, weighted V); scores are vec4 fma chains
+// folded (x + y) + (z + w). The 8 partial states are merged in lane order through workgroup
+// memory, so the result depends only on the token's own keys: batch invariant.
+// Grid: (num_heads, num_tokens, 1).
 
-struct AttentionParams {
+#include kv_read
+
+struct Params {
     num_tokens: u32,
     num_heads: u32,
     num_kv_heads: u32,
@@ -31,72 +36,69 @@ struct AttentionParams {
     q_stride: u32,
 }
 
-const WG: u32 = 16u;
-const MAX_HEAD_DIM: u32 = 128u;
+const WG: u32 = 8u;
+const HD: u32 = {{HD}}u;
+const HV: u32 = HD / 4u;
 // -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
 const NEG_MAX: f32 = -3.4028234663852886e38;
 
-@group(0) @binding(0) var<uniform> params: AttentionParams;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(5) var<storage, read> token_info: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
 var<workgroup> sh_max: array<f32, WG>;
 var<workgroup> sh_sum: array<f32, WG>;
-var<workgroup> sh_acc: array<f32, WG * MAX_HEAD_DIM>;
+var<workgroup> sh_acc: array<vec4<f32>, WG * HV>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let head = wid.x;
     let t = wid.y;
-    let hd = params.head_dim;
     let seq = token_info[2u * t];
     let pos = token_info[2u * t + 1u];
     let kv_head = head / (params.num_heads / params.num_kv_heads);
-    let kv_stride = params.num_kv_heads * hd;
-
-    var qv: array<f32, MAX_HEAD_DIM>;
-    let q_base = t * params.q_stride + head * hd;
-    for (var d = 0u; d < hd; d++) {
+    let kv_stride = params.num_kv_heads * HV;
+    let q_base = t * (params.q_stride / 4u) + head * HV;
+    var qv: array<vec4<f32>, HV>;
+    for (var d = 0u; d < HV; d++) {
         qv[d] = q[q_base + d] * params.scale;
     }
-    let out_base = (t * params.num_heads + head) * hd;
-
     var first = 0u;
     if (params.window > 0u && pos + 1u > params.window) {
         first = pos + 1u - params.window;
     }
     var run_max = NEG_MAX;
     var run_sum = 0.0;
-    var acc: array<f32, MAX_HEAD_DIM>;
+    var acc: array<vec4<f32>, HV>;
+    for (var d = 0u; d < HV; d++) {
+        acc[d] = vec4<f32>(0.0);
+    }
     for (var p = first + lid; p <= pos; p += WG) {
         let block = block_tables[seq * params.max_blocks_per_seq + p / params.block_size];
         let slot = block * params.block_size + p % params.block_size;
-        let kv_base = params.cache_offset + slot * kv_stride + kv_head * hd;
-        var score = 0.0;
-        for (var d = 0u; d < hd; d++) {
-            score += qv[d] * k_cache[kv_base + d];
+        let base = params.cache_offset + slot * kv_stride + kv_head * HV;
+        var s4 = vec4<f32>(0.0);
+        for (var d = 0u; d < HV; d++) {
+            s4 = fma(qv[d], kload(base + d), s4);
         }
+        let score = (s4.x + s4.y) + (s4.z + s4.w);
         let new_max = max(run_max, score);
         let correction = exp(run_max - new_max);
         let weight = exp(score - new_max);
         run_sum = run_sum * correction + weight;
-        for (var d = 0u; d < hd; d++) {
-            acc[d] = acc[d] * correction + weight * v_cache[kv_base + d];
+        for (var d = 0u; d < HV; d++) {
+            acc[d] = acc[d] * correction + weight * vload(base + d);
         }
         run_max = new_max;
     }
-
     sh_max[lid] = run_max;
     sh_sum[lid] = run_sum;
-    for (var d = 0u; d < hd; d++) {
-        sh_acc[lid * MAX_HEAD_DIM + d] = acc[d];
+    for (var d = 0u; d < HV; d++) {
+        sh_acc[lid * HV + d] = acc[d];
     }
     workgroupBarrier();
-
     var total_max = NEG_MAX;
     for (var j = 0u; j < WG; j++) {
         total_max = max(total_max, sh_max[j]);
@@ -105,10 +107,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = 0u; j < WG; j++) {
         total_sum += sh_sum[j] * exp(sh_max[j] - total_max);
     }
-    for (var d = lid; d < hd; d += WG) {
-        var o = 0.0;
+    let out_base = (t * params.num_heads + head) * HV;
+    for (var d = lid; d < HV; d += WG) {
+        var o = vec4<f32>(0.0);
         for (var j = 0u; j < WG; j++) {
-            o += sh_acc[j * MAX_HEAD_DIM + d] * exp(sh_max[j] - total_max);
+            o += sh_acc[j * HV + d] * exp(sh_max[j] - total_max);
         }
         out[out_base + d] = o / total_sum;
     }

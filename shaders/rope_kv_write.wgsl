@@ -9,17 +9,22 @@
 //   2 positions  read        u32 (num_tokens)
 //   3 cos_sin    read        f32 (table_rows, head_dim / 2, 2)   cos and sin of pos · inv_freq[i]
 //   4 slots      read        u32 (num_tokens)   block * block_size + offset; >= num_slots: skip
-//   5 k_cache    read_write  f32 (num_slots, num_kv_heads, head_dim) from element cache_offset
-//   6 v_cache    read_write  f32 likewise
+//   5 k_cache    kv_write    vec4 (num_slots, num_kv_heads, head_dim / 4) from cache_offset
+//   6 v_cache    kv_write    likewise (storage buffers, or storage textures on CPU drivers)
 // The angles come from a table built on the CPU, so every frequency scheme (plain, llama3,
 // linear) and every position gets exactly the f32 angles the reference computes.
 // Pairing: neox = 1 rotates (i, i + head_dim/2) ("rotate half", HF Llama);
 //          neox = 0 rotates (2i, 2i + 1) (interleaved, GPT-J / Meta's original Llama).
-// Workgroup: 64 invocations, one per rotated pair: a query pair is rotated in place; a key pair
-// is rotated into the cache, and the two value elements at the same offsets are copied there.
-// Positions past the table are left unrotated.
-// Grid: (min(g, 65535), ceil(g / 65535), 1), g = ceil(num_tokens · (num_heads + num_kv_heads) ·
-// head_dim/2 / 64).
+// Workgroup: 64 invocations. Per token, the first num_heads · head_dim/2 invocations each
+// rotate one query pair in place; the next num_kv_heads · head_dim/4 each compute four
+// consecutive dimensions of one key head (reading their partners from qkv, which keeps the
+// unrotated keys) and store them, with the value's four, as one vec4 into the cache: whole
+// texels, as a storage texture requires. Every rotated element is computed with the same
+// expression either way. Positions past the table are left unrotated.
+// Grid: (min(g, 65535), ceil(g / 65535), 1), g = ceil(num_tokens · (num_heads · head_dim/2 +
+// num_kv_heads · head_dim/4) / 64).
+
+#include kv_write
 
 struct Params {
     num_tokens: u32,
@@ -42,13 +47,38 @@ const WG: u32 = 64u;
 @group(0) @binding(2) var<storage, read> positions: array<u32>;
 @group(0) @binding(3) var<storage, read> cos_sin: array<f32>;
 @group(0) @binding(4) var<storage, read> slots: array<u32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+
+// Dimension d of a key head at `base`, rotated by position `pos`.
+fn rotated_key(base: u32, d: u32, pos: u32) -> f32 {
+    let half = params.head_dim / 2u;
+    var i = d / 2u;
+    var partner = d ^ 1u;
+    var first = (d & 1u) == 0u;
+    if (params.neox == 1u) {
+        i = d % half;
+        partner = select(d - half, d + half, d < half);
+        first = d < half;
+    }
+    let x = qkv[base + d];
+    if (pos >= params.table_rows) {
+        return x;
+    }
+    let c = cos_sin[(pos * half + i) * 2u];
+    let s = cos_sin[(pos * half + i) * 2u + 1u];
+    let y = qkv[base + partner];
+    // The same expressions as the query pairs below: first element xa·c - xb·s, second xb·c + xa·s.
+    if (first) {
+        return x * c - y * s;
+    }
+    return x * c + y * s;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let half = params.head_dim / 2u;
-    let per_token = (params.num_heads + params.num_kv_heads) * half;
+    let quads = params.head_dim / 4u;
+    let q_pairs = params.num_heads * half;
+    let per_token = q_pairs + params.num_kv_heads * quads;
     let id = gid.x + gid.y * nwg.x * WG;
     if (id >= params.num_tokens * per_token) {
         return;
@@ -56,48 +86,36 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let t = id / per_token;
     let r = id % per_token;
     let pos = positions[t];
-    let i = r % half;
-    // Offsets of the pair within a head.
-    var a = 2u * i;
-    var b = a + 1u;
-    if (params.neox == 1u) {
-        a = i;
-        b = i + half;
-    }
-    var c = 1.0;
-    var s = 0.0;
-    if (pos < params.table_rows) {
-        c = cos_sin[(pos * half + i) * 2u];
-        s = cos_sin[(pos * half + i) * 2u + 1u];
-    }
     let row = t * params.row_stride;
-    if (r < params.num_heads * half) {
-        let base = row + (r / half) * params.head_dim;
-        let xa = qkv[base + a];
-        let xb = qkv[base + b];
+    if (r < q_pairs) {
+        let i = r % half;
+        var a = 2u * i;
+        var b = a + 1u;
+        if (params.neox == 1u) {
+            a = i;
+            b = i + half;
+        }
         if (pos < params.table_rows) {
+            let c = cos_sin[(pos * half + i) * 2u];
+            let s = cos_sin[(pos * half + i) * 2u + 1u];
+            let base = row + (r / half) * params.head_dim;
+            let xa = qkv[base + a];
+            let xb = qkv[base + b];
             qkv[base + a] = xa * c - xb * s;
             qkv[base + b] = xb * c + xa * s;
         }
         return;
     }
-    let kv_head = (r - params.num_heads * half) / half;
     let slot = slots[t];
     if (slot >= params.num_slots) {
         return;
     }
+    let kv_head = (r - q_pairs) / quads;
+    let d0 = 4u * ((r - q_pairs) % quads);
     let k_base = row + params.k_col + kv_head * params.head_dim;
     let v_base = row + params.v_col + kv_head * params.head_dim;
-    let dst = params.cache_offset + (slot * params.num_kv_heads + kv_head) * params.head_dim;
-    let xa = qkv[k_base + a];
-    let xb = qkv[k_base + b];
-    if (pos < params.table_rows) {
-        k_cache[dst + a] = xa * c - xb * s;
-        k_cache[dst + b] = xb * c + xa * s;
-    } else {
-        k_cache[dst + a] = xa;
-        k_cache[dst + b] = xb;
-    }
-    v_cache[dst + a] = qkv[v_base + a];
-    v_cache[dst + b] = qkv[v_base + b];
+    let k = vec4<f32>(rotated_key(k_base, d0, pos), rotated_key(k_base, d0 + 1u, pos),
+                      rotated_key(k_base, d0 + 2u, pos), rotated_key(k_base, d0 + 3u, pos));
+    let v = vec4<f32>(qkv[v_base + d0], qkv[v_base + d0 + 1u], qkv[v_base + d0 + 2u], qkv[v_base + d0 + 3u]);
+    kv_store(params.cache_offset + (slot * params.num_kv_heads + kv_head) * quads + d0 / 4u, k, v);
 }

@@ -269,13 +269,19 @@ impl GpuContext {
 
     /// The shader variants this device's kernel family can dispatch.
     pub fn own_shader_variants(&self) -> Vec<crate::gpu::ShaderVariant> {
-        use crate::gpu::pipelines::{WeightSource, XSource};
+        use crate::gpu::pipelines::{KvSource, WeightSource, XSource};
         let cpu = self.family == KernelFamily::Cpu;
-        let own = |v: &crate::gpu::ShaderVariant| match (v.weight, cpu) {
-            (None, _) => true,
-            // CPU drivers also read activations (stored in buffers) as embedding tables.
-            (Some(_), true) => v.tile == [0; 3] || v.tile[0] == 8,
-            (Some(_), false) => v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage && v.tile[0] != 8,
+        let own = |v: &crate::gpu::ShaderVariant| {
+            if v.weight.is_some() {
+                // CPU drivers also read activations (stored in buffers) as embedding tables.
+                return if cpu {
+                    v.tile == [0; 3] || v.tile[0] == 8
+                } else {
+                    v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage && v.tile[0] != 8
+                };
+            }
+            let kv_kernel = v.kernel == "paged_attention" || v.kernel == "rope_kv_write";
+            !kv_kernel || (v.kv_in == KvSource::Texture) == cpu
         };
         crate::gpu::pipelines::shader_variants().into_iter().filter(own).collect()
     }

@@ -39,6 +39,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
+    ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
+    ("shared/kv_read_texture.wgsl", include_str!("../../shaders/shared/kv_read_texture.wgsl")),
+    ("shared/kv_write_storage.wgsl", include_str!("../../shaders/shared/kv_write_storage.wgsl")),
+    ("shared/kv_write_texture.wgsl", include_str!("../../shaders/shared/kv_write_texture.wgsl")),
     ("shared/row_norm.wgsl", include_str!("../../shaders/shared/row_norm.wgsl")),
     ("shared/weight_storage.wgsl", include_str!("../../shaders/shared/weight_storage.wgsl")),
     ("shared/weight_texture.wgsl", include_str!("../../shaders/shared/weight_texture.wgsl")),
@@ -48,6 +52,12 @@ const SOURCES: &[(&str, &str)] = &[
 
 /// Kernels that read weights (compiled once per weight format and weight source).
 const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_bsplit", "embedding"];
+
+/// Kernels that read or write the KV cache (compiled once per KV source).
+const KV_KERNELS: &[&str] = &["paged_attention", "rope_kv_write"];
+
+/// Head sizes the attention kernel is compiled for up front (others compile on first use).
+pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
 
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).
 pub fn embedded_shader_files() -> impl Iterator<Item = &'static str> {
@@ -74,6 +84,16 @@ pub enum XSource {
     Uniform,
 }
 
+/// Where the KV cache lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvSource {
+    /// Storage buffers: portable, and what GPUs want.
+    Storage,
+    /// rgba32float textures, read as textures and written as storage textures: CPU drivers
+    /// fetch texels vectorized.
+    Texture,
+}
+
 /// Bytes of one uniform activation window (the core WebGPU uniform binding limit).
 pub const X_WINDOW_BYTES: u64 = 65536;
 
@@ -87,12 +107,29 @@ pub struct ShaderVariant {
     pub x_in: XSource,
     /// (WG, TN, TM) of a matmul: invocations per workgroup, columns and rows per invocation.
     pub tile: [u16; 3],
+    /// Where a KV kernel reads or writes the cache.
+    pub kv_in: KvSource,
+    /// The head size attention is compiled for (0 for other kernels).
+    pub head_dim: u16,
 }
 
 impl ShaderVariant {
     /// A kernel with no variants.
     pub fn plain(kernel: &'static str) -> Self {
-        ShaderVariant { kernel, weight: None, weights_in: WeightSource::Storage, x_in: XSource::Storage, tile: [0; 3] }
+        ShaderVariant {
+            kernel,
+            weight: None,
+            weights_in: WeightSource::Storage,
+            x_in: XSource::Storage,
+            tile: [0; 3],
+            kv_in: KvSource::Storage,
+            head_dim: 0,
+        }
+    }
+
+    /// A kernel over the KV cache in `source`; attention also by head size.
+    pub fn kv(kernel: &'static str, source: KvSource, head_dim: u16) -> Self {
+        ShaderVariant { kv_in: source, head_dim, ..Self::plain(kernel) }
     }
 
     /// A kernel that reads weights of `dtype` from `source`.
@@ -104,6 +141,13 @@ impl ShaderVariant {
 impl std::fmt::Display for ShaderVariant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.kernel)?;
+        if KV_KERNELS.contains(&self.kernel) {
+            let source = if self.kv_in == KvSource::Texture { "texture" } else { "buffer" };
+            return match self.head_dim {
+                0 => write!(f, "[kv {source}]"),
+                hd => write!(f, "[kv {source},head {hd}]"),
+            };
+        }
         if let Some(dtype) = self.weight {
             let source = if self.weights_in == WeightSource::Texture { ",texture" } else { "" };
             write!(f, "[{dtype}{source}")?;
@@ -141,6 +185,16 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
     for (path, _) in SOURCES {
         let Some(kernel) = path.strip_suffix(".wgsl").filter(|p| !p.contains('/')) else { continue };
+        if KV_KERNELS.contains(&kernel) {
+            for source in [KvSource::Storage, KvSource::Texture] {
+                if kernel == "paged_attention" {
+                    out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant::kv(kernel, source, hd)));
+                } else {
+                    out.push(ShaderVariant::kv(kernel, source, 0));
+                }
+            }
+            continue;
+        }
         if !WEIGHT_KERNELS.contains(&kernel) {
             out.push(ShaderVariant::plain(kernel));
             continue;
@@ -196,7 +250,11 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut out = String::new();
     expand(&format!("{}.wgsl", variant.kernel), variant, &mut out)?;
     let [wg, tn, tm] = variant.tile;
-    Ok(out.replace("{{WG}}", &wg.to_string()).replace("{{TN}}", &tn.to_string()).replace("{{TM}}", &tm.to_string()))
+    Ok(out
+        .replace("{{WG}}", &wg.to_string())
+        .replace("{{TN}}", &tn.to_string())
+        .replace("{{TM}}", &tm.to_string())
+        .replace("{{HD}}", &variant.head_dim.to_string()))
 }
 
 fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
@@ -214,6 +272,10 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
                     WeightSource::Texture => "shared/weight_texture.wgsl",
                 };
                 expand(file, variant, out)?;
+            }
+            Some(side @ ("kv_read" | "kv_write")) => {
+                let kind = if variant.kv_in == KvSource::Texture { "texture" } else { "storage" };
+                expand(&format!("shared/{side}_{kind}.wgsl"), variant, out)?;
             }
             Some("x_source") => {
                 let file = match variant.x_in {
@@ -241,6 +303,10 @@ pub enum BindingKind {
     StorageReadWrite,
     /// `texture_2d<u32>`.
     TextureU32,
+    /// `texture_2d<f32>`.
+    TextureF32,
+    /// `texture_storage_2d<rgba32float, write>`.
+    StorageTextureWrite,
 }
 
 /// The group-0 bindings a composed kernel declares, in binding order. Kernels declare each
@@ -261,6 +327,10 @@ pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
             BindingKind::StorageRead
         } else if decl.starts_with("var ") && decl.contains("texture_2d<u32>") {
             BindingKind::TextureU32
+        } else if decl.starts_with("var ") && decl.contains("texture_2d<f32>") {
+            BindingKind::TextureF32
+        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, write>") {
+            BindingKind::StorageTextureWrite
         } else {
             return Err(bad());
         };
@@ -317,6 +387,16 @@ impl PipelineCache {
                         sample_type: wgpu::TextureSampleType::Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
                         multisampled: false,
+                    },
+                    BindingKind::TextureF32 => wgpu::BindingType::Texture {
+                        sample_type: wgpu::TextureSampleType::Float { filterable: false },
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                        multisampled: false,
+                    },
+                    BindingKind::StorageTextureWrite => wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::WriteOnly,
+                        format: wgpu::TextureFormat::Rgba32Float,
+                        view_dimension: wgpu::TextureViewDimension::D2,
                     },
                 },
                 count: None,

@@ -196,7 +196,10 @@ impl GpuContext {
                     (Resource::Buffer(buffer, offset), BindingKind::StorageRead | BindingKind::StorageReadWrite) => {
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset: *offset, size: None })
                     }
-                    (Resource::Texture(view), BindingKind::TextureU32) => wgpu::BindingResource::TextureView(view),
+                    (
+                        Resource::Texture(view),
+                        BindingKind::TextureU32 | BindingKind::TextureF32 | BindingKind::StorageTextureWrite,
+                    ) => wgpu::BindingResource::TextureView(view),
                     (Resource::Window(buffer), BindingKind::Uniform) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer,
                         offset: 0,

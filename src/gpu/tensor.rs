@@ -252,7 +252,8 @@ impl GpuTensorFactory {
     }
 
     fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&[u8]>, kind: Kind) -> Result<GpuTensor> {
-        let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype, kind == Kind::Texture)?;
+        let texture = matches!(kind, Kind::Texture | Kind::KvTexture);
+        let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype, texture)?;
         if let Some(bytes) = bytes
             && bytes.len() != num_rows * row_bytes
         {
@@ -271,7 +272,8 @@ impl GpuTensorFactory {
             let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
             let len = (rows.len() * row_bytes) as u64;
             let storage = match kind {
-                Kind::Texture => self.texture(len, src)?,
+                Kind::Texture => self.texture(len, src, false)?,
+                Kind::KvTexture => self.texture(len, src, true)?,
                 Kind::Buffer | Kind::Activations => {
                     let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
                     let mut size = len.next_multiple_of(4);
@@ -309,18 +311,27 @@ impl GpuTensorFactory {
 
     /// An rgba32uint texture holding `len` bytes (zeros, or `src`), row after row of
     /// [`TEXTURE_WIDTH`] texels.
-    fn texture(&self, len: u64, src: Option<&[u8]>) -> Result<PartStorage> {
+    fn texture(&self, len: u64, src: Option<&[u8]>, kv: bool) -> Result<PartStorage> {
         let height = len.div_ceil(TEXTURE_ROW_BYTES).max(1) as u32;
+        // KV caches are read as float textures and written as storage textures; weights are
+        // raw bytes, read as uint texels.
+        let (label, format, usage) = if kv {
+            let usage = wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING;
+            ("kv cache", wgpu::TextureFormat::Rgba32Float, usage | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC)
+        } else {
+            let usage = wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
+            ("weights", wgpu::TextureFormat::Rgba32Uint, usage)
+        };
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.ctx.creations.bytes.fetch_add(u64::from(height) * TEXTURE_ROW_BYTES, std::sync::atomic::Ordering::Relaxed);
         let texture = self.ctx.device.create_texture(&wgpu::TextureDescriptor {
-            label: Some("weights"),
+            label: Some(label),
             size: wgpu::Extent3d { width: TEXTURE_WIDTH, height, depth_or_array_layers: 1 },
             mip_level_count: 1,
             sample_count: 1,
             dimension: wgpu::TextureDimension::D2,
-            format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
+            format,
+            usage,
             view_formats: &[],
         });
         if let Some(src) = src {
@@ -352,6 +363,19 @@ impl GpuTensorFactory {
         Ok(PartStorage::Texture(texture, view))
     }
 
+    /// One layer's K or V cache, (slots, kv_heads, head_dim) F32, zeroed or holding `values`:
+    /// an rgba32float texture for CPU drivers' attention kernels, else a buffer.
+    pub fn kv_cache(&self, shape: &[usize], values: Option<&[f32]>) -> Result<GpuTensor> {
+        let kind = if self.ctx.kernel_family() == crate::gpu::KernelFamily::Cpu { Kind::KvTexture } else { Kind::Buffer };
+        let tensor = self.create(shape, DType::F32, values.map(bytemuck::cast_slice), kind)?;
+        if tensor.parts().len() > 1 {
+            return Err(WeftError::Unsupported(format!(
+                "a KV cache layer of shape {shape:?} does not fit one binding of this device; use less KV memory"
+            )));
+        }
+        Ok(tensor)
+    }
+
     /// [`TensorFactory::activations`] holding `values`.
     pub fn upload_activations(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
         self.create(shape, DType::F32, Some(bytemuck::cast_slice(values)), Kind::Activations)
@@ -366,6 +390,8 @@ enum Kind {
     Activations,
     /// An rgba32uint texture (weights on CPU drivers).
     Texture,
+    /// An rgba32float texture (the KV cache on CPU drivers).
+    KvTexture,
 }
 
 

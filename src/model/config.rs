@@ -164,7 +164,7 @@ impl ModelConfig {
             && self.num_kv_heads > 0
             && self.num_heads % self.num_kv_heads == 0
             && self.head_dim > 0
-            && self.head_dim % 2 == 0
+            && self.head_dim % 4 == 0
             && self.head_dim <= crate::gpu::kernels::paged::MAX_HEAD_DIM
             && self.num_layers > 0
             && self.vocab_size > 0;
@@ -172,7 +172,7 @@ impl ModelConfig {
             return Err(WeftError::model(
                 file,
                 format!(
-                    "unsupported shape: {} heads, {} KV heads, head_dim {}, {} layers (weft needs heads a multiple of KV heads and an even head_dim <= {})",
+                    "unsupported shape: {} heads, {} KV heads, head_dim {}, {} layers (weft needs heads a multiple of KV heads and a head_dim that is a multiple of 4, at most {})",
                     self.num_heads,
                     self.num_kv_heads,
                     self.head_dim,

@@ -2,14 +2,13 @@
 //! which blocks a sequence holds; the executor owns this pool and only follows the tables.
 
 use crate::error::Result;
-use crate::gpu::GpuTensor;
+use crate::gpu::{GpuTensor, GpuTensorFactory};
 use crate::gpu::kernels::paged::PagedKv;
 use crate::kv::KvCacheConfig;
-use crate::quant::DType;
-use crate::tensor::TensorFactory;
 
 /// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)
-/// F32 tensor per layer and side, so no binding grows with the layer count.
+/// F32 tensor per layer and side, so no binding grows with the layer count (buffers, or
+/// rgba32float textures on CPU drivers).
 pub struct KvPool {
     config: KvCacheConfig,
     k: Vec<GpuTensor>,
@@ -18,7 +17,7 @@ pub struct KvPool {
 
 impl KvPool {
     pub fn new(
-        factory: &dyn TensorFactory,
+        factory: &GpuTensorFactory,
         config: KvCacheConfig,
         num_layers: usize,
         num_kv_heads: usize,
@@ -28,8 +27,8 @@ impl KvPool {
         let mut k = Vec::with_capacity(num_layers);
         let mut v = Vec::with_capacity(num_layers);
         for _ in 0..num_layers {
-            k.push(factory.zeros(&shape, DType::F32)?);
-            v.push(factory.zeros(&shape, DType::F32)?);
+            k.push(factory.kv_cache(&shape, None)?);
+            v.push(factory.kv_cache(&shape, None)?);
         }
         Ok(KvPool { config, k, v })
     }

@@ -5,7 +5,7 @@
 
 use weft::DType;
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention};
-use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
+use weft::gpu::{GpuTensor, GpuTensorFactory, KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -74,8 +74,8 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
         v,
         tables,
         max_blocks,
-        k_cache: f.upload_f32(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], &k_cache).unwrap(),
-        v_cache: f.upload_f32(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], &v_cache).unwrap(),
+        k_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], Some(&k_cache)).unwrap(),
+        v_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], Some(&v_cache)).unwrap(),
         slots_per_layer,
     }
 }
@@ -114,8 +114,15 @@ pub fn attend(
 /// at most twice the relative weight error times max|v|.
 #[test]
 fn attention_matches_cpu_for_decode_and_prefill_chunks() {
-    let Some(f) = gpu() else { return };
+    for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { return };
+        check_attention(f);
+    }
+}
+
+fn check_attention(f: &GpuTensorFactory) {
     let filled = fill(f, &[1, 17, 40, 100]);
+    assert_eq!(filled.k_cache.parts()[0].in_texture(), f.context().kernel_family() == KernelFamily::Cpu);
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
     queries.extend((30..40).map(|p| (2, p))); // a prefill chunk starting at position 30
     for window in [None, Some(8)] {

@@ -5,7 +5,7 @@
 //! 2·u·(|xa| + |xb|) each, checked at 4·u.
 
 use weft::DType;
-use weft::gpu::Recording;
+use weft::gpu::{GpuTensorFactory, KernelFamily, Recording};
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, rope_kv_write};
 use weft::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq};
 use weft::tensor::TensorFactory;
@@ -15,8 +15,15 @@ use crate::common::*;
 const BLOCK: usize = 4;
 
 fn check(pairing: RopePairing) {
-    let Some(f) = gpu() else { return };
-    for &(tokens, heads, kv_heads, head_dim) in &[(1, 1, 1, 2), (5, 3, 1, 64), (33, 9, 3, 64), (4, 2, 2, 128)] {
+    // Both cache kinds: buffers (baseline) and storage textures (CPU drivers).
+    for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { return };
+        check_on(f, pairing);
+    }
+}
+
+fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
+    for &(tokens, heads, kv_heads, head_dim) in &[(1, 1, 1, 4), (5, 3, 1, 64), (33, 9, 3, 64), (4, 2, 2, 128)] {
         let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim };
         let stride = layout.row_stride();
         let table = cos_sin_table(&inv_freq(head_dim, 100000.0), 8192);
@@ -30,8 +37,8 @@ fn check(pairing: RopePairing) {
         let pt = f.upload_u32(&[tokens], &positions).unwrap();
         let ct = f.upload_f32(&[8192, head_dim / 2, 2], &table).unwrap();
         let st = f.upload_u32(&[tokens], &slots).unwrap();
-        let k_cache = f.zeros(&[2 * num_slots, kv_heads, head_dim], DType::F32).unwrap();
-        let v_cache = f.zeros(&[2 * num_slots, kv_heads, head_dim], DType::F32).unwrap();
+        let k_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
+        let v_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
         let cache = PagedKv { k_cache: &k_cache, v_cache: &v_cache, block_size: BLOCK, first_slot: num_slots, num_slots };
         let mut rec = Recording::new();
         rope_kv_write(ctx(f), &mut rec, &qt, layout, &pt, &ct, pairing, &st, &cache).unwrap();
@@ -48,7 +55,7 @@ fn check(pairing: RopePairing) {
         let (got_k, got_v) = (read_f32(f, &k_cache), read_f32(f, &v_cache));
         let bound = |row: &[f32]| 8.0 * U * row.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) + 1e-30;
         for t in 0..tokens {
-            let what = format!("{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}");
+            let what = format!("{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}, {:?}", f.context().kernel_family());
             let q_row = &column(t, 0, q_cols);
             assert_close(&format!("{what} q"), &got[t * stride..t * stride + q_cols], &want_q[t * q_cols..(t + 1) * q_cols], |_| bound(q_row));
             assert_eq!(&got[t * stride + q_cols..(t + 1) * stride], &column(t, q_cols, stride - q_cols)[..], "{what}: k and v stay");
@@ -61,10 +68,11 @@ fn check(pairing: RopePairing) {
             assert_close(&format!("{what} k"), &got_k[at..at + kv_cols], &want_k[t * kv_cols..(t + 1) * kv_cols], |_| bound(k_row));
             assert_eq!(&got_v[at..at + kv_cols], &column(t, q_cols + kv_cols, kv_cols)[..], "{what} v");
         }
-        // Layer 0 stays empty, and the skipped token wrote nowhere.
+        // Layer 0 stays empty, and the skipped token wrote nowhere (a texture may hold padding
+        // after the cache: only the cache's own floats count).
         let written = (tokens - 1) * kv_cols;
         assert!(got_v[..num_slots * kv_cols].iter().all(|&x| x == 0.0));
-        assert!(got_v.iter().filter(|&&x| x != 0.0).count() <= written);
+        assert!(got_v[..2 * num_slots * kv_cols].iter().filter(|&&x| x != 0.0).count() <= written);
         // The pairings differ, so each test also proves it used its own.
         let mut other: Vec<f32> = (0..tokens).flat_map(|t| column(t, 0, q_cols)).collect();
         weft::cpu::rope(&mut other, heads, head_dim, &positions, &table, !neox);
@@ -86,17 +94,18 @@ fn interleaved_pairing_matches_cpu() {
 }
 
 #[test]
-fn odd_head_dim_and_foreign_caches_are_errors() {
+fn head_dims_not_a_multiple_of_4_and_foreign_caches_are_errors() {
     let Some(f) = gpu() else { return };
-    let layout = QkvLayout { num_heads: 1, num_kv_heads: 1, head_dim: 3 };
-    let x = f.zeros(&[1, 9], DType::F32).unwrap();
     let p = f.zeros(&[1], DType::U32).unwrap();
-    let c = f.zeros(&[4, 1, 2], DType::F32).unwrap();
-    let cache_t = f.zeros(&[4, 1, 3], DType::F32).unwrap();
-    let cache = PagedKv { k_cache: &cache_t, v_cache: &cache_t, block_size: 4, first_slot: 0, num_slots: 4 };
-    let err = rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err();
-    assert!(err.to_string().contains("even"), "{err}");
-    let layout = QkvLayout { num_heads: 1, num_kv_heads: 2, head_dim: 3 };
-    let err = rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err();
-    assert!(err.to_string().contains("KV heads"), "{err}");
+    let err = |layout: QkvLayout, cache_head_dim: usize| {
+        let x = f.zeros(&[1, layout.row_stride()], DType::F32).unwrap();
+        let c = f.zeros(&[4, layout.head_dim / 2, 2], DType::F32).unwrap();
+        let cache_t = f.zeros(&[4, 1, cache_head_dim], DType::F32).unwrap();
+        let cache = PagedKv { k_cache: &cache_t, v_cache: &cache_t, block_size: 4, first_slot: 0, num_slots: 4 };
+        rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err().to_string()
+    };
+    let e = err(QkvLayout { num_heads: 1, num_kv_heads: 1, head_dim: 6 }, 6);
+    assert!(e.contains("multiple of 4"), "{e}");
+    let e = err(QkvLayout { num_heads: 2, num_kv_heads: 2, head_dim: 8 }, 8);
+    assert!(e.contains("KV heads"), "{e}");
 }

@@ -143,7 +143,16 @@ fn binding_declarations_are_read_as_naga_reads_them() {
                         BindingKind::StorageReadWrite
                     }
                     (naga::AddressSpace::Storage { .. }, _) => BindingKind::StorageRead,
-                    (naga::AddressSpace::Handle, naga::TypeInner::Image { .. }) => BindingKind::TextureU32,
+                    (naga::AddressSpace::Handle, naga::TypeInner::Image { class, .. }) => match class {
+                        naga::ImageClass::Sampled { kind: naga::ScalarKind::Uint, .. } => BindingKind::TextureU32,
+                        naga::ImageClass::Sampled { kind: naga::ScalarKind::Float, .. } => BindingKind::TextureF32,
+                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
+                            if *access == naga::StorageAccess::STORE =>
+                        {
+                            BindingKind::StorageTextureWrite
+                        }
+                        other => panic!("{variant}: unexpected image {other:?}"),
+                    },
                     other => panic!("{variant}: unexpected binding {other:?}"),
                 };
                 Some((binding.binding, kind))

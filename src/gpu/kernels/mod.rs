@@ -58,7 +58,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<elementwise::SiluMulParams>("silu_mul", "Params"),
         entry::<elementwise::Params>("add", "Params"),
         entry::<paged::RopeKvParams>("rope_kv_write", "Params"),
-        entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
+        entry::<paged::AttentionParams>("paged_attention", "Params"),
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),
     ]

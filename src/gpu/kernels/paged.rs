@@ -9,6 +9,7 @@ use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::recording::flat_grid;
 use crate::gpu::kernels::rope::RopePairing;
+use crate::gpu::pipelines::KvSource;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -38,8 +39,9 @@ shader_params!(AttentionParams {
     q_stride: u32,
 });
 
-/// Largest head_dim the attention kernel holds in registers (`MAX_HEAD_DIM` in the shader).
-pub const MAX_HEAD_DIM: usize = 128;
+/// Largest head_dim attention is compiled for: its query and output live in HD/4 vec4
+/// registers per lane and its merge in 8 · HD floats of workgroup memory.
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// One layer's view of the paged cache: K and V tensors of shape (total_slots, num_kv_heads,
 /// head_dim) F32, of which this layer owns slots `first_slot .. first_slot + num_slots`.
@@ -57,6 +59,9 @@ impl PagedKv<'_> {
         expect(op, "k_cache", self.k_cache, DType::F32, &[None, None, None])?;
         let shape = self.k_cache.shape();
         expect(op, "v_cache", self.v_cache, DType::F32, &[Some(shape[0]), Some(shape[1]), Some(shape[2])])?;
+        if shape[2] % 4 != 0 {
+            return Err(WeftError::shape(op, format!("head_dim must be a multiple of 4, got {}", shape[2])));
+        }
         if self.block_size == 0 || self.num_slots % self.block_size != 0 || self.first_slot + self.num_slots > shape[0]
         {
             return Err(WeftError::shape(
@@ -73,8 +78,15 @@ impl PagedKv<'_> {
         Ok((shape[1], shape[2]))
     }
 
+    /// Where the layer starts, in vec4s (the kernels read and write the cache four floats at a
+    /// time).
     fn cache_offset(&self, op: &'static str) -> Result<u32> {
-        u32_of(op, "cache offset", self.first_slot * self.k_cache.row_elems())
+        u32_of(op, "cache offset", self.first_slot * self.k_cache.row_elems() / 4)
+    }
+
+    /// The cache's storage, as the KV kernels' variant names it.
+    fn source(&self) -> KvSource {
+        if self.k_cache.parts().first().is_some_and(|p| p.in_texture()) { KvSource::Texture } else { KvSource::Storage }
     }
 }
 
@@ -112,10 +124,10 @@ pub fn rope_kv_write(
 ) -> Result<()> {
     const OP: &str = "rope_kv_write";
     let (num_kv_heads, head_dim) = cache.check(OP)?;
-    if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim || head_dim % 2 != 0 {
+    if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim {
         return Err(WeftError::shape(
             OP,
-            format!("qkv has {} KV heads of {} (even) dims; the cache holds {num_kv_heads} of {head_dim}", layout.num_kv_heads, layout.head_dim),
+            format!("qkv has {} KV heads of {} dims; the cache holds {num_kv_heads} of {head_dim}", layout.num_kv_heads, layout.head_dim),
         ));
     }
     expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
@@ -145,8 +157,8 @@ pub fn rope_kv_write(
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
-    let pairs = num_tokens * (layout.num_heads + num_kv_heads) * head_dim / 2;
-    let variant = ShaderVariant::plain("rope_kv_write");
+    let pairs = num_tokens * (layout.num_heads * head_dim / 2 + num_kv_heads * head_dim / 4);
+    let variant = ShaderVariant::kv("rope_kv_write", cache.source(), 0);
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(pairs, 64))?;
     Ok(())
 }
@@ -207,7 +219,7 @@ pub fn paged_attention(
         token_info.single_part(OP)?.resource(ctx)?,
         out.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant::plain("paged_attention");
+    let variant = ShaderVariant::kv("paged_attention", cache.source(), u16::try_from(head_dim).unwrap_or(u16::MAX));
     let grid = [params.num_heads, params.num_tokens, 1];
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
