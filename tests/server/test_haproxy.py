@@ -164,8 +164,9 @@ def test_two_replicas_behind_haproxy(tmp_path):
         in_flight_on_r1 = [s for s in done if s.headers.get("x-weft-replica") == "r1" and s.started_at < t_drain < s.ended_at]
         assert in_flight_on_r1, "no request was in flight on r1 when it got SIGTERM"
         assert all(s.ended_at < t_exit for s in in_flight_on_r1)
-        # The signal is handled within a millisecond or two; from then on r1 takes nothing new.
-        late_on_r1 = [s for s in done if s.started_at > t_drain + 0.1 and s.headers.get("x-weft-replica") == "r1"]
+        # The signal is handled within a millisecond or two (0.5 s allows for a loaded machine);
+        # from then on r1 takes nothing new.
+        late_on_r1 = [s for s in done if s.started_at > t_drain + 0.5 and s.headers.get("x-weft-replica") == "r1"]
         assert not late_on_r1, [vars(s) for s in late_on_r1]
         after = [s for s in done if s.started_at > t_drain]
         assert len(after) >= 32 + len(burst)
