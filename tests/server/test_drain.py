@@ -129,3 +129,27 @@ def test_drain_timeout_cancels_the_rest_and_frees_their_blocks(tmp_path):
         print(f"\ndrain timeline (timeout 1 s, 8 streams of {max_tokens} tokens):\n{timeline(t0, events)}")
     finally:
         replica.stop()
+
+
+def test_a_second_signal_exits_at_once(tmp_path):
+    replica = Replica(tmp_path, "twice", "--drain-timeout", "60")
+    try:
+        replica.wait_ready()
+        replica.warm_up()
+        stream = Stream(replica.port, prompt(0), 480)
+        assert stream.first_text.wait(60), vars(stream)
+        replica.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while get(replica.port, "/ready")[0] == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        replica.signal(signal.SIGINT)
+        # Killed by the signal, as the shell says it: 128 + SIGINT's number.
+        assert replica.wait_exit(10) == 128 + signal.SIGINT, replica.stderr()
+        assert time.monotonic() - t0 < 2
+        stream.join()
+        assert stream.finish_reason is None and not stream.done, vars(stream)
+        assert "SIGINT again: exiting now" in replica.stderr()
+    finally:
+        replica.stop()
