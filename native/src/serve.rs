@@ -573,7 +573,7 @@ async fn drain(state: &AppState, mut signals: Signals, timeout: Duration) {
         // a few seconds, not forever.
         wait_idle(state, Instant::now() + Duration::from_secs(5)).await;
     }
-    // What a last scrape of /metrics would show: nothing running or waiting, no block held.
+    // What a last scrape of /metrics would show; after a drain, nothing runs and no block is held.
     let (kv, stats) = state.engine.get().map(|e| (e.kv_usage(), e.scheduler_stats())).unwrap_or_default();
     eprintln!(
         "weft serve: drained in {:.2}s: {in_flight} in flight at the signal, {cancelled} cancelled at the drain timeout; \
