@@ -13,6 +13,7 @@ mod bench;
 mod chat;
 mod generate;
 mod info;
+mod metrics;
 mod progress;
 mod serve;
 
@@ -121,11 +122,16 @@ enum Command {
         profile: bool,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
-    /// /health and /metrics (Prometheus text).
+    /// /health (liveness), /ready (readiness) and /metrics (Prometheus text, weft's names and
+    /// vLLM's).
     ///
     /// A request without max_tokens gets the rest of the context, at most 256 tokens.
     /// temperature defaults to 1.0 (as OpenAI's). Requests are refused with 503 and Retry-After
     /// while 4 x --max-num-seqs requests already wait. Bodies over 4 MiB get 413.
+    ///
+    /// SIGTERM or SIGINT drains: /ready turns 503, new requests get 503 with Retry-After, the
+    /// requests in flight finish (those still running after --drain-timeout are cancelled with
+    /// finish_reason "abort"), then the process exits 0. A second signal exits at once.
     Serve {
         /// A .gguf file or a Hugging Face model directory [default: the model `cargo xtask
         /// fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
@@ -155,6 +161,14 @@ enum Command {
         /// Keep full KV blocks of finished requests to reuse for shared prompt prefixes.
         #[arg(long)]
         enable_prefix_cache: bool,
+        /// The model's name in requests, responses and the metrics' model_name label [default:
+        /// the model file's name without its extension]
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// Seconds the requests in flight may take to finish after SIGTERM or SIGINT before they
+        /// are cancelled.
+        #[arg(long, default_value = "30", value_parser = serve::parse_seconds)]
+        drain_timeout: std::time::Duration,
     },
 }
 
@@ -213,7 +227,19 @@ fn main() -> ExitCode {
                 profile,
             })
         }
-        Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache } => {
+        Command::Serve {
+            model,
+            host,
+            port,
+            api_key,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            kv_memory,
+            enable_prefix_cache,
+            served_model_name,
+            drain_timeout,
+        } => {
             serve::run(serve::Options {
                 model,
                 host,
@@ -224,6 +250,8 @@ fn main() -> ExitCode {
                 max_model_len,
                 kv_memory_bytes: kv_memory,
                 enable_prefix_cache,
+                served_model_name,
+                drain_timeout,
             })
         }
     };

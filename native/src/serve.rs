@@ -3,14 +3,24 @@
 //! The socket is bound first and the model loads in the background: until it is ready every
 //! endpoint but `/metrics` answers 503. The protocol itself (reading requests, shaping responses
 //! and chunks) is `weft::openai`; this file adds HTTP: status codes, SSE framing, the API key,
-//! routing, metrics and loading. Streaming responses are the engine's stream turned into
-//! server-sent events, so a client that goes away drops the stream, which cancels the request
-//! and frees its KV blocks at the next step.
+//! routing, loading, readiness and the drain (`metrics.rs` writes `/metrics`). Streaming
+//! responses are the engine's stream turned into server-sent events, so a client that goes away
+//! drops the stream, which cancels the request and frees its KV blocks at the next step.
+//!
+//! Made to run as one of many stateless replicas behind a load balancer: `/health` is liveness
+//! (the process and its GPU work), `/ready` is readiness (loaded and not draining). The first
+//! SIGTERM or SIGINT starts the drain: `/ready` turns 503 so the balancer sends new work
+//! elsewhere, new completions get 503 with Retry-After (a balancer that retries on 503 moves
+//! them to another replica), and the requests in flight run to their end, at most
+//! `--drain-timeout`; the rest are then cancelled (each ends with `finish_reason` "abort" and
+//! its KV blocks are freed) and the process exits 0. A second signal exits at once.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -22,14 +32,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::StreamExt;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
 use serde_json::{Map, Value, json};
+use tokio::sync::Notify;
 use weft::EngineBuilder;
 use weft::engine::api::{InferenceEngine, LlmInferenceEngine};
-use weft::engine::{ContinuousBatchEngine, EngineConfig};
-use weft::engine::metrics::{EngineMetrics, Histogram};
 use weft::engine::request::StreamChunk;
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError, OpenAiRequest};
 use weft::{Result, WeftError};
 
@@ -49,6 +57,10 @@ pub struct Options {
     pub max_model_len: usize,
     pub kv_memory_bytes: usize,
     pub enable_prefix_cache: bool,
+    /// The model's name in requests, responses and metrics [default: the file's stem].
+    pub served_model_name: Option<String>,
+    /// How long the requests in flight may take to finish once a drain starts.
+    pub drain_timeout: Duration,
 }
 
 /// Parse "256MiB", "1GiB", "512MB", "1048576" into bytes.
@@ -82,6 +94,34 @@ struct AppState {
     model_path: String,
     api_key: Option<String>,
     created: u64,
+    enable_prefix_cache: bool,
+    /// Set by the first SIGTERM or SIGINT; never cleared.
+    draining: AtomicBool,
+    /// Completion requests between their arrival and the end of their response (a stream's last
+    /// event); the drain waits for this to reach 0.
+    in_flight: AtomicUsize,
+    /// Woken when `in_flight` drops to 0.
+    idle: Notify,
+}
+
+/// Counts one completion request in `AppState::in_flight` while it lives.
+struct InFlight(Shared);
+
+impl InFlight {
+    fn new(state: &Shared) -> Self {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(state.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // notify_one keeps a permit when nobody waits yet, so a drain that checks the count
+            // and then waits cannot miss this.
+            self.0.idle.notify_one();
+        }
+    }
 }
 
 type Shared = Arc<AppState>;
@@ -184,17 +224,22 @@ async fn completions(State(state): State<Shared>, body: std::result::Result<Byte
     handle(state, body, Endpoint::Completion).await
 }
 
-/// One completion request: body, readiness, model, fields, queue, then generation.
+/// One completion request: drain, body, readiness, model, fields, queue, then generation.
 async fn handle(state: Shared, body: std::result::Result<Bytes, BytesRejection>, endpoint: Endpoint) -> ApiResult<Response> {
+    // Counted before the drain check: a drain that starts after the check waits for this one.
+    let in_flight = InFlight::new(&state);
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down; retry on another replica"));
+    }
     let map = parse_body(body)?;
     let engine = ready(&state)?.clone();
     check_model(&state, &map)?;
     let req = weft::openai::parse(endpoint, &map)?;
     check_queue(&engine)?;
-    generate(state, engine, req).await
+    generate(state, engine, req, in_flight).await
 }
 
-async fn generate(state: Shared, engine: ContinuousBatchEngine, req: OpenAiRequest) -> ApiResult<Response> {
+async fn generate(state: Shared, engine: ContinuousBatchEngine, req: OpenAiRequest, in_flight: InFlight) -> ApiResult<Response> {
     let id = weft::openai::request_id(req.endpoint);
     let created = weft::openai::unix_now();
     let model = state.model_id.clone();
@@ -203,7 +248,7 @@ async fn generate(state: Shared, engine: ContinuousBatchEngine, req: OpenAiReque
         let mut shaper = ChunkShaper::new(engine, &req, id, created, model);
         // Chat's role chunk goes out at once, before the first token is ready.
         let pending = shaper.start().into_iter().map(|v| Event::default().data(v.to_string())).collect();
-        let sse = SseState { shaper, stream: Some(stream), pending };
+        let sse = SseState { shaper, stream: Some(stream), pending, _in_flight: in_flight };
         let events = futures::stream::unfold(sse, |mut s| async move {
             loop {
                 if let Some(e) = s.pending.pop_front() {
@@ -225,6 +270,8 @@ struct SseState {
     shaper: ChunkShaper,
     stream: Option<weft::rt::BoxStream<'static, Result<StreamChunk>>>,
     pending: VecDeque<Event>,
+    /// Held (for its `Drop`) until the response body ends or the client goes away.
+    _in_flight: InFlight,
 }
 
 impl SseState {
@@ -288,15 +335,41 @@ async fn health(State(state): State<Shared>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// Readiness: 200 once the model is loaded and until a drain starts; 503 (with why) otherwise.
+/// A load balancer or Kubernetes sends new work only to ready replicas.
+async fn ready_probe(State(state): State<Shared>) -> Response {
+    let status = if state.draining.load(Ordering::SeqCst) {
+        "draining"
+    } else {
+        match ready(&state) {
+            Ok(_) => return (StatusCode::OK, Json(json!({"status": "ready", "model": state.model_id}))).into_response(),
+            Err(e) if e.error.message.contains("failed") => "failed",
+            Err(_) => "loading",
+        }
+    };
+    let in_flight = state.in_flight.load(Ordering::SeqCst);
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status, "in_flight": in_flight}))).into_response()
+}
+
 async fn metrics(State(state): State<Shared>) -> Response {
-    let m = state.engine.get().map(|e| e.metrics()).unwrap_or_default();
-    let loaded = state.engine.get().is_some();
-    let mut text = String::new();
-    let result = encode_metrics(&mut text, &m, loaded);
-    match result {
-        Ok(()) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response(),
-        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "could not encode the metrics").into_response(),
-    }
+    let engine = state.engine.get();
+    let m = engine.map(|e| e.metrics()).unwrap_or_default();
+    let live = engine.map(|e| {
+        let s = e.scheduler_stats();
+        crate::metrics::Live {
+            model_name: state.model_id.clone(),
+            running: s.running,
+            waiting: s.waiting,
+            preemptions: s.preemptions,
+            kv: e.kv_usage(),
+            prefix_cache: e.prefix_cache_stats(),
+            block_size: e.executor().kv_config().block_size,
+            enable_prefix_cache: state.enable_prefix_cache,
+            now_seconds: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+        }
+    });
+    let text = crate::metrics::render(&m, live.as_ref(), state.draining.load(Ordering::SeqCst));
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -321,102 +394,12 @@ async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> R
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prometheus text, through prometheus-client's encoder.
-
-/// One metric family from a snapshot.
-struct Snap<'a, F: Fn(MetricEncoder) -> std::fmt::Result>(&'a F, MetricType);
-
-impl<F: Fn(MetricEncoder) -> std::fmt::Result> std::fmt::Debug for Snap<'_, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("snapshot")
-    }
-}
-
-impl<F: Fn(MetricEncoder) -> std::fmt::Result> EncodeMetric for Snap<'_, F> {
-    fn encode(&self, encoder: MetricEncoder) -> std::fmt::Result {
-        (self.0)(encoder)
-    }
-    fn metric_type(&self) -> MetricType {
-        self.1
-    }
-}
-
-fn histogram_buckets(h: &Histogram) -> Vec<(f64, u64)> {
-    // The encoder accumulates, so hand it per-bucket counts.
-    let mut out = Vec::with_capacity(h.bounds.len() + 1);
-    let mut prev = 0;
-    for (b, c) in h.bounds.iter().zip(&h.cumulative_counts) {
-        out.push((*b, c - prev));
-        prev = *c;
-    }
-    out.push((f64::INFINITY, h.count - prev));
-    out
-}
-
-fn encode_metrics(out: &mut String, m: &EngineMetrics, loaded: bool) -> std::fmt::Result {
-    let mut registry = prometheus_client::registry::Registry::with_prefix("weft");
-    #[derive(Debug)]
-    struct Collect(EngineMetrics, bool);
-    impl prometheus_client::collector::Collector for Collect {
-        fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
-            let m = &self.0;
-            let counter = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64| -> std::fmt::Result {
-                let f = move |mut e: MetricEncoder| e.encode_counter::<NoLabelSet, _, u64>(&v, None);
-                let s = Snap(&f, MetricType::Counter);
-                s.encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
-            };
-            let gauge = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: i64| -> std::fmt::Result {
-                let f = move |mut e: MetricEncoder| e.encode_gauge(&v);
-                let s = Snap(&f, MetricType::Gauge);
-                s.encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
-            };
-            let histogram = |enc: &mut DescriptorEncoder, name: &str, help: &str, h: &Histogram| -> std::fmt::Result {
-                let buckets = histogram_buckets(h);
-                let f = |mut e: MetricEncoder| e.encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None);
-                let s = Snap(&f, MetricType::Histogram);
-                s.encode(enc.encode_descriptor(name, help, None, MetricType::Histogram)?)
-            };
-            gauge(&mut enc, "model_loaded", "1 once the model is loaded and requests are served", self.1 as i64)?;
-            {
-                let mut fam = enc.encode_descriptor("requests_finished", "Requests finished, by finish reason", None, MetricType::Counter)?;
-                for reason in ["stop", "length", "eos", "cancelled", "error"] {
-                    let v = m.requests_finished.get(reason).copied().unwrap_or(0);
-                    let labels = [("finished_reason", reason)];
-                    fam.encode_family(&labels)?.encode_counter::<NoLabelSet, _, u64>(&v, None)?;
-                }
-            }
-            counter(&mut enc, "requests_submitted", "Requests accepted by the engine", m.requests_submitted)?;
-            counter(&mut enc, "requests_rejected", "Requests the engine refused at submission", m.requests_rejected)?;
-            counter(&mut enc, "prompt_tokens", "Prompt tokens of accepted requests", m.prompt_tokens)?;
-            counter(&mut enc, "generation_tokens", "Tokens generated", m.generation_tokens)?;
-            counter(&mut enc, "engine_steps", "Engine steps run", m.steps)?;
-            counter(&mut enc, "preemptions", "Sequences preempted for lack of KV blocks", m.preemptions)?;
-            histogram(&mut enc, "time_to_first_token_seconds", "Time from submission to the first generated token", &m.time_to_first_token)?;
-            histogram(&mut enc, "inter_token_latency_seconds", "Time between consecutive generated tokens", &m.inter_token_latency)?;
-            histogram(&mut enc, "e2e_request_latency_seconds", "Time from submission to the end of a request", &m.end_to_end_latency)?;
-            histogram(&mut enc, "request_queue_time_seconds", "Time from submission to the first step", &m.queue_time)?;
-            gauge(&mut enc, "num_requests_running", "Requests being stepped", m.running as i64)?;
-            gauge(&mut enc, "num_requests_waiting", "Requests waiting for a slot", m.waiting as i64)?;
-            gauge(&mut enc, "kv_blocks_total", "KV cache blocks in the pool", m.kv.total_blocks as i64)?;
-            gauge(&mut enc, "kv_blocks_used", "KV cache blocks held by live sequences", m.kv.used_blocks as i64)?;
-            gauge(&mut enc, "kv_blocks_free", "KV cache blocks never used or released", m.kv.free_blocks as i64)?;
-            gauge(&mut enc, "kv_blocks_cached", "KV cache blocks held only by the prefix cache", m.kv.cached_blocks as i64)?;
-            counter(&mut enc, "prefix_cache_hits", "Blocks found in the prefix cache at admission", m.prefix_cache.hits)?;
-            counter(&mut enc, "prefix_cache_misses", "Blocks looked up in the prefix cache and not found", m.prefix_cache.misses)?;
-            counter(&mut enc, "prefix_cache_evictions", "Cached blocks evicted", m.prefix_cache.evictions)?;
-            Ok(())
-        }
-    }
-    registry.register_collector(Box::new(Collect(m.clone(), loaded)));
-    prometheus_client::encoding::text::encode(out, &registry)
-}
-
-// ---------------------------------------------------------------------------------------------
 // The server.
 
 pub fn run(opts: Options) -> Result<()> {
     let path = crate::generate::model_path(opts.model.clone())?;
-    let model_id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let model_id = opts.served_model_name.clone().or(stem).unwrap_or_else(|| path.display().to_string());
     let state = Arc::new(AppState {
         engine: OnceLock::new(),
         loading: Mutex::new(Loading::Loading),
@@ -424,15 +407,24 @@ pub fn run(opts: Options) -> Result<()> {
         model_path: path.display().to_string(),
         api_key: opts.api_key.clone(),
         created: weft::openai::unix_now(),
+        enable_prefix_cache: opts.enable_prefix_cache,
+        draining: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+        idle: Notify::new(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| WeftError::Unsupported(format!("could not start the async runtime: {e}")))?;
-    runtime.block_on(serve(opts, path, state))
+    let result = runtime.block_on(serve(opts, path, state));
+    // A model still loading (a drain can end first) must not hold the exit.
+    runtime.shutdown_background();
+    result
 }
 
 async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
+    // Before anything slow: a SIGTERM while the model loads drains (at once) instead of killing.
+    let signals = Signals::new()?;
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
         .parse()
         .or_else(|_| std::net::ToSocketAddrs::to_socket_addrs(&(opts.host.as_str(), opts.port)).map_err(|e| e.to_string()).and_then(|mut a| a.next().ok_or_else(|| "no address".to_string())))
@@ -485,16 +477,130 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let app = Router::new()
         .route("/health", get(health))
+        .route("/ready", get(ready_probe))
         .route("/metrics", get(metrics))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state);
+        .with_state(state.clone());
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_timeout = opts.drain_timeout;
+    tokio::spawn(async move {
+        drain(&state, signals, drain_timeout).await;
+        let _ = drained_tx.send(());
+        // The server now closes its connections; one that does not close must not hold the exit.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        eprintln!("weft serve: connections still open 5s after the drain; exiting");
+        std::process::exit(0);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
+            let _ = drained_rx.await;
         })
         .await
         .map_err(|e| WeftError::Unsupported(format!("the server failed: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals and the drain.
+
+/// SIGTERM and SIGINT (Ctrl-C alone where there are no Unix signals), registered once so that a
+/// second signal is seen as such.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind| {
+                signal(kind).map_err(|e| WeftError::Unsupported(format!("could not listen for signals: {e}")))
+            };
+            Ok(Signals { term: listen(SignalKind::terminate())?, int: listen(SignalKind::interrupt())? })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal's name and the exit status a process killed by it would have.
+    async fn next(&mut self) -> (&'static str, i32) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => ("SIGTERM", 128 + 15),
+                _ = self.int.recv() => ("SIGINT", 128 + 2),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            ("Ctrl-C", 130)
+        }
+    }
+}
+
+/// Wait for the first signal, then drain: refuse new requests, let those in flight finish until
+/// `timeout`, cancel the rest. A second signal exits the process at once.
+async fn drain(state: &AppState, mut signals: Signals, timeout: Duration) {
+    let (name, _) = signals.next().await;
+    let started = Instant::now();
+    state.draining.store(true, Ordering::SeqCst);
+    let in_flight = state.in_flight.load(Ordering::SeqCst);
+    eprintln!(
+        "weft serve: {name}: draining: not ready, new requests get 503; {in_flight} in flight may take up to {:.1}s",
+        timeout.as_secs_f64()
+    );
+    tokio::spawn(async move {
+        let (name, status) = signals.next().await;
+        eprintln!("weft serve: {name} again: exiting now");
+        std::process::exit(status);
+    });
+    let mut cancelled = 0;
+    if !wait_idle(state, started + timeout).await {
+        if let Some(engine) = state.engine.get() {
+            let s = engine.scheduler_stats();
+            cancelled = s.running + s.waiting;
+            // Every live request ends with finish_reason "abort" and its blocks go back to the
+            // pool; the engine refuses anything after.
+            engine.shutdown();
+        }
+        // The cancelled streams send their last events now; a client that stopped reading gets
+        // a few seconds, not forever.
+        wait_idle(state, Instant::now() + Duration::from_secs(5)).await;
+    }
+    // What a last scrape of /metrics would show; after a drain, nothing runs and no block is held.
+    let (kv, stats) = state.engine.get().map(|e| (e.kv_usage(), e.scheduler_stats())).unwrap_or_default();
+    eprintln!(
+        "weft serve: drained in {:.2}s: {in_flight} in flight at the signal, {cancelled} cancelled at the drain timeout; \
+         at exit {} running, {} waiting, KV blocks in use {} of {}; exiting",
+        started.elapsed().as_secs_f64(),
+        stats.running,
+        stats.waiting,
+        kv.used_blocks,
+        kv.total_blocks
+    );
+}
+
+/// Wait until no completion request is in flight or `deadline` passes; true when none is.
+async fn wait_idle(state: &AppState, deadline: Instant) -> bool {
+    loop {
+        if state.in_flight.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if tokio::time::timeout_at(deadline.into(), state.idle.notified()).await.is_err() {
+            return state.in_flight.load(Ordering::SeqCst) == 0;
+        }
+    }
+}
+
+/// Parse a duration in seconds ("30", "0.5").
+pub fn parse_seconds(s: &str) -> std::result::Result<Duration, String> {
+    let seconds: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{s:?} is not a duration in seconds (0 or more)"))
 }

@@ -194,6 +194,11 @@ fn metric(text: &str, name: &str) -> f64 {
 fn chat_streaming_models_and_metrics() {
     let Some(server) = Server::start(&[]) else { return };
 
+    // Readiness: loaded and not draining.
+    let ready = server.request("GET", "/ready", None, &[]).unwrap();
+    assert_eq!(ready.status, 200, "{}", ready.body);
+    assert_eq!(ready.json()["status"], "ready");
+
     let models = server.request("GET", "/v1/models", None, &[]).unwrap();
     assert_eq!(models.status, 200, "{}", models.body);
     assert_eq!(models.json()["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
@@ -266,6 +271,14 @@ fn chat_streaming_models_and_metrics() {
     ] {
         assert!(m.contains(name), "{name} missing from /metrics:\n{m}");
     }
+    // vLLM's names beside weft's, labelled with the served model (gateways and dashboards made
+    // for vLLM read them).
+    let labels = "{model_name=\"SmolLM2-135M-Instruct.Q4_1\",engine=\"0\"}";
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total"] {
+        assert!(m.contains(&format!("{name}{labels} ")), "{name} missing from /metrics:\n{m}");
+    }
+    assert_eq!(metric(&m, &format!("vllm:generation_tokens_total{labels}")), metric(&m, "weft_generation_tokens_total"));
+    assert_eq!(metric(&m, &format!("vllm:e2e_request_latency_seconds_count{labels}")), 3.0);
     assert!(metric(&m, "weft_generation_tokens_total") >= (2 * completion_tokens) as f64);
     assert_eq!(metric(&m, "weft_e2e_request_latency_seconds_count"), 3.0);
     assert!(m.contains("weft_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3"), "{m}");

@@ -48,6 +48,8 @@ pub struct PrefixCacheStats {
     pub evictions: u64,
     /// Blocks now held only by the cache (evictable).
     pub cached_blocks: usize,
+    /// Tokens of the sequences looked up at admission, all of them (vLLM's prefix-cache queries).
+    pub queried_tokens: u64,
 }
 
 /// Where the pool's blocks are; `total_blocks == used_blocks + cached_blocks + free_blocks`.
@@ -208,6 +210,7 @@ impl KvCacheManager {
 
         // Committed: from here on nothing fails.
         if self.enable_prefix_cache {
+            self.stats.queried_tokens += tokens.len() as u64;
             self.stats.hits += hit_block_ids.len() as u64;
             self.stats.misses += (max_cached_blocks - hit_block_ids.len()) as u64;
         }
@@ -540,7 +543,7 @@ mod tests {
         assert_eq!(kv.block_table(2)[..3], kv.block_table(1)[..3]);
         assert_ne!(kv.block_table(2)[3], kv.block_table(1)[3]);
         // Seq 1 looked up 3 blocks and found none; seq 2 found all 3.
-        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 3, misses: 3, evictions: 0, cached_blocks: 0 });
+        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 3, misses: 3, evictions: 0, cached_blocks: 0, queried_tokens: 14 + 15 });
         let shared = kv.block_table(1)[..3].to_vec();
         for &block_id in &shared {
             assert_eq!(kv.blocks[block_id as usize].ref_count, 2);
@@ -589,7 +592,7 @@ mod tests {
         kv.mark_computed(1, &a, 4);
         // The second block's tokens (7, 7) are equal but the first differs.
         assert_eq!(kv.allocate(2, &[3, 4, 7, 7, 0]), Some(0));
-        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 0, misses: 4, evictions: 0, cached_blocks: 0 });
+        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 0, misses: 4, evictions: 0, cached_blocks: 0, queried_tokens: 10 });
         kv.check_invariants();
     }
 

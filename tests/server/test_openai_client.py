@@ -1,10 +1,12 @@
 """`weft serve` against the official OpenAI Python client.
 
-Run by `cargo xtask test` (which makes a venv at target/pyvenv with `openai` and `pytest`), or by
-hand:
+Run by `cargo xtask test` (which makes a venv at target/pyvenv with `openai`, `pytest` and the
+other tests' packages), or by hand:
 
     WEFT_BIN=target/release/weft WEFT_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf \
         target/pyvenv/bin/python -m pytest tests/server
+
+(the deployment tests beside this file use the tiny model: WEFT_TINY_MODEL, or one they write).
 
 Generation on a software GPU (lavapipe) is slow, so every request asks for a few tokens only.
 """

@@ -111,9 +111,22 @@ fn target_dir() -> PathBuf {
     if target.is_absolute() { target } else { root().join(target) }
 }
 
-/// `weft serve` against the official OpenAI Python client (tests/server): a venv at
-/// target/pyvenv with `openai` and `pytest` (made when missing), the release binary, then
-/// pytest. Any failure fails the run, and so does pytest finding no tests (exit status 5).
+/// The Python packages of tests/server: the official OpenAI client, pytest, Prometheus' text
+/// parser (vLLM-named metrics) and the offline Kubernetes schema validator (deploy/kubernetes),
+/// each as (pip name, import name).
+const PYTHON_TEST_PACKAGES: [(&str, &str); 4] = [
+    ("openai", "openai"),
+    ("pytest", "pytest"),
+    ("prometheus_client", "prometheus_client"),
+    ("kubernetes-validate", "kubernetes_validate"),
+];
+
+/// The server tests (tests/server, pytest): `weft serve` against the official OpenAI Python
+/// client; vLLM-named metrics, the drain and two replicas behind HAProxy on the tiny model;
+/// the container image and the Kubernetes manifests. A venv at target/pyvenv gets
+/// PYTHON_TEST_PACKAGES (made when missing), HAProxy is installed when missing (root on
+/// Debian/Ubuntu) and then required, the release binary and the tiny model are built, then
+/// pytest runs. Any failure fails the run, and so does pytest finding no tests (exit status 5).
 fn test_server_python() -> Result {
     let target = target_dir();
     let venv = target.join("pyvenv");
@@ -123,26 +136,36 @@ fn test_server_python() -> Result {
         make.args(["-m", "venv"]).arg(&venv);
         run(make).map_err(|e| format!("{e}\n(on Debian `python3 -m venv` needs the python3-venv package: apt-get install python3-venv)"))?;
     }
-    let ready = Command::new(&python).args(["-c", "import openai, pytest"]).status().is_ok_and(|s| s.success());
+    let imports = PYTHON_TEST_PACKAGES.map(|(_, module)| module).join(", ");
+    let ready = Command::new(&python).args(["-c", &format!("import {imports}")]).status().is_ok_and(|s| s.success());
     if !ready {
         let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "install", "--quiet", "openai", "pytest"]);
+        pip.args(["-m", "pip", "install", "--quiet"]).args(PYTHON_TEST_PACKAGES.map(|(package, _)| package));
         run(pip)?;
     }
+    web::ensure_apt_tools(&[("haproxy", "haproxy")], "the load-balancer test (tests/server/test_haproxy.py)")?;
     let mut build = cargo();
     build.args(["build", "--release", "-p", "weft-native"]);
     run(build)?;
+    let tiny = target.join("server-tests").join("tiny.gguf");
+    let mut example = cargo();
+    example.args(["run", "--release", "--quiet", "--example", "tiny_model", "--"]).arg(&tiny);
+    run(example)?;
     let mut pytest = Command::new(&python);
-    pytest.current_dir(root()).args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/server"]);
+    // -rs: a skipped test prints why (the container build, where no container engine runs).
+    pytest.current_dir(root()).args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "tests/server"]);
     pytest.env("WEFT_BIN", target.join("release").join(if cfg!(windows) { "weft.exe" } else { "weft" }));
     pytest.env("WEFT_MODEL", root().join(MODEL_FILE));
+    pytest.env("WEFT_TINY_MODEL", &tiny);
+    // HAProxy was just ensured: the load-balancer test must run, not skip.
+    pytest.env("WEFT_REQUIRE_HAPROXY", "1");
     let mut pytest = with_gpu_env(pytest);
     eprintln!("xtask: running {pytest:?}");
     let status = pytest.status().map_err(|e| format!("could not start {pytest:?}: {e}"))?;
     match status.code() {
         Some(0) => Ok(()),
         Some(5) => Err("pytest collected no tests in tests/server (exit status 5)".into()),
-        _ => Err(format!("the OpenAI-client tests in tests/server failed ({status})")),
+        _ => Err(format!("the server tests in tests/server failed ({status})")),
     }
 }
 

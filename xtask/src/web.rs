@@ -229,12 +229,8 @@ pub fn test_web() -> Result {
     };
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
-    ensure_apt_tools(&[
-        (chromium.as_str(), "chromium"),
-        (chromedriver.as_str(), "chromium-driver"),
-        ("node", "nodejs"),
-        ("npm", "npm"),
-    ])?;
+    let tools = [(chromium.as_str(), "chromium"), (chromedriver.as_str(), "chromium-driver"), ("node", "nodejs"), ("npm", "npm")];
+    ensure_apt_tools(&tools, "the browser tests").map_err(|e| format!("{e} (set CHROMIUM / CHROMEDRIVER to use other paths)"))?;
 
     let dist = build()?;
     lap("building web/dist");
@@ -343,21 +339,17 @@ fn json_string(s: &str) -> String {
 }
 
 /// Each (program, Debian package): when a program is missing, install its package with apt as
-/// root on Debian/Ubuntu, else say what to install.
-fn ensure_apt_tools(tools: &[(&str, &str)]) -> Result {
+/// root on Debian/Ubuntu, else say what `needed_by` needs installed.
+pub fn ensure_apt_tools(tools: &[(&str, &str)], needed_by: &str) -> Result {
     let missing: Vec<&str> = tools.iter().filter(|(program, _)| !program_exists(program)).map(|(_, package)| *package).collect();
     if missing.is_empty() {
         return Ok(());
     }
     let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
     if !(is_root && Path::new("/usr/bin/apt-get").exists()) {
-        return Err(format!(
-            "the browser tests need {}: on Debian/Ubuntu `sudo apt-get install -y {}` (set CHROMIUM / CHROMEDRIVER to use other paths)",
-            missing.join(", "),
-            missing.join(" ")
-        ));
+        return Err(format!("{needed_by} need {}: on Debian/Ubuntu `sudo apt-get install -y {}`", missing.join(", "), missing.join(" ")));
     }
-    eprintln!("xtask: installing {} for the browser tests", missing.join(" "));
+    eprintln!("xtask: installing {} for {needed_by}", missing.join(" "));
     let mut update = Command::new("apt-get");
     update.args(["update", "-qq"]);
     run(update)?;
