@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use futures::StreamExt;
-use weft::engine::EngineConfig;
 use weft::EngineBuilder;
+use weft::engine::EngineConfig;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 

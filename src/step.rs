@@ -113,7 +113,6 @@ impl StepTimings {
     pub fn host_s(&self) -> f64 {
         self.schedule_s + self.record_s + self.encode_s + self.submit_s
     }
-
 }
 
 /// How many of `samples` (one per logit row of `seq`) the sequence keeps: each row whose

@@ -57,4 +57,3 @@ pub trait TensorFactory: Send + Sync {
         })
     }
 }
-

@@ -35,8 +35,12 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
 }
 
 fn greedy(prompt: &str, max_tokens: usize) -> InferenceRequest {
-    let params =
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() };
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    };
     InferenceRequest::new(Prompt::Text(prompt.into()), params)
 }
 
@@ -322,7 +326,12 @@ fn chat_prompts_use_the_model_template() {
     let messages = vec![weft::tokenizer::ChatMessage::user("hi")];
     let chat = InferenceRequest::new(
         Prompt::Chat(messages),
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(3), ignore_eos: true, ..Default::default() },
+        GenerationParams {
+            sampling: SamplingParams::greedy(),
+            max_tokens: Some(3),
+            ignore_eos: true,
+            ..Default::default()
+        },
     );
     let text = InferenceRequest::new(
         Prompt::Text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n".into()),
@@ -446,9 +455,8 @@ fn a_warm_step_creates_nothing() {
     let Some(f) = factory() else { return };
     let e = engine(&f, 256, EngineConfig { max_num_batched_tokens: 16, ..Default::default() });
     let run = |first: u8| {
-        let prompts: Vec<String> = (0..5)
-            .map(|i| (0..3 + 4 * i).map(|j| char::from(first + ((i + j) % 13) as u8)).collect())
-            .collect();
+        let prompts: Vec<String> =
+            (0..5).map(|i| (0..3 + 4 * i).map(|j| char::from(first + ((i + j) % 13) as u8)).collect()).collect();
         let mut streams: Vec<_> = prompts.iter().map(|p| e.submit(greedy(p, 6)).unwrap().1).collect();
         let mut steps = 0;
         while weft::rt::block_on(e.step()).unwrap() {

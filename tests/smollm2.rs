@@ -18,10 +18,10 @@ use std::path::Path;
 use serde_json::Value;
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
-use weft::sampling::{RowDraw, SampleSpec};
-use weft::step::{ModelExecutor, SeqStep, StepBatch};
 use weft::model::load::ModelFiles;
 use weft::sampling::SamplingParams;
+use weft::sampling::{RowDraw, SampleSpec};
+use weft::step::{ModelExecutor, SeqStep, StepBatch};
 use weft::tokenizer::{ChatMessage, Tokenizer};
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -105,11 +105,7 @@ fn logits_and_greedy_tokens_match_transformers() {
     let mut batch = StepBatch { seqs, ..Default::default() };
     let started = std::time::Instant::now();
     let logits = weft::rt::block_on(exec.logits(&batch)).unwrap();
-    eprintln!(
-        "prefill of {} tokens: {:.1} s",
-        batch.num_batched_tokens(),
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("prefill of {} tokens: {:.1} s", batch.num_batched_tokens(), started.elapsed().as_secs_f64());
     let mut worst = 0f32;
     for (p, l) in prompts.iter().zip(&logits) {
         for pair in p["last_logits_top"].as_array().unwrap() {
@@ -184,8 +180,12 @@ fn the_engine_builder_serves_the_default_model() {
     };
     let engine: std::sync::Arc<dyn LlmInferenceEngine> = std::sync::Arc::new(engine);
     let p = &fixtures()[0];
-    let params =
-        GenerationParams { sampling: SamplingParams::greedy(), max_tokens: Some(6), ignore_eos: true, ..Default::default() };
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(6),
+        ignore_eos: true,
+        ..Default::default()
+    };
     let response =
         weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params))).unwrap();
     assert_eq!(response.token_ids, ids(&p["greedy_ids"])[..6]);

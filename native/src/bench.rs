@@ -20,9 +20,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use weft::EngineBuilder;
 use weft::engine::metrics::StepRecord;
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::gpu::{GpuContext, GpuOptions};
-use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::sampling::SamplingParams;
 use weft::{Result, WeftError};
 
@@ -105,7 +105,11 @@ pub fn run(opts: Options) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         if let Some(name) = adapter["name"].as_str() {
-            println!("adapter: {name} ({}), model: {model}, medians of {} repeats", adapter["backend"].as_str().unwrap_or(""), opts.repeats);
+            println!(
+                "adapter: {name} ({}), model: {model}, medians of {} repeats",
+                adapter["backend"].as_str().unwrap_or(""),
+                opts.repeats
+            );
         }
         print_table(&runs);
     }
@@ -205,7 +209,8 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
             let mut repeats = Vec::new();
             for _ in 0..opts.repeats {
                 let lone = traces(&engine, requests(1, prompt_len, 1, vocab, &mut serial))?;
-                let ttft = lone.first().and_then(|t| t.arrivals.first()).map(|(at, _)| (*at - lone[0].start).as_secs_f64());
+                let ttft =
+                    lone.first().and_then(|t| t.arrivals.first()).map(|(at, _)| (*at - lone[0].start).as_secs_f64());
                 engine.take_step_records();
                 let t = traces(&engine, requests(n, prompt_len, opts.gen_len, vocab, &mut serial))?;
                 let steps = engine.take_step_records();
@@ -224,10 +229,11 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     engine.shutdown();
     let info = ctx.adapter_info();
     let f = ctx.features();
-    let features: Vec<&str> = [("shader-f16", f.shader_f16), ("subgroups", f.subgroups), ("timestamp-query", f.timestamp_query)]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect();
+    let features: Vec<&str> =
+        [("shader-f16", f.shader_f16), ("subgroups", f.subgroups), ("timestamp-query", f.timestamp_query)]
+            .into_iter()
+            .filter_map(|(name, on)| on.then_some(name))
+            .collect();
     let adapter = json!({
         "name": info.name,
         "backend": format!("{:?}", info.backend).to_lowercase(),
@@ -242,17 +248,29 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
 
 /// Per-step GPU time by kernel (timestamps around every dispatch) and host time by phase, for
 /// decode steps at each concurrency.
-fn profile(engine: &ContinuousBatchEngine, levels: &[usize], prompt_len: usize, gen_len: usize, vocab: usize, serial: &mut usize) -> Result<()> {
+fn profile(
+    engine: &ContinuousBatchEngine,
+    levels: &[usize],
+    prompt_len: usize,
+    gen_len: usize,
+    vocab: usize,
+    serial: &mut usize,
+) -> Result<()> {
     engine.set_profiling(true);
     for &n in levels {
         engine.take_step_records();
         traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
-        let steps: Vec<StepRecord> = engine.take_step_records().into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect();
+        let steps: Vec<StepRecord> =
+            engine.take_step_records().into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect();
         if steps.is_empty() {
             continue;
         }
         let per_step = |f: &dyn Fn(&StepRecord) -> f64| steps.iter().map(f).sum::<f64>() / steps.len() as f64 * 1e3;
-        println!("\nprofile: {} decode steps of {n} sequences ({} dispatches each)", steps.len(), steps[0].timings.dispatches);
+        println!(
+            "\nprofile: {} decode steps of {n} sequences ({} dispatches each)",
+            steps.len(),
+            steps[0].timings.dispatches
+        );
         let mut kernels: Vec<(String, f64)> = Vec::new();
         for s in &steps {
             for (name, t) in &s.timings.kernels {
@@ -327,7 +345,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn summarize(concurrency: usize, prompt_len: usize, gen_len: usize, traces: &[Trace], steps: Option<&[StepRecord]>) -> Run {
+fn summarize(
+    concurrency: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    traces: &[Trace],
+    steps: Option<&[StepRecord]>,
+) -> Run {
     let begin = traces.iter().map(|t| t.start).min().unwrap_or_else(Instant::now);
     let mut ttft = Vec::new();
     let mut itl = Vec::new();
@@ -375,8 +399,20 @@ fn summarize(concurrency: usize, prompt_len: usize, gen_len: usize, traces: &[Tr
 
 fn print_table(runs: &[Run]) {
     let header = [
-        "conc", "prompt", "gen", "prefill tok/s", "decode tok/s/seq", "total tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
-        "host ms/step", "GPU ms/step", "GPU MiB", "RSS MiB",
+        "conc",
+        "prompt",
+        "gen",
+        "prefill tok/s",
+        "decode tok/s/seq",
+        "total tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "host ms/step",
+        "GPU ms/step",
+        "GPU MiB",
+        "RSS MiB",
     ];
     let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |x| format!("{x:.digits$}"));
     let rows: Vec<Vec<String>> = runs
@@ -400,22 +436,29 @@ fn print_table(runs: &[Run]) {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..header.len()).map(|i| rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0)).collect();
-    let line = |cells: Vec<&str>| cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect::<Vec<_>>().join("  ");
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
+        .collect();
+    let line =
+        |cells: Vec<&str>| cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect::<Vec<_>>().join("  ");
     println!("{}", line(header.to_vec()));
     for r in &rows {
         println!("{}", line(r.iter().map(String::as_str).collect()));
     }
-    println!("(latencies in ms; prefill from a lone prompt's time to first token; decode per sequence from the median inter-token latency)");
+    println!(
+        "(latencies in ms; prefill from a lone prompt's time to first token; decode per sequence from the median inter-token latency)"
+    );
 }
 
 /// Common short words, most of them one token each in typical tokenizers.
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "his", "her", "they", "we", "you", "it", "this", "that",
-    "be", "are", "have", "had", "not", "but", "or", "an", "one", "all", "were", "when", "there", "can", "more", "if", "out", "so", "up", "said", "what",
-    "about", "time", "day", "year", "way", "man", "world", "life", "hand", "part", "child", "eye", "place", "work", "week", "case", "point", "house",
-    "water", "room", "mother", "city", "home", "night", "light", "river", "tree", "road", "book", "game", "food", "music", "money", "story", "school",
-    "green", "red", "blue", "small", "large", "old", "new", "good", "long", "great", "little", "high", "early", "young", "right", "open", "cold",
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from", "his", "her", "they",
+    "we", "you", "it", "this", "that", "be", "are", "have", "had", "not", "but", "or", "an", "one", "all", "were",
+    "when", "there", "can", "more", "if", "out", "so", "up", "said", "what", "about", "time", "day", "year", "way",
+    "man", "world", "life", "hand", "part", "child", "eye", "place", "work", "week", "case", "point", "house", "water",
+    "room", "mother", "city", "home", "night", "light", "river", "tree", "road", "book", "game", "food", "music",
+    "money", "story", "school", "green", "red", "blue", "small", "large", "old", "new", "good", "long", "great",
+    "little", "high", "early", "young", "right", "open", "cold",
 ];
 
 /// A prompt of about `len` tokens: `len` words drawn pseudo-randomly (fixed per seed).
@@ -439,7 +482,9 @@ struct HttpTarget {
 
 impl HttpTarget {
     fn parse(url: &str, api_key: Option<String>) -> Result<HttpTarget> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| bad(format!("invalid --url {url}: only http:// URLs are supported")))?;
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| bad(format!("invalid --url {url}: only http:// URLs are supported")))?;
         let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) => (h, p.parse().map_err(|_| bad(format!("invalid --url {url}: bad port {p}")))?),
@@ -505,7 +550,11 @@ impl HttpTarget {
 
         let mut status_line = String::new();
         reader.read_line(&mut status_line).map_err(io)?;
-        let status: u16 = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad(format!("not an HTTP answer: {status_line:?}")))?;
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad(format!("not an HTTP answer: {status_line:?}")))?;
         let mut chunked = false;
         loop {
             let mut line = String::new();

@@ -25,7 +25,10 @@ pub fn run(opts: Options) -> Result<()> {
     let builder = EngineBuilder::from_model(&path)?.on_progress(crate::progress::loading(path.display().to_string()));
     let engine = weft::rt::block_on(builder.build())?;
     if engine.tokenizer().chat_template().is_none() {
-        return Err(WeftError::model(path.display().to_string(), "has no chat template, so it cannot chat; use `weft generate` instead"));
+        return Err(WeftError::model(
+            path.display().to_string(),
+            "has no chat template, so it cannot chat; use `weft generate` instead",
+        ));
     }
     let interactive = std::io::stdin().is_terminal();
     let base: Vec<ChatMessage> = opts.system.map(ChatMessage::system).into_iter().collect();
@@ -55,7 +58,11 @@ pub fn run(opts: Options) -> Result<()> {
             _ => {}
         }
         history.push(ChatMessage::user(text));
-        let params = GenerationParams { sampling: opts.sampling.clone(), max_tokens: Some(opts.max_tokens), ..Default::default() };
+        let params = GenerationParams {
+            sampling: opts.sampling.clone(),
+            max_tokens: Some(opts.max_tokens),
+            ..Default::default()
+        };
         let request = InferenceRequest::new(Prompt::Chat(history.clone()), params);
         let result = crate::generate::stream_to_stdout(&engine, request);
         let streamed = match result {

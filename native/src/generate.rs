@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use futures::StreamExt;
-use weft::engine::ContinuousBatchEngine;
 use weft::EngineBuilder;
+use weft::engine::ContinuousBatchEngine;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt, Usage};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
@@ -48,7 +48,10 @@ pub fn run(opts: Options) -> Result<()> {
     let engine = weft::rt::block_on(builder.build())?;
     let prompt = if opts.chat {
         if engine.tokenizer().chat_template().is_none() {
-            return Err(WeftError::model(path.display().to_string(), "has no chat template; drop --chat to send the prompt as raw text"));
+            return Err(WeftError::model(
+                path.display().to_string(),
+                "has no chat template; drop --chat to send the prompt as raw text",
+            ));
         }
         let mut messages = Vec::new();
         if let Some(system) = opts.system {
@@ -76,7 +79,8 @@ pub struct Streamed {
 /// Run `request`, writing its text to stdout as it streams and a newline at the end.
 pub fn stream_to_stdout(engine: &ContinuousBatchEngine, request: InferenceRequest) -> Result<Streamed> {
     let stdout = std::io::stdout();
-    let mut streamed = Streamed { text: String::new(), usage: Usage::default(), started: Instant::now(), first_token_at: None };
+    let mut streamed =
+        Streamed { text: String::new(), usage: Usage::default(), started: Instant::now(), first_token_at: None };
     weft::rt::block_on(async {
         let mut stream = Box::pin(engine.infer_stream(request)?);
         while let Some(chunk) = stream.next().await {

@@ -239,21 +239,19 @@ fn main() -> ExitCode {
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
-        } => {
-            serve::run(serve::Options {
-                model,
-                host,
-                port,
-                api_key,
-                max_num_seqs,
-                max_num_batched_tokens,
-                max_model_len,
-                kv_memory_bytes: kv_memory,
-                enable_prefix_cache,
-                served_model_name,
-                drain_timeout,
-            })
-        }
+        } => serve::run(serve::Options {
+            model,
+            host,
+            port,
+            api_key,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            kv_memory_bytes: kv_memory,
+            enable_prefix_cache,
+            served_model_name,
+            drain_timeout,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -53,7 +53,12 @@ pub fn render(m: &EngineMetrics, live: Option<&Live>, draining: bool) -> String 
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 fn weft_families(t: &mut Text, m: &EngineMetrics, loaded: bool, draining: bool) {
-    t.gauge("weft_model_loaded", "1 once the model is loaded and requests are served", &[], f64::from(u8::from(loaded)));
+    t.gauge(
+        "weft_model_loaded",
+        "1 once the model is loaded and requests are served",
+        &[],
+        f64::from(u8::from(loaded)),
+    );
     let draining_help = "1 after SIGTERM or SIGINT: new requests are refused while the last ones finish";
     t.gauge("weft_draining", draining_help, &[], f64::from(u8::from(draining)));
     t.family("weft_requests_finished_total", "counter", "Requests finished, by finish reason");
@@ -68,7 +73,11 @@ fn weft_families(t: &mut Text, m: &EngineMetrics, loaded: bool, draining: bool) 
     t.counter("weft_engine_steps_total", "Engine steps run", &[], m.steps);
     t.counter("weft_preemptions_total", "Sequences preempted for lack of KV blocks", &[], m.preemptions);
     let histograms = [
-        ("weft_time_to_first_token_seconds", "Time from submission to the first generated token", &m.time_to_first_token),
+        (
+            "weft_time_to_first_token_seconds",
+            "Time from submission to the first generated token",
+            &m.time_to_first_token,
+        ),
         ("weft_inter_token_latency_seconds", "Time between consecutive generated tokens", &m.inter_token_latency),
         ("weft_e2e_request_latency_seconds", "Time from submission to the end of a request", &m.end_to_end_latency),
         ("weft_request_queue_time_seconds", "Time from submission to the first step", &m.queue_time),
@@ -82,7 +91,12 @@ fn weft_families(t: &mut Text, m: &EngineMetrics, loaded: bool, draining: bool) 
     t.gauge("weft_kv_blocks_used", "KV cache blocks held by live sequences", &[], m.kv.used_blocks as f64);
     t.gauge("weft_kv_blocks_free", "KV cache blocks never used or released", &[], m.kv.free_blocks as f64);
     t.gauge("weft_kv_blocks_cached", "KV cache blocks held only by the prefix cache", &[], m.kv.cached_blocks as f64);
-    t.counter("weft_prefix_cache_hits_total", "Blocks found in the prefix cache at admission", &[], m.prefix_cache.hits);
+    t.counter(
+        "weft_prefix_cache_hits_total",
+        "Blocks found in the prefix cache at admission",
+        &[],
+        m.prefix_cache.hits,
+    );
     let misses_help = "Blocks looked up in the prefix cache and not found";
     t.counter("weft_prefix_cache_misses_total", misses_help, &[], m.prefix_cache.misses);
     t.counter("weft_prefix_cache_evictions_total", "Cached blocks evicted", &[], m.prefix_cache.evictions);
@@ -187,7 +201,8 @@ impl Text {
         let bounds = h.bounds.iter().map(|b| number(*b)).chain(std::iter::once(number(f64::INFINITY)));
         let counts = h.cumulative_counts.iter().copied().chain(std::iter::once(h.count));
         for (le, count) in bounds.zip(counts) {
-            let with_le: Vec<(&str, &str)> = labels.iter().copied().chain(std::iter::once(("le", le.as_str()))).collect();
+            let with_le: Vec<(&str, &str)> =
+                labels.iter().copied().chain(std::iter::once(("le", le.as_str()))).collect();
             self.sample(&bucket, &with_le, count as f64);
         }
         self.sample(&format!("{name}_sum"), labels, h.sum);
@@ -226,7 +241,8 @@ mod tests {
 
     /// The value of the one line that starts with `prefix` followed by a space.
     fn value(text: &str, prefix: &str) -> String {
-        let lines: Vec<&str> = text.lines().filter(|l| l.strip_prefix(prefix).is_some_and(|r| r.starts_with(' '))).collect();
+        let lines: Vec<&str> =
+            text.lines().filter(|l| l.strip_prefix(prefix).is_some_and(|r| r.starts_with(' '))).collect();
         assert_eq!(lines.len(), 1, "{prefix}:\n{text}");
         lines[0].rsplit(' ').next().unwrap().to_string()
     }
@@ -246,13 +262,28 @@ mod tests {
         assert_eq!(value(&text, &format!("vllm:num_requests_waiting{labels}")), "2");
         assert_eq!(value(&text, &format!("vllm:kv_cache_usage_perc{labels}")), "0.4");
         assert_eq!(value(&text, &format!("vllm:prompt_tokens_total{labels}")), "70");
-        assert_eq!(value(&text, r#"vllm:request_success_total{model_name="tiny \"q\"",engine="0",finished_reason="stop"}"#), "3");
-        assert_eq!(value(&text, r#"vllm:request_success_total{model_name="tiny \"q\"",engine="0",finished_reason="abort"}"#), "4");
+        assert_eq!(
+            value(&text, r#"vllm:request_success_total{model_name="tiny \"q\"",engine="0",finished_reason="stop"}"#),
+            "3"
+        );
+        assert_eq!(
+            value(&text, r#"vllm:request_success_total{model_name="tiny \"q\"",engine="0",finished_reason="abort"}"#),
+            "4"
+        );
         assert_eq!(value(&text, &format!("vllm:prefix_cache_queries_total{labels}")), "50");
         assert_eq!(value(&text, &format!("vllm:prefix_cache_hits_total{labels}")), "32");
         assert_eq!(value(&text, &format!("vllm:num_preemptions_total{labels}")), "1");
-        assert_eq!(value(&text, r#"vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="10"}"#), "1");
-        assert_eq!(value(&text, r#"vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""}"#), "1500000000");
+        assert_eq!(
+            value(
+                &text,
+                r#"vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="10"}"#
+            ),
+            "1"
+        );
+        assert_eq!(
+            value(&text, r#"vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""}"#),
+            "1500000000"
+        );
         let ttft = "vllm:time_to_first_token_seconds";
         assert_eq!(value(&text, &format!(r#"{ttft}_bucket{{model_name="tiny \"q\"",engine="0",le="0.025"}}"#)), "1");
         assert_eq!(value(&text, &format!(r#"{ttft}_bucket{{model_name="tiny \"q\"",engine="0",le="+Inf"}}"#)), "2");

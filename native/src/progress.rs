@@ -13,7 +13,8 @@ pub fn loading(model: String) -> impl FnMut(usize, usize) + Send + 'static {
         if terminal {
             let bar = bar.get_or_insert_with(|| {
                 let bar = ProgressBar::new(total as u64);
-                let style = ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers").unwrap_or_else(|_| ProgressStyle::default_bar());
+                let style = ProgressStyle::with_template("loading {msg} {bar:30} {pos}/{len} layers")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar());
                 bar.set_style(style);
                 bar.set_message(model.clone());
                 bar

@@ -174,7 +174,11 @@ fn parse_body(body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Map
     let bytes = body.map_err(|r| {
         let status = r.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(status, "invalid_request_error", format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
+            ApiError::new(
+                status,
+                "invalid_request_error",
+                format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+            )
         } else {
             ApiError::new(status, "invalid_request_error", r.body_text())
         }
@@ -191,7 +195,11 @@ fn ready(state: &AppState) -> ApiResult<&ContinuousBatchEngine> {
     }
     match &*state.loading.lock().unwrap_or_else(|p| p.into_inner()) {
         Loading::Loading => Err(ApiError::unavailable("the model is still loading")),
-        Loading::Failed(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", format!("the model failed to load: {e}"))),
+        Loading::Failed(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            format!("the model failed to load: {e}"),
+        )),
     }
 }
 
@@ -211,21 +219,34 @@ fn check_queue(engine: &ContinuousBatchEngine) -> ApiResult<()> {
     let a = engine.admission_snapshot();
     let limit = WAITING_FACTOR * a.max_num_seqs;
     if a.waiting >= limit {
-        return Err(ApiError::unavailable(format!("the server is overloaded: {} requests are waiting (limit {limit}); retry later", a.waiting)));
+        return Err(ApiError::unavailable(format!(
+            "the server is overloaded: {} requests are waiting (limit {limit}); retry later",
+            a.waiting
+        )));
     }
     Ok(())
 }
 
-async fn chat_completions(State(state): State<Shared>, body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+async fn chat_completions(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
     handle(state, body, Endpoint::Chat).await
 }
 
-async fn completions(State(state): State<Shared>, body: std::result::Result<Bytes, BytesRejection>) -> ApiResult<Response> {
+async fn completions(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
     handle(state, body, Endpoint::Completion).await
 }
 
 /// One completion request: drain, body, readiness, model, fields, queue, then generation.
-async fn handle(state: Shared, body: std::result::Result<Bytes, BytesRejection>, endpoint: Endpoint) -> ApiResult<Response> {
+async fn handle(
+    state: Shared,
+    body: std::result::Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> ApiResult<Response> {
     // Counted before the drain check: a drain that starts after the check waits for this one.
     let in_flight = InFlight::new(&state);
     if state.draining.load(Ordering::SeqCst) {
@@ -239,12 +260,18 @@ async fn handle(state: Shared, body: std::result::Result<Bytes, BytesRejection>,
     generate(state, engine, req, in_flight).await
 }
 
-async fn generate(state: Shared, engine: ContinuousBatchEngine, req: OpenAiRequest, in_flight: InFlight) -> ApiResult<Response> {
+async fn generate(
+    state: Shared,
+    engine: ContinuousBatchEngine,
+    req: OpenAiRequest,
+    in_flight: InFlight,
+) -> ApiResult<Response> {
     let id = weft::openai::request_id(req.endpoint);
     let created = weft::openai::unix_now();
     let model = state.model_id.clone();
     if req.stream {
-        let stream = LlmInferenceEngine::infer_stream(&engine, req.request.clone()).map_err(OpenAiError::from_engine)?;
+        let stream =
+            LlmInferenceEngine::infer_stream(&engine, req.request.clone()).map_err(OpenAiError::from_engine)?;
         let mut shaper = ChunkShaper::new(engine, &req, id, created, model);
         // Chat's role chunk goes out at once, before the first token is ready.
         let pending = shaper.start().into_iter().map(|v| Event::default().data(v.to_string())).collect();
@@ -314,7 +341,8 @@ async fn health(State(state): State<Shared>) -> Response {
         Ok(e) => e.clone(),
         Err(e) => {
             let status = if e.error.message.contains("failed") { "failed" } else { "loading" };
-            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status, "detail": e.error.message}))).into_response();
+            let mut r = (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status, "detail": e.error.message})))
+                .into_response();
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             return r;
         }
@@ -342,7 +370,9 @@ async fn ready_probe(State(state): State<Shared>) -> Response {
         "draining"
     } else {
         match ready(&state) {
-            Ok(_) => return (StatusCode::OK, Json(json!({"status": "ready", "model": state.model_id}))).into_response(),
+            Ok(_) => {
+                return (StatusCode::OK, Json(json!({"status": "ready", "model": state.model_id}))).into_response();
+            }
             Err(e) if e.error.message.contains("failed") => "failed",
             Err(_) => "loading",
         }
@@ -373,18 +403,31 @@ async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found_error", format!("no route for {} {}", req.method(), req.uri().path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        format!("no route for {} {}", req.method(), req.uri().path()),
+    )
 }
 
 async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", format!("{} is not allowed on {}", req.method(), req.uri().path()))
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
 }
 
 async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if given.map(str::trim) != Some(key.as_str()) {
-            let message = if given.is_none() { "missing API key: send Authorization: Bearer <key>" } else { "invalid API key" };
+            let message =
+                if given.is_none() { "missing API key: send Authorization: Bearer <key>" } else { "invalid API key" };
             let mut e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", message);
             e.error.code = Some("invalid_api_key");
             return e.into_response();
@@ -427,9 +470,15 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
     let signals = Signals::new()?;
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
         .parse()
-        .or_else(|_| std::net::ToSocketAddrs::to_socket_addrs(&(opts.host.as_str(), opts.port)).map_err(|e| e.to_string()).and_then(|mut a| a.next().ok_or_else(|| "no address".to_string())))
+        .or_else(|_| {
+            std::net::ToSocketAddrs::to_socket_addrs(&(opts.host.as_str(), opts.port))
+                .map_err(|e| e.to_string())
+                .and_then(|mut a| a.next().ok_or_else(|| "no address".to_string()))
+        })
         .map_err(|e| WeftError::Unsupported(format!("invalid --host {}: {e}", opts.host)))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| WeftError::Unsupported(format!("could not listen on {addr}: {e}")))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| WeftError::Unsupported(format!("could not listen on {addr}: {e}")))?;
     let local = listener.local_addr().map_err(|e| WeftError::Unsupported(e.to_string()))?;
     eprintln!("weft serve: listening on http://{local} (loading {})", path.display());
 

@@ -13,7 +13,10 @@ fn model_present() -> bool {
     if std::path::Path::new(MODEL).exists() {
         return true;
     }
-    assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing and WEFT_REQUIRE_MODEL=1");
+    assert!(
+        std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"),
+        "the default model is missing and WEFT_REQUIRE_MODEL=1"
+    );
     eprintln!("skipping: no default model (run `cargo xtask fetch-model`)");
     false
 }
@@ -27,7 +30,11 @@ fn no_gpu(stderr: &str) -> bool {
 }
 
 fn weft(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env_remove("WEFT_API_KEY").output().expect("the weft binary runs");
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .env_remove("WEFT_API_KEY")
+        .output()
+        .expect("the weft binary runs");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
@@ -46,7 +53,8 @@ fn in_process_json_has_every_level() {
     if !model_present() {
         return;
     }
-    let (ok, stdout, stderr) = weft(&["bench", "--model", MODEL, "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--json"]);
+    let (ok, stdout, stderr) =
+        weft(&["bench", "--model", MODEL, "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--json"]);
     if !ok && no_gpu(&stderr) {
         return;
     }
@@ -83,7 +91,9 @@ impl Drop for Server {
 fn healthy(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
     let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-    if s.write_all(format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+    if s.write_all(format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").as_bytes())
+        .is_err()
+    {
         return false;
     }
     let mut reply = String::new();
@@ -120,11 +130,24 @@ fn table_against_a_server() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let url = format!("http://127.0.0.1:{port}");
-    let (ok, stdout, stderr) = weft(&["bench", "--url", &url, "--api-key", "bench-key", "--concurrency", "2", "--prompt-len", "6", "--gen-len", "3"]);
+    let (ok, stdout, stderr) = weft(&[
+        "bench",
+        "--url",
+        &url,
+        "--api-key",
+        "bench-key",
+        "--concurrency",
+        "2",
+        "--prompt-len",
+        "6",
+        "--gen-len",
+        "3",
+    ]);
     assert!(ok, "{stderr}");
     let mut lines = stdout.lines();
     let header = lines.next().unwrap_or_default();
-    for column in ["conc", "prefill tok/s", "decode tok/s", "total tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"] {
+    for column in ["conc", "prefill tok/s", "decode tok/s", "total tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"]
+    {
         assert!(header.contains(column), "{column} missing from:\n{stdout}");
     }
     let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
@@ -139,7 +162,19 @@ fn table_against_a_server() {
     assert_eq!(stdout.lines().nth(1).unwrap().len(), header.len(), "{stdout}");
 
     // A wrong key is reported, not hidden.
-    let (ok, _, stderr) = weft(&["bench", "--url", &url, "--api-key", "wrong", "--concurrency", "1", "--prompt-len", "4", "--gen-len", "1"]);
+    let (ok, _, stderr) = weft(&[
+        "bench",
+        "--url",
+        &url,
+        "--api-key",
+        "wrong",
+        "--concurrency",
+        "1",
+        "--prompt-len",
+        "4",
+        "--gen-len",
+        "1",
+    ]);
     assert!(!ok);
     assert!(stderr.contains("401"), "{stderr}");
 }
@@ -148,7 +183,18 @@ fn table_against_a_server() {
 fn bench_help_explains_every_flag() {
     let (ok, help, _) = weft(&["bench", "--help"]);
     assert!(ok);
-    for flag in ["--model", "--url", "--api-key", "--concurrency", "--prompt-len", "--gen-len", "--kv-memory", "--json", "TTFT", "inter-token"] {
+    for flag in [
+        "--model",
+        "--url",
+        "--api-key",
+        "--concurrency",
+        "--prompt-len",
+        "--gen-len",
+        "--kv-memory",
+        "--json",
+        "TTFT",
+        "inter-token",
+    ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
 }

@@ -11,7 +11,10 @@ fn gpu_required() -> bool {
 fn chat_answers_over_a_pipe_resets_and_exits() {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     if !std::path::Path::new(model).exists() {
-        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing and WEFT_REQUIRE_MODEL=1");
+        assert!(
+            std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"),
+            "the default model is missing and WEFT_REQUIRE_MODEL=1"
+        );
         return eprintln!("skipping: no default model (run `cargo xtask fetch-model`)");
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
@@ -39,7 +42,9 @@ fn chat_answers_over_a_pipe_resets_and_exits() {
 fn chat_help_explains_every_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(["chat", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--model", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "/reset", "/exit"] {
+    for flag in
+        ["--model", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "/reset", "/exit"]
+    {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
 }

@@ -83,7 +83,14 @@ impl Server {
         s
     }
 
-    fn send_head(&self, s: &mut TcpStream, method: &str, path: &str, body_len: Option<usize>, headers: &[(&str, &str)]) -> std::io::Result<()> {
+    fn send_head(
+        &self,
+        s: &mut TcpStream,
+        method: &str,
+        path: &str,
+        body_len: Option<usize>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<()> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
         if let Some(n) = body_len {
             head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {n}\r\n"));
@@ -101,7 +108,13 @@ impl Server {
         s.write_all(head.as_bytes())
     }
 
-    fn request(&self, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> std::io::Result<Reply> {
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Reply> {
         let mut s = TcpStream::connect(self.addr)?;
         s.set_read_timeout(Some(Duration::from_secs(300)))?;
         self.send_head(&mut s, method, path, body.map(<[u8]>::len), headers)?;
@@ -142,8 +155,10 @@ impl Reply {
         let head = String::from_utf8_lossy(&raw[..split]).into_owned();
         let mut lines = head.lines();
         let status = lines.next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
-        let headers: Vec<(String, String)> =
-            lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
         let mut body = raw[split + 4..].to_vec();
         if headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked")) {
             body = dechunk(&body);
@@ -168,7 +183,8 @@ impl Reply {
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).split(';').next().unwrap().trim(), 16).unwrap();
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).split(';').next().unwrap().trim(), 16).unwrap();
         if size == 0 {
             break;
         }
@@ -274,10 +290,18 @@ fn chat_streaming_models_and_metrics() {
     // vLLM's names beside weft's, labelled with the served model (gateways and dashboards made
     // for vLLM read them).
     let labels = "{model_name=\"SmolLM2-135M-Instruct.Q4_1\",engine=\"0\"}";
-    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total"] {
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
+    ] {
         assert!(m.contains(&format!("{name}{labels} ")), "{name} missing from /metrics:\n{m}");
     }
-    assert_eq!(metric(&m, &format!("vllm:generation_tokens_total{labels}")), metric(&m, "weft_generation_tokens_total"));
+    assert_eq!(
+        metric(&m, &format!("vllm:generation_tokens_total{labels}")),
+        metric(&m, "weft_generation_tokens_total")
+    );
     assert_eq!(metric(&m, &format!("vllm:e2e_request_latency_seconds_count{labels}")), 3.0);
     assert!(metric(&m, "weft_generation_tokens_total") >= (2 * completion_tokens) as f64);
     assert_eq!(metric(&m, "weft_e2e_request_latency_seconds_count"), 3.0);
@@ -301,14 +325,42 @@ fn bad_requests_get_json_errors() {
     let cases: Vec<Case> = vec![
         ("malformed JSON", chat_path, b"{\"messages\": [".to_vec(), vec![], 400, None),
         ("not an object", chat_path, b"[1, 2]".to_vec(), vec![], 400, None),
-        ("messages of the wrong type", chat_path, with(&|v| v["messages"] = json!("hi")), vec![], 400, Some("messages")),
-        ("temperature of the wrong type", chat_path, with(&|v| v["temperature"] = json!("hot")), vec![], 400, Some("temperature")),
+        (
+            "messages of the wrong type",
+            chat_path,
+            with(&|v| v["messages"] = json!("hi")),
+            vec![],
+            400,
+            Some("messages"),
+        ),
+        (
+            "temperature of the wrong type",
+            chat_path,
+            with(&|v| v["temperature"] = json!("hot")),
+            vec![],
+            400,
+            Some("temperature"),
+        ),
         ("stop of the wrong type", chat_path, with(&|v| v["stop"] = json!(7)), vec![], 400, Some("stop")),
         ("empty messages", chat_path, with(&|v| v["messages"] = json!([])), vec![], 400, Some("messages")),
-        ("unknown role", chat_path, with(&|v| v["messages"][0]["role"] = json!("wizard")), vec![], 400, Some("messages")),
+        (
+            "unknown role",
+            chat_path,
+            with(&|v| v["messages"][0]["role"] = json!("wizard")),
+            vec![],
+            400,
+            Some("messages"),
+        ),
         ("negative max_tokens", chat_path, with(&|v| v["max_tokens"] = json!(-5)), vec![], 400, Some("max_tokens")),
         ("n=2", chat_path, with(&|v| v["n"] = json!(2)), vec![], 400, Some("n")),
-        ("temperature out of range", chat_path, with(&|v| v["temperature"] = json!(-1)), vec![], 400, Some("temperature")),
+        (
+            "temperature out of range",
+            chat_path,
+            with(&|v| v["temperature"] = json!(-1)),
+            vec![],
+            400,
+            Some("temperature"),
+        ),
         ("unknown model", chat_path, with(&|v| v["model"] = json!("gpt-4")), vec![], 404, Some("model")),
         ("prompt over the context", "/v1/completions", long_prompt, vec![], 400, Some("prompt")),
         ("a 10 MB body", chat_path, huge, vec![], 413, None),
@@ -377,14 +429,22 @@ fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
 fn concurrent_clients_get_their_own_answers() {
     let Some(server) = Server::start(&[]) else { return };
     let questions = ["What is the capital of France?", "What is 2+2?", "Name a colour.", "Say hello."];
-    let solo = server.post("/v1/chat/completions", &chat(questions[0], 8)).json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let solo = server.post("/v1/chat/completions", &chat(questions[0], 8)).json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let server = &server;
     let answers: Vec<Value> = std::thread::scope(|scope| {
-        let handles: Vec<_> = questions.iter().map(|q| scope.spawn(move || server.post("/v1/chat/completions", &chat(q, 8)))).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).map(|r| {
-            assert_eq!(r.status, 200, "{}", r.body);
-            r.json()
-        }).collect()
+        let handles: Vec<_> =
+            questions.iter().map(|q| scope.spawn(move || server.post("/v1/chat/completions", &chat(q, 8)))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .map(|r| {
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.json()
+            })
+            .collect()
     });
     // Batch invariance: greedy output does not depend on the neighbours.
     assert_eq!(answers[0]["choices"][0]["message"]["content"].as_str().unwrap(), solo);
@@ -405,10 +465,14 @@ fn thirty_two_concurrent_clients_all_complete_correctly() {
     let server = &server;
     let replies: Vec<Value> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..32).map(|i| scope.spawn(move || server.post("/v1/completions", &body(i)))).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).map(|r| {
-            assert_eq!(r.status, 200, "{}", r.body);
-            r.json()
-        }).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .map(|r| {
+                assert_eq!(r.status, 200, "{}", r.body);
+                r.json()
+            })
+            .collect()
     });
     for r in &replies {
         assert_eq!(r["usage"]["completion_tokens"].as_u64(), Some(4), "{r}");
@@ -425,7 +489,9 @@ fn an_overfull_queue_answers_503_with_retry_after() {
     let Some(server) = Server::start(&["--max-num-seqs", "1"]) else { return };
     let server = &server;
     let replies: Vec<Reply> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..8).map(|i| scope.spawn(move || server.post("/v1/chat/completions", &chat(&format!("Count to {i}."), 1)))).collect();
+        let handles: Vec<_> = (0..8)
+            .map(|i| scope.spawn(move || server.post("/v1/chat/completions", &chat(&format!("Count to {i}."), 1))))
+            .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let refused: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();

@@ -253,7 +253,9 @@ impl ContinuousBatchEngine {
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
                 match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}"))),
+                    Some(t) => {
+                        Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}")))
+                    }
                     None => Ok(ids.clone()),
                 }
             }

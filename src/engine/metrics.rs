@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::engine::request::FinishReason;
-use crate::step::StepTimings;
 use crate::kv::{KvUsage, PrefixCacheStats};
+use crate::step::StepTimings;
 
 /// A latency histogram with fixed bucket bounds in seconds (cumulative counts, as Prometheus).
 #[derive(Clone, Debug, PartialEq)]

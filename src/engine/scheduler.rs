@@ -149,7 +149,9 @@ impl ContinuousBatchScheduler {
         if num_prompt_tokens >= max_model_len {
             return Err(WeftError::invalid(
                 "prompt",
-                format!("{num_prompt_tokens} tokens, but the context holds {max_model_len} (with room for one to generate)"),
+                format!(
+                    "{num_prompt_tokens} tokens, but the context holds {max_model_len} (with room for one to generate)"
+                ),
             ));
         }
         if num_prompt_tokens + req.max_tokens > max_model_len {
@@ -243,8 +245,7 @@ impl ContinuousBatchScheduler {
             if num_known == 1 && seq.num_computed_tokens + 1 == seq.tokens.len() {
                 let room_in_output = seq.max_tokens - seq.num_generated() - 1;
                 let room_in_context = self.config.max_model_len.saturating_sub(seq.tokens.len());
-                num_drafted =
-                    seq.drafts.len().min(token_budget - num_known).min(room_in_output).min(room_in_context);
+                num_drafted = seq.drafts.len().min(token_budget - num_known).min(room_in_output).min(room_in_context);
             }
             let num_computed = seq.num_computed_tokens;
             loop {
@@ -635,7 +636,10 @@ mod tests {
         let out = sched.schedule();
         assert_eq!(ids(&out), vec![2, 3]);
         let resumed = &out.seqs[1];
-        assert_eq!((resumed.start_pos, resumed.tokens.as_slice(), resumed.num_logits > 0), (0, &[3, 3, 3, 10, 11][..], true));
+        assert_eq!(
+            (resumed.start_pos, resumed.tokens.as_slice(), resumed.num_logits > 0),
+            (0, &[3, 3, 3, 10, 11][..], true)
+        );
         run_step(&mut sched, &out, 13);
         assert_eq!(sched.tokens(3), Some(&[3, 3, 3, 10, 11, 13][..]));
         assert_eq!(sched.num_generated(3), Some(3));
@@ -775,9 +779,15 @@ mod tests {
         let err = |sched: &mut ContinuousBatchScheduler, req| sched.add_request(req).unwrap_err().to_string();
         assert!(err(&mut sched, request(1, vec![], 4, 0)).contains("invalid prompt: the prompt is empty"));
         assert!(err(&mut sched, request(1, vec![1], 0, 0)).contains("invalid max_tokens: 0"));
-        assert!(err(&mut sched, request(1, vec![1; 100], 1, 0)).contains("invalid prompt: 100 tokens, but the context holds 100"));
+        assert!(
+            err(&mut sched, request(1, vec![1; 100], 1, 0))
+                .contains("invalid prompt: 100 tokens, but the context holds 100")
+        );
         let message = err(&mut sched, request(1, vec![1; 90], 11, 0));
-        assert!(message.contains("invalid max_tokens: 11; the prompt takes 90 of the context's 100 tokens, so at most 10"), "{message}");
+        assert!(
+            message.contains("invalid max_tokens: 11; the prompt takes 90 of the context's 100 tokens, so at most 10"),
+            "{message}"
+        );
         assert!(err(&mut sched, request(1, vec![1; 17], 1, 0)).contains("17 tokens (5 KV blocks) can never fit"));
         let message = err(&mut sched, request(1, vec![1; 10], 8, 0));
         assert!(message.contains("invalid max_tokens: 8;") && message.contains("at most 7"), "{message}");
@@ -802,7 +812,8 @@ mod tests {
 
     /// The fake model's choice after `history`.
     fn next_token(history: impl IntoIterator<Item = u32>) -> u32 {
-        let hash = history.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| (h ^ t as u64).wrapping_mul(0x0100_0000_01b3));
+        let hash =
+            history.into_iter().fold(0xcbf2_9ce4_8422_2325u64, |h, t| (h ^ t as u64).wrapping_mul(0x0100_0000_01b3));
         (hash % VOCAB) as u32
     }
 
@@ -1027,7 +1038,12 @@ mod tests {
                 KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
                 Some(drafter),
             );
-            assert!(run.num_accepted > 0 && run.num_accepted < run.num_drafted, "{} of {}", run.num_accepted, run.num_drafted);
+            assert!(
+                run.num_accepted > 0 && run.num_accepted < run.num_drafted,
+                "{} of {}",
+                run.num_accepted,
+                run.num_drafted
+            );
             for (id, tokens) in &reference.req_to_tokens {
                 assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_blocks} blocks");
             }

@@ -211,7 +211,12 @@ impl GpuContext {
     pub(crate) fn create_buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
         self.creations.buffers.fetch_add(1, Ordering::Relaxed);
         self.creations.bytes.fetch_add(size, Ordering::Relaxed);
-        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
     }
 
     /// Largest byte span of one storage binding; tensors above it are split by rows.

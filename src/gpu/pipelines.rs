@@ -167,11 +167,7 @@ impl std::fmt::Display for ShaderVariant {
 /// when there are rows to share (more spill registers on llvmpipe).
 pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
     let tm = if m <= 2 { 1 } else { 4 };
-    if cpu_driver {
-        [8, if n >= 512 { 16 } else { 8 }, tm]
-    } else {
-        [64, 2, tm]
-    }
+    if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
 }
 
 /// The tile of `matmul_bsplit` (CPU drivers only): (8 lanes, TN weight rows per workgroup, TM
@@ -402,8 +398,8 @@ impl PipelineCache {
                 count: None,
             })
             .collect();
-        let layout =
-            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
+        let layout = device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
             bind_group_layouts: &[Some(&layout)],

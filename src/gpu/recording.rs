@@ -160,7 +160,11 @@ impl GpuContext {
             arena.bind_groups.clear();
             arena.params_written = false;
             let size = needed.max(64 << 10).next_power_of_two();
-            arena.params_buffer = Some(self.create_buffer("kernel parameters", size, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST));
+            arena.params_buffer = Some(self.create_buffer(
+                "kernel parameters",
+                size,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            ));
         }
         let Arena { params_buffer, params_written, bind_groups, .. } = &mut *arena;
         let params_buffer = params_buffer.as_ref().expect("made above");
@@ -180,7 +184,12 @@ impl GpuContext {
             if d.resources.len() + 1 != d.pipeline.kinds.len() {
                 return Err(WeftError::shape(
                     "dispatch",
-                    format!("{} binds {} resources, its shader declares {}", d.variant, d.resources.len() + 1, d.pipeline.kinds.len()),
+                    format!(
+                        "{} binds {} resources, its shader declares {}",
+                        d.variant,
+                        d.resources.len() + 1,
+                        d.pipeline.kinds.len()
+                    ),
                 ));
             }
             let mut entries = vec![wgpu::BindGroupEntry {
@@ -200,11 +209,13 @@ impl GpuContext {
                         Resource::Texture(view),
                         BindingKind::TextureU32 | BindingKind::TextureF32 | BindingKind::StorageTextureWrite,
                     ) => wgpu::BindingResource::TextureView(view),
-                    (Resource::Window(buffer), BindingKind::Uniform) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(X_WINDOW_BYTES),
-                    }),
+                    (Resource::Window(buffer), BindingKind::Uniform) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer,
+                            offset: 0,
+                            size: wgpu::BufferSize::new(X_WINDOW_BYTES),
+                        })
+                    }
                     (r, kind) => {
                         return Err(WeftError::shape(
                             "dispatch",
@@ -261,7 +272,8 @@ impl GpuContext {
                     beginning_of_pass_write_index: Some(0),
                     end_of_pass_write_index: Some(1),
                 });
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("weft step"), timestamp_writes });
+                let mut pass = encoder
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("weft step"), timestamp_writes });
                 for (d, group) in recording.dispatches.iter().zip(groups) {
                     set(&mut pass, d, group);
                 }
@@ -351,7 +363,8 @@ impl GpuContext {
                 if timestamps.is_some() {
                     let at = result_bytes as usize;
                     let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[at..at + 16]);
-                    let seconds = ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9;
+                    let seconds =
+                        ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9;
                     gpu_s = Some(seconds);
                 }
             })
@@ -380,10 +393,19 @@ impl GpuContext {
                 recording.dispatches.len()
             )));
         }
-        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("dispatch timestamps"), ty: wgpu::QueryType::Timestamp, count });
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("dispatch timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
         let bytes = 8 * u64::from(count);
-        let resolve = self.create_buffer("timestamps", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
-        let readback = self.create_buffer("timestamps readback", bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+        let resolve =
+            self.create_buffer("timestamps", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
+        let readback = self.create_buffer(
+            "timestamps readback",
+            bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());

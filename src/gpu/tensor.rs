@@ -215,7 +215,10 @@ impl GpuTensorFactory {
             return Err(WeftError::Unsupported("step inputs live in buffers, not textures".into()));
         };
         if bytes.len() > part.rows.len() * tensor.row_bytes() || bytes.len() % 4 != 0 {
-            return Err(WeftError::shape("write", format!("{} bytes do not fit a tensor of shape {:?}", bytes.len(), tensor.shape())));
+            return Err(WeftError::shape(
+                "write",
+                format!("{} bytes do not fit a tensor of shape {:?}", bytes.len(), tensor.shape()),
+            ));
         }
         if !bytes.is_empty() {
             self.ctx.queue.write_buffer(buffer, part.offset_bytes, bytes);
@@ -275,7 +278,8 @@ impl GpuTensorFactory {
                 Kind::Texture => self.texture(len, src, false)?,
                 Kind::KvTexture => self.texture(len, src, true)?,
                 Kind::Buffer | Kind::Activations => {
-                    let mut usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+                    let mut usage =
+                        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
                     let mut size = len.next_multiple_of(4);
                     if kind == Kind::Activations {
                         // Room for a whole uniform window from any row (`TensorPart::window`).
@@ -317,9 +321,14 @@ impl GpuTensorFactory {
         // raw bytes, read as uint texels.
         let (label, format, usage) = if kv {
             let usage = wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING;
-            ("kv cache", wgpu::TextureFormat::Rgba32Float, usage | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC)
+            (
+                "kv cache",
+                wgpu::TextureFormat::Rgba32Float,
+                usage | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
+            )
         } else {
-            let usage = wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
+            let usage =
+                wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
             ("weights", wgpu::TextureFormat::Rgba32Uint, usage)
         };
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -345,7 +354,11 @@ impl GpuTensorFactory {
                         aspect: wgpu::TextureAspect::All,
                     },
                     data,
-                    wgpu::TexelCopyBufferLayout { offset: 0, bytes_per_row: Some(TEXTURE_ROW_BYTES as u32), rows_per_image: Some(rows) },
+                    wgpu::TexelCopyBufferLayout {
+                        offset: 0,
+                        bytes_per_row: Some(TEXTURE_ROW_BYTES as u32),
+                        rows_per_image: Some(rows),
+                    },
                     wgpu::Extent3d { width: TEXTURE_WIDTH, height: rows, depth_or_array_layers: 1 },
                 );
             };
@@ -366,7 +379,8 @@ impl GpuTensorFactory {
     /// One layer's K or V cache, (slots, kv_heads, head_dim) F32, zeroed or holding `values`:
     /// an rgba32float texture for CPU drivers' attention kernels, else a buffer.
     pub fn kv_cache(&self, shape: &[usize], values: Option<&[f32]>) -> Result<GpuTensor> {
-        let kind = if self.ctx.kernel_family() == crate::gpu::KernelFamily::Cpu { Kind::KvTexture } else { Kind::Buffer };
+        let kind =
+            if self.ctx.kernel_family() == crate::gpu::KernelFamily::Cpu { Kind::KvTexture } else { Kind::Buffer };
         let tensor = self.create(shape, DType::F32, values.map(bytemuck::cast_slice), kind)?;
         if tensor.parts().len() > 1 {
             return Err(WeftError::Unsupported(format!(
@@ -393,7 +407,6 @@ enum Kind {
     /// An rgba32float texture (the KV cache on CPU drivers).
     KvTexture,
 }
-
 
 impl TensorFactory for GpuTensorFactory {
     fn upload(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
@@ -486,7 +499,11 @@ impl GpuContext {
                             rows_per_image: None,
                         },
                     },
-                    wgpu::Extent3d { width: TEXTURE_WIDTH, height: (len / TEXTURE_ROW_BYTES) as u32, depth_or_array_layers: 1 },
+                    wgpu::Extent3d {
+                        width: TEXTURE_WIDTH,
+                        height: (len / TEXTURE_ROW_BYTES) as u32,
+                        depth_or_array_layers: 1,
+                    },
                 ),
             }
             spans.push((len, part.offset_bytes - start, wanted));

@@ -543,7 +543,10 @@ mod tests {
         assert_eq!(kv.block_table(2)[..3], kv.block_table(1)[..3]);
         assert_ne!(kv.block_table(2)[3], kv.block_table(1)[3]);
         // Seq 1 looked up 3 blocks and found none; seq 2 found all 3.
-        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 3, misses: 3, evictions: 0, cached_blocks: 0, queried_tokens: 14 + 15 });
+        assert_eq!(
+            kv.prefix_cache_stats(),
+            PrefixCacheStats { hits: 3, misses: 3, evictions: 0, cached_blocks: 0, queried_tokens: 14 + 15 }
+        );
         let shared = kv.block_table(1)[..3].to_vec();
         for &block_id in &shared {
             assert_eq!(kv.blocks[block_id as usize].ref_count, 2);
@@ -592,7 +595,10 @@ mod tests {
         kv.mark_computed(1, &a, 4);
         // The second block's tokens (7, 7) are equal but the first differs.
         assert_eq!(kv.allocate(2, &[3, 4, 7, 7, 0]), Some(0));
-        assert_eq!(kv.prefix_cache_stats(), PrefixCacheStats { hits: 0, misses: 4, evictions: 0, cached_blocks: 0, queried_tokens: 10 });
+        assert_eq!(
+            kv.prefix_cache_stats(),
+            PrefixCacheStats { hits: 0, misses: 4, evictions: 0, cached_blocks: 0, queried_tokens: 10 }
+        );
         kv.check_invariants();
     }
 

@@ -270,7 +270,8 @@ impl GpuExecutor {
             positions: &first(&ws.positions, num_tokens)?,
             token_info: &view(&ws.token_info, num_tokens)?,
             slots: &first(&ws.slots, num_tokens)?,
-            block_tables: &first(&ws.block_tables, inputs.tables.len())?.reshape(&[batch.seqs.len(), inputs.max_blocks])?,
+            block_tables: &first(&ws.block_tables, inputs.tables.len())?
+                .reshape(&[batch.seqs.len(), inputs.max_blocks])?,
             logit_rows: &first(&ws.logit_rows, num_logits)?,
         };
         let acts = ws.acts.view(num_tokens, num_logits)?;
@@ -298,8 +299,11 @@ impl GpuExecutor {
         let mut arena = self.arena.lock().await;
         let sample = batch.num_logits() > 0;
         let (_, out) = self.record(&mut arena, batch, sample)?;
-        let mut timings =
-            StepTimings { record_s: started.elapsed().as_secs_f64(), dispatches: arena.rec.len(), ..Default::default() };
+        let mut timings = StepTimings {
+            record_s: started.elapsed().as_secs_f64(),
+            dispatches: arena.rec.len(),
+            ..Default::default()
+        };
         if self.profiling.load(Ordering::Relaxed) {
             let waited = Instant::now();
             let kernels = self.ctx().submit_profiled(&arena.rec).await?.unwrap_or_default();

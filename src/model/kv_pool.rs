@@ -2,8 +2,8 @@
 //! which blocks a sequence holds; the executor owns this pool and only follows the tables.
 
 use crate::error::Result;
-use crate::gpu::{GpuTensor, GpuTensorFactory};
 use crate::gpu::kernels::paged::PagedKv;
+use crate::gpu::{GpuTensor, GpuTensorFactory};
 use crate::kv::KvCacheConfig;
 
 /// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)

@@ -15,7 +15,7 @@ use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::quant::DType;
-use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams, Sampled};
+use crate::sampling::{MAX_TOP_LOGPROBS, Sampled, SamplingParams};
 use crate::step::{StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 
@@ -88,7 +88,10 @@ impl SamplerInputs {
         let mut entries = Vec::new();
         for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
             let spec = seq.sampling.as_ref();
-            debug_assert!(spec.is_some_and(|s| s.rows.len() == seq.num_logits), "the engine prepares every sampled row");
+            debug_assert!(
+                spec.is_some_and(|s| s.rows.len() == seq.num_logits),
+                "the engine prepares every sampled row"
+            );
             for i in 0..seq.num_logits {
                 let row = (settings.len() / SETTINGS_PER_ROW) as u32;
                 let (params, draw) = match spec {
@@ -130,7 +133,13 @@ pub fn write(factory: &GpuTensorFactory, inputs: &SamplerInputs, bufs: &SamplerB
 
 /// Record the sampling of `logits` (rows, vocab), whose rows are the batch's logit rows in
 /// order, from the inputs [`write`] put in `bufs` (`num_entries` penalty entries).
-pub fn record(ctx: &GpuContext, rec: &mut Recording, logits: &GpuTensor, num_entries: usize, bufs: &SamplerBuffers) -> Result<()> {
+pub fn record(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    logits: &GpuTensor,
+    num_entries: usize,
+    bufs: &SamplerBuffers,
+) -> Result<()> {
     let rows = logits.shape()[0];
     let settings = bufs.settings.slice_rows(0..rows)?;
     if num_entries > 0 {

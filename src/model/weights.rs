@@ -160,7 +160,13 @@ impl Loader<'_> {
     /// Projections of one input that run as one (`parts` as (part, output rows); each `cols`
     /// wide): their rows concatenated into one matrix when they share a format, else one
     /// matrix each; their biases (when `biases` names them) concatenated into one vector.
-    pub fn linear(&self, layer: usize, parts: &[(Part, usize)], biases: Option<&[Part]>, cols: usize) -> Result<Linear> {
+    pub fn linear(
+        &self,
+        layer: usize,
+        parts: &[(Part, usize)],
+        biases: Option<&[Part]>,
+        cols: usize,
+    ) -> Result<Linear> {
         let file = self.source.file();
         let mut hosts = Vec::with_capacity(parts.len());
         for &(part, rows) in parts {
@@ -196,7 +202,10 @@ impl Loader<'_> {
 /// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.
 fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> {
     if t.dtype.is_quantized() {
-        return Err(WeftError::model(file, format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype)));
+        return Err(WeftError::model(
+            file,
+            format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype),
+        ));
     }
     crate::quant::dequantize(t.dtype, &t.bytes)
 }
@@ -207,7 +216,10 @@ fn upload_matrix(file: &str, name: &str, t: &HostTensor<'_>, factory: &dyn Tenso
     if cols % crate::quant::QK != 0 {
         return Err(WeftError::model(
             file,
-            format!("tensor {name} has rows of {cols} elements; weft's matmul reads whole blocks of {}", crate::quant::QK),
+            format!(
+                "tensor {name} has rows of {cols} elements; weft's matmul reads whole blocks of {}",
+                crate::quant::QK
+            ),
         ));
     }
     factory.upload_weight(&t.shape, t.dtype, &t.bytes)

@@ -7,11 +7,11 @@ use serde_json::{Map, Value, json};
 
 use super::error::ApiResult;
 use super::*;
-use crate::engine::request::{FinishReason, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage};
 use crate::engine::ContinuousBatchEngine;
+use crate::engine::request::{FinishReason, InferenceResponse, Prompt, StreamChunk, TokenLogprob, Usage};
+use crate::error::WeftError;
 use crate::openai::shape::piece;
 use crate::tokenizer::ChatMessage;
-use crate::error::WeftError;
 use crate::tokenizer::Tokenizer;
 
 fn body(v: Value) -> Map<String, Value> {
@@ -104,11 +104,7 @@ fn wrong_types_name_the_field() {
 #[test]
 fn only_one_choice() {
     assert_invalid(full(Endpoint::Chat, &chat(json!({"n": 2}))), Some("n"), "only n=1");
-    assert_invalid(
-        full(Endpoint::Completion, &completion(json!({"best_of": 3}))),
-        Some("best_of"),
-        "only best_of=1",
-    );
+    assert_invalid(full(Endpoint::Completion, &completion(json!({"best_of": 3}))), Some("best_of"), "only best_of=1");
     assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
 }
 
@@ -212,11 +208,7 @@ fn fields_and_defaults() {
     // No max_tokens: the engine gives the rest of the context, capped.
     assert_eq!(r.request.params.max_tokens, None);
     // max_tokens 0 is refused by validation, naming the field.
-    assert_invalid(
-        full(Endpoint::Completion, &completion(json!({"max_tokens": 0}))),
-        Some("max_tokens"),
-        "at least 1",
-    );
+    assert_invalid(full(Endpoint::Completion, &completion(json!({"max_tokens": 0}))), Some("max_tokens"), "at least 1");
     assert_invalid(
         full(Endpoint::Completion, &completion(json!({"temperature": -1}))),
         Some("temperature"),
@@ -230,7 +222,10 @@ fn engine_errors_keep_their_kind() {
     assert_eq!((e.kind, e.param.as_deref()), ("invalid_request_error", Some("top_p")));
     assert_eq!(e.message, "invalid top_p: 2 (must be in (0, 1])");
     let e = OpenAiError::from_engine(WeftError::invalid_request("nothing to do"));
-    assert_eq!((e.kind, e.param.as_deref(), e.message.as_str()), ("invalid_request_error", None, "invalid request: nothing to do"));
+    assert_eq!(
+        (e.kind, e.param.as_deref(), e.message.as_str()),
+        ("invalid_request_error", None, "invalid request: nothing to do")
+    );
     let e = OpenAiError::from_engine(WeftError::Unavailable("the engine was shut down".into()));
     assert_eq!(e.kind, "service_unavailable");
     let e = OpenAiError::from_engine(WeftError::Readback("lost".into()));
@@ -296,10 +291,13 @@ fn whole_responses() {
     assert_eq!(l["text_offset"], json!([0, len0]));
     assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 1);
     let req = full(Endpoint::Completion, &completion(json!({}))).unwrap();
-    assert!(response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Stop)).unwrap()["choices"][0]["logprobs"].is_null());
+    assert!(
+        response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Stop)).unwrap()["choices"]
+            [0]["logprobs"]
+            .is_null()
+    );
 
-    let e =
-        response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
+    let e = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
     assert_eq!(e.kind, "internal_error");
 }
 
@@ -310,8 +308,7 @@ fn chunk(text: &str, finish_reason: Option<FinishReason>) -> StreamChunk {
 
 #[test]
 fn streamed_chat_chunks() {
-    let req =
-        full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).unwrap();
+    let req = full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": true}}))).unwrap();
     let mut s = ChunkShaper::with_tokenizer(tiny_tokenizer(), &req, "chatcmpl-1".into(), 5, "tiny".into());
     let out = s.shape(Ok(chunk("a", None)));
     assert_eq!(out.len(), 2, "the role first: {out:?}");

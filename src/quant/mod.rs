@@ -173,8 +173,8 @@ mod tests {
             let decoded = dequantize(dtype, &quantize(dtype, &values).unwrap()).unwrap();
             for (block, got) in values.chunks(32).zip(decoded.chunks(32)) {
                 let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let range = block.iter().copied().fold(f32::MIN, f32::max)
-                    - block.iter().copied().fold(f32::MAX, f32::min);
+                let range =
+                    block.iter().copied().fold(f32::MIN, f32::max) - block.iter().copied().fold(f32::MAX, f32::min);
                 // Half a quantization step, plus the f16 rounding of the scale itself.
                 let step = match dtype {
                     DType::F32 => 0.0,

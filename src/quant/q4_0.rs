@@ -11,15 +11,8 @@ use half::f16;
 
 use super::{DType, Format, QK, f16_at, nibble};
 
-pub const FORMAT: Format = Format {
-    dtype: DType::Q4_0,
-    name: "Q4_0",
-    ggml_type: 2,
-    block_elems: QK,
-    block_bytes: 2 + QK / 2,
-    decode,
-    encode,
-};
+pub const FORMAT: Format =
+    Format { dtype: DType::Q4_0, name: "Q4_0", ggml_type: 2, block_elems: QK, block_bytes: 2 + QK / 2, decode, encode };
 
 fn decode(bytes: &[u8], out: &mut Vec<f32>) {
     for block in bytes.chunks_exact(FORMAT.block_bytes) {

@@ -10,15 +10,8 @@ use half::f16;
 
 use super::{DType, Format, QK, f16_at, nibble};
 
-pub const FORMAT: Format = Format {
-    dtype: DType::Q4_1,
-    name: "Q4_1",
-    ggml_type: 3,
-    block_elems: QK,
-    block_bytes: 4 + QK / 2,
-    decode,
-    encode,
-};
+pub const FORMAT: Format =
+    Format { dtype: DType::Q4_1, name: "Q4_1", ggml_type: 3, block_elems: QK, block_bytes: 4 + QK / 2, decode, encode };
 
 fn decode(bytes: &[u8], out: &mut Vec<f32>) {
     for block in bytes.chunks_exact(FORMAT.block_bytes) {

@@ -10,15 +10,8 @@ use half::f16;
 
 use super::{DType, Format, QK, f16_at};
 
-pub const FORMAT: Format = Format {
-    dtype: DType::Q8_0,
-    name: "Q8_0",
-    ggml_type: 8,
-    block_elems: QK,
-    block_bytes: 2 + QK,
-    decode,
-    encode,
-};
+pub const FORMAT: Format =
+    Format { dtype: DType::Q8_0, name: "Q8_0", ggml_type: 8, block_elems: QK, block_bytes: 2 + QK, decode, encode };
 
 fn decode(bytes: &[u8], out: &mut Vec<f32>) {
     for block in bytes.chunks_exact(FORMAT.block_bytes) {

@@ -2,8 +2,8 @@
 //! the 65535-workgroup fold into a second grid dimension.
 
 use weft::DType;
-use weft::gpu::kernels::elementwise::{add, add_bias, silu_mul};
 use weft::gpu::Recording;
+use weft::gpu::kernels::elementwise::{add, add_bias, silu_mul};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -17,8 +17,9 @@ fn silu_mul_matches_cpu() {
         let gate = random(rows * cols, 1, 8.0);
         let up = random(rows * cols, 2, 2.0);
         // Gate and up side by side in each row, as the MLP's fused projection writes them.
-        let gate_up: Vec<f32> =
-            (0..rows).flat_map(|r| gate[r * cols..(r + 1) * cols].iter().chain(&up[r * cols..(r + 1) * cols]).copied()).collect();
+        let gate_up: Vec<f32> = (0..rows)
+            .flat_map(|r| gate[r * cols..(r + 1) * cols].iter().chain(&up[r * cols..(r + 1) * cols]).copied())
+            .collect();
         let gu = f.upload_f32(&[rows, 2 * cols], &gate_up).unwrap();
         let o = f.zeros(&[rows, cols], DType::F32).unwrap();
         let mut rec = Recording::new();

@@ -2,8 +2,8 @@
 //! equal `quant::dequantize` bit for bit.
 
 use weft::DType;
-use weft::gpu::kernels::embedding::embedding;
 use weft::gpu::Recording;
+use weft::gpu::kernels::embedding::embedding;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;

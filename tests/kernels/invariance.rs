@@ -2,9 +2,9 @@
 //! computed alone or among other rows, for matmul in every format, RMSNorm and attention.
 
 use weft::DType;
+use weft::gpu::Recording;
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::reduce::rms_norm;
-use weft::gpu::Recording;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;

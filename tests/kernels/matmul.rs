@@ -8,8 +8,8 @@
 //! standard bound, checked with a factor 2 for the in-block partial sums.
 
 use weft::DType;
-use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::Recording;
+use weft::gpu::kernels::matmul::matmul;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -43,7 +43,10 @@ fn check(dtype: DType) {
             match &first {
                 None => first = Some(got),
                 Some(first) => {
-                    assert!(first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: bits differ from the baseline")
+                    assert!(
+                        first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: bits differ from the baseline"
+                    )
                 }
             }
         }

@@ -95,7 +95,8 @@ pub fn attend(
     let stride = LAYOUT.row_stride();
     let mut qkv = random(n * stride, seed + 1, 100.0);
     for t in 0..n {
-        qkv[t * stride..t * stride + HEADS * HEAD_DIM].copy_from_slice(&q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM]);
+        qkv[t * stride..t * stride + HEADS * HEAD_DIM]
+            .copy_from_slice(&q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM]);
     }
     let qt = f.upload_f32(&[n, stride], &qkv).unwrap();
     let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();

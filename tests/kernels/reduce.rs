@@ -2,9 +2,9 @@
 //! 64-invocation workgroup.
 
 use weft::DType;
+use weft::gpu::Recording;
 use weft::gpu::kernels::elementwise::add;
 use weft::gpu::kernels::reduce::{add_rms_norm, argmax, rms_norm, softmax};
-use weft::gpu::Recording;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -45,8 +45,16 @@ fn add_rms_norm_equals_add_then_rms_norm_bit_for_bit() {
         let d = random(rows * n, n as u64 + 9, 1.0);
         let w = random(n, 7, 1.5);
         let wt = f.upload_f32(&[n], &w).unwrap();
-        let (xa, da, ya) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
-        let (xb, db, yb) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+        let (xa, da, ya) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[rows, n], &d).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
+        let (xb, db, yb) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[rows, n], &d).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
         let mut rec = Recording::new();
         add_rms_norm(ctx(f), &mut rec, &xa, &da, &wt, &ya, 1e-5).unwrap();
         add(ctx(f), &mut rec, &xb, &db).unwrap();

@@ -5,9 +5,9 @@
 //! 2·u·(|xa| + |xb|) each, checked at 4·u.
 
 use weft::DType;
-use weft::gpu::{GpuTensorFactory, KernelFamily, Recording};
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, rope_kv_write};
 use weft::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq};
+use weft::gpu::{GpuTensorFactory, KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -39,7 +39,8 @@ fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
         let st = f.upload_u32(&[tokens], &slots).unwrap();
         let k_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
         let v_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
-        let cache = PagedKv { k_cache: &k_cache, v_cache: &v_cache, block_size: BLOCK, first_slot: num_slots, num_slots };
+        let cache =
+            PagedKv { k_cache: &k_cache, v_cache: &v_cache, block_size: BLOCK, first_slot: num_slots, num_slots };
         let mut rec = Recording::new();
         rope_kv_write(ctx(f), &mut rec, &qt, layout, &pt, &ct, pairing, &st, &cache).unwrap();
         run(f, &rec);
@@ -55,17 +56,34 @@ fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
         let (got_k, got_v) = (read_f32(f, &k_cache), read_f32(f, &v_cache));
         let bound = |row: &[f32]| 8.0 * U * row.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) + 1e-30;
         for t in 0..tokens {
-            let what = format!("{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}, {:?}", f.context().kernel_family());
+            let what = format!(
+                "{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}, {:?}",
+                f.context().kernel_family()
+            );
             let q_row = &column(t, 0, q_cols);
-            assert_close(&format!("{what} q"), &got[t * stride..t * stride + q_cols], &want_q[t * q_cols..(t + 1) * q_cols], |_| bound(q_row));
-            assert_eq!(&got[t * stride + q_cols..(t + 1) * stride], &column(t, q_cols, stride - q_cols)[..], "{what}: k and v stay");
+            assert_close(
+                &format!("{what} q"),
+                &got[t * stride..t * stride + q_cols],
+                &want_q[t * q_cols..(t + 1) * q_cols],
+                |_| bound(q_row),
+            );
+            assert_eq!(
+                &got[t * stride + q_cols..(t + 1) * stride],
+                &column(t, q_cols, stride - q_cols)[..],
+                "{what}: k and v stay"
+            );
             let slot = slots[t] as usize;
             if slot >= num_slots {
                 continue;
             }
             let at = (num_slots + slot) * kv_cols;
             let k_row = &column(t, q_cols, kv_cols);
-            assert_close(&format!("{what} k"), &got_k[at..at + kv_cols], &want_k[t * kv_cols..(t + 1) * kv_cols], |_| bound(k_row));
+            assert_close(
+                &format!("{what} k"),
+                &got_k[at..at + kv_cols],
+                &want_k[t * kv_cols..(t + 1) * kv_cols],
+                |_| bound(k_row),
+            );
             assert_eq!(&got_v[at..at + kv_cols], &column(t, q_cols + kv_cols, kv_cols)[..], "{what} v");
         }
         // Layer 0 stays empty, and the skipped token wrote nowhere (a texture may hold padding
@@ -102,7 +120,9 @@ fn head_dims_not_a_multiple_of_4_and_foreign_caches_are_errors() {
         let c = f.zeros(&[4, layout.head_dim / 2, 2], DType::F32).unwrap();
         let cache_t = f.zeros(&[4, 1, cache_head_dim], DType::F32).unwrap();
         let cache = PagedKv { k_cache: &cache_t, v_cache: &cache_t, block_size: 4, first_slot: 0, num_slots: 4 };
-        rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache).unwrap_err().to_string()
+        rope_kv_write(ctx(f), &mut Recording::new(), &x, layout, &p, &c, RopePairing::Neox, &p, &cache)
+            .unwrap_err()
+            .to_string()
     };
     let e = err(QkvLayout { num_heads: 1, num_kv_heads: 1, head_dim: 6 }, 6);
     assert!(e.contains("multiple of 4"), "{e}");

@@ -7,11 +7,11 @@
 //! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
 
 use weft::DType;
-use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::gpu::Recording;
-use weft::tensor::TensorFactory;
+use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::model::sampler::{read_sampled, settings_row};
 use weft::sampling::{SamplerRng, SamplingParams};
+use weft::tensor::TensorFactory;
 
 use crate::common::*;
 

@@ -2,9 +2,9 @@
 //! several buffers, and upload/download, views, matmul and embedding still see one tensor.
 
 use weft::DType;
+use weft::gpu::Recording;
 use weft::gpu::kernels::embedding::embedding;
 use weft::gpu::kernels::matmul::matmul;
-use weft::gpu::Recording;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -18,7 +18,8 @@ fn big_weights_split_and_still_multiply_and_gather() {
     let textures = [(DType::Q8_0, 2100, 512, true), (DType::Q4_1, 1800, 1024, true)];
     for (dtype, n, k, texture) in cases.into_iter().chain(textures) {
         let (bytes, w) = weights(dtype, n * k, 77);
-        let wt = if texture { f.upload_weight(&[n, k], dtype, &bytes) } else { f.upload(&[n, k], dtype, &bytes) }.unwrap();
+        let wt =
+            if texture { f.upload_weight(&[n, k], dtype, &bytes) } else { f.upload(&[n, k], dtype, &bytes) }.unwrap();
         let in_texture = f.context().kernel_family() == weft::gpu::KernelFamily::Cpu && texture;
         assert!(wt.parts().iter().all(|p| p.in_texture() == in_texture));
         assert!(wt.parts().len() > 1, "{dtype} {n}x{k} should split");

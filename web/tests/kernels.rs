@@ -14,8 +14,8 @@ use weft::gpu::kernels::embedding::embedding;
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::reduce::{rms_norm, softmax};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensor, GpuTensorFactory, Recording};
-use weft::tensor::TensorFactory;
 use weft::model::tiny::random_values;
+use weft::tensor::TensorFactory;
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 

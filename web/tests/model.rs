@@ -9,7 +9,6 @@
 use wasm_bindgen_test::*;
 use weft::DType;
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
-use weft::tensor::TensorFactory;
 use weft::kv::{KvCacheConfig, KvPool};
 use weft::model::config::ModelConfig;
 use weft::model::executor::{GpuExecutor, SeqInput};
@@ -17,6 +16,7 @@ use weft::model::gguf::GgufFile;
 use weft::model::llama::LlamaModel;
 use weft::model::load::GgufWeights;
 use weft::model::tiny;
+use weft::tensor::TensorFactory;
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 

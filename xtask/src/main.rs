@@ -83,7 +83,18 @@ fn demo() -> Result {
     info.args(["run", "--release", "--quiet", "-p", "weft-native", "--", "info"]);
     run(with_gpu_env(info))?;
     let mut generate = cargo();
-    generate.args(["run", "--release", "--quiet", "-p", "weft-native", "--", "generate", "--chat", "--max-tokens", "64"]);
+    generate.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "weft-native",
+        "--",
+        "generate",
+        "--chat",
+        "--max-tokens",
+        "64",
+    ]);
     generate.args(["--prompt", "Explain in two sentences why the sky is blue."]);
     run(with_gpu_env(generate))
 }
@@ -134,7 +145,9 @@ fn test_server_python() -> Result {
     if !python.exists() {
         let mut make = Command::new("python3");
         make.args(["-m", "venv"]).arg(&venv);
-        run(make).map_err(|e| format!("{e}\n(on Debian `python3 -m venv` needs the python3-venv package: apt-get install python3-venv)"))?;
+        run(make).map_err(|e| {
+            format!("{e}\n(on Debian `python3 -m venv` needs the python3-venv package: apt-get install python3-venv)")
+        })?;
     }
     let imports = PYTHON_TEST_PACKAGES.map(|(_, module)| module).join(", ");
     let ready = Command::new(&python).args(["-c", &format!("import {imports}")]).status().is_ok_and(|s| s.success());
@@ -267,7 +280,8 @@ fn ensure_gpu_driver() -> Result {
         return Ok(()); // Metal and DX12 come with the OS.
     }
     let has_driver = VULKAN_ICD_DIRS.iter().any(|dir| {
-        std::fs::read_dir(dir).is_ok_and(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
+        std::fs::read_dir(dir)
+            .is_ok_and(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
     });
     if has_driver {
         return Ok(());

@@ -131,7 +131,11 @@ fn handle(stream: TcpStream, root: &Path) -> std::io::Result<()> {
             match resolve(root, target).and_then(|p| std::fs::File::open(&p).ok().map(|f| (p, f))) {
                 Some((path, file)) if file.metadata().is_ok_and(|m| m.is_file()) => {
                     let len = file.metadata()?.len();
-                    write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {len}\r\n", mime_type(&path.to_string_lossy()))?;
+                    write!(
+                        stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {len}\r\n",
+                        mime_type(&path.to_string_lossy())
+                    )?;
                     common_headers(&mut stream)?;
                     if !head {
                         std::io::copy(&mut file.take(len), &mut stream)?;
@@ -165,7 +169,11 @@ fn common_headers(stream: &mut TcpStream) -> std::io::Result<()> {
 }
 
 fn respond_text(stream: &mut TcpStream, status: &str, body: &str, head: bool) -> std::io::Result<()> {
-    write!(stream, "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n", body.len())?;
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n",
+        body.len()
+    )?;
     common_headers(stream)?;
     if !head {
         stream.write_all(body.as_bytes())?;
@@ -204,7 +212,20 @@ mod tests {
         assert_eq!(resolve(root, "/pkg"), Some(root.join("pkg").join("index.html")));
         assert_eq!(resolve(root, "/a%20b.txt"), Some(root.join("a b.txt")));
         assert_eq!(resolve(root, "/./style.css"), Some(root.join("style.css")));
-        for bad in ["/../etc/passwd", "/pkg/../../x", "/%2e%2e/etc/passwd", "/a/%2E%2E/%2e%2e/b", "/..%2fx", "/a\\..\\b", "/c:/x", "/a%00b", "/%zz", "relative", "", "http://x/y"] {
+        for bad in [
+            "/../etc/passwd",
+            "/pkg/../../x",
+            "/%2e%2e/etc/passwd",
+            "/a/%2E%2E/%2e%2e/b",
+            "/..%2fx",
+            "/a\\..\\b",
+            "/c:/x",
+            "/a%00b",
+            "/%zz",
+            "relative",
+            "",
+            "http://x/y",
+        ] {
             assert_eq!(resolve(root, bad), None, "{bad:?} must be refused");
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -235,7 +256,12 @@ mod tests {
         assert!(wasm.contains("Cache-Control: no-cache\r\n"), "{wasm}");
         assert!(wasm.ends_with("\r\n\r\n\0asm\x01\0\0\0"), "{wasm}");
         let index = get("HEAD / HTTP/1.1\r\nConnection: close\r\n\r\n");
-        assert!(index.starts_with("HTTP/1.1 200 OK\r\n") && index.contains("Content-Length: 17\r\n") && index.ends_with("\r\n\r\n"), "{index}");
+        assert!(
+            index.starts_with("HTTP/1.1 200 OK\r\n")
+                && index.contains("Content-Length: 17\r\n")
+                && index.ends_with("\r\n\r\n"),
+            "{index}"
+        );
         assert!(get("GET /../Cargo.toml HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("GET /missing.js HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST / HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").starts_with("HTTP/1.1 405"));

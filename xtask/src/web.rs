@@ -35,7 +35,9 @@ pub fn web(args: &[String]) -> Result {
     let listener = crate::serve::bind(port).map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("xtask: serving {} at http://{addr}/ (Ctrl-C stops)", dist.display());
-    println!("xtask: open http://{addr}/ in a browser with WebGPU (Chrome or Edge 113+; Chromium on Linux needs --enable-unsafe-webgpu)");
+    println!(
+        "xtask: open http://{addr}/ in a browser with WebGPU (Chrome or Edge 113+; Chromium on Linux needs --enable-unsafe-webgpu)"
+    );
     crate::serve::serve(listener, dist)
 }
 
@@ -48,7 +50,10 @@ pub fn build() -> Result<PathBuf> {
     run(cmd)?;
     let wasm = target_dir().join(WASM_TARGET).join("release").join("weft_web.wasm");
     if !wasm.exists() {
-        return Err(format!("{} is missing after the build (web/Cargo.toml needs crate-type \"cdylib\")", wasm.display()));
+        return Err(format!(
+            "{} is missing after the build (web/Cargo.toml needs crate-type \"cdylib\")",
+            wasm.display()
+        ));
     }
 
     let dist = root().join("web").join("dist");
@@ -81,13 +86,15 @@ pub fn build() -> Result<PathBuf> {
     link_or_copy(&root().join(MODEL_FILE), &model)?;
 
     println!("xtask: built {} in {:.1} s", dist.display(), started.elapsed().as_secs_f64());
-    for (what, path) in [
-        ("wasm module", pkg.join("weft_web_bg.wasm")),
-        ("JS glue", pkg.join("weft_web.js")),
-        ("default model", model),
-    ] {
+    for (what, path) in
+        [("wasm module", pkg.join("weft_web_bg.wasm")), ("JS glue", pkg.join("weft_web.js")), ("default model", model)]
+    {
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        println!("xtask:   {what:<14} {:>9.2} MB  {}", len as f64 / 1e6, path.strip_prefix(root()).unwrap_or(&path).display());
+        println!(
+            "xtask:   {what:<14} {:>9.2} MB  {}",
+            len as f64 / 1e6,
+            path.strip_prefix(root()).unwrap_or(&path).display()
+        );
     }
     let gzip = Command::new("gzip").arg("-9c").arg(pkg.join("weft_web_bg.wasm")).output();
     if let Some(out) = gzip.ok().filter(|o| o.status.success()) {
@@ -99,7 +106,8 @@ pub fn build() -> Result<PathBuf> {
 /// The wasm-bindgen version in Cargo.lock: the CLI must match the library exactly.
 fn locked_wasm_bindgen_version() -> Result<String> {
     let lock = std::fs::read_to_string(root().join("Cargo.lock")).map_err(|e| format!("reading Cargo.lock: {e}"))?;
-    lock_version(&lock, "wasm-bindgen").ok_or_else(|| "Cargo.lock has no wasm-bindgen package (does web/Cargo.toml depend on it?)".into())
+    lock_version(&lock, "wasm-bindgen")
+        .ok_or_else(|| "Cargo.lock has no wasm-bindgen package (does web/Cargo.toml depend on it?)".into())
 }
 
 /// The version of package `name` in a Cargo.lock's text.
@@ -214,9 +222,11 @@ fn link_or_copy(from: &Path, to: &Path) -> Result {
 }
 
 /// The prompts both sides answer, per model; the page shows four panes.
-const TINY_PROMPTS: [&str; 4] = ["What is the capital of France?", "Name a prime number.", "Translate 'cat' to German.", "Tell me a story."];
+const TINY_PROMPTS: [&str; 4] =
+    ["What is the capital of France?", "Name a prime number.", "Translate 'cat' to German.", "Tell me a story."];
 const TINY_MAX_TOKENS: usize = 12;
-const MODEL_PROMPTS: [&str; 4] = ["What is the capital of France?", "Write a haiku about the sea.", "List three colors.", "Why is the sky blue?"];
+const MODEL_PROMPTS: [&str; 4] =
+    ["What is the capital of France?", "Write a haiku about the sea.", "List three colors.", "Why is the sky blue?"];
 const MODEL_MAX_TOKENS: usize = 8;
 
 /// `cargo xtask test-web`
@@ -229,8 +239,14 @@ pub fn test_web() -> Result {
     };
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
-    let tools = [(chromium.as_str(), "chromium"), (chromedriver.as_str(), "chromium-driver"), ("node", "nodejs"), ("npm", "npm")];
-    ensure_apt_tools(&tools, "the browser tests").map_err(|e| format!("{e} (set CHROMIUM / CHROMEDRIVER to use other paths)"))?;
+    let tools = [
+        (chromium.as_str(), "chromium"),
+        (chromedriver.as_str(), "chromium-driver"),
+        ("node", "nodejs"),
+        ("npm", "npm"),
+    ];
+    ensure_apt_tools(&tools, "the browser tests")
+        .map_err(|e| format!("{e} (set CHROMIUM / CHROMEDRIVER to use other paths)"))?;
 
     let dist = build()?;
     lap("building web/dist");
@@ -259,7 +275,11 @@ pub fn test_web() -> Result {
     if !e2e.join("node_modules").join("playwright-core").is_dir() {
         let mut npm = Command::new("npm");
         let lock = e2e.join("package-lock.json").exists();
-        npm.current_dir(&e2e).args(if lock { &["ci", "--no-audit", "--no-fund"][..] } else { &["install", "--no-audit", "--no-fund"][..] });
+        npm.current_dir(&e2e).args(if lock {
+            &["ci", "--no-audit", "--no-fund"][..]
+        } else {
+            &["install", "--no-audit", "--no-fund"][..]
+        });
         // playwright-core never downloads a browser; this keeps it so should that change.
         npm.env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1");
         run(npm)?;
@@ -303,7 +323,8 @@ fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens
         if !out.status.success() {
             return Err(format!("weft generate failed on {prompt:?}: {}", String::from_utf8_lossy(&out.stderr)));
         }
-        let text = String::from_utf8(out.stdout).map_err(|_| format!("weft generate printed invalid UTF-8 for {prompt:?}"))?;
+        let text =
+            String::from_utf8(out.stdout).map_err(|_| format!("weft generate printed invalid UTF-8 for {prompt:?}"))?;
         // `weft generate` ends its output with one newline of its own.
         let text = text.strip_suffix('\n').unwrap_or(&text).to_string();
         println!("xtask: native {}: {prompt:?} -> {text:?}", model.file_name().unwrap_or_default().to_string_lossy());
@@ -330,7 +351,9 @@ fn json_string(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -341,13 +364,18 @@ fn json_string(s: &str) -> String {
 /// Each (program, Debian package): when a program is missing, install its package with apt as
 /// root on Debian/Ubuntu, else say what `needed_by` needs installed.
 pub fn ensure_apt_tools(tools: &[(&str, &str)], needed_by: &str) -> Result {
-    let missing: Vec<&str> = tools.iter().filter(|(program, _)| !program_exists(program)).map(|(_, package)| *package).collect();
+    let missing: Vec<&str> =
+        tools.iter().filter(|(program, _)| !program_exists(program)).map(|(_, package)| *package).collect();
     if missing.is_empty() {
         return Ok(());
     }
     let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
     if !(is_root && Path::new("/usr/bin/apt-get").exists()) {
-        return Err(format!("{needed_by} need {}: on Debian/Ubuntu `sudo apt-get install -y {}`", missing.join(", "), missing.join(" ")));
+        return Err(format!(
+            "{needed_by} need {}: on Debian/Ubuntu `sudo apt-get install -y {}`",
+            missing.join(", "),
+            missing.join(" ")
+        ));
     }
     eprintln!("xtask: installing {} for {needed_by}", missing.join(" "));
     let mut update = Command::new("apt-get");

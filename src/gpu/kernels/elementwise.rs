@@ -73,8 +73,7 @@ fn record_add(
 ) -> Result<()> {
     let len = acc.num_elems();
     let params = Params { len: u32_of(op, "len", len)?, delta_len: u32_of(op, "delta_len", delta_len)? };
-    let bindings =
-        [acc.single_part(op)?.resource(ctx)?, delta.single_part(op)?.resource(ctx)?];
+    let bindings = [acc.single_part(op)?.resource(ctx)?, delta.single_part(op)?.resource(ctx)?];
     let variant = ShaderVariant::plain("add");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
     Ok(())

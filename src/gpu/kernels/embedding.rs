@@ -11,7 +11,13 @@ shader_params!(Params { num_tokens: u32, k: u32, row_bytes: u32, first_row: u32,
 
 /// Record `out[t] = table[ids[t]]`: table (rows, k) in any weight format with k a multiple of
 /// 32, ids (num_tokens) U32, out (num_tokens, k) F32.
-pub fn embedding(ctx: &GpuContext, rec: &mut Recording, table: &GpuTensor, ids: &GpuTensor, out: &GpuTensor) -> Result<()> {
+pub fn embedding(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    table: &GpuTensor,
+    ids: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
     const OP: &str = "embedding";
     if !DType::WEIGHTS.contains(&table.dtype()) || table.shape().len() != 2 {
         return Err(WeftError::shape(
@@ -21,7 +27,10 @@ pub fn embedding(ctx: &GpuContext, rec: &mut Recording, table: &GpuTensor, ids: 
     }
     let k = table.shape()[1];
     if k % 32 != 0 {
-        return Err(WeftError::shape(OP, format!("k = {k}: rows are read in whole blocks of 32, so k must be a multiple of 32")));
+        return Err(WeftError::shape(
+            OP,
+            format!("k = {k}: rows are read in whole blocks of 32, so k must be a multiple of 32"),
+        ));
     }
     expect(OP, "ids", ids, DType::U32, &[None])?;
     let num_tokens = ids.shape()[0];

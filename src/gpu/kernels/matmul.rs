@@ -45,7 +45,14 @@ enum Recipe {
 
 /// Record `y[:, col..col + n] = x · wᵀ`: as [`matmul`], into columns of a wider y (m, n_total)
 /// F32, so several projections of one input can land side by side in one buffer.
-pub fn matmul_into(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor, col: usize) -> Result<()> {
+pub fn matmul_into(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    w: &GpuTensor,
+    y: &GpuTensor,
+    col: usize,
+) -> Result<()> {
     record(ctx, rec, x, w, y, col, false, Recipe::Columns)
 }
 
@@ -67,7 +74,10 @@ fn record(
     }
     let (n, k) = (w.shape()[0], w.shape()[1]);
     if k % 32 != 0 {
-        return Err(WeftError::shape(OP, format!("k = {k}: weft's matmul reads whole blocks of 32, so k must be a multiple of 32")));
+        return Err(WeftError::shape(
+            OP,
+            format!("k = {k}: weft's matmul reads whole blocks of 32, so k must be a multiple of 32"),
+        ));
     }
     expect(OP, "x", x, DType::F32, &[None, Some(k)])?;
     let m = x.shape()[0];

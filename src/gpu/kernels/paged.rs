@@ -7,9 +7,9 @@
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::recording::flat_grid;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::pipelines::KvSource;
+use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -127,7 +127,10 @@ pub fn rope_kv_write(
     if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim {
         return Err(WeftError::shape(
             OP,
-            format!("qkv has {} KV heads of {} dims; the cache holds {num_kv_heads} of {head_dim}", layout.num_kv_heads, layout.head_dim),
+            format!(
+                "qkv has {} KV heads of {} dims; the cache holds {num_kv_heads} of {head_dim}",
+                layout.num_kv_heads, layout.head_dim
+            ),
         ));
     }
     expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
@@ -185,7 +188,10 @@ pub fn paged_attention(
     expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
     let (num_tokens, num_heads) = (qkv.shape()[0], layout.num_heads);
     if layout.num_kv_heads != num_kv_heads || layout.head_dim != head_dim {
-        return Err(WeftError::shape(OP, format!("qkv's heads do not match the cache's {num_kv_heads} KV heads of {head_dim}")));
+        return Err(WeftError::shape(
+            OP,
+            format!("qkv's heads do not match the cache's {num_kv_heads} KV heads of {head_dim}"),
+        ));
     }
     if head_dim > MAX_HEAD_DIM || num_heads % num_kv_heads != 0 {
         return Err(WeftError::shape(

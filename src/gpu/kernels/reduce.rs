@@ -28,11 +28,8 @@ pub fn rms_norm(
     expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
     expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
     let params = RmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
-    let bindings = [
-        x.single_part(OP)?.resource(ctx)?,
-        weight.single_part(OP)?.resource(ctx)?,
-        y.single_part(OP)?.resource(ctx)?,
-    ];
+    let bindings =
+        [x.single_part(OP)?.resource(ctx)?, weight.single_part(OP)?.resource(ctx)?, y.single_part(OP)?.resource(ctx)?];
     let variant = ShaderVariant::plain("rms_norm");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())
@@ -84,8 +81,7 @@ pub fn argmax(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, out: &GpuTen
     let (rows, n) = rows_of(OP, x)?;
     expect(OP, "out", out, DType::U32, &[Some(rows)])?;
     let params = RowParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)? };
-    let bindings =
-        [x.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
+    let bindings = [x.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
     let variant = ShaderVariant::plain("argmax");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
     Ok(())

@@ -24,10 +24,10 @@
 
 mod metadata;
 mod reader;
-mod types;
-mod writer;
 #[cfg(test)]
 mod tests;
+mod types;
+mod writer;
 
 pub use reader::GgufFile;
 pub use types::{GgmlType, MetaValue, Metadata, TensorDType, TensorInfo};

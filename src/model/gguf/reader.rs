@@ -4,8 +4,8 @@
 
 use std::fmt;
 
-use super::*;
 use super::metadata::as_u64;
+use super::*;
 use crate::{Result, WeftError};
 
 /// The file's bytes: mapped from disk natively, owned where there is no file system (the browser).

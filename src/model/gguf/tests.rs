@@ -146,10 +146,9 @@ fn tensor_info_shape_size_and_dtype() {
     assert_eq!(bf16.size_bytes(), 576 * 1536 * 2);
     let q6k = TensorInfo { name: "blk.0.ffn_down.weight".into(), ggml_type: GgmlType::Q6_K, ..info.clone() };
     match q6k.dtype() {
-        Err(WeftError::Model { detail, .. }) => assert_eq!(
-            detail,
-            "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16"
-        ),
+        Err(WeftError::Model { detail, .. }) => {
+            assert_eq!(detail, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16")
+        }
         other => panic!("{other:?}"),
     }
     let scalar = TensorInfo { dims: vec![], ggml_type: GgmlType::F32, ..info.clone() };

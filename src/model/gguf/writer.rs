@@ -1,7 +1,7 @@
 //! Writing GGUF version 3 files (weft's tiny test models, and tests of the reader).
 
-use super::*;
 use super::metadata::as_u64;
+use super::*;
 
 /// Builds a GGUF v3 file in memory: for tests and tiny random models.
 ///
