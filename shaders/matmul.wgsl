@@ -25,27 +25,14 @@
 //   source. Rows past m are clamped (computed and discarded), never branched on.
 
 #include shared/block_recipe.wgsl
+#include shared/matmul_io.wgsl
 #include weight_source
 #include x_source
 #include weight_format
 
-struct Params {
-    m: u32,
-    k: u32,
-    n_part: u32,
-    n_offset: u32,
-    n_total: u32,
-    row_bytes: u32,
-    y_row0: u32,
-    w_base: u32,
-}
-
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

@@ -23,26 +23,13 @@
 //   the row's slot.
 
 #include shared/block_recipe.wgsl
+#include shared/matmul_io.wgsl
 #include weight_source
 #include x_source
 #include weight_format
 
-struct Params {
-    m: u32,
-    k: u32,
-    n_part: u32,
-    n_offset: u32,
-    n_total: u32,
-    row_bytes: u32,
-    y_row0: u32,
-    w_base: u32,
-}
-
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
 var<workgroup> part: array<f32, 8u * TN * TM>;
 

@@ -256,23 +256,37 @@ fn profile(
     vocab: usize,
     serial: &mut usize,
 ) -> Result<()> {
-    engine.set_profiling(true);
     for &n in levels {
+        // Decode steps of n sequences: first as served (host phases), then profiled (the GPU's
+        // time by kernel: one pass per dispatch, so the host phases of those steps differ).
+        let decodes = |steps: Vec<StepRecord>| -> Vec<StepRecord> {
+            steps.into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect()
+        };
         engine.take_step_records();
         traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
-        let steps: Vec<StepRecord> =
-            engine.take_step_records().into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect();
-        if steps.is_empty() {
+        let served = decodes(engine.take_step_records());
+        engine.set_profiling(true);
+        traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
+        let profiled = decodes(engine.take_step_records());
+        engine.set_profiling(false);
+        if served.is_empty() || profiled.is_empty() {
             continue;
         }
-        let per_step = |f: &dyn Fn(&StepRecord) -> f64| steps.iter().map(f).sum::<f64>() / steps.len() as f64 * 1e3;
+        let med = |f: &dyn Fn(&StepRecord) -> f64| median(served.iter().map(f).collect()) * 1e3;
+        println!("\nprofile: decode steps of {n} sequences ({} dispatches each)", served[0].timings.dispatches);
         println!(
-            "\nprofile: {} decode steps of {n} sequences ({} dispatches each)",
-            steps.len(),
-            steps[0].timings.dispatches
+            "  host per step (median of {}): schedule {:.3} ms, record {:.3} ms, encode {:.3} ms, submit {:.3} ms = {:.3} ms; GPU {:.2} ms, wait {:.2} ms",
+            served.len(),
+            med(&|s| s.timings.schedule_s),
+            med(&|s| s.timings.record_s),
+            med(&|s| s.timings.encode_s),
+            med(&|s| s.timings.submit_s),
+            med(&|s| s.timings.host_s()),
+            med(&|s| s.timings.gpu_s.unwrap_or(0.0)),
+            med(&|s| s.timings.wait_s),
         );
         let mut kernels: Vec<(String, f64)> = Vec::new();
-        for s in &steps {
+        for s in &profiled {
             for (name, t) in &s.timings.kernels {
                 match kernels.iter_mut().find(|(k, _)| k == name) {
                     Some((_, total)) => *total += t,
@@ -281,22 +295,14 @@ fn profile(
             }
         }
         kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let gpu: f64 = kernels.iter().map(|(_, t)| t).sum::<f64>() / steps.len() as f64 * 1e3;
-        println!("  GPU {gpu:.2} ms per step, by kernel:");
+        let steps = profiled.len() as f64;
+        let gpu: f64 = kernels.iter().map(|(_, t)| t).sum::<f64>() / steps * 1e3;
+        println!("  GPU {gpu:.2} ms per step with every dispatch timed ({} steps), by kernel:", profiled.len());
         for (name, t) in &kernels {
-            let ms = t / steps.len() as f64 * 1e3;
+            let ms = t / steps * 1e3;
             println!("    {ms:9.3} ms  {:5.1}%  {name}", 100.0 * ms / gpu.max(1e-12));
         }
-        println!(
-            "  host per step: schedule {:.3} ms, record {:.3} ms, encode {:.3} ms, submit {:.3} ms; GPU wait {:.2} ms",
-            per_step(&|s| s.timings.schedule_s),
-            per_step(&|s| s.timings.record_s),
-            per_step(&|s| s.timings.encode_s),
-            per_step(&|s| s.timings.submit_s),
-            per_step(&|s| s.timings.wait_s),
-        );
     }
-    engine.set_profiling(false);
     Ok(())
 }
 

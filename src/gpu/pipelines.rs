@@ -39,6 +39,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
+    ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
     ("shared/kv_read_texture.wgsl", include_str!("../../shaders/shared/kv_read_texture.wgsl")),
     ("shared/kv_write_storage.wgsl", include_str!("../../shaders/shared/kv_write_storage.wgsl")),

@@ -161,10 +161,13 @@ impl HostInputs {
     }
 
     /// What decides the dispatches and their parameters: equal shapes record equal steps.
-    fn shape(&self, num_seqs: usize) -> (usize, usize, usize, usize, usize) {
+    fn shape(&self, num_seqs: usize) -> StepShape {
         (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), self.sampler.num_entries())
     }
 }
+
+/// Tokens, sequences, blocks per sequence, logit rows, sampler entries.
+type StepShape = (usize, usize, usize, usize, usize);
 
 /// The executor's state between steps.
 #[derive(Default)]
@@ -172,7 +175,7 @@ struct StepArena {
     rec: Recording,
     ws: Option<Workspace>,
     /// The shape of the step `rec` holds, and whether it samples.
-    recorded: Option<((usize, usize, usize, usize, usize), bool)>,
+    recorded: Option<(StepShape, bool)>,
 }
 
 impl GpuExecutor {
