@@ -160,7 +160,9 @@ pub fn bench(args: &[String]) -> Result {
         return Ok(());
     }
     let dir = opts.out.clone().unwrap_or_else(results_dir);
-    let path = save(&doc, &dir, opts.model.is_some().then_some(model.as_path()))?;
+    let adapter = doc["adapter"]["name"].as_str().unwrap_or("");
+    let name = results_name(adapter, opts.model.is_some().then_some(model.as_path()), &opts.set);
+    let path = save(&doc, &dir, &name)?;
     eprintln!("xtask: wrote {}", path.display());
     if opts.out.is_none() {
         write_readme(&dir)?;
@@ -295,14 +297,29 @@ pub fn slug(name: &str) -> String {
     if out.is_empty() { "unknown-adapter".into() } else { out }
 }
 
-/// Writes `doc` as `<dir>/<adapter>.json`, or `<adapter>.<model>.json` for a model other than
-/// the default one.
-pub fn save(doc: &Value, dir: &Path, other_model: Option<&Path>) -> Result<PathBuf> {
-    let adapter = slug(doc["adapter"]["name"].as_str().unwrap_or(""));
-    let name = match other_model.and_then(|m| m.file_stem()) {
-        Some(stem) => format!("{adapter}.{}.json", slug(&stem.to_string_lossy())),
-        None => format!("{adapter}.json"),
-    };
+/// The results file of a run: `<adapter>.json` for the standard set on the default model, with
+/// `.<model>` for another model and `.<set>` for another set (e.g. `c1-16.p128.g128.r1`), so
+/// that no run overwrites another kind of run.
+pub fn results_name(adapter: &str, other_model: Option<&Path>, set: &Set) -> String {
+    let mut name = slug(adapter);
+    if let Some(stem) = other_model.and_then(|m| m.file_stem()) {
+        name = format!("{name}.{}", slug(&stem.to_string_lossy()));
+    }
+    let standard = Set::standard();
+    let same = set.concurrency == standard.concurrency
+        && set.prompt_len == standard.prompt_len
+        && set.gen_len == standard.gen_len
+        && set.repeats == standard.repeats;
+    if !same {
+        let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join("-");
+        name =
+            format!("{name}.c{}.p{}.g{}.r{}", list(&set.concurrency), list(&set.prompt_len), set.gen_len, set.repeats);
+    }
+    name + ".json"
+}
+
+/// Writes `doc` as `dir/name`.
+pub fn save(doc: &Value, dir: &Path, name: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let path = dir.join(name);
     let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())? + "\n";
@@ -580,6 +597,11 @@ mod tests {
         assert_eq!(slug("NVIDIA H200"), "nvidia-h200");
         assert_eq!(slug("()"), "unknown-adapter");
         assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
+        let lvp = "llvmpipe (LLVM 15.0.6, 256 bits)";
+        assert_eq!(results_name(lvp, None, &Set::standard()), "llvmpipe-llvm-15-0-6-256-bits.json");
+        let quick = Set::quick();
+        let name = results_name(lvp, Some(Path::new("/m/Llama-3.2-1B.Q4_1.gguf")), &quick);
+        assert_eq!(name, "llvmpipe-llvm-15-0-6-256-bits.llama-3-2-1b-q4-1.c1-4.p32.g16.r1.json");
         assert_eq!(utc_date(1_764_557_400), "2025-12-01 02:50 UTC");
     }
 
