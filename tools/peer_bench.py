@@ -65,6 +65,8 @@ def parse_args():
 
 # llama.cpp's log, kept to find which device took the layers (and shown when something fails).
 LOG = []
+# The command line, read once in main (the log callback needs --verbose).
+ARGS = None
 
 
 @L.llama_log_callback
@@ -221,6 +223,8 @@ def measure(runner, args):
 
 
 def main():
+    global ARGS
+    ARGS = parse_args()
     runner = Runner(ARGS)
     device, offloaded = runner.device()
     on_gpu = offloaded not in ("0", "") and not offloaded.startswith("0/")
@@ -233,8 +237,6 @@ def main():
         fail(f"expected a CPU run, but {offloaded} layers went to {device}")
     print(json.dumps(measure(runner, ARGS), indent=2))
 
-
-ARGS = parse_args()
 
 if __name__ == "__main__":
     main()
