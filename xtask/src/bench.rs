@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -143,11 +143,17 @@ pub fn bench(args: &[String]) -> Result {
         }
     };
     let weft = build_weft()?;
+    // The peers are built (once, for long) before anything is measured, so that weft and
+    // llama.cpp run one right after the other, on the same machine state.
+    let pythons = if opts.peer {
+        vec![(PeerKind::Vulkan, peer::ensure(PeerKind::Vulkan)?), (PeerKind::Cpu, peer::ensure(PeerKind::Cpu)?)]
+    } else {
+        Vec::new()
+    };
     eprintln!("xtask: weft bench, {}", opts.set.describe());
-    let mut doc = run_weft(&weft, &model, &opts.set, opts.kv_memory.as_deref(), &[])?;
+    let mut doc = run_weft(&weft, &model, &opts.set, opts.kv_memory.as_deref(), &[], None)?;
     if opts.peer {
-        let peers = run_peers(&model, &opts.set, &[])?;
-        doc["peers"] = Value::Array(peers);
+        doc["peers"] = Value::Array(run_peers(&pythons, &model, &opts.set)?);
     }
     println!("{}", markdown_for(&doc));
     if opts.peer {
@@ -182,8 +188,16 @@ pub fn build_weft() -> Result<PathBuf> {
     Ok(target_dir().join("release").join(if cfg!(windows) { "weft.exe" } else { "weft" }))
 }
 
-/// One `weft bench --json` over `set`, with `env` added; its JSON plus where and when.
-pub fn run_weft(weft: &Path, model: &Path, set: &Set, kv_memory: Option<&str>, env: &[(&str, &str)]) -> Result<Value> {
+/// One `weft bench --json` over `set`, with `env` added and ended after `timeout`; its JSON
+/// plus where and when it ran.
+pub fn run_weft(
+    weft: &Path,
+    model: &Path,
+    set: &Set,
+    kv_memory: Option<&str>,
+    env: &[(&str, &str)],
+    timeout: Option<Duration>,
+) -> Result<Value> {
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let mut cmd = Command::new(weft);
     cmd.arg("bench").arg("--json").arg("--model").arg(model);
@@ -196,7 +210,7 @@ pub fn run_weft(weft: &Path, model: &Path, set: &Set, kv_memory: Option<&str>, e
     cmd.envs(env.iter().copied());
     let load_before = load_average();
     let started = Instant::now();
-    let stdout = capture(cmd)?;
+    let stdout = peer::output_within(cmd, timeout)?;
     let mut doc: Value = serde_json::from_str(&stdout)
         .map_err(|e| format!("weft bench --json printed something else ({e}):\n{stdout}"))?;
     doc["set"] = json!({
@@ -214,14 +228,14 @@ pub fn run_weft(weft: &Path, model: &Path, set: &Set, kv_memory: Option<&str>, e
     Ok(doc)
 }
 
-/// llama.cpp's Vulkan and CPU builds on the workload of the set's 128-token (or first) prompt.
-pub fn run_peers(model: &Path, set: &Set, env: &[(&str, &str)]) -> Result<Vec<Value>> {
+/// llama.cpp's Vulkan and CPU builds (the venvs' pythons, in that order) on the workload of the
+/// set's 128-token (or first) prompt length.
+pub fn run_peers(pythons: &[(PeerKind, PathBuf)], model: &Path, set: &Set) -> Result<Vec<Value>> {
     let prompt_len = peer_prompt_len(set);
     let mut peers = Vec::new();
-    for kind in [PeerKind::Vulkan, PeerKind::Cpu] {
-        let python = peer::ensure(kind)?;
+    for (kind, python) in pythons {
         let load_before = load_average();
-        let mut v = peer::measure(kind, &python, model, prompt_len, set.gen_len, 16, set.repeats, env, None)?;
+        let mut v = peer::measure(*kind, python, model, prompt_len, set.gen_len, 16, set.repeats, &[], None)?;
         v["measured"] =
             json!({"date": utc_now(), "load_average_before": load_before, "load_average_after": load_average()});
         peers.push(v);
@@ -232,17 +246,6 @@ pub fn run_peers(model: &Path, set: &Set, env: &[(&str, &str)]) -> Result<Vec<Va
 /// The prompt length the peer comparison uses: 128 when the set has it.
 pub fn peer_prompt_len(set: &Set) -> usize {
     if set.prompt_len.contains(&128) { 128 } else { set.prompt_len[0] }
-}
-
-/// Runs `cmd` with stderr shown, returning its stdout.
-pub fn capture(mut cmd: Command) -> Result<String> {
-    eprintln!("xtask: running {cmd:?}");
-    let out =
-        cmd.stderr(std::process::Stdio::inherit()).output().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?} failed ({})", out.status));
-    }
-    String::from_utf8(out.stdout).map_err(|e| format!("{cmd:?} printed something other than UTF-8: {e}"))
 }
 
 /// The 1, 5 and 15 minute load averages (Linux); the benchmarks share the machine.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::bench::{Set, build_weft, utc_now};
+use crate::bench::{Set, build_weft, run_weft, utc_now};
 use crate::peer::{self, PeerKind};
 use crate::{MODEL_FILE, Result, VULKAN_ICD_DIRS, cargo, fetch_model, root, run, target_dir};
 
@@ -198,28 +198,14 @@ fn make_model(shape: &str, quant: &str, path: &Path, timeout: Duration) -> Resul
     peer::output_within(cmd, Some(timeout)).map(|_| ())
 }
 
-/// One `weft bench` run, checked to have run on the NVIDIA adapter.
-fn weft_part(
-    weft: &Path,
-    model: &Path,
-    set: &Set,
-    env: &[(&str, &str)],
-    timeout: Duration,
-) -> std::result::Result<Value, String> {
-    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-    let mut cmd = Command::new(weft);
-    cmd.arg("bench").arg("--json").arg("--model").arg(model);
-    cmd.args(["--concurrency", &list(&set.concurrency), "--prompt-len", &list(&set.prompt_len)]);
-    cmd.args(["--gen-len", &set.gen_len.to_string(), "--repeats", &set.repeats.to_string(), "--kv-memory", "8GiB"]);
-    cmd.envs(env.iter().copied());
-    let stdout = peer::output_within(cmd, Some(timeout))?;
-    let mut doc: Value =
-        serde_json::from_str(&stdout).map_err(|e| format!("weft bench printed something else: {e}"))?;
-    let adapter = doc["adapter"]["name"].as_str().unwrap_or("").to_string();
+/// One `weft bench` run on the NVIDIA adapter (an error when weft picked another).
+fn weft_part(weft: &Path, model: &Path, set: &Set, env: &[(&str, &str)], timeout: Duration) -> Result<Value> {
+    // Room for every sequence of the biggest run at once, so nothing is preempted.
+    let doc = run_weft(weft, model, set, Some("8GiB"), env, Some(timeout))?;
+    let adapter = doc["adapter"]["name"].as_str().unwrap_or("");
     if !adapter.to_lowercase().contains("nvidia") {
         return Err(format!("weft ran on {adapter:?}, not the NVIDIA GPU"));
     }
-    doc["measured"] = serde_json::json!({"date": utc_now()});
     Ok(doc)
 }
 

@@ -273,31 +273,38 @@ pub fn measure(
     serde_json::from_str(&stdout).map_err(|e| format!("tools/peer_bench.py printed something else ({e}):\n{stdout}"))
 }
 
-/// Runs `cmd` (stderr shown) and returns its stdout, ending it after `timeout`.
+/// Runs `cmd` (stderr shown) and returns its stdout, ending it after `timeout` if one is given.
 pub fn output_within(mut cmd: Command, timeout: Option<Duration>) -> Result<String> {
     eprintln!("xtask: running {cmd:?}");
-    let Some(timeout) = timeout else {
-        return crate::bench::capture(cmd);
-    };
-    let out_file = std::env::temp_dir().join(format!("weft-xtask-{}-{:?}.out", std::process::id(), Instant::now()));
-    let file = std::fs::File::create(&out_file).map_err(|e| e.to_string())?;
+    // stdout goes to a file, not a pipe: nothing has to drain it while the clock is watched.
+    let out_file = std::env::temp_dir().join(format!("weft-xtask-{}-{}.out", std::process::id(), unique()));
+    let file = std::fs::File::create(&out_file).map_err(|e| format!("creating {}: {e}", out_file.display()))?;
     let mut child = cmd.stdout(file).spawn().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
             break status;
         }
-        if started.elapsed() > timeout {
+        if let Some(limit) = timeout.filter(|&t| started.elapsed() > t) {
             let _ = child.kill();
             let _ = child.wait();
             let _ = std::fs::remove_file(&out_file);
-            return Err(format!("{cmd:?} ran past its {} s", timeout.as_secs()));
+            return Err(format!("{cmd:?} ran past its {} s and was ended", limit.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let stdout = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let stdout = std::fs::read_to_string(&out_file);
     let _ = std::fs::remove_file(&out_file);
-    if status.success() { Ok(stdout) } else { Err(format!("{cmd:?} failed ({status})")) }
+    if !status.success() {
+        return Err(format!("{cmd:?} failed ({status})"));
+    }
+    stdout.map_err(|e| format!("{cmd:?} printed something other than UTF-8: {e}"))
+}
+
+/// A number no other call in this process gets.
+fn unique() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 #[cfg(test)]
