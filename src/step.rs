@@ -94,6 +94,18 @@ pub fn accepted_len(seq: &SeqStep, samples: &[Sampled]) -> usize {
     (agreeing + 1).min(samples.len())
 }
 
+/// The store of drafted rows' distributions a draft executor shares with its target: the draft
+/// keeps there the distribution it drew each drafted token from (`sampling::DraftRow::Keep`),
+/// and the target's verifying rows read it back (`sampling::DraftRow::Verify`) for the
+/// rejection-sampling rule. Two executors share a store when they report the same `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftStore {
+    /// Identifies the store (the same for the draft and the target that share it).
+    pub id: u64,
+    /// Drafted rows it holds per step (slots `0..slots`).
+    pub slots: usize,
+}
+
 /// Runs forward steps of a model. The engine holds one as `Arc<dyn ModelExecutor>`; the
 /// executor owns the GPU memory behind the KV blocks the tables name.
 pub trait ModelExecutor: Send + Sync {
@@ -106,6 +118,11 @@ pub trait ModelExecutor: Send + Sync {
     fn kv_config(&self) -> KvCacheConfig;
     /// Prove the device still answers (a small round trip); for health checks.
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
+    /// The drafted rows' distribution store this executor shares with its draft (or target),
+    /// if any. Without one, sampled requests are not speculated with a draft model.
+    fn draft_store(&self) -> Option<DraftStore> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,10 @@
 //! --prompt-len tokens, greedy, generating exactly --gen-len tokens (end-of-sequence ignored).
 //! Every token's arrival time is recorded; from those come prefill, decode and aggregate
 //! throughput and the time-to-first-token and inter-token latency percentiles.
+//!
+//! In-process, `--task` picks the prompts (random token ids, a copy task, ordinary chat) and the
+//! speculation flags turn on speculative decoding; each level then also reports the drafted and
+//! accepted tokens, the acceptance rate and the tokens gained per verifying step.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -15,7 +19,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use weft::engine::EngineConfig;
 use weft::EngineBuilder;
+use weft::engine::metrics::EngineMetrics;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+use weft::tokenizer::ChatMessage;
 use weft::sampling::SamplingParams;
 use weft::{Result, WeftError};
 
@@ -28,6 +34,19 @@ pub struct Options {
     pub gen_len: usize,
     pub kv_memory_bytes: usize,
     pub json: bool,
+    pub task: Task,
+    pub speculation: crate::generate::Speculation,
+}
+
+/// The prompts of an in-process run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Task {
+    /// Random token ids, --prompt-len of them.
+    Random,
+    /// "Repeat this list": a chat request to copy a numbered list of about --prompt-len tokens.
+    Copy,
+    /// Ordinary chat questions.
+    Chat,
 }
 
 /// One request's timeline.
@@ -51,6 +70,33 @@ struct Level {
     aggregate_tps: f64,
     ttft_ms: [f64; 3],
     itl_ms: [f64; 3],
+    /// Speculative decoding during the level (in-process with speculation only).
+    speculation: Option<SpecCounts>,
+}
+
+/// Speculative decoding's counts over one level.
+struct SpecCounts {
+    drafted: u64,
+    accepted: u64,
+    verify_steps: u64,
+}
+
+impl SpecCounts {
+    fn between(before: &EngineMetrics, after: &EngineMetrics) -> SpecCounts {
+        SpecCounts {
+            drafted: after.spec_drafted_tokens - before.spec_drafted_tokens,
+            accepted: after.spec_accepted_tokens - before.spec_accepted_tokens,
+            verify_steps: after.spec_verify_steps - before.spec_verify_steps,
+        }
+    }
+
+    fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+    }
+
+    fn mean_accepted_len(&self) -> f64 {
+        if self.verify_steps == 0 { 0.0 } else { (self.accepted + self.verify_steps) as f64 / self.verify_steps as f64 }
+    }
 }
 
 fn bad(msg: impl Into<String>) -> WeftError {
@@ -89,6 +135,12 @@ pub fn run(opts: Options) -> Result<()> {
                     "aggregate_tokens_per_s": l.aggregate_tps,
                     "ttft_ms": {"p50": l.ttft_ms[0], "p90": l.ttft_ms[1], "p99": l.ttft_ms[2]},
                     "itl_ms": {"p50": l.itl_ms[0], "p90": l.itl_ms[1], "p99": l.itl_ms[2]},
+                    "speculation": l.speculation.as_ref().map(|s| json!({
+                        "drafted_tokens": s.drafted,
+                        "accepted_tokens": s.accepted,
+                        "acceptance_rate": s.acceptance_rate(),
+                        "mean_accepted_len": s.mean_accepted_len(),
+                    })),
                 })
             })
             .collect();
@@ -96,7 +148,25 @@ pub fn run(opts: Options) -> Result<()> {
             Some(u) => json!({"url": u}),
             None => json!({"model": crate::generate::model_path(opts.model.clone())?.display().to_string()}),
         };
-        let doc = json!({"target": target, "prompt_len": opts.prompt_len, "gen_len": opts.gen_len, "levels": levels});
+        let speculation = opts.speculation.config.as_ref().map(|c| {
+            json!({
+                "drafter": match &opts.speculation.draft_model {
+                    Some(path) => json!({"draft_model": path.display().to_string()}),
+                    None => json!("prompt_lookup"),
+                },
+                "num_speculative_tokens": c.num_speculative_tokens,
+                "max_batch_size": c.max_batch_size,
+            })
+        });
+        let task = if opts.url.is_some() { "words" } else { task_name(opts.task) };
+        let doc = json!({
+            "target": target,
+            "task": task,
+            "speculation": speculation,
+            "prompt_len": opts.prompt_len,
+            "gen_len": opts.gen_len,
+            "levels": levels,
+        });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         print_table(&levels);
@@ -114,11 +184,12 @@ fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
         enable_prefix_cache: false,
         ..EngineConfig::default()
     };
-    let engine = weft::rt::block_on(EngineBuilder::from_model(&path)?.config(config).kv_memory_bytes(opts.kv_memory_bytes).build())?;
+    let builder = opts.speculation.apply(EngineBuilder::from_model(&path)?)?;
+    let engine = weft::rt::block_on(builder.config(config).kv_memory_bytes(opts.kv_memory_bytes).build())?;
     engine.start_loop()?;
     let vocab = engine.tokenizer().vocab_size();
     let usable = vocab.saturating_sub(1000);
-    if usable < opts.prompt_len {
+    if opts.task == Task::Random && usable < opts.prompt_len {
         return Err(bad(format!("--prompt-len {} is more than the {usable} non-special token ids of this model", opts.prompt_len)));
     }
     let mut levels = Vec::new();
@@ -129,15 +200,20 @@ fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
             // Distinct ids (avoiding the low, often special ones), different for every request.
             let offset = serial * 7919;
             serial += 1;
-            let ids: Vec<u32> = (0..opts.prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
+            let prompt = match opts.task {
+                Task::Random => Prompt::Tokens((0..opts.prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect()),
+                Task::Copy => Prompt::Chat(vec![ChatMessage::user(copy_prompt(serial as u64, opts.prompt_len))]),
+                Task::Chat => Prompt::Chat(vec![ChatMessage::user(chat_prompt(serial))]),
+            };
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
                 max_tokens: Some(opts.gen_len),
                 ignore_eos: true,
                 ..Default::default()
             };
-            requests.push(InferenceRequest::new(Prompt::Tokens(ids), params));
+            requests.push(InferenceRequest::new(prompt, params));
         }
+        let before = engine.metrics();
         let traces = weft::rt::block_on(async {
             let mut streams = Vec::new();
             for r in requests {
@@ -160,7 +236,11 @@ fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
             });
             futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<Trace>>>()
         })?;
-        levels.push(summarize(n, &traces));
+        let mut level = summarize(n, &traces);
+        if opts.speculation.config.is_some() {
+            level.speculation = Some(SpecCounts::between(&before, &engine.metrics()));
+        }
+        levels.push(level);
     }
     engine.shutdown();
     Ok(levels)
@@ -225,6 +305,7 @@ fn summarize(concurrency: usize, traces: &[Trace]) -> Level {
         aggregate_tps: rate(generated, wall),
         ttft_ms: pct(&ttft),
         itl_ms: pct(&itl),
+        speculation: None,
     }
 }
 
@@ -260,6 +341,51 @@ fn print_table(levels: &[Level]) {
         println!("{}", line(r.iter().map(String::as_str).collect()));
     }
     println!("(latencies in ms; TTFT = time to first token, ITL = inter-token latency)");
+    for l in levels {
+        if let Some(s) = &l.speculation {
+            println!(
+                "concurrency {}: speculation drafted {}, accepted {} ({:.0}%), {:.2} tokens per verifying step",
+                l.concurrency,
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance_rate(),
+                s.mean_accepted_len()
+            );
+        }
+    }
+}
+
+fn task_name(task: Task) -> &'static str {
+    match task {
+        Task::Random => "random",
+        Task::Copy => "copy",
+        Task::Chat => "chat",
+    }
+}
+
+/// A copy task of about `len` tokens: repeat a numbered list of words (fixed per seed).
+fn copy_prompt(seed: u64, len: usize) -> String {
+    let items: Vec<String> = word_prompt(seed, len / 3 + 1)
+        .split(' ')
+        .enumerate()
+        .map(|(i, w)| format!("{}. {w}", i + 1))
+        .collect();
+    format!("Repeat this list exactly, one item per line:\n{}", items.join("\n"))
+}
+
+/// An ordinary chat question, one of a few.
+fn chat_prompt(serial: usize) -> String {
+    const QUESTIONS: &[&str] = &[
+        "What are the main causes of the seasons on Earth?",
+        "Give me three tips for writing clear emails.",
+        "Why is the sky blue?",
+        "How do plants make their food?",
+        "What should I pack for a weekend hiking trip?",
+        "Explain what a computer program is to a child.",
+        "What is the difference between weather and climate?",
+        "Suggest a simple recipe for dinner tonight.",
+    ];
+    QUESTIONS[serial % QUESTIONS.len()].to_string()
 }
 
 /// Common short words, most of them one token each in typical tokenizers.

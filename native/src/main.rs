@@ -51,6 +51,8 @@ enum Command {
         max_tokens: usize,
         #[command(flatten)]
         sampling: SamplingArgs,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
     /// Chat with the model in the terminal, streaming each reply; the conversation is kept.
     ///
@@ -112,6 +114,13 @@ enum Command {
         /// Print one JSON object (with an array of levels) instead of a table.
         #[arg(long)]
         json: bool,
+        /// The prompts (in-process): `random` token ids, `copy` (a chat request to repeat a
+        /// numbered list of about --prompt-len tokens: prompt lookup's best case) or `chat`
+        /// (ordinary questions in the chat template).
+        #[arg(long, value_enum, default_value_t = bench::Task::Random, conflicts_with = "url")]
+        task: bench::Task,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health and /metrics (Prometheus text).
@@ -148,7 +157,41 @@ enum Command {
         /// Keep full KV blocks of finished requests to reuse for shared prompt prefixes.
         #[arg(long)]
         enable_prefix_cache: bool,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
+}
+
+/// Speculative decoding flags (`generate`, `serve`, `bench`): a draft model or prompt lookup
+/// proposes tokens that the model verifies, several per step. Outputs are unchanged: greedy
+/// and prompt lookup give exactly the same tokens, sampling with a draft model the same
+/// distribution.
+#[derive(clap::Args)]
+struct SpecArgs {
+    /// Draft with this smaller model (a .gguf file or Hugging Face directory with the same
+    /// tokenizer as --model) [default: no speculation]
+    #[arg(long, conflicts_with = "spec_ngram")]
+    draft_model: Option<PathBuf>,
+    /// Draft by prompt lookup: the tokens that followed the latest earlier occurrence of the
+    /// last 2 to 4 tokens in the prompt or output (no second model).
+    #[arg(long)]
+    spec_ngram: bool,
+    /// Tokens drafted per sequence and step at most (adapted per sequence to its acceptance).
+    #[arg(long, default_value_t = 4)]
+    spec_tokens: usize,
+}
+
+impl SpecArgs {
+    fn speculation(self) -> generate::Speculation {
+        use weft::engine::{Drafter, SpeculationConfig};
+        let config = |drafter| SpeculationConfig { num_speculative_tokens: self.spec_tokens, drafter, ..Default::default() };
+        let drafter = match (&self.draft_model, self.spec_ngram) {
+            (Some(_), _) => Some(Drafter::DraftModel),
+            (None, true) => Some(Drafter::prompt_lookup()),
+            (None, false) => None,
+        };
+        generate::Speculation { config: drafter.map(config), draft_model: self.draft_model }
+    }
 }
 
 /// The sampling flags `generate` and `chat` share.
@@ -186,16 +229,31 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Info { baseline } => info::run(baseline),
-        Command::Generate { model, prompt, chat, system, max_tokens, sampling } => {
-            generate::run(generate::Options { model, prompt, chat, system, max_tokens, sampling: sampling.params() })
-        }
+        Command::Generate { model, prompt, chat, system, max_tokens, sampling, spec } => generate::run(generate::Options {
+            model,
+            prompt,
+            chat,
+            system,
+            max_tokens,
+            sampling: sampling.params(),
+            speculation: spec.speculation(),
+        }),
         Command::Chat { model, system, max_tokens, sampling } => {
             chat::run(chat::Options { model, system, max_tokens, sampling: sampling.params() })
         }
-        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json } => {
-            bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json })
-        }
-        Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache } => {
+        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json, task, spec } => bench::run(bench::Options {
+            model,
+            url,
+            api_key,
+            concurrency,
+            prompt_len,
+            gen_len,
+            kv_memory_bytes: kv_memory,
+            json,
+            task,
+            speculation: spec.speculation(),
+        }),
+        Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache, spec } => {
             serve::run(serve::Options {
                 model,
                 host,
@@ -206,6 +264,7 @@ fn main() -> ExitCode {
                 max_model_len,
                 kv_memory_bytes: kv_memory,
                 enable_prefix_cache,
+                speculation: spec.speculation(),
             })
         }
     };

@@ -49,6 +49,7 @@ pub struct Options {
     pub max_model_len: usize,
     pub kv_memory_bytes: usize,
     pub enable_prefix_cache: bool,
+    pub speculation: crate::generate::Speculation,
 }
 
 /// Parse "256MiB", "1GiB", "512MB", "1048576" into bytes.
@@ -404,6 +405,16 @@ fn encode_metrics(out: &mut String, m: &EngineMetrics, loaded: bool) -> std::fmt
             counter(&mut enc, "prefix_cache_hits", "Blocks found in the prefix cache at admission", m.prefix_cache.hits)?;
             counter(&mut enc, "prefix_cache_misses", "Blocks looked up in the prefix cache and not found", m.prefix_cache.misses)?;
             counter(&mut enc, "prefix_cache_evictions", "Cached blocks evicted", m.prefix_cache.evictions)?;
+            let ratio = |enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64| -> std::fmt::Result {
+                let f = move |mut e: MetricEncoder| e.encode_gauge(&v);
+                let s = Snap(&f, MetricType::Gauge);
+                s.encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+            };
+            counter(&mut enc, "spec_drafted_tokens", "Speculative decoding: drafted tokens verified", m.spec_drafted_tokens)?;
+            counter(&mut enc, "spec_accepted_tokens", "Speculative decoding: drafted tokens accepted", m.spec_accepted_tokens)?;
+            counter(&mut enc, "spec_verify_steps", "Speculative decoding: sequence-steps that verified drafts", m.spec_verify_steps)?;
+            ratio(&mut enc, "spec_acceptance_rate", "Speculative decoding: accepted over drafted tokens", m.spec_acceptance_rate())?;
+            ratio(&mut enc, "spec_mean_accepted_length", "Speculative decoding: tokens gained per verifying sequence-step", m.spec_mean_accepted_len())?;
             Ok(())
         }
     }
@@ -449,11 +460,13 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
     };
     let loader = state.clone();
     let kv = opts.kv_memory_bytes;
+    let speculation = opts.speculation.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
+            .and_then(|b| speculation.apply(b))
             .and_then(|b| weft::rt::block_on(b.config(config).kv_memory_bytes(kv).on_progress(progress).build()))
             .and_then(|e| e.start_loop().map(|()| e));
         match built {

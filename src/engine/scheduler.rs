@@ -387,6 +387,14 @@ impl ContinuousBatchScheduler {
         self.req_to_seq.get(&id).map(Sequence::num_generated)
     }
 
+    /// Running sequences whose next step decodes their last sampled token, in admission
+    /// order: the ones that may carry drafts.
+    pub fn decoding(&self) -> Vec<SeqId> {
+        let decodes =
+            |s: &Sequence| !s.is_done() && s.num_generated() > 0 && s.num_computed_tokens + 1 == s.tokens.len();
+        self.running.iter().copied().filter(|id| self.req_to_seq.get(id).is_some_and(decodes)).collect()
+    }
+
     /// Whether any request is still queued or running (not yet `finish`ed).
     pub fn has_unfinished(&self) -> bool {
         !self.req_to_seq.is_empty()

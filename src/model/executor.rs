@@ -5,15 +5,18 @@
 //! **Invariant:** the executor trusts its input. The engine validated every request at
 //! submission and the scheduler's block tables fit the pool; debug builds assert it.
 
+use std::sync::Arc;
+
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::KvCacheConfig;
 use crate::model::arch::Architecture;
+use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::StepInputs;
 use crate::model::sampler;
 use crate::rt::BoxFuture;
-use crate::step::{ModelExecutor, StepBatch, StepOutput};
+use crate::step::{DraftStore, ModelExecutor, StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 
 /// The wgpu executor of a model.
@@ -21,6 +24,8 @@ pub struct GpuExecutor {
     factory: GpuTensorFactory,
     model: Box<dyn Architecture>,
     kv: KvPool,
+    /// Shared with a draft model (or its target) for speculative decoding of sampled requests.
+    draft_distributions: Option<Arc<DraftDistributions>>,
 }
 
 /// A step's inputs, uploaded.
@@ -38,7 +43,21 @@ impl GpuExecutor {
     pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {
         let c = model.config();
         let pool = KvPool::new(&factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
-        Ok(GpuExecutor { factory, model, kv: pool })
+        Ok(GpuExecutor { factory, model, kv: pool, draft_distributions: None })
+    }
+
+    /// Share `store` with a draft model (or its target): the draft keeps there the
+    /// distributions it drafts from, the target verifies against them.
+    pub fn share_draft_distributions(&mut self, store: Arc<DraftDistributions>) -> Result<()> {
+        if store.vocab_size() != self.vocab_size() {
+            return Err(WeftError::Unsupported(format!(
+                "the draft distributions cover {} tokens but this model's vocabulary has {}",
+                store.vocab_size(),
+                self.vocab_size()
+            )));
+        }
+        self.draft_distributions = Some(store);
+        Ok(())
     }
 
     pub fn model(&self) -> &dyn Architecture {
@@ -125,6 +144,8 @@ impl GpuExecutor {
             return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()] });
         }
         let out = sampler::record(self.ctx(), &self.factory, &mut rec, &logits, batch)?;
+        let store = self.draft_distributions.as_deref();
+        sampler::record_draft_rows(self.ctx(), &self.factory, &mut rec, &logits, batch, &out, store)?;
         let bytes = self.ctx().submit_and_read(&rec, &out).await?;
         Ok(sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)))
     }
@@ -160,5 +181,9 @@ impl ModelExecutor for GpuExecutor {
 
     fn health_check(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(self.round_trip())
+    }
+
+    fn draft_store(&self) -> Option<DraftStore> {
+        self.draft_distributions.as_ref().map(|d| d.store())
     }
 }

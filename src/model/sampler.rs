@@ -5,17 +5,20 @@
 //!
 //! ```text
 //!   logits (rows, vocab) ──penalize──> [token masks: structured output's slot] ──sample──> out (rows, 42)
+//!                                                                    [draft rows: spec_sample] ─┘
 //! ```
 //!
 //! **Invariant:** every row is sampled from its own logits, settings and draw only, so a row's
 //! token does not depend on the rest of the batch.
 
-use crate::error::Result;
+use crate::error::{Result, WeftError};
 use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
+use crate::gpu::kernels::spec_sample::{MODE_KEEP, MODE_VERIFY, SPEC_PER_ROW, spec_sample};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::model::draft::DraftDistributions;
 use crate::quant::DType;
-use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams, Sampled};
+use crate::sampling::{DraftRow, MAX_TOP_LOGPROBS, SamplingParams, Sampled};
 use crate::step::{StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 
@@ -99,4 +102,63 @@ pub fn read(batch: &StepBatch, words: &[u32]) -> StepOutput {
         })
         .collect();
     StepOutput { samples }
+}
+
+/// Speculative decoding with a draft model, after [`record`] (rows whose `RowDraw::draft` is
+/// set; see `shaders/spec_sample.wgsl`): a draft's rows keep the distribution they drew their
+/// token from in `store`, a target's verifying rows keep their drafted token with probability
+/// min(1, p/q) or replace it (and its log-probability in `out`) with a draw from the residual
+/// max(0, p − q). Records nothing when no row is speculative.
+pub fn record_draft_rows(
+    ctx: &GpuContext,
+    factory: &dyn TensorFactory,
+    rec: &mut Recording,
+    logits: &GpuTensor,
+    batch: &StepBatch,
+    out: &GpuTensor,
+    store: Option<&DraftDistributions>,
+) -> Result<()> {
+    let mut spec = Vec::new();
+    let mut row = 0u32;
+    for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
+        for i in 0..seq.num_logits {
+            let speculative = seq.sampling.as_ref().and_then(|s| s.rows.get(i).and_then(|d| Some((s, d, d.draft?))));
+            if let Some((s, draw, draft)) = speculative {
+                let (mode, slot, token, accept_uniform) = match draft {
+                    DraftRow::Keep { slot } => (MODE_KEEP, slot, 0, 0.0f32),
+                    DraftRow::Verify { slot, token, accept_uniform } => (MODE_VERIFY, slot, token, accept_uniform),
+                };
+                let p = &s.params;
+                spec.extend([
+                    row,
+                    mode,
+                    slot,
+                    token,
+                    p.temperature.to_bits(),
+                    p.top_k,
+                    p.top_p.to_bits(),
+                    p.min_p.to_bits(),
+                    accept_uniform.to_bits(),
+                    draw.uniform.to_bits(),
+                    0,
+                    0,
+                ]);
+            }
+            row += 1;
+        }
+    }
+    if spec.is_empty() {
+        return Ok(());
+    }
+    let store = store.ok_or_else(|| {
+        WeftError::Unsupported(
+            "a step has speculative rows, but this executor shares no draft distributions with a draft model".into(),
+        )
+    })?;
+    let slots = store.store().slots as u32;
+    if let Some(bad) = spec.chunks(SPEC_PER_ROW).map(|r| r[2]).find(|&slot| slot >= slots) {
+        return Err(WeftError::Unsupported(format!("draft distribution slot {bad} is past the store's {slots} slots")));
+    }
+    let spec = factory.upload_u32(&[spec.len() / SPEC_PER_ROW, SPEC_PER_ROW], &spec)?;
+    spec_sample(ctx, rec, logits, &spec, store.probs(), out)
 }
