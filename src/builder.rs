@@ -215,3 +215,41 @@ fn same_vocabulary(target: &dyn Tokenizer, draft: &dyn Tokenizer) -> Result<()> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::{GgufFile, GgufWriter, MetaValue};
+    use crate::model::tiny;
+    use crate::tokenizer::HfTokenizer;
+
+    /// The tiny tokenizer with `edit` applied to its token list (new tokens are normal ones).
+    fn tokenizer(edit: impl Fn(&mut Vec<MetaValue>)) -> HfTokenizer {
+        let mut w = GgufWriter::new();
+        let mut num_tokens = 0;
+        for (key, mut value) in tiny::tokenizer_metadata() {
+            if let (true, MetaValue::Array(tokens)) = (key == "tokenizer.ggml.tokens", &mut value) {
+                edit(tokens);
+                num_tokens = tokens.len();
+            }
+            if let (true, MetaValue::Array(types)) = (key == "tokenizer.ggml.token_type", &mut value) {
+                types.resize(num_tokens, MetaValue::I32(1));
+            }
+            w.metadata(key, value);
+        }
+        let file = GgufFile::from_bytes("tokenizer.gguf", w.to_bytes()).unwrap();
+        HfTokenizer::from_gguf_metadata_of(&file.metadata, "tokenizer.gguf").unwrap()
+    }
+
+    #[test]
+    fn a_draft_must_have_the_targets_tokens() {
+        let target = tokenizer(|_| {});
+        assert!(same_vocabulary(&target, &tokenizer(|_| {})).is_ok());
+        let renamed = tokenizer(|t| t[258] = MetaValue::String("<|im_begin|>".into()));
+        let err = same_vocabulary(&target, &renamed).unwrap_err().to_string();
+        assert!(err.contains("token 258 is \"<|im_begin|>\" but the target's is \"<|im_start|>\""), "{err}");
+        let longer = tokenizer(|t| t.push(MetaValue::String("<|extra|>".into())));
+        let err = same_vocabulary(&target, &longer).unwrap_err().to_string();
+        assert!(err.contains("the draft model's tokenizer has 261 tokens but the target's has 260"), "{err}");
+    }
+}

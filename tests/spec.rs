@@ -506,3 +506,26 @@ impl ModelExecutor for OtherVocab {
         self.0.health_check()
     }
 }
+
+/// The one real-model check (the default model is slow on lavapipe): SmolLM2 drafting for
+/// itself through `EngineBuilder::draft_model` keeps every greedy draft and changes no token.
+#[test]
+fn the_default_model_as_its_own_draft_changes_no_token() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !path.exists() {
+        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing");
+        return;
+    }
+    let Some(f) = factory() else { return };
+    let build = |b: weft::EngineBuilder| b.kv_memory_bytes(8 << 20).build_on(f.context().clone()).unwrap();
+    // Four tokens: the first from the prefill, the other three from one verifying step.
+    let request = greedy("The capital of France is", 4);
+    let plain = build(weft::EngineBuilder::from_model(&path).unwrap());
+    let want = weft::rt::block_on(plain.infer(request.clone())).unwrap();
+    drop(plain);
+    let spec = build(weft::EngineBuilder::from_model(&path).unwrap().draft_model(&path).unwrap());
+    let got = weft::rt::block_on(spec.infer(request)).unwrap();
+    assert_eq!(got.token_ids, want.token_ids, "{:?} vs {:?}", got.text, want.text);
+    let m = spec.metrics();
+    assert!(m.spec_drafted_tokens == 2 && m.spec_accepted_tokens == 2, "{m:?}");
+}

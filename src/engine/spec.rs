@@ -152,9 +152,10 @@ impl SpeculationConfig {
     }
 }
 
-/// Prompt lookup: up to `max_drafts` tokens that followed the most recent earlier occurrence of
-/// the last n tokens of `tokens`, trying n from `max_ngram` down to `min_ngram`; empty when none
-/// matches.
+/// Prompt lookup: `max_drafts` tokens that followed the most recent earlier occurrence of the
+/// last n tokens of `tokens`, trying n from `max_ngram` down to `min_ngram`; empty when none
+/// matches. When the match is so recent that fewer tokens follow it, the copy runs on into the
+/// drafts themselves (a loop of period p proposes its next `max_drafts` tokens).
 pub fn prompt_lookup(tokens: &[u32], min_ngram: usize, max_ngram: usize, max_drafts: usize) -> Vec<u32> {
     let len = tokens.len();
     for n in (min_ngram.max(1)..=max_ngram).rev() {
@@ -164,8 +165,11 @@ pub fn prompt_lookup(tokens: &[u32], min_ngram: usize, max_ngram: usize, max_dra
         let suffix = &tokens[len - n..];
         // Matches start at most at len - n - 1, so at least one token follows each.
         if let Some(start) = (0..len - n).rev().find(|&i| &tokens[i..i + n] == suffix) {
-            let from = start + n;
-            return tokens[from..(from + max_drafts).min(len)].to_vec();
+            let mut drafts = Vec::with_capacity(max_drafts);
+            for i in start + n..start + n + max_drafts {
+                drafts.push(if i < len { tokens[i] } else { drafts[i - len] });
+            }
+            return drafts;
         }
     }
     Vec::new()
@@ -533,13 +537,15 @@ mod tests {
         // "1 2 3" appears twice before the tail; the later one is followed by 7 8.
         let tokens = [1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 1, 2, 3];
         assert_eq!(prompt_lookup(&tokens, 1, 3, 2), vec![7, 8]);
-        assert_eq!(prompt_lookup(&tokens, 1, 3, 10), vec![7, 8, 9, 1, 2, 3]);
+        // Past the end of the sequence the copy continues from its own drafts.
+        assert_eq!(prompt_lookup(&tokens, 1, 3, 10), vec![7, 8, 9, 1, 2, 3, 7, 8, 9, 1]);
         // No 4-gram matches; with only 4-grams allowed there is nothing.
         assert!(prompt_lookup(&tokens, 4, 4, 3).is_empty());
         // A shorter n-gram is the fallback: "9 3" never occurs, "3" does (followed by 7).
         assert_eq!(prompt_lookup(&[3, 7, 9, 3], 1, 2, 3), vec![7, 9, 3]);
-        // A loop proposes its own continuation.
-        assert_eq!(prompt_lookup(&[5, 6, 5, 6, 5, 6], 2, 2, 4), vec![5, 6]);
+        // A loop proposes its own continuation, as many tokens as asked.
+        assert_eq!(prompt_lookup(&[5, 6, 5, 6, 5, 6], 2, 2, 5), vec![5, 6, 5, 6, 5]);
+        assert_eq!(prompt_lookup(&[1, 4, 4, 4], 2, 2, 3), vec![4, 4, 4]);
         assert!(prompt_lookup(&[1], 1, 3, 4).is_empty());
         assert!(prompt_lookup(&[1, 1], 1, 1, 0).is_empty());
     }
