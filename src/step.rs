@@ -15,7 +15,10 @@
 //! model's choice after `tokens[..len - num_logits + i + 1]`, so drafted token `i` is accepted
 //! when the sample of the row before it equals it; the run of samples up to and including the
 //! first disagreement is what the sequence gains ([`accepted_len`]). Rejected positions are
-//! rolled back by the scheduler (their KV is simply never marked computed).
+//! rolled back by the scheduler (their KV is simply never marked computed). A draft model's
+//! verifying rows for sampled requests carry the rejection-sampling rule
+//! (`sampling::DraftRow`): such a row's sample is the drafted token exactly when the rule
+//! accepts it, so `accepted_len` serves every kind of speculation.
 //!
 //! **Invariant:** a [`StepOutput`] has exactly one entry per [`SeqStep`], in order, holding
 //! exactly `num_logits` samples.

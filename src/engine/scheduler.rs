@@ -517,6 +517,21 @@ mod tests {
     }
 
     #[test]
+    fn only_decoding_sequences_may_draft() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3], 2, 0)).unwrap();
+        assert!(sched.decoding().is_empty(), "waiting");
+        let out = sched.schedule();
+        assert!(sched.decoding().is_empty(), "prefilling");
+        run_step(&mut sched, &out, 9);
+        sched.add_request(request(2, vec![4, 5], 4, 0)).unwrap();
+        assert_eq!(sched.decoding(), vec![1]);
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 9);
+        assert_eq!(sched.decoding(), vec![2], "1 reached max_tokens; 2 decodes now");
+    }
+
+    #[test]
     fn a_long_prompt_is_prefilled_in_chunks() {
         let mut sched = ContinuousBatchScheduler::new(config(8, 8), KvCacheManager::new(64, 4, false));
         let prompt: Vec<u32> = (0..20).collect();
