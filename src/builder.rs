@@ -1,18 +1,23 @@
 //! The composition root: the one module that knows both the engine and the GPU. `EngineBuilder`
 //! opens a model (GGUF file, bytes, or Hugging Face directory), opens or takes a device, sizes
 //! the KV pool, uploads the weights and hands the engine its executor, in one line:
-//! `EngineBuilder::from_model(path)?.build().await?`.
+//! `EngineBuilder::from_model(path)?.build().await?`. With `speculation` (and `draft_model` for
+//! a draft model) it builds the engine with speculative decoding: the draft gets its own KV
+//! pool of the target's shape and shares the draft distributions with it.
 
 use std::sync::Arc;
 
-use crate::engine::{ContinuousBatchEngine, EngineConfig};
+use crate::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::model::config::ModelConfig;
+use crate::model::draft::DraftDistributions;
 use crate::model::load::ModelFiles;
 use crate::rt;
 use crate::sampling::GpuSampler;
+use crate::step::ModelExecutor;
+use crate::tokenizer::Tokenizer;
 
 /// The common case in one line: `EngineBuilder::from_model(path)?.build().await?`.
 pub struct EngineBuilder {
@@ -22,6 +27,8 @@ pub struct EngineBuilder {
     block_size: usize,
     gpu: GpuOptions,
     progress: Option<rt::BoxProgress>,
+    speculation: Option<SpeculationConfig>,
+    draft: Option<ModelFiles>,
 }
 
 impl EngineBuilder {
@@ -44,6 +51,8 @@ impl EngineBuilder {
             block_size: 16,
             gpu: GpuOptions::default(),
             progress: None,
+            speculation: None,
+            draft: None,
         }
     }
 
@@ -74,6 +83,32 @@ impl EngineBuilder {
         self
     }
 
+    /// Speculative decoding with these settings. Prompt lookup (`Drafter::PromptLookup`) needs
+    /// nothing else; a draft model (`Drafter::DraftModel`) needs [`draft_model`](Self::draft_model).
+    pub fn speculation(mut self, config: SpeculationConfig) -> Self {
+        self.speculation = Some(config);
+        self
+    }
+
+    /// Draft with this model (a GGUF file or Hugging Face directory sharing the target's
+    /// tokenizer); without [`speculation`](Self::speculation) settings, the defaults.
+    pub fn draft_model(self, path: impl AsRef<std::path::Path>) -> Result<Self> {
+        Ok(self.draft_files(ModelFiles::open(path.as_ref())?))
+    }
+
+    /// [`draft_model`](Self::draft_model) from a GGUF file's bytes.
+    pub fn draft_gguf_bytes(self, name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Ok(self.draft_files(ModelFiles::from_gguf_bytes(name, bytes)?))
+    }
+
+    fn draft_files(mut self, files: ModelFiles) -> Self {
+        self.draft = Some(files);
+        if self.speculation.is_none() {
+            self.speculation = Some(SpeculationConfig::default());
+        }
+        self
+    }
+
     pub async fn build(self) -> Result<ContinuousBatchEngine> {
         let ctx = GpuContext::new(self.gpu.clone()).await?;
         self.build_on(ctx)
@@ -96,14 +131,120 @@ impl EngineBuilder {
             )));
         }
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
-        let exec = self.files.executor_with_progress(&factory, kv, &mut *progress)?;
+        let mut target_layers = 0;
+        let mut exec = self.files.executor_with_progress(&factory, kv, &mut |done, total| {
+            target_layers = total;
+            progress(done, total)
+        })?;
         let sampler = Arc::new(GpuSampler);
-        ContinuousBatchEngine::new_plan_runtime(
+        let Some(spec) = self.speculation else {
+            return ContinuousBatchEngine::new_plan_runtime(
+                self.config,
+                self.files.tokenizer.clone(),
+                sampler,
+                Arc::new(exec),
+                Arc::new(factory),
+            );
+        };
+        let draft: Option<Arc<dyn ModelExecutor>> = match &self.draft {
+            Some(files) if spec.drafter == Drafter::DraftModel => {
+                same_vocabulary(self.files.tokenizer.as_ref(), files.tokenizer.as_ref())?;
+                let d = &files.config;
+                let per_layer = kv.num_blocks * self.block_size * d.num_kv_heads * d.head_dim * 4;
+                if per_layer as u64 > factory.context().max_binding_bytes() {
+                    return Err(WeftError::Unsupported(format!(
+                        "the draft model's KV pool (the target's {} blocks) needs {per_layer}-byte layers, more than this \
+                         device binds at once ({}); use less KV memory",
+                        kv.num_blocks,
+                        factory.context().max_binding_bytes()
+                    )));
+                }
+                // The same block tables address both pools: the draft's has the target's shape.
+                let mut draft = files.executor_with_progress(&factory, kv, &mut |done, total| {
+                    progress(target_layers + done, target_layers + total)
+                })?;
+                let slots = spec.max_batch_size.min(self.config.max_num_seqs) * spec.num_speculative_tokens;
+                let store = DraftDistributions::new(&factory, slots, exec.vocab_size())?;
+                exec.share_draft_distributions(store.clone())?;
+                draft.share_draft_distributions(store)?;
+                Some(Arc::new(draft) as Arc<dyn ModelExecutor>)
+            }
+            Some(_) => {
+                return Err(WeftError::Unsupported(
+                    "a draft model was given but the speculation settings use prompt lookup; give one or the other"
+                        .into(),
+                ));
+            }
+            None => None,
+        };
+        let kv_cache = KvCacheManager::new(kv.num_blocks, kv.block_size, self.config.enable_prefix_cache);
+        ContinuousBatchEngine::new_with_speculation(
             self.config,
             self.files.tokenizer.clone(),
             sampler,
+            kv_cache,
             Arc::new(exec),
             Arc::new(factory),
+            draft,
+            Some(spec),
         )
+    }
+}
+
+/// A draft model must have the target's tokens, id for id: its drafts are the target's ids.
+fn same_vocabulary(target: &dyn Tokenizer, draft: &dyn Tokenizer) -> Result<()> {
+    let (n, m) = (target.vocab_size(), draft.vocab_size());
+    if n != m {
+        return Err(WeftError::Unsupported(format!(
+            "the draft model's tokenizer has {m} tokens but the target's has {n}; a draft model must share the target's \
+             tokenizer"
+        )));
+    }
+    if let Some(id) = (0..n as u32).find(|&id| target.token_to_piece(id) != draft.token_to_piece(id)) {
+        return Err(WeftError::Unsupported(format!(
+            "the draft model's token {id} is {:?} but the target's is {:?}; a draft model must share the target's \
+             tokenizer",
+            draft.token_to_piece(id).unwrap_or_default(),
+            target.token_to_piece(id).unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::{GgufFile, GgufWriter, MetaValue};
+    use crate::model::tiny;
+    use crate::tokenizer::HfTokenizer;
+
+    /// The tiny tokenizer with `edit` applied to its token list (new tokens are normal ones).
+    fn tokenizer(edit: impl Fn(&mut Vec<MetaValue>)) -> HfTokenizer {
+        let mut w = GgufWriter::new();
+        let mut num_tokens = 0;
+        for (key, mut value) in tiny::tokenizer_metadata() {
+            if let (true, MetaValue::Array(tokens)) = (key == "tokenizer.ggml.tokens", &mut value) {
+                edit(tokens);
+                num_tokens = tokens.len();
+            }
+            if let (true, MetaValue::Array(types)) = (key == "tokenizer.ggml.token_type", &mut value) {
+                types.resize(num_tokens, MetaValue::I32(1));
+            }
+            w.metadata(key, value);
+        }
+        let file = GgufFile::from_bytes("tokenizer.gguf", w.to_bytes()).unwrap();
+        HfTokenizer::from_gguf_metadata_of(&file.metadata, "tokenizer.gguf").unwrap()
+    }
+
+    #[test]
+    fn a_draft_must_have_the_targets_tokens() {
+        let target = tokenizer(|_| {});
+        assert!(same_vocabulary(&target, &tokenizer(|_| {})).is_ok());
+        let renamed = tokenizer(|t| t[258] = MetaValue::String("<|im_begin|>".into()));
+        let err = same_vocabulary(&target, &renamed).unwrap_err().to_string();
+        assert!(err.contains("token 258 is \"<|im_begin|>\" but the target's is \"<|im_start|>\""), "{err}");
+        let longer = tokenizer(|t| t.push(MetaValue::String("<|extra|>".into())));
+        let err = same_vocabulary(&target, &longer).unwrap_err().to_string();
+        assert!(err.contains("the draft model's tokenizer has 261 tokens but the target's has 260"), "{err}");
     }
 }

@@ -15,7 +15,10 @@
 //! model's choice after `tokens[..len - num_logits + i + 1]`, so drafted token `i` is accepted
 //! when the sample of the row before it equals it; the run of samples up to and including the
 //! first disagreement is what the sequence gains ([`accepted_len`]). Rejected positions are
-//! rolled back by the scheduler (their KV is simply never marked computed).
+//! rolled back by the scheduler (their KV is simply never marked computed). A draft model's
+//! verifying rows for sampled requests carry the rejection-sampling rule
+//! (`sampling::DraftRow`): such a row's sample is the drafted token exactly when the rule
+//! accepts it, so `accepted_len` serves every kind of speculation.
 //!
 //! **Invariant:** a [`StepOutput`] has exactly one entry per [`SeqStep`], in order, holding
 //! exactly `num_logits` samples.
@@ -125,6 +128,18 @@ pub fn accepted_len(seq: &SeqStep, samples: &[Sampled]) -> usize {
     (agreeing + 1).min(samples.len())
 }
 
+/// The store of drafted rows' distributions a draft executor shares with its target: the draft
+/// keeps there the distribution it drew each drafted token from (`sampling::DraftRow::Keep`),
+/// and the target's verifying rows read it back (`sampling::DraftRow::Verify`) for the
+/// rejection-sampling rule. Two executors share a store when they report the same `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftStore {
+    /// Identifies the store (the same for the draft and the target that share it).
+    pub id: u64,
+    /// Drafted rows it holds per step (slots `0..slots`).
+    pub slots: usize,
+}
+
 /// Runs forward steps of a model. The engine holds one as `Arc<dyn ModelExecutor>`; the
 /// executor owns the GPU memory behind the KV blocks the tables name.
 pub trait ModelExecutor: Send + Sync {
@@ -139,6 +154,12 @@ pub trait ModelExecutor: Send + Sync {
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
     /// Time every kernel of the next steps on the GPU (slower: one pass per dispatch), or stop.
     fn set_profiling(&self, _on: bool) {}
+
+    /// The drafted rows' distribution store this executor shares with its draft (or target),
+    /// if any. Without one, sampled requests are not speculated with a draft model.
+    fn draft_store(&self) -> Option<DraftStore> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -370,7 +370,7 @@ fn the_seed_constructors_check_their_parts() {
         ContinuousBatchEngine::new(config, t, s, KvCacheManager::new(16, 4, true), e, tf).err().unwrap().to_string();
     assert!(err.contains("16 blocks of 4 tokens but the executor's pool has 32 blocks of 4"), "{err}");
 
-    // Speculation: both or neither; both is not supported yet.
+    // Speculation with a draft model: both or neither (tests/spec.rs checks the rest).
     let (config, t, s, e, tf) = parts();
     let err = ContinuousBatchEngine::new_with_speculation(
         config,
@@ -387,8 +387,8 @@ fn the_seed_constructors_check_their_parts() {
     .to_string();
     assert!(err.contains("both a draft executor and a speculation config, or neither"), "{err}");
     let (config, t, s, e, tf) = parts();
-    let spec = SpeculationConfig { num_speculative_tokens: 4 };
-    let err = ContinuousBatchEngine::new_with_speculation(
+    let spec = SpeculationConfig { num_speculative_tokens: 4, ..Default::default() };
+    let drafting = ContinuousBatchEngine::new_with_speculation(
         config,
         t,
         s,
@@ -398,10 +398,8 @@ fn the_seed_constructors_check_their_parts() {
         Some(e),
         Some(spec),
     )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(err.contains("speculative decoding is not supported by this executor"), "{err}");
+    .unwrap();
+    assert_eq!(drafting.speculation().map(|c| c.num_speculative_tokens), Some(4));
 
     struct Mamba;
     impl RecurrentStateManager for Mamba {

@@ -119,10 +119,7 @@ fn logits_and_greedy_tokens_match_transformers() {
 
     // Greedy decoding: step 0's token is the argmax of those logits, then 31 GPU-sampled steps.
     let mut generated: Vec<Vec<u32>> = logits.iter().map(|l| vec![weft::cpu::argmax(l, l.len())[0]]).collect();
-    let greedy = SampleSpec {
-        params: SamplingParams::greedy(),
-        rows: vec![RowDraw { uniform: 0.0, penalty_entries: Vec::new() }],
-    };
+    let greedy = SampleSpec { params: SamplingParams::greedy(), rows: vec![RowDraw::default()] };
     let started = std::time::Instant::now();
     for _ in 1..STEPS {
         for (seq, tokens_so_far) in batch.seqs.iter_mut().zip(&generated) {

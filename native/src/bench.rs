@@ -10,6 +10,10 @@
 //! the process's peak memory are reported. Every figure is the median over --repeats.
 //! `--profile` then times every kernel of some decode steps on the GPU and splits the host's
 //! time per step.
+//!
+//! In-process, `--task` picks the prompts (random token ids, a copy task, ordinary chat) and the
+//! speculation flags turn on speculative decoding; each run then also reports the drafted and
+//! accepted tokens, the acceptance rate and the tokens gained per verifying step.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -19,11 +23,12 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use weft::EngineBuilder;
-use weft::engine::metrics::StepRecord;
+use weft::engine::metrics::{EngineMetrics, StepRecord};
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::gpu::{GpuContext, GpuOptions};
 use weft::sampling::SamplingParams;
+use weft::tokenizer::ChatMessage;
 use weft::{Result, WeftError};
 
 pub struct Options {
@@ -37,6 +42,19 @@ pub struct Options {
     pub kv_memory_bytes: usize,
     pub json: bool,
     pub profile: bool,
+    pub task: Task,
+    pub speculation: crate::generate::Speculation,
+}
+
+/// The prompts of an in-process run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Task {
+    /// Random token ids, --prompt-len of them.
+    Random,
+    /// "Repeat this list": a chat request to copy a numbered list of about --prompt-len tokens.
+    Copy,
+    /// Ordinary chat questions.
+    Chat,
 }
 
 /// One request's timeline.
@@ -65,6 +83,53 @@ struct Run {
     gpu_ms_per_step: Option<f64>,
     gpu_mem_mib: Option<f64>,
     host_rss_mib: Option<f64>,
+    /// Speculative decoding during the run, summed over the repeats (in-process with
+    /// speculation only).
+    speculation: Option<SpecCounts>,
+}
+
+/// Speculative decoding's counts over some steps.
+#[derive(Clone, Copy, Debug, Default)]
+struct SpecCounts {
+    drafted: u64,
+    accepted: u64,
+    verify_steps: u64,
+}
+
+impl SpecCounts {
+    fn between(before: &EngineMetrics, after: &EngineMetrics) -> SpecCounts {
+        SpecCounts {
+            drafted: after.spec_drafted_tokens - before.spec_drafted_tokens,
+            accepted: after.spec_accepted_tokens - before.spec_accepted_tokens,
+            verify_steps: after.spec_verify_steps - before.spec_verify_steps,
+        }
+    }
+
+    fn add(self, other: SpecCounts) -> SpecCounts {
+        SpecCounts {
+            drafted: self.drafted + other.drafted,
+            accepted: self.accepted + other.accepted,
+            verify_steps: self.verify_steps + other.verify_steps,
+        }
+    }
+
+    fn acceptance_rate(&self) -> f64 {
+        if self.drafted == 0 { 0.0 } else { self.accepted as f64 / self.drafted as f64 }
+    }
+
+    /// Tokens a verifying sequence-step gained: its accepted drafts plus the token it samples.
+    fn mean_accepted_len(&self) -> f64 {
+        if self.verify_steps == 0 { 0.0 } else { (self.accepted + self.verify_steps) as f64 / self.verify_steps as f64 }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": self.acceptance_rate(),
+            "mean_accepted_len": self.mean_accepted_len(),
+        })
+    }
 }
 
 fn bad(msg: impl Into<String>) -> WeftError {
@@ -101,7 +166,21 @@ pub fn run(opts: Options) -> Result<()> {
     };
     if opts.json {
         let runs: Vec<Value> = runs.iter().map(run_json).collect();
-        let doc = json!({"adapter": adapter, "model": model, "repeats": opts.repeats, "runs": runs});
+        let mut doc = json!({"adapter": adapter, "model": model, "repeats": opts.repeats, "runs": runs});
+        // Only with speculation or another task: the default document is exactly the issue's.
+        if let Some(c) = &opts.speculation.config {
+            doc["speculation"] = json!({
+                "drafter": match &opts.speculation.draft_model {
+                    Some(path) => json!({"draft_model": path.display().to_string()}),
+                    None => json!("prompt_lookup"),
+                },
+                "num_speculative_tokens": c.num_speculative_tokens,
+                "max_batch_size": c.max_batch_size,
+            });
+        }
+        if opts.task != Task::Random && opts.url.is_none() {
+            doc["task"] = json!(task_name(opts.task));
+        }
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         if let Some(name) = adapter["name"].as_str() {
@@ -117,7 +196,7 @@ pub fn run(opts: Options) -> Result<()> {
 }
 
 fn run_json(r: &Run) -> Value {
-    json!({
+    let mut v = json!({
         "concurrency": r.concurrency,
         "prompt_len": r.prompt_len,
         "gen_len": r.gen_len,
@@ -132,25 +211,44 @@ fn run_json(r: &Run) -> Value {
         "gpu_ms_per_step_p50": r.gpu_ms_per_step,
         "gpu_mem_mib": r.gpu_mem_mib,
         "host_rss_mib": r.host_rss_mib,
-    })
+    });
+    if let Some(s) = &r.speculation {
+        v["speculation"] = s.json();
+    }
+    v
 }
 
-/// Greedy requests of `prompt_len` distinct token ids each (different for every request, so
-/// nothing hits a cache), generating exactly `gen_len` tokens.
-fn requests(n: usize, prompt_len: usize, gen_len: usize, vocab: usize, serial: &mut usize) -> Vec<InferenceRequest> {
+/// What a run's requests ask: the task, and its prompt and output lengths.
+#[derive(Clone, Copy)]
+struct Shape {
+    task: Task,
+    prompt_len: usize,
+    gen_len: usize,
+}
+
+/// `n` greedy requests of `shape`, different for every request (so nothing hits a cache; random
+/// token ids avoid the low, often special ones), generating exactly `gen_len` tokens.
+fn requests(n: usize, shape: Shape, vocab: usize, serial: &mut usize) -> Vec<InferenceRequest> {
     let usable = vocab.saturating_sub(1000).max(1);
+    let Shape { task, prompt_len, gen_len } = shape;
     (0..n)
         .map(|_| {
             let offset = *serial * 7919;
             *serial += 1;
-            let ids: Vec<u32> = (0..prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
+            let prompt = match task {
+                Task::Random => {
+                    Prompt::Tokens((0..prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect())
+                }
+                Task::Copy => Prompt::Chat(vec![ChatMessage::user(copy_prompt(*serial as u64, prompt_len))]),
+                Task::Chat => Prompt::Chat(vec![ChatMessage::user(chat_prompt(*serial))]),
+            };
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
                 max_tokens: Some(gen_len),
                 ignore_eos: true,
                 ..Default::default()
             };
-            InferenceRequest::new(Prompt::Tokens(ids), params)
+            InferenceRequest::new(prompt, params)
         })
         .collect()
 }
@@ -193,38 +291,46 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         ..EngineConfig::default()
     };
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
-    let builder = EngineBuilder::from_model(&path)?.config(config).kv_memory_bytes(opts.kv_memory_bytes);
+    let builder = opts.speculation.apply(EngineBuilder::from_model(&path)?)?;
+    let builder = builder.config(config).kv_memory_bytes(opts.kv_memory_bytes);
     let engine = builder.build_on(ctx.clone())?;
     engine.start_loop()?;
     let vocab = engine.tokenizer().vocab_size();
-    if vocab.saturating_sub(1000) < max_p {
+    if opts.task == Task::Random && vocab.saturating_sub(1000) < max_p {
         return Err(bad(format!("--prompt-len {max_p} is more than the non-special token ids of this model")));
     }
     let mut serial = 0usize;
     // One short request first: pipelines compile, the workspace grows.
-    traces(&engine, requests(1, 8, 2, vocab, &mut serial))?;
+    let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2 };
+    traces(&engine, requests(1, warm, vocab, &mut serial))?;
     let mut runs = Vec::new();
     for &prompt_len in &opts.prompt_len {
         for &n in &opts.concurrency {
             let mut repeats = Vec::new();
+            let shape = Shape { task: opts.task, prompt_len, gen_len: opts.gen_len };
             for _ in 0..opts.repeats {
-                let lone = traces(&engine, requests(1, prompt_len, 1, vocab, &mut serial))?;
+                let lone = traces(&engine, requests(1, Shape { gen_len: 1, ..shape }, vocab, &mut serial))?;
                 let ttft =
                     lone.first().and_then(|t| t.arrivals.first()).map(|(at, _)| (*at - lone[0].start).as_secs_f64());
                 engine.take_step_records();
-                let t = traces(&engine, requests(n, prompt_len, opts.gen_len, vocab, &mut serial))?;
+                let before = engine.metrics();
+                let t = traces(&engine, requests(n, shape, vocab, &mut serial))?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
                 run.prefill_tok_s = ttft.map_or(0.0, |s| prompt_len as f64 / s);
                 run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
                 run.host_rss_mib = peak_rss_mib();
+                if opts.speculation.config.is_some() {
+                    run.speculation = Some(SpecCounts::between(&before, &engine.metrics()));
+                }
                 repeats.push(run);
             }
             runs.push(median_run(&repeats));
         }
     }
     if opts.profile {
-        profile(&engine, &opts.concurrency, opts.prompt_len[0], opts.gen_len.min(16), vocab, &mut serial)?;
+        let shape = Shape { task: opts.task, prompt_len: opts.prompt_len[0], gen_len: opts.gen_len.min(16) };
+        profile(&engine, &opts.concurrency, shape, vocab, &mut serial)?;
     }
     engine.shutdown();
     let info = ctx.adapter_info();
@@ -251,8 +357,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
 fn profile(
     engine: &ContinuousBatchEngine,
     levels: &[usize],
-    prompt_len: usize,
-    gen_len: usize,
+    shape: Shape,
     vocab: usize,
     serial: &mut usize,
 ) -> Result<()> {
@@ -263,10 +368,10 @@ fn profile(
             steps.into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect()
         };
         engine.take_step_records();
-        traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
+        traces(engine, requests(n, shape, vocab, serial))?;
         let served = decodes(engine.take_step_records());
         engine.set_profiling(true);
-        traces(engine, requests(n, prompt_len, gen_len, vocab, serial))?;
+        traces(engine, requests(n, shape, vocab, serial))?;
         let profiled = decodes(engine.take_step_records());
         engine.set_profiling(false);
         if served.is_empty() || profiled.is_empty() {
@@ -339,6 +444,7 @@ fn median_run(repeats: &[Run]) -> Run {
         gpu_ms_per_step: opt(&|r| r.gpu_ms_per_step),
         gpu_mem_mib: opt(&|r| r.gpu_mem_mib),
         host_rss_mib: opt(&|r| r.host_rss_mib),
+        speculation: repeats.iter().filter_map(|r| r.speculation).reduce(SpecCounts::add),
     }
 }
 
@@ -454,6 +560,49 @@ fn print_table(runs: &[Run]) {
     println!(
         "(latencies in ms; prefill from a lone prompt's time to first token; decode per sequence from the median inter-token latency)"
     );
+    for r in runs {
+        if let Some(s) = &r.speculation {
+            println!(
+                "concurrency {}, prompt {}: speculation drafted {}, accepted {} ({:.0}%), {:.2} tokens per verifying step",
+                r.concurrency,
+                r.prompt_len,
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance_rate(),
+                s.mean_accepted_len()
+            );
+        }
+    }
+}
+
+fn task_name(task: Task) -> &'static str {
+    match task {
+        Task::Random => "random",
+        Task::Copy => "copy",
+        Task::Chat => "chat",
+    }
+}
+
+/// A copy task of about `len` tokens: repeat a numbered list of words (fixed per seed).
+fn copy_prompt(seed: u64, len: usize) -> String {
+    let items: Vec<String> =
+        word_prompt(seed, len / 3 + 1).split(' ').enumerate().map(|(i, w)| format!("{}. {w}", i + 1)).collect();
+    format!("Repeat this list exactly, one item per line:\n{}", items.join("\n"))
+}
+
+/// An ordinary chat question, one of a few.
+fn chat_prompt(serial: usize) -> String {
+    const QUESTIONS: &[&str] = &[
+        "What are the main causes of the seasons on Earth?",
+        "Give me three tips for writing clear emails.",
+        "Why is the sky blue?",
+        "How do plants make their food?",
+        "What should I pack for a weekend hiking trip?",
+        "Explain what a computer program is to a child.",
+        "What is the difference between weather and climate?",
+        "Suggest a simple recipe for dinner tonight.",
+    ];
+    QUESTIONS[serial % QUESTIONS.len()].to_string()
 }
 
 /// Common short words, most of them one token each in typical tokenizers.

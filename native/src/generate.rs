@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use weft::EngineBuilder;
-use weft::engine::ContinuousBatchEngine;
+use weft::engine::metrics::EngineMetrics;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt, Usage};
+use weft::engine::{ContinuousBatchEngine, SpeculationConfig};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
 use weft::{Result, WeftError};
@@ -23,6 +24,40 @@ pub struct Options {
     pub system: Option<String>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
+    pub speculation: Speculation,
+}
+
+/// Speculative decoding as the flags ask for it (`--draft-model`, `--spec-ngram`,
+/// `--spec-tokens`): nothing, prompt lookup, or a draft model.
+#[derive(Clone, Debug, Default)]
+pub struct Speculation {
+    pub config: Option<SpeculationConfig>,
+    pub draft_model: Option<PathBuf>,
+}
+
+impl Speculation {
+    /// Add it to an engine builder (opening the draft model's files).
+    pub fn apply(&self, builder: EngineBuilder) -> Result<EngineBuilder> {
+        let Some(config) = &self.config else { return Ok(builder) };
+        let builder = builder.speculation(config.clone());
+        match &self.draft_model {
+            Some(path) => builder.draft_model(path),
+            None => Ok(builder),
+        }
+    }
+
+    /// "speculation: k drafted, a accepted (r%), m tokens per verifying step" for stderr, or
+    /// nothing without speculation.
+    pub fn summary(&self, metrics: &EngineMetrics) -> Option<String> {
+        self.config.as_ref()?;
+        Some(format!(
+            "speculation: {} drafted, {} accepted ({:.0}%), {:.2} tokens per verifying step",
+            metrics.spec_drafted_tokens,
+            metrics.spec_accepted_tokens,
+            100.0 * metrics.spec_acceptance_rate(),
+            metrics.spec_mean_accepted_len()
+        ))
+    }
 }
 
 /// The model path to use: the one given, or the default model with advice when it is missing.
@@ -45,7 +80,7 @@ pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = model_path(opts.model)?;
     let builder = EngineBuilder::from_model(&path)?.on_progress(crate::progress::loading(path.display().to_string()));
-    let engine = weft::rt::block_on(builder.build())?;
+    let engine = weft::rt::block_on(opts.speculation.apply(builder)?.build())?;
     let prompt = if opts.chat {
         if engine.tokenizer().chat_template().is_none() {
             return Err(WeftError::model(
@@ -65,6 +100,9 @@ pub fn run(opts: Options) -> Result<()> {
     let params = GenerationParams { sampling: opts.sampling, max_tokens: Some(opts.max_tokens), ..Default::default() };
     let streamed = stream_to_stdout(&engine, InferenceRequest::new(prompt, params))?;
     eprintln!("{}", speeds("generation", streamed.usage, streamed.started, streamed.first_token_at));
+    if let Some(summary) = opts.speculation.summary(&engine.metrics()) {
+        eprintln!("{summary}");
+    }
     Ok(())
 }
 

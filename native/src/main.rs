@@ -52,6 +52,8 @@ enum Command {
         max_tokens: usize,
         #[command(flatten)]
         sampling: SamplingArgs,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
     /// Chat with the model in the terminal, streaming each reply; the conversation is kept.
     ///
@@ -120,6 +122,13 @@ enum Command {
         /// the host's time per step into scheduling, recording, encoding and submission.
         #[arg(long, conflicts_with = "url")]
         profile: bool,
+        /// The prompts (in-process): `random` token ids, `copy` (a chat request to repeat a
+        /// numbered list of about --prompt-len tokens: prompt lookup's best case) or `chat`
+        /// (ordinary questions in the chat template).
+        #[arg(long, value_enum, default_value_t = bench::Task::Random, conflicts_with = "url")]
+        task: bench::Task,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health (liveness), /ready (readiness) and /metrics (Prometheus text, weft's names and
@@ -169,7 +178,42 @@ enum Command {
         /// are cancelled.
         #[arg(long, default_value = "30", value_parser = serve::parse_seconds)]
         drain_timeout: std::time::Duration,
+        #[command(flatten)]
+        spec: SpecArgs,
     },
+}
+
+/// Speculative decoding flags (`generate`, `serve`, `bench`): a draft model or prompt lookup
+/// proposes tokens that the model verifies, several per step. Outputs are unchanged: greedy
+/// and prompt lookup give exactly the same tokens, sampling with a draft model the same
+/// distribution.
+#[derive(clap::Args)]
+struct SpecArgs {
+    /// Draft with this smaller model (a .gguf file or Hugging Face directory with the same
+    /// tokenizer as --model) [default: no speculation]
+    #[arg(long, conflicts_with = "spec_ngram")]
+    draft_model: Option<PathBuf>,
+    /// Draft by prompt lookup: the tokens that followed the latest earlier occurrence of the
+    /// last 2 to 4 tokens in the prompt or output (no second model).
+    #[arg(long)]
+    spec_ngram: bool,
+    /// Tokens drafted per sequence and step at most (adapted per sequence to its acceptance).
+    #[arg(long, default_value_t = 4)]
+    spec_tokens: usize,
+}
+
+impl SpecArgs {
+    fn speculation(self) -> generate::Speculation {
+        use weft::engine::{Drafter, SpeculationConfig};
+        let config =
+            |drafter| SpeculationConfig { num_speculative_tokens: self.spec_tokens, drafter, ..Default::default() };
+        let drafter = match (&self.draft_model, self.spec_ngram) {
+            (Some(_), _) => Some(Drafter::DraftModel),
+            (None, true) => Some(Drafter::prompt_lookup()),
+            (None, false) => None,
+        };
+        generate::Speculation { config: drafter.map(config), draft_model: self.draft_model }
+    }
 }
 
 /// The sampling flags `generate` and `chat` share.
@@ -207,26 +251,47 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Info { baseline } => info::run(baseline),
-        Command::Generate { model, prompt, chat, system, max_tokens, sampling } => {
-            generate::run(generate::Options { model, prompt, chat, system, max_tokens, sampling: sampling.params() })
+        Command::Generate { model, prompt, chat, system, max_tokens, sampling, spec } => {
+            generate::run(generate::Options {
+                model,
+                prompt,
+                chat,
+                system,
+                max_tokens,
+                sampling: sampling.params(),
+                speculation: spec.speculation(),
+            })
         }
         Command::Chat { model, system, max_tokens, sampling } => {
             chat::run(chat::Options { model, system, max_tokens, sampling: sampling.params() })
         }
-        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, repeats, json, profile } => {
-            bench::run(bench::Options {
-                model,
-                url,
-                api_key,
-                concurrency,
-                prompt_len,
-                gen_len,
-                repeats,
-                kv_memory_bytes: kv_memory,
-                json,
-                profile,
-            })
-        }
+        Command::Bench {
+            model,
+            url,
+            api_key,
+            concurrency,
+            prompt_len,
+            gen_len,
+            kv_memory,
+            repeats,
+            json,
+            profile,
+            task,
+            spec,
+        } => bench::run(bench::Options {
+            model,
+            url,
+            api_key,
+            concurrency,
+            prompt_len,
+            gen_len,
+            repeats,
+            kv_memory_bytes: kv_memory,
+            json,
+            profile,
+            task,
+            speculation: spec.speculation(),
+        }),
         Command::Serve {
             model,
             host,
@@ -239,6 +304,7 @@ fn main() -> ExitCode {
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
+            spec,
         } => serve::run(serve::Options {
             model,
             host,
@@ -251,6 +317,7 @@ fn main() -> ExitCode {
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
+            speculation: spec.speculation(),
         }),
     };
     match result {

@@ -100,6 +100,16 @@ fn weft_families(t: &mut Text, m: &EngineMetrics, loaded: bool, draining: bool) 
     let misses_help = "Blocks looked up in the prefix cache and not found";
     t.counter("weft_prefix_cache_misses_total", misses_help, &[], m.prefix_cache.misses);
     t.counter("weft_prefix_cache_evictions_total", "Cached blocks evicted", &[], m.prefix_cache.evictions);
+    let drafted_help = "Speculative decoding: drafted tokens verified";
+    t.counter("weft_spec_drafted_tokens_total", drafted_help, &[], m.spec_drafted_tokens);
+    let accepted_help = "Speculative decoding: drafted tokens accepted";
+    t.counter("weft_spec_accepted_tokens_total", accepted_help, &[], m.spec_accepted_tokens);
+    let steps_help = "Speculative decoding: sequence-steps that verified drafts";
+    t.counter("weft_spec_verify_steps_total", steps_help, &[], m.spec_verify_steps);
+    let rate_help = "Speculative decoding: accepted over drafted tokens";
+    t.gauge("weft_spec_acceptance_rate", rate_help, &[], m.spec_acceptance_rate());
+    let len_help = "Speculative decoding: tokens gained per verifying sequence-step";
+    t.gauge("weft_spec_mean_accepted_length", len_help, &[], m.spec_mean_accepted_len());
 }
 
 fn vllm_families(t: &mut Text, m: &EngineMetrics, live: &Live) {
@@ -153,6 +163,17 @@ fn vllm_families(t: &mut Text, m: &EngineMetrics, live: &Live) {
     t.counter("vllm:prefix_cache_queries_total", "Tokens looked up in the prefix cache", &labels, queried);
     let hit_tokens = live.prefix_cache.hits * live.block_size as u64;
     t.counter("vllm:prefix_cache_hits_total", "Tokens found in the prefix cache", &labels, hit_tokens);
+    // vLLM's speculative-decoding counters: a "draft" is one sequence-step that verified drafts.
+    t.counter(
+        "vllm:spec_decode_num_drafts_total",
+        "Sequence-steps that verified drafted tokens",
+        &labels,
+        m.spec_verify_steps,
+    );
+    let drafted_help = "Drafted tokens verified by the target model";
+    t.counter("vllm:spec_decode_num_draft_tokens_total", drafted_help, &labels, m.spec_drafted_tokens);
+    let accepted_help = "Drafted tokens the target model accepted";
+    t.counter("vllm:spec_decode_num_accepted_tokens_total", accepted_help, &labels, m.spec_accepted_tokens);
 }
 
 /// A Prometheus text (0.0.4) writer.

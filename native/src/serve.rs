@@ -61,6 +61,7 @@ pub struct Options {
     pub served_model_name: Option<String>,
     /// How long the requests in flight may take to finish once a drain starts.
     pub drain_timeout: Duration,
+    pub speculation: crate::generate::Speculation,
 }
 
 /// Parse "256MiB", "1GiB", "512MB", "1048576" into bytes.
@@ -490,11 +491,13 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
     };
     let loader = state.clone();
     let kv = opts.kv_memory_bytes;
+    let speculation = opts.speculation.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
+            .and_then(|b| speculation.apply(b))
             .and_then(|b| weft::rt::block_on(b.config(config).kv_memory_bytes(kv).on_progress(progress).build()))
             .and_then(|e| e.start_loop().map(|()| e));
         match built {

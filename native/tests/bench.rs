@@ -194,7 +194,75 @@ fn bench_help_explains_every_flag() {
         "--json",
         "TTFT",
         "inter-token",
+        "--task",
+        "--draft-model",
+        "--spec-ngram",
+        "--spec-tokens",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
+}
+
+/// The tiny random model, written to a temporary file (fast on lavapipe).
+fn tiny_model(name: &str) -> std::path::PathBuf {
+    let c = weft::model::tiny::tiny_config();
+    let w = weft::model::tiny::random_weights(&c, 21, weft::DType::Q8_0);
+    let path = std::env::temp_dir().join(format!("weft-bench-{}-{name}.gguf", std::process::id()));
+    std::fs::write(&path, weft::model::tiny::gguf_bytes(&c, &w, weft::DType::Q8_0)).unwrap();
+    path
+}
+
+/// Speculative decoding in `weft bench --json`: prompt lookup and a draft model (here the
+/// model itself, so greedy drafts are always kept) report their counts per run; a draft with
+/// another vocabulary is refused with the reason.
+#[test]
+fn speculation_counts_are_reported_per_run() {
+    let tiny = tiny_model("spec");
+    let tiny = tiny.to_str().unwrap();
+    let base = [
+        "bench",
+        "--model",
+        tiny,
+        "--kv-memory",
+        "16MiB",
+        "--concurrency",
+        "1,2",
+        "--prompt-len",
+        "24",
+        "--gen-len",
+        "8",
+        "--repeats",
+        "1",
+        "--task",
+        "copy",
+        "--json",
+    ];
+    for spec in [&["--spec-ngram", "--spec-tokens", "3"][..], &["--draft-model", tiny]] {
+        let (ok, stdout, stderr) = weft(&[&base[..], spec].concat());
+        if !ok && no_gpu(&stderr) {
+            return;
+        }
+        assert!(ok, "{stderr}");
+        let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+        assert_eq!(doc["task"], "copy", "{doc}");
+        assert!(doc["speculation"]["num_speculative_tokens"].as_u64().is_some(), "{doc}");
+        for level in doc["runs"].as_array().unwrap() {
+            let s = &level["speculation"];
+            let drafted = s["drafted_tokens"].as_u64().unwrap_or_else(|| panic!("{level}"));
+            let rate = s["acceptance_rate"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&rate) && s["mean_accepted_len"].as_f64().is_some(), "{level}");
+            if spec[0] == "--draft-model" {
+                assert!(drafted > 0 && rate == 1.0, "the model as its own draft keeps every greedy draft: {level}");
+            }
+        }
+    }
+    let (ok, stdout, _) = weft(&base);
+    assert!(ok);
+    assert!(serde_json::from_str::<Value>(&stdout).unwrap()["runs"][0].get("speculation").is_none(), "{stdout}");
+    if model_present() {
+        let (ok, _, stderr) = weft(&[&base[..], &["--draft-model", MODEL]].concat());
+        assert!(!ok);
+        assert!(stderr.contains("the draft model's tokenizer has 49152 tokens but the target's has 260"), "{stderr}");
+    }
+    let _ = std::fs::remove_file(tiny);
 }

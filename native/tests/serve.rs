@@ -43,11 +43,14 @@ fn free_port() -> u16 {
 
 impl Server {
     fn start(extra: &[&str]) -> Option<Server> {
-        let model = model()?;
+        Some(Server::start_with(&model()?, extra))
+    }
+
+    fn start_with(model: &std::path::Path, extra: &[&str]) -> Server {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_weft"))
             .args(["serve", "--port", &port.to_string(), "--model"])
-            .arg(&model)
+            .arg(model)
             .args(extra)
             .env_remove("WEFT_API_KEY")
             .stdout(Stdio::null())
@@ -74,7 +77,7 @@ impl Server {
             assert!(Instant::now() < deadline, "weft serve did not get healthy in time");
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(server)
+        server
     }
 
     fn connect(&self) -> TcpStream {
@@ -505,4 +508,33 @@ fn an_overfull_queue_answers_503_with_retry_after() {
     }
     // Once the queue drains the server answers again.
     assert_eq!(server.post("/v1/chat/completions", &chat("Hi", 1)).status, 200);
+}
+
+/// `weft serve --spec-ngram` on the tiny model: answers as without speculation and counts
+/// drafted and accepted tokens in /metrics.
+#[test]
+fn speculation_shows_in_metrics() {
+    if weft::gpu::open_or_skip(Default::default()).unwrap().is_none() {
+        return;
+    }
+    let c = weft::model::tiny::tiny_config();
+    let w = weft::model::tiny::random_weights(&c, 21, weft::DType::Q8_0);
+    let tiny = std::env::temp_dir().join(format!("weft-serve-spec-{}.gguf", std::process::id()));
+    std::fs::write(&tiny, weft::model::tiny::gguf_bytes(&c, &w, weft::DType::Q8_0)).unwrap();
+    let body = json!({"prompt": "one two one two one two", "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+    let plain = Server::start_with(&tiny, &["--kv-memory", "16MiB"]);
+    let want = plain.post("/v1/completions", &body).json()["choices"][0]["text"].clone();
+    drop(plain);
+    let server = Server::start_with(&tiny, &["--kv-memory", "16MiB", "--spec-ngram"]);
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], want);
+    let m = server.metrics();
+    let drafted = metric(&m, "weft_spec_drafted_tokens_total");
+    let accepted = metric(&m, "weft_spec_accepted_tokens_total");
+    assert!(drafted > 0.0 && accepted <= drafted, "{m}");
+    assert!((metric(&m, "weft_spec_acceptance_rate") - accepted / drafted).abs() < 1e-9, "{m}");
+    assert!(metric(&m, "weft_spec_mean_accepted_length") >= 1.0, "{m}");
+    assert!(metric(&m, "weft_spec_verify_steps_total") > 0.0, "{m}");
+    let _ = std::fs::remove_file(&tiny);
 }

@@ -140,7 +140,28 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p:
         return (argmax(logits, logits.len())[0], 0.0, 0.0);
     }
     let s: Vec<f64> = logits.iter().map(|&l| f64::from(l - max) / f64::from(temperature)).collect();
-    let mut sorted = s.clone();
+    let tau = threshold(&s, top_k, top_p, min_p);
+    let total: f64 = s.iter().filter(|&&v| v >= tau).map(|v| v.exp()).sum();
+    let target = f64::from(u) * total;
+    let mut running = 0.0;
+    let mut last = 0;
+    for (i, &v) in s.iter().enumerate() {
+        if v >= tau {
+            let before = running;
+            running += v.exp();
+            last = i;
+            if running > target {
+                return (i as u32, before / total, running / total);
+            }
+        }
+    }
+    (last as u32, 1.0, 1.0)
+}
+
+/// The sampler's kept set over scaled logits `s` (each (logit - max) / temperature): tokens with
+/// `s >= threshold`, after top-k, top-p and min-p with exact sort-based thresholds.
+fn threshold(s: &[f64], top_k: usize, top_p: f32, min_p: f32) -> f64 {
+    let mut sorted = s.to_vec();
     sorted.sort_by(|a, b| b.total_cmp(a));
     let mut tau = f64::NEG_INFINITY;
     if top_k > 0 && top_k < s.len() {
@@ -161,18 +182,47 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p:
     if min_p > 0.0 {
         tau = tau.max(f64::from(min_p).ln());
     }
-    let total: f64 = s.iter().filter(|&&v| v >= tau).map(|v| v.exp()).sum();
-    let target = f64::from(u) * total;
-    let mut running = 0.0;
-    let mut last = 0;
-    for (i, &v) in s.iter().enumerate() {
-        if v >= tau {
-            let before = running;
-            running += v.exp();
-            last = i;
-            if running > target {
-                return (i as u32, before / total, running / total);
-            }
+    tau
+}
+
+/// The distribution [`sample`] draws from: temperature, top-k, top-p and min-p with exact
+/// thresholds, normalised; greedy (temperature 0) is a point mass at the argmax.
+pub fn filtered_probs(logits: &[f32], temperature: f32, top_k: usize, top_p: f32, min_p: f32) -> Vec<f64> {
+    if temperature <= 0.0 {
+        let best = argmax(logits, logits.len())[0] as usize;
+        return (0..logits.len()).map(|i| if i == best { 1.0 } else { 0.0 }).collect();
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let s: Vec<f64> = logits.iter().map(|&l| f64::from(l - max) / f64::from(temperature)).collect();
+    let tau = threshold(&s, top_k, top_p, min_p);
+    let weights: Vec<f64> = s.iter().map(|&v| if v >= tau { v.exp() } else { 0.0 }).collect();
+    let total: f64 = weights.iter().sum();
+    weights.iter().map(|w| w / total).collect()
+}
+
+/// The rejection-sampling rule of speculative decoding (`shaders/spec_sample.wgsl`): keep
+/// `drafted`, drawn from `q`, when `ua · q(d) < p(d)`; otherwise draw with `ur` by inverse CDF
+/// from max(0, p − q) (from `p` when that is all zero). Returns the token and the normalised
+/// cumulative weight just before and after it (for tests to see how close `ur` was to a
+/// boundary; (0, 0) when the draft was kept).
+pub fn spec_verify(p: &[f64], q: &[f64], drafted: u32, ua: f32, ur: f32) -> (u32, f64, f64) {
+    let d = drafted as usize;
+    if f64::from(ua) * q[d] < p[d] {
+        return (drafted, 0.0, 0.0);
+    }
+    let mut weights: Vec<f64> = p.iter().zip(q).map(|(&p, &q)| (p - q).max(0.0)).collect();
+    if weights.iter().sum::<f64>() <= 0.0 {
+        weights = p.to_vec();
+    }
+    let total: f64 = weights.iter().sum();
+    let goal = f64::from(ur) * total;
+    let (mut running, mut last) = (0.0, 0);
+    for (i, &w) in weights.iter().enumerate().filter(|(_, w)| **w > 0.0) {
+        let before = running;
+        running += w;
+        last = i;
+        if running > goal {
+            return (i as u32, before / total, running / total);
         }
     }
     (last as u32, 1.0, 1.0)

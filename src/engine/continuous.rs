@@ -16,6 +16,11 @@
 //! on what shares its batch or whether it was preempted: kernels are batch invariant and a
 //! request's `n`-th generated token is drawn with the `n`-th value of its own random stream.
 //! **Invariant:** the engine never sees the GPU: it holds a `ModelExecutor` and plain data.
+//!
+//! With speculative decoding (`new_with_speculation`, see `spec`), a step also drafts: before
+//! `schedule` the speculator proposes drafts (prompt lookup) or reserves room for them (a draft
+//! model, whose passes run after `schedule` and fill the room in); the drafts are verified in
+//! the same forward pass as everything else.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,21 +33,15 @@ use crate::engine::metrics::{EngineMetrics, MAX_STEP_RECORDS, StepRecord};
 use crate::engine::output::Live;
 use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
 use crate::engine::scheduler::{ContinuousBatchScheduler, SchedRequest, SchedulerConfig};
+use crate::engine::spec::{Drafter, SpeculationConfig, Speculator};
 use crate::engine::stop::StopMatcher;
 use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, SeqId};
-use crate::sampling::{Sampled, Sampler};
+use crate::sampling::{Sampled, Sampler, SamplingParams};
 use crate::step::{ModelExecutor, StepBatch, accepted_len};
 use crate::tensor::TensorFactory;
 use crate::tokenizer::{DecodeStream, Tokenizer};
-
-/// Speculative decoding settings (the draft model proposes, the target verifies).
-#[derive(Clone, Debug, PartialEq)]
-pub struct SpeculationConfig {
-    /// Tokens the draft proposes per step.
-    pub num_speculative_tokens: usize,
-}
 
 /// Per-sequence recurrent state of state-space and hybrid models (Mamba-style layers), the
 /// counterpart of the KV cache. No executor runs such models yet.
@@ -76,6 +75,8 @@ pub(crate) struct State {
     last_step_error: Option<String>,
     /// The latest steps, oldest first (at most `MAX_STEP_RECORDS`).
     step_records: VecDeque<StepRecord>,
+    /// Speculative decoding, when the engine was built with it.
+    speculator: Option<Speculator>,
 }
 
 pub(crate) struct Inner {
@@ -150,6 +151,7 @@ impl ContinuousBatchEngine {
                     metrics: EngineMetrics::default(),
                     last_step_error: None,
                     step_records: VecDeque::new(),
+                    speculator: None,
                 }),
                 step_lock: futures::lock::Mutex::new(()),
                 next_id: AtomicU64::new(1),
@@ -160,8 +162,12 @@ impl ContinuousBatchEngine {
         })
     }
 
-    /// [`new`](Self::new) with speculative decoding: a draft executor and its config, both or
-    /// neither. No executor supports speculation yet, so giving them is a clear error.
+    /// [`new`](Self::new) with speculative decoding (see `engine::spec`). With a draft model
+    /// (`Drafter::DraftModel`), a draft executor and the config come together, or neither: the
+    /// draft must have the target's vocabulary and a KV pool of the target's shape (the same
+    /// block tables address both), and sampled requests speculate only when the two share a
+    /// draft-distribution store (`ModelExecutor::draft_store`). Prompt lookup
+    /// (`Drafter::PromptLookup`) takes the config alone.
     #[allow(clippy::too_many_arguments)]
     pub fn new_with_speculation(
         config: EngineConfig,
@@ -173,15 +179,38 @@ impl ContinuousBatchEngine {
         draft_executor: Option<Arc<dyn ModelExecutor>>,
         spec_config: Option<SpeculationConfig>,
     ) -> Result<Self> {
-        match (draft_executor, spec_config) {
-            (None, None) => Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory),
-            (Some(_), Some(_)) => {
-                Err(WeftError::Unsupported("speculative decoding is not supported by this executor yet".into()))
+        let spec = match (draft_executor.is_some(), spec_config) {
+            (false, None) => return Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory),
+            (true, None) => {
+                return Err(WeftError::Unsupported(
+                    "speculation needs both a draft executor and a speculation config, or neither".into(),
+                ));
             }
-            _ => Err(WeftError::Unsupported(
-                "speculation needs both a draft executor and a speculation config, or neither".into(),
-            )),
-        }
+            (_, Some(spec)) => spec,
+        };
+        spec.validate()?;
+        let draft_slots = match (&spec.drafter, &draft_executor) {
+            (Drafter::DraftModel, None) => {
+                return Err(WeftError::Unsupported(
+                    "speculation with a draft model needs both a draft executor and a speculation config, or neither \
+                     (prompt lookup, Drafter::PromptLookup, needs no draft)"
+                        .into(),
+                ));
+            }
+            (Drafter::PromptLookup { .. }, Some(_)) => {
+                return Err(WeftError::Unsupported(
+                    "prompt lookup drafts from the sequence itself and takes no draft executor; give none, or use \
+                     Drafter::DraftModel"
+                        .into(),
+                ));
+            }
+            (Drafter::PromptLookup { .. }, None) => 0,
+            (Drafter::DraftModel, Some(draft)) => check_draft(draft.as_ref(), model_executor.as_ref())?,
+        };
+        let max_catch_up_tokens = config.max_num_batched_tokens;
+        let engine = Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory)?;
+        engine.state().speculator = Some(Speculator::new(spec, draft_executor, draft_slots, max_catch_up_tokens));
+        Ok(engine)
     }
 
     /// [`new_with_speculation`](Self::new_with_speculation) plus a recurrent-state manager (for
@@ -231,6 +260,11 @@ impl ContinuousBatchEngine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
+    }
+
+    /// The speculative decoding settings, when the engine speculates.
+    pub fn speculation(&self) -> Option<SpeculationConfig> {
+        self.state().speculator.as_ref().map(|s| s.config().clone())
     }
 
     pub fn tokenizer(&self) -> &Arc<dyn Tokenizer> {
@@ -325,16 +359,19 @@ impl ContinuousBatchEngine {
     pub async fn step(&self) -> Result<bool> {
         let _turn = self.inner.step_lock.lock().await;
         let started = Instant::now();
-        let batch = {
+        let (mut batch, draft_job) = {
             let mut state = self.state();
             self.drop_cancelled(&mut state);
-            let mut batch = state.scheduler.schedule();
+            let State { scheduler, live, metrics, speculator, .. } = &mut *state;
+            if let Some(speculator) = speculator.as_mut() {
+                speculator.propose(scheduler, live);
+            }
+            let mut batch = scheduler.schedule();
             if batch.seqs.is_empty() {
                 return Ok(false);
             }
             let now = Instant::now();
-            let State { scheduler, live, metrics, .. } = &mut *state;
-            for s in &mut batch.seqs {
+            for s in &batch.seqs {
                 let Some(live) = live.get_mut(&s.id) else { continue };
                 if live.scheduled_at.is_none() {
                     // First time on the GPU: tokens before start_pos came from the prefix cache.
@@ -342,15 +379,19 @@ impl ContinuousBatchEngine {
                     live.usage.cached_prompt_tokens = s.start_pos;
                     metrics.queue_time.observe((now - live.submitted_at).as_secs_f64());
                 }
-                if s.num_logits > 0 {
-                    let tokens = scheduler.tokens(s.id).unwrap_or(&[]);
-                    let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
-                    let params = &live.request.params.sampling;
-                    s.sampling = Some(self.inner.sampler.prepare(params, live.seed, prompt, output, s.drafted()));
-                }
             }
-            batch
+            let job = speculator.as_mut().and_then(|sp| sp.draft_job(&mut batch, scheduler, live));
+            (batch, job)
         };
+        if let Some(job) = draft_job {
+            // The draft model's passes run without the state lock, like the target's.
+            let drafted = job.run(self.inner.sampler.as_ref()).await;
+            if let Some(speculator) = self.state().speculator.as_mut() {
+                speculator.fill(&mut batch, &job, drafted);
+            }
+        }
+        self.prepare_sampling(&mut batch);
+        // Scheduling, drafting and the sampled rows' draws.
         let schedule_s = started.elapsed().as_secs_f64();
         let result = self.inner.executor.execute(&batch).await;
         let mut state = self.state();
@@ -385,6 +426,27 @@ impl ContinuousBatchEngine {
         }
     }
 
+    /// Add each sampled row's draw (and, for a draft model's sampled requests, the
+    /// rejection-sampling rule's part) to the step.
+    fn prepare_sampling(&self, batch: &mut StepBatch) {
+        let state = self.state();
+        for s in batch.seqs.iter_mut().filter(|s| s.num_logits > 0) {
+            let Some(live) = state.live.get(&s.id) else {
+                // Cancelled since it was scheduled: its rows still run, and are dropped.
+                s.sampling = Some(self.inner.sampler.prepare(&SamplingParams::greedy(), 0, &[], &[], s.drafted()));
+                continue;
+            };
+            let tokens = state.scheduler.tokens(s.id).unwrap_or(&[]);
+            let (prompt, output) = tokens.split_at(live.usage.prompt_tokens.min(tokens.len()));
+            let params = &live.request.params.sampling;
+            let mut spec = self.inner.sampler.prepare(params, live.seed, prompt, output, s.drafted());
+            if let Some(speculator) = &state.speculator {
+                speculator.verify_rows(s, &mut spec, live.seed, output.len());
+            }
+            s.sampling = Some(spec);
+        }
+    }
+
     fn drop_cancelled(&self, state: &mut State) {
         let gone: Vec<SeqId> = state.live.iter().filter(|(_, l)| l.sender.is_closed()).map(|(id, _)| *id).collect();
         for id in gone {
@@ -403,6 +465,9 @@ impl ContinuousBatchEngine {
             .collect();
         let accepted: Vec<Vec<u32>> = runs.iter().map(|run| run.iter().map(|x| x.token).collect()).collect();
         state.scheduler.update_from_output(batch, &accepted);
+        if let Some(speculator) = state.speculator.as_mut() {
+            speculator.observe(batch, &runs, &mut state.metrics);
+        }
         let now = Instant::now();
         let eos = self.inner.tokenizer.eos_token_ids();
         for (s, run) in batch.seqs.iter().zip(runs) {
@@ -446,6 +511,9 @@ impl ContinuousBatchEngine {
     /// a final chunk saying why.
     fn end(&self, state: &mut State, id: SeqId, reason: FinishReason, error: Option<WeftError>) {
         state.scheduler.finish(id);
+        if let Some(speculator) = state.speculator.as_mut() {
+            speculator.forget(id);
+        }
         let Some(live) = state.live.remove(&id) else { return };
         state.metrics.finished(reason);
         state.metrics.end_to_end_latency.observe((Instant::now() - live.submitted_at).as_secs_f64());
@@ -528,5 +596,35 @@ impl ContinuousBatchEngine {
     /// The executor the engine steps (vocabulary size, context, KV shape, health probe).
     pub fn executor(&self) -> &Arc<dyn ModelExecutor> {
         &self.inner.executor
+    }
+}
+
+/// Whether `draft` can draft for `target`, and how many drafted rows of sampled requests a step
+/// may hold in the draft distributions they share (0 when they share none).
+fn check_draft(draft: &dyn ModelExecutor, target: &dyn ModelExecutor) -> Result<usize> {
+    if draft.vocab_size() != target.vocab_size() {
+        return Err(WeftError::Unsupported(format!(
+            "the draft model's vocabulary has {} tokens but the target's has {}; a draft model must share the target's \
+             tokenizer",
+            draft.vocab_size(),
+            target.vocab_size()
+        )));
+    }
+    let (d, t) = (draft.kv_config(), target.kv_config());
+    if d != t {
+        return Err(WeftError::Unsupported(format!(
+            "the draft executor's KV pool has {} blocks of {} tokens but the target's has {} blocks of {}; the same block \
+             tables address both, so build the draft with the target's KV shape",
+            d.num_blocks, d.block_size, t.num_blocks, t.block_size
+        )));
+    }
+    match (draft.draft_store(), target.draft_store()) {
+        (Some(a), Some(b)) if a == b => Ok(a.slots),
+        _ => {
+            tracing::info!(
+                "the draft and the target share no draft distributions: sampled requests are not speculated"
+            );
+            Ok(0)
+        }
     }
 }

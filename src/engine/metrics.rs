@@ -59,6 +59,11 @@ pub struct EngineMetrics {
     pub preemptions: u64,
     pub kv: KvUsage,
     pub prefix_cache: PrefixCacheStats,
+    /// Speculative decoding: tokens drafted and verified, drafted tokens accepted, and
+    /// sequence-steps that verified at least one draft.
+    pub spec_drafted_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_verify_steps: u64,
 }
 
 impl Default for EngineMetrics {
@@ -79,6 +84,9 @@ impl Default for EngineMetrics {
             preemptions: 0,
             kv: KvUsage::default(),
             prefix_cache: PrefixCacheStats::default(),
+            spec_drafted_tokens: 0,
+            spec_accepted_tokens: 0,
+            spec_verify_steps: 0,
         }
     }
 }
@@ -97,6 +105,25 @@ pub struct StepRecord {
 pub const MAX_STEP_RECORDS: usize = 8192;
 
 impl EngineMetrics {
+    /// Accepted drafted tokens over drafted ones (0 before any draft).
+    pub fn spec_acceptance_rate(&self) -> f64 {
+        if self.spec_drafted_tokens == 0 {
+            0.0
+        } else {
+            self.spec_accepted_tokens as f64 / self.spec_drafted_tokens as f64
+        }
+    }
+
+    /// Tokens a verifying sequence gained per step on average: its accepted drafts plus the
+    /// target's own token (0 before any draft).
+    pub fn spec_mean_accepted_len(&self) -> f64 {
+        if self.spec_verify_steps == 0 {
+            0.0
+        } else {
+            (self.spec_accepted_tokens + self.spec_verify_steps) as f64 / self.spec_verify_steps as f64
+        }
+    }
+
     pub(crate) fn finished(&mut self, reason: FinishReason) {
         let key = match reason {
             FinishReason::Stop => "stop",

@@ -1,6 +1,6 @@
 //! The continuous-batching engine: requests, the pure-logic scheduler, output processing
-//! (detokenizing, stops), streams and the engine loop, metrics, and `ContinuousBatchEngine`,
-//! which steps the model for every pending request at once.
+//! (detokenizing, stops), streams and the engine loop, metrics, speculative decoding, and
+//! `ContinuousBatchEngine`, which steps the model for every pending request at once.
 //!
 //! **Invariant:** nothing here uses the GPU (`crate::gpu`, wgpu): the engine talks to a
 //! `step::ModelExecutor` in plain data (a tidy test checks the imports).
@@ -11,8 +11,10 @@ pub mod metrics;
 mod output;
 pub mod request;
 pub mod scheduler;
+pub mod spec;
 pub mod stop;
 mod stream;
 
-pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig};
+pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager};
+pub use spec::{Drafter, SpeculationConfig, SpeculativeDecodingConfig};
 pub use stream::collect_response;

@@ -388,6 +388,14 @@ impl ContinuousBatchScheduler {
         self.req_to_seq.get(&id).map(Sequence::num_generated)
     }
 
+    /// Running sequences whose next step decodes their last sampled token, in admission
+    /// order: the ones that may carry drafts.
+    pub fn decoding(&self) -> Vec<SeqId> {
+        let decodes =
+            |s: &Sequence| !s.is_done() && s.num_generated() > 0 && s.num_computed_tokens + 1 == s.tokens.len();
+        self.running.iter().copied().filter(|id| self.req_to_seq.get(id).is_some_and(decodes)).collect()
+    }
+
     /// Whether any request is still queued or running (not yet `finish`ed).
     pub fn has_unfinished(&self) -> bool {
         !self.req_to_seq.is_empty()
@@ -507,6 +515,21 @@ mod tests {
         run_step(&mut sched, &out, 101);
         assert_eq!(sched.stats().decoding, 2);
         assert_eq!(sched.num_generated(2), Some(1));
+    }
+
+    #[test]
+    fn only_decoding_sequences_may_draft() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2, 3], 2, 0)).unwrap();
+        assert!(sched.decoding().is_empty(), "waiting");
+        let out = sched.schedule();
+        assert!(sched.decoding().is_empty(), "prefilling");
+        run_step(&mut sched, &out, 9);
+        sched.add_request(request(2, vec![4, 5], 4, 0)).unwrap();
+        assert_eq!(sched.decoding(), vec![1]);
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 9);
+        assert_eq!(sched.decoding(), vec![2], "1 reached max_tokens; 2 decodes now");
     }
 
     #[test]

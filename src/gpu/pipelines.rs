@@ -32,6 +32,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("rope_kv_write.wgsl", include_str!("../../shaders/rope_kv_write.wgsl")),
     ("sample.wgsl", include_str!("../../shaders/sample.wgsl")),
     ("silu_mul.wgsl", include_str!("../../shaders/silu_mul.wgsl")),
+    ("spec_sample.wgsl", include_str!("../../shaders/spec_sample.wgsl")),
     ("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),

@@ -12,6 +12,7 @@
 //! **Invariant:** the executor trusts its input. The engine validated every request at
 //! submission and the scheduler's block tables fit the pool; debug builds assert it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use web_time::Instant;
@@ -20,12 +21,13 @@ use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::KvCacheConfig;
 use crate::model::arch::Architecture;
+use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, StepInputs};
 use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
 use crate::quant::DType;
 use crate::rt::BoxFuture;
-use crate::step::{ModelExecutor, StepBatch, StepOutput, StepTimings};
+use crate::step::{DraftStore, ModelExecutor, StepBatch, StepOutput, StepTimings};
 use crate::tensor::TensorFactory;
 
 /// The wgpu executor of a model.
@@ -36,6 +38,8 @@ pub struct GpuExecutor {
     /// The workspace and the recording, one step at a time.
     arena: futures::lock::Mutex<StepArena>,
     profiling: AtomicBool,
+    /// Shared with a draft model (or its target) for speculative decoding of sampled requests.
+    draft_distributions: Option<Arc<DraftDistributions>>,
 }
 
 /// The most a step may hold, for sizing the workspace.
@@ -162,12 +166,20 @@ impl HostInputs {
 
     /// What decides the dispatches and their parameters: equal shapes record equal steps.
     fn shape(&self, num_seqs: usize) -> StepShape {
-        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), self.sampler.num_entries())
+        let sampler = &self.sampler;
+        (
+            self.ids.len(),
+            num_seqs,
+            self.max_blocks,
+            self.logit_rows.len(),
+            sampler.num_entries(),
+            sampler.num_spec_rows(),
+        )
     }
 }
 
-/// Tokens, sequences, blocks per sequence, logit rows, sampler entries.
-type StepShape = (usize, usize, usize, usize, usize);
+/// Tokens, sequences, blocks per sequence, logit rows, penalty entries, draft rows.
+type StepShape = (usize, usize, usize, usize, usize, usize);
 
 /// The executor's state between steps.
 #[derive(Default)]
@@ -189,7 +201,22 @@ impl GpuExecutor {
             kv: pool,
             arena: futures::lock::Mutex::new(StepArena::default()),
             profiling: AtomicBool::new(false),
+            draft_distributions: None,
         })
+    }
+
+    /// Share `store` with a draft model (or its target): the draft keeps there the
+    /// distributions it drafts from, the target verifies against them.
+    pub fn share_draft_distributions(&mut self, store: Arc<DraftDistributions>) -> Result<()> {
+        if store.vocab_size() != self.vocab_size() {
+            return Err(WeftError::Unsupported(format!(
+                "the draft distributions cover {} tokens but this model's vocabulary has {}",
+                store.vocab_size(),
+                self.vocab_size()
+            )));
+        }
+        self.draft_distributions = Some(store);
+        Ok(())
     }
 
     pub fn model(&self) -> &dyn Architecture {
@@ -242,6 +269,8 @@ impl GpuExecutor {
     fn record(&self, arena: &mut StepArena, batch: &StepBatch, sample: bool) -> Result<(GpuTensor, GpuTensor)> {
         self.debug_check(batch);
         let inputs = HostInputs::of(batch, self.kv.config().block_size);
+        let store = self.draft_distributions.as_deref();
+        sampler::check_draft_slots(&inputs.sampler, store)?;
         self.ensure_workspace(arena, &inputs.capacity(batch.seqs.len()))?;
         let StepArena { rec, ws, recorded } = arena;
         let ws = ws.as_ref().expect("ensured above");
@@ -281,7 +310,7 @@ impl GpuExecutor {
         self.model.record_forward(self.ctx(), rec, &step_inputs, &acts, &self.kv, &logits)?;
         if sample {
             sampler::write(f, &inputs.sampler, &ws.sampler, num_logits)?;
-            sampler::record(self.ctx(), rec, &logits, inputs.sampler.num_entries(), &ws.sampler)?;
+            sampler::record(self.ctx(), rec, &logits, &inputs.sampler, &ws.sampler, store)?;
         }
         *recorded = Some(shape);
         Ok((logits, out))
@@ -375,5 +404,9 @@ impl ModelExecutor for GpuExecutor {
 
     fn set_profiling(&self, on: bool) {
         self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    fn draft_store(&self) -> Option<DraftStore> {
+        self.draft_distributions.as_ref().map(|d| d.store())
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod arch;
 pub mod config;
+pub mod draft;
 pub mod executor;
 pub mod gguf;
 pub mod kv_pool;

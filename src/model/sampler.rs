@@ -5,17 +5,20 @@
 //!
 //! ```text
 //!   logits (rows, vocab) ──penalize──> [token masks: structured output's slot] ──sample──> out (rows, 42)
+//!                                                                    [draft rows: spec_sample] ─┘
 //! ```
 //!
 //! **Invariant:** every row is sampled from its own logits, settings and draw only, so a row's
 //! token does not depend on the rest of the batch.
 
-use crate::error::Result;
+use crate::error::{Result, WeftError};
 use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
+use crate::gpu::kernels::spec_sample::{MODE_KEEP, MODE_VERIFY, SPEC_PER_ROW, spec_sample};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
+use crate::model::draft::DraftDistributions;
 use crate::quant::DType;
-use crate::sampling::{MAX_TOP_LOGPROBS, Sampled, SamplingParams};
+use crate::sampling::{DraftRow, MAX_TOP_LOGPROBS, Sampled, SamplingParams};
 use crate::step::{StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 
@@ -52,6 +55,7 @@ pub struct SamplerBuffers {
     penalties: GpuTensor, // (rows, 3) F32: repetition, presence, frequency
     entries: GpuTensor,   // (entries, 3) U32: row, token, times generated
     out: GpuTensor,       // (rows, OUT_PER_ROW) U32
+    spec: GpuTensor,      // (rows, SPEC_PER_ROW) U32: the draft rows, see [`spec_row`]
 }
 
 impl SamplerBuffers {
@@ -61,6 +65,7 @@ impl SamplerBuffers {
             penalties: factory.zeros(&[rows, 3], DType::F32)?,
             entries: factory.zeros(&[entries.max(1), 3], DType::U32)?,
             out: factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?,
+            spec: factory.zeros(&[rows, SPEC_PER_ROW], DType::U32)?,
         })
     }
 
@@ -76,6 +81,8 @@ pub struct SamplerInputs {
     settings: Vec<u32>,
     penalties: Vec<f32>,
     entries: Vec<u32>,
+    /// Rows speculating with a draft model, [`SPEC_PER_ROW`] words each.
+    spec: Vec<u32>,
 }
 
 impl SamplerInputs {
@@ -86,6 +93,7 @@ impl SamplerInputs {
         let mut settings = Vec::with_capacity(num_rows * SETTINGS_PER_ROW);
         let mut penalties = Vec::with_capacity(num_rows * 3);
         let mut entries = Vec::new();
+        let mut draft_rows = Vec::new();
         for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
             let spec = seq.sampling.as_ref();
             debug_assert!(
@@ -103,15 +111,45 @@ impl SamplerInputs {
                 if let Some(draw) = draw.filter(|_| params.has_penalties()) {
                     entries.extend(draw.penalty_entries.iter().flat_map(|&(token, count)| [row, token, count]));
                 }
+                if let Some((draw, draft)) = draw.and_then(|d| Some((d, d.draft?))) {
+                    draft_rows.extend(spec_row(row, params, draw.uniform, draft));
+                }
             }
         }
-        SamplerInputs { settings, penalties, entries }
+        SamplerInputs { settings, penalties, entries, spec: draft_rows }
     }
 
     /// Penalty entries these inputs hold.
     pub fn num_entries(&self) -> usize {
         self.entries.len() / 3
     }
+
+    /// Rows these inputs speculate with a draft model.
+    pub fn num_spec_rows(&self) -> usize {
+        self.spec.len() / SPEC_PER_ROW
+    }
+}
+
+/// The settings of logit row `row` for `spec_sample` (`SPEC` in shaders/spec_sample.wgsl).
+fn spec_row(row: u32, params: &SamplingParams, uniform: f32, draft: DraftRow) -> [u32; SPEC_PER_ROW] {
+    let (mode, slot, token, accept_uniform) = match draft {
+        DraftRow::Keep { slot } => (MODE_KEEP, slot, 0, 0.0f32),
+        DraftRow::Verify { slot, token, accept_uniform } => (MODE_VERIFY, slot, token, accept_uniform),
+    };
+    [
+        row,
+        mode,
+        slot,
+        token,
+        params.temperature.to_bits(),
+        params.top_k,
+        params.top_p.to_bits(),
+        params.min_p.to_bits(),
+        accept_uniform.to_bits(),
+        uniform.to_bits(),
+        0,
+        0,
+    ]
 }
 
 impl SamplerBuffers {
@@ -128,26 +166,56 @@ pub fn write(factory: &GpuTensorFactory, inputs: &SamplerInputs, bufs: &SamplerB
         factory.write(&bufs.entries.slice_rows(0..inputs.num_entries())?, bytemuck::cast_slice(&inputs.entries))?;
         factory.write(&bufs.penalties.slice_rows(0..rows)?, bytemuck::cast_slice(&inputs.penalties))?;
     }
+    if inputs.num_spec_rows() > 0 {
+        factory.write(&bufs.spec.slice_rows(0..inputs.num_spec_rows())?, bytemuck::cast_slice(&inputs.spec))?;
+    }
     Ok(())
 }
 
 /// Record the sampling of `logits` (rows, vocab), whose rows are the batch's logit rows in
-/// order, from the inputs [`write`] put in `bufs` (`num_entries` penalty entries).
+/// order, from the inputs [`write`] put in `bufs`.
+///
+/// Speculative decoding with a draft model follows the sampler (rows whose `RowDraw::draft` is
+/// set; see `shaders/spec_sample.wgsl`): a draft's rows keep the distribution they drew their
+/// token from in `store`, a target's verifying rows keep their drafted token with probability
+/// min(1, p/q) or replace it (and its log-probability) with a draw from the residual max(0, p − q).
 pub fn record(
     ctx: &GpuContext,
     rec: &mut Recording,
     logits: &GpuTensor,
-    num_entries: usize,
+    inputs: &SamplerInputs,
     bufs: &SamplerBuffers,
+    store: Option<&DraftDistributions>,
 ) -> Result<()> {
     let rows = logits.shape()[0];
     let settings = bufs.settings.slice_rows(0..rows)?;
-    if num_entries > 0 {
-        let entries = bufs.entries.slice_rows(0..num_entries)?;
+    if inputs.num_entries() > 0 {
+        let entries = bufs.entries.slice_rows(0..inputs.num_entries())?;
         penalize(ctx, rec, logits, &entries, &bufs.penalties.slice_rows(0..rows)?)?;
     }
     // Structured output's token masks go here: after penalties, before any filtering.
-    sample(ctx, rec, logits, &settings, &bufs.out(rows)?)
+    sample(ctx, rec, logits, &settings, &bufs.out(rows)?)?;
+    if inputs.num_spec_rows() == 0 {
+        return Ok(());
+    }
+    let store = store.ok_or_else(|| {
+        WeftError::Unsupported(
+            "a step has speculative rows, but this executor shares no draft distributions with a draft model".into(),
+        )
+    })?;
+    let spec = bufs.spec.slice_rows(0..inputs.num_spec_rows())?;
+    spec_sample(ctx, rec, logits, &spec, store.probs(), &bufs.out(rows)?)
+}
+
+/// Refuse draft rows whose slot lies past `store` (before anything is written or recorded).
+pub fn check_draft_slots(inputs: &SamplerInputs, store: Option<&DraftDistributions>) -> Result<()> {
+    let slots = store.map_or(0, |s| s.store().slots) as u32;
+    match inputs.spec.chunks(SPEC_PER_ROW).map(|r| r[2]).find(|&slot| slot >= slots) {
+        Some(bad) => {
+            Err(WeftError::Unsupported(format!("draft distribution slot {bad} is past the store's {slots} slots")))
+        }
+        None => Ok(()),
+    }
 }
 
 /// Split the sampler's output words (rows × OUT_PER_ROW, in batch order) into the step's output.

@@ -156,13 +156,30 @@ pub fn penalty_entries(prompt: &[u32], output: &[u32]) -> Vec<(u32, u32)> {
 }
 
 /// What one sampled logit row needs beyond the request's parameters.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RowDraw {
     /// The uniform draw that picks the token (inverse CDF).
     pub uniform: f32,
     /// With penalties on: the distinct tokens before this row's token and how often each was
     /// generated ([`penalty_entries`]); empty otherwise.
     pub penalty_entries: Vec<(u32, u32)>,
+    /// Speculative decoding with a draft model and a sampled request: this row's part in the
+    /// rejection-sampling rule; `None` for every other row.
+    pub draft: Option<DraftRow>,
+}
+
+/// A sampled row's part in speculative decoding with a draft model (the rejection-sampling
+/// rule). Slots index the [`DraftStore`](crate::step::DraftStore) the draft and the target
+/// share; the engine numbers them afresh each step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DraftRow {
+    /// A draft model's row: sample as usual, and keep the distribution the token was drawn
+    /// from (after the request's temperature and top-k/top-p/min-p filtering) in `slot`.
+    Keep { slot: u32 },
+    /// A target's row verifying drafted `token`, drawn from the distribution kept in `slot`:
+    /// keep it with probability min(1, p/q) (tested with `accept_uniform`), else draw from the
+    /// normalised max(0, p − q) with the row's own `uniform`.
+    Verify { slot: u32, token: u32, accept_uniform: f32 },
 }
 
 /// How to pick one step's tokens for one sequence: the request's parameters and one
@@ -212,7 +229,7 @@ impl Sampler for GpuSampler {
                 } else {
                     Vec::new()
                 };
-                RowDraw { uniform: SamplerRng::nth_uniform(seed, position), penalty_entries }
+                RowDraw { uniform: SamplerRng::nth_uniform(seed, position), penalty_entries, draft: None }
             })
             .collect();
         SampleSpec { params: params.clone(), rows }

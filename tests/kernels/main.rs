@@ -13,5 +13,6 @@ mod paged;
 mod reduce;
 mod rope;
 mod sample;
+mod spec_sample;
 mod split;
 mod wgsl;

@@ -21,7 +21,7 @@ use js_sys::{Function, Reflect};
 use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 use weft::EngineBuilder;
-use weft::engine::{ContinuousBatchEngine, EngineConfig};
+use weft::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use weft::gpu::{GpuContext, GpuOptions};
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError};
 
@@ -90,6 +90,8 @@ pub struct WebEngine {
 struct LoadOptions {
     kv_memory_bytes: usize,
     config: EngineConfig,
+    /// Speculative decoding by prompt lookup (`specNgram`, `specTokens`).
+    speculation: Option<SpeculationConfig>,
 }
 
 impl LoadOptions {
@@ -103,6 +105,7 @@ impl LoadOptions {
                 max_model_len: 2048,
                 enable_prefix_cache: true,
             },
+            speculation: None,
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -128,6 +131,29 @@ impl LoadOptions {
         }
         if let Some(x) = number("maxModelLen")? {
             o.config.max_model_len = x;
+        }
+        let spec_ngram =
+            Reflect::get(options, &"specNgram".into()).map_err(|_| JsError::new("invalid option specNgram"))?;
+        let spec_tokens = number("specTokens")?;
+        match spec_ngram.as_bool() {
+            Some(true) => {
+                let k = spec_tokens.unwrap_or(SpeculationConfig::default().num_speculative_tokens);
+                let config = SpeculationConfig {
+                    num_speculative_tokens: k,
+                    drafter: Drafter::prompt_lookup(),
+                    ..Default::default()
+                };
+                config.validate().map_err(|e| JsError::new(&format!("invalid option specTokens: {e}")))?;
+                o.speculation = Some(config);
+            }
+            Some(false) => {}
+            None if spec_ngram.is_undefined() || spec_ngram.is_null() => {}
+            None => return Err(JsError::new("invalid option specNgram: expected true or false")),
+        }
+        if spec_tokens.is_some() && o.speculation.is_none() {
+            return Err(JsError::new(
+                "invalid option specTokens: it sets how many tokens specNgram drafts; add specNgram: true",
+            ));
         }
         Ok(o)
     }
@@ -160,6 +186,10 @@ impl WebEngine {
         // the first request does not wait for the compiler.
         ctx.compile_all_shaders().await.map_err(js)?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
+        if let Some(spec) = options.speculation {
+            model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
+            builder = builder.speculation(spec);
+        }
         if let Some(f) = on_progress {
             builder = builder.on_progress(move |done, total| {
                 let _ = f.call3(&JsValue::NULL, &"upload".into(), &(done as f64).into(), &(total as f64).into());

@@ -12,6 +12,7 @@ pub mod penalize;
 pub mod reduce;
 pub mod rope;
 pub mod sample;
+pub mod spec_sample;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
@@ -61,6 +62,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<paged::AttentionParams>("paged_attention", "Params"),
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),
+        entry::<spec_sample::Params>("spec_sample", "Params"),
     ]
 }
 
