@@ -40,6 +40,58 @@ where
     Ok(())
 }
 
+/// Work started beside the caller by [`run_beside`]; [`join`](Beside::join) waits for its result.
+pub struct Beside<T> {
+    /// The thread running the job, or the job's result when it ran in place.
+    #[cfg(not(target_arch = "wasm32"))]
+    inner: Result<std::thread::JoinHandle<Option<T>>, Option<T>>,
+    #[cfg(target_arch = "wasm32")]
+    done: Option<T>,
+}
+
+/// Start `job` beside the caller: natively on a thread of its own (so it overlaps with what
+/// the caller does next; where no thread can be had, in place), in the browser at once,
+/// before returning (a tab's worker has one thread).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn run_beside<T, F>(name: &str, job: F) -> Beside<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    use std::sync::{Arc, Mutex};
+    // Whichever side runs the job takes it from the slot: the thread, or this function when
+    // the thread could not start (the closure holding the thread's share is then dropped).
+    let slot = Arc::new(Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let take = |slot: &Mutex<Option<F>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match std::thread::Builder::new().name(name.into()).spawn(move || take(&theirs).map(|job| job())) {
+        Ok(handle) => Beside { inner: Ok(handle) },
+        Err(_) => Beside { inner: Err(take(&slot).map(|job| job())) },
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+pub fn run_beside<T, F>(_name: &str, job: F) -> Beside<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    Beside { done: Some(job()) }
+}
+
+impl<T> Beside<T> {
+    /// The job's result; `None` if it panicked.
+    pub fn join(self) -> Option<T> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return match self.inner {
+            Ok(handle) => handle.join().ok().flatten(),
+            Err(done) => done,
+        };
+        #[cfg(target_arch = "wasm32")]
+        self.done
+    }
+}
+
 /// `Send` natively, nothing in the browser: for callbacks the caller hands over (a JavaScript
 /// function cannot cross threads, and there it never needs to).
 #[cfg(not(target_arch = "wasm32"))]

@@ -144,7 +144,7 @@ fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     // And the sampler: a seeded temperature draw and greedy pick the same token either way.
     let spec = SampleSpec {
         params: SamplingParams { temperature: 0.9, top_p: 0.9, ..Default::default() },
-        rows: vec![RowDraw { uniform: 0.37, penalty_entries: Vec::new() }],
+        rows: vec![RowDraw { uniform: 0.37, penalty_entries: Vec::new(), allowed: None }],
     };
     let with = |s: &SeqStep| SeqStep { sampling: Some(spec.clone()), ..s.clone() };
     let a = weft::rt::block_on(exec.execute(&batch(vec![with(&target)]))).unwrap();

@@ -125,7 +125,7 @@ fn logits_and_greedy_tokens_match_transformers() {
     let mut generated: Vec<Vec<u32>> = logits.iter().map(|l| vec![weft::cpu::argmax(l, l.len())[0]]).collect();
     let greedy = SampleSpec {
         params: SamplingParams::greedy(),
-        rows: vec![RowDraw { uniform: 0.0, penalty_entries: Vec::new() }],
+        rows: vec![RowDraw { uniform: 0.0, penalty_entries: Vec::new(), allowed: None }],
     };
     let started = std::time::Instant::now();
     for _ in 1..STEPS {

@@ -5,6 +5,10 @@
 //! --prompt-len tokens, greedy, generating exactly --gen-len tokens (end-of-sequence ignored).
 //! Every token's arrival time is recorded; from those come prefill, decode and aggregate
 //! throughput and the time-to-first-token and inter-token latency percentiles.
+//!
+//! `--constrained F` puts a fraction F of each level's requests under a JSON schema (structured
+//! output; a list of records that never completes within --gen-len, so every request still
+//! generates exactly that many tokens): the cost of token masks next to unconstrained requests.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::{Value, json};
+use weft::constraint::{Constraint, Grammar};
 use weft::engine::EngineConfig;
 use weft::EngineBuilder;
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
@@ -28,6 +33,33 @@ pub struct Options {
     pub gen_len: usize,
     pub kv_memory_bytes: usize,
     pub json: bool,
+    /// Fraction of each level's requests generated under a JSON schema.
+    pub constrained: f64,
+}
+
+/// The schema of `--constrained` requests: records with strings, bounded integers and enums,
+/// and more of them than fit in any --gen-len (request `i` asks for `1000 + i`, so every
+/// request compiles its own grammar).
+fn bench_schema(i: usize) -> Value {
+    json!({
+        "type": "array",
+        "minItems": 1000 + i,
+        "items": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+            },
+            "required": ["name", "age", "tags"],
+            "additionalProperties": false,
+        },
+    })
+}
+
+/// Whether request `i` of `n` is constrained: the first `round(fraction × n)`.
+fn is_constrained(fraction: f64, i: usize, n: usize) -> bool {
+    (i as f64) < (fraction * n as f64).round()
 }
 
 /// One request's timeline.
@@ -64,12 +96,15 @@ pub fn run(opts: Options) -> Result<()> {
     if opts.prompt_len == 0 || opts.gen_len == 0 {
         return Err(bad("--prompt-len and --gen-len must be at least 1"));
     }
+    if !(0.0..=1.0).contains(&opts.constrained) {
+        return Err(bad(format!("invalid --constrained {}: a fraction between 0 and 1", opts.constrained)));
+    }
     let levels = match &opts.url {
         Some(url) => {
             let target = HttpTarget::parse(url, opts.api_key.clone())?;
             let mut levels = Vec::new();
             for (i, &n) in opts.concurrency.iter().enumerate() {
-                levels.push(summarize(n, &target.run_level(i, n, opts.prompt_len, opts.gen_len)?));
+                levels.push(summarize(n, &target.run_level(i, n, opts.prompt_len, opts.gen_len, opts.constrained)?));
             }
             levels
         }
@@ -96,7 +131,10 @@ pub fn run(opts: Options) -> Result<()> {
             Some(u) => json!({"url": u}),
             None => json!({"model": crate::generate::model_path(opts.model.clone())?.display().to_string()}),
         };
-        let doc = json!({"target": target, "prompt_len": opts.prompt_len, "gen_len": opts.gen_len, "levels": levels});
+        let doc = json!({
+            "target": target, "prompt_len": opts.prompt_len, "gen_len": opts.gen_len,
+            "constrained": opts.constrained, "levels": levels,
+        });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         print_table(&levels);
@@ -125,15 +163,18 @@ fn run_in_process(opts: &Options) -> Result<Vec<Level>> {
     let mut serial = 0usize;
     for &n in &opts.concurrency {
         let mut requests = Vec::new();
-        for _ in 0..n {
+        for j in 0..n {
             // Distinct ids (avoiding the low, often special ones), different for every request.
             let offset = serial * 7919;
             serial += 1;
             let ids: Vec<u32> = (0..opts.prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect();
+            let constraint = is_constrained(opts.constrained, j, n)
+                .then(|| Constraint::new("response_format", Grammar::JsonSchema(bench_schema(serial))));
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
                 max_tokens: Some(opts.gen_len),
                 ignore_eos: true,
+                constraint,
                 ..Default::default()
             };
             requests.push(InferenceRequest::new(Prompt::Tokens(ids), params));
@@ -309,21 +350,24 @@ impl HttpTarget {
         Ok(HttpTarget { host: host.to_string(), port, base_path: base_path.trim_end_matches('/').to_string(), api_key })
     }
 
-    fn run_level(&self, level: usize, n: usize, prompt_len: usize, gen_len: usize) -> Result<Vec<Trace>> {
+    fn run_level(&self, level: usize, n: usize, prompt_len: usize, gen_len: usize, constrained: f64) -> Result<Vec<Trace>> {
         let barrier = std::sync::Barrier::new(n);
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .map(|i| {
                     let barrier = &barrier;
-                    let body = json!({
+                    let mut body = json!({
                         "prompt": word_prompt((level * 100_003 + i) as u64, prompt_len),
                         "max_tokens": gen_len,
                         "temperature": 0,
                         "ignore_eos": true,
                         "stream": true,
                         "stream_options": {"include_usage": true},
-                    })
-                    .to_string();
+                    });
+                    if is_constrained(constrained, i, n) {
+                        body["guided_json"] = bench_schema(level * n + i);
+                    }
+                    let body = body.to_string();
                     s.spawn(move || {
                         barrier.wait();
                         self.completion(&body)

@@ -112,6 +112,10 @@ enum Command {
         /// Print one JSON object (with an array of levels) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Fraction (0 to 1) of each level's requests to generate under a JSON schema
+        /// (structured output), to measure what token masks cost.
+        #[arg(long, default_value_t = 0.0)]
+        constrained: f64,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health and /metrics (Prometheus text).
@@ -192,8 +196,8 @@ fn main() -> ExitCode {
         Command::Chat { model, system, max_tokens, sampling } => {
             chat::run(chat::Options { model, system, max_tokens, sampling: sampling.params() })
         }
-        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json } => {
-            bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json })
+        Command::Bench { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory, json, constrained } => {
+            bench::run(bench::Options { model, url, api_key, concurrency, prompt_len, gen_len, kv_memory_bytes: kv_memory, json, constrained })
         }
         Command::Serve { model, host, port, api_key, max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory, enable_prefix_cache } => {
             serve::run(serve::Options {

@@ -395,6 +395,7 @@ fn encode_metrics(out: &mut String, m: &EngineMetrics, loaded: bool) -> std::fmt
             histogram(&mut enc, "inter_token_latency_seconds", "Time between consecutive generated tokens", &m.inter_token_latency)?;
             histogram(&mut enc, "e2e_request_latency_seconds", "Time from submission to the end of a request", &m.end_to_end_latency)?;
             histogram(&mut enc, "request_queue_time_seconds", "Time from submission to the first step", &m.queue_time)?;
+            histogram(&mut enc, "token_mask_seconds", "Host time computing structured output's token masks, per step", &m.token_mask_time)?;
             gauge(&mut enc, "num_requests_running", "Requests being stepped", m.running as i64)?;
             gauge(&mut enc, "num_requests_waiting", "Requests waiting for a slot", m.waiting as i64)?;
             gauge(&mut enc, "kv_blocks_total", "KV cache blocks in the pool", m.kv.total_blocks as i64)?;

@@ -4,7 +4,7 @@
 //! draws, penalty entries) is `crate::sampling`.
 //!
 //! ```text
-//!   logits (rows, vocab) ──penalize──> [token masks: structured output's slot] ──sample──> out (rows, 42)
+//!   logits (rows, vocab) ──penalize──> token_mask (structured output) ──sample──> out (rows, 42)
 //! ```
 //!
 //! **Invariant:** every row is sampled from its own logits, settings and draw only, so a row's
@@ -13,6 +13,7 @@
 use crate::error::Result;
 use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
+use crate::gpu::kernels::token_mask::{MASKED_LOGIT, token_mask};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::quant::DType;
 use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams, Sampled};
@@ -41,6 +42,9 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
         logprob: f32::from_bits(row[1]),
         top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS))
             .map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n])))
+            // Tokens a mask forbade are not alternatives (rows with fewer allowed tokens than
+            // asked for list only those).
+            .filter(|&(_, logprob)| logprob > MASKED_LOGIT / 2.0)
             .collect(),
     }
 }
@@ -80,7 +84,27 @@ pub fn record(
         let penalties = factory.upload_f32(&[num_rows, 3], &penalties)?;
         penalize(ctx, rec, logits, &entries, &penalties)?;
     }
-    // Structured output's token masks go here: after penalties, before any filtering.
+    // Structured output's token masks go here: after penalties, before any filtering. A mask
+    // may still be being computed on another thread: waiting for it here, after the forward
+    // pass is recorded, is what lets the two overlap.
+    let words = logits.shape()[1].div_ceil(32);
+    let (mut mask_rows, mut masks) = (Vec::new(), Vec::new());
+    let sampled_rows = batch.seqs.iter().filter(|s| s.num_logits > 0).flat_map(|s| {
+        (0..s.num_logits).map(move |i| s.sampling.as_ref().and_then(|spec| spec.rows.get(i)?.allowed.as_ref()))
+    });
+    for (row, mask) in sampled_rows.enumerate() {
+        if let Some(mask) = mask {
+            let mut m = mask.wait().to_vec();
+            m.resize(words, 0);
+            mask_rows.push(row as u32);
+            masks.extend(m);
+        }
+    }
+    if !mask_rows.is_empty() {
+        let masks = factory.upload_u32(&[mask_rows.len(), words], &masks)?;
+        let mask_rows = factory.upload_u32(&[mask_rows.len()], &mask_rows)?;
+        token_mask(ctx, rec, logits, &masks, &mask_rows)?;
+    }
     let settings = factory.upload_u32(&[num_rows, SETTINGS_PER_ROW], &settings)?;
     let out = factory.zeros(&[num_rows, OUT_PER_ROW], DType::U32)?;
     sample(ctx, rec, logits, &settings, &out)?;

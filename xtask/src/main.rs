@@ -112,8 +112,8 @@ fn target_dir() -> PathBuf {
 }
 
 /// `weft serve` against the official OpenAI Python client (tests/server): a venv at
-/// target/pyvenv with `openai` and `pytest` (made when missing), the release binary, then
-/// pytest. Any failure fails the run, and so does pytest finding no tests (exit status 5).
+/// target/pyvenv with `openai`, `pytest` and `jsonschema` (made when missing), the release
+/// binary and the tiny test model (target/tiny.gguf), then pytest. Any failure fails the run, and so does pytest finding no tests (exit status 5).
 fn test_server_python() -> Result {
     let target = target_dir();
     let venv = target.join("pyvenv");
@@ -123,19 +123,27 @@ fn test_server_python() -> Result {
         make.args(["-m", "venv"]).arg(&venv);
         run(make).map_err(|e| format!("{e}\n(on Debian `python3 -m venv` needs the python3-venv package: apt-get install python3-venv)"))?;
     }
-    let ready = Command::new(&python).args(["-c", "import openai, pytest"]).status().is_ok_and(|s| s.success());
+    let ready =
+        Command::new(&python).args(["-c", "import openai, pytest, jsonschema"]).status().is_ok_and(|s| s.success());
     if !ready {
         let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "install", "--quiet", "openai", "pytest"]);
+        // jsonschema: the structured-output tests validate what the server returns.
+        pip.args(["-m", "pip", "install", "--quiet", "openai", "pytest", "jsonschema"]);
         run(pip)?;
     }
     let mut build = cargo();
     build.args(["build", "--release", "-p", "weft-native"]);
     run(build)?;
+    // Most structured-output tests run on the tiny random model (fast on a software GPU).
+    let tiny = target.join("tiny.gguf");
+    let mut write_tiny = cargo();
+    write_tiny.args(["run", "--release", "--quiet", "--example", "tiny_model", "--"]).arg(&tiny);
+    run(write_tiny)?;
     let mut pytest = Command::new(&python);
     pytest.current_dir(root()).args(["-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/server"]);
     pytest.env("WEFT_BIN", target.join("release").join(if cfg!(windows) { "weft.exe" } else { "weft" }));
     pytest.env("WEFT_MODEL", root().join(MODEL_FILE));
+    pytest.env("WEFT_TINY_MODEL", &tiny);
     let mut pytest = with_gpu_env(pytest);
     eprintln!("xtask: running {pytest:?}");
     let status = pytest.status().map_err(|e| format!("could not start {pytest:?}: {e}"))?;

@@ -12,6 +12,7 @@ pub mod penalize;
 pub mod reduce;
 pub mod rope;
 pub mod sample;
+pub mod token_mask;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
@@ -61,6 +62,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<paged::AttentionParams>("paged_attention", "AttentionParams"),
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),
+        entry::<token_mask::Params>("token_mask", "Params"),
     ]
 }
 
