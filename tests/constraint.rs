@@ -107,8 +107,14 @@ fn regex_choice_lark_and_gbnf_hold() {
     let Some(e) = engine() else { return };
     let cases: Vec<(Grammar, Box<dyn Fn(&str) -> bool>)> = vec![
         (Grammar::Regex("[0-9]{3}-[a-z]{2}".into()), Box::new(|t| t.len() == 6 && t.as_bytes()[3] == b'-')),
-        (Grammar::Choice(vec!["yes".into(), "no".into(), "maybe".into()]), Box::new(|t| ["yes", "no", "maybe"].contains(&t))),
-        (Grammar::Lark("start: \"x\" DIGIT DIGIT\nDIGIT: /[0-9]/".into()), Box::new(|t| t.len() == 3 && t.starts_with('x'))),
+        (
+            Grammar::Choice(vec!["yes".into(), "no".into(), "maybe".into()]),
+            Box::new(|t| ["yes", "no", "maybe"].contains(&t)),
+        ),
+        (
+            Grammar::Lark("start: \"x\" DIGIT DIGIT\nDIGIT: /[0-9]/".into()),
+            Box::new(|t| t.len() == 3 && t.starts_with('x')),
+        ),
         (
             Grammar::Gbnf("root ::= greet \" \" name\ngreet ::= \"hi\" | \"hello\"\nname ::= [a-z]{2,4}".into()),
             Box::new(|t| {
@@ -146,13 +152,11 @@ fn constrained_and_free_requests_share_a_batch_without_touching_each_other() {
         .collect();
     let solo: Vec<InferenceResponse> = requests.iter().map(|r| run(&e, r.clone())).collect();
     e.start_loop().unwrap();
-    let together: Vec<InferenceResponse> = weft::rt::block_on(futures::future::join_all(
-        requests.iter().map(|r| {
-            let e = e.clone();
-            let r = r.clone();
-            async move { e.infer(r).await.unwrap() }
-        }),
-    ));
+    let together: Vec<InferenceResponse> = weft::rt::block_on(futures::future::join_all(requests.iter().map(|r| {
+        let e = e.clone();
+        let r = r.clone();
+        async move { e.infer(r).await.unwrap() }
+    })));
     for (i, (a, b)) in solo.iter().zip(&together).enumerate() {
         assert_eq!(a.token_ids, b.token_ids, "request {i} changed in the batch");
     }

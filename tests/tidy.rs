@@ -96,7 +96,9 @@ fn paths_named(text: &str) -> Vec<(usize, String)> {
             (Some(open), Some(close)) if close > open => {
                 let (head, inner) = (&plain[..open], &plain[open + 3..close]);
                 let root = head.rsplit(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).next().unwrap_or("");
-                inner.split(',').map(|item| format!("{root}::{}", item.trim())).collect::<Vec<_>>().join(" ") + " " + &plain
+                inner.split(',').map(|item| format!("{root}::{}", item.trim())).collect::<Vec<_>>().join(" ")
+                    + " "
+                    + &plain
             }
             _ => plain.clone(),
         };

@@ -220,7 +220,13 @@ impl ConstraintCompiler {
             Grammar::ToolCalls { tools, name, parallel } => {
                 let trie = self.factory.tok_env().tok_trie();
                 let special = |text: &str| trie.get_special_token(text);
-                TopLevelGrammar::from_lark(tools::grammar(self.tool_format, tools, name.as_deref(), *parallel, &special)?)
+                TopLevelGrammar::from_lark(tools::grammar(
+                    self.tool_format,
+                    tools,
+                    name.as_deref(),
+                    *parallel,
+                    &special,
+                )?)
             }
         })
     }

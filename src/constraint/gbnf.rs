@@ -181,7 +181,10 @@ impl Parser<'_> {
     }
 
     fn name(&mut self) -> Option<String> {
-        let len = self.rest().find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_')).unwrap_or(self.rest().len());
+        let len = self
+            .rest()
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(self.rest().len());
         if len == 0 {
             return None;
         }

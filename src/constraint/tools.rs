@@ -293,10 +293,7 @@ impl ToolStream {
                 self.in_call = true;
             } else {
                 // Hold back what may be the start of a `<tool_call>` split across pieces.
-                let keep = (1..HERMES_OPEN.len())
-                    .rev()
-                    .find(|&n| self.held.ends_with(&HERMES_OPEN[..n]))
-                    .unwrap_or(0);
+                let keep = (1..HERMES_OPEN.len()).rev().find(|&n| self.held.ends_with(&HERMES_OPEN[..n])).unwrap_or(0);
                 let send = self.held.len() - keep;
                 if send > 0 {
                     out.push(ToolEvent::Content(self.held[..send].to_string()));
@@ -347,7 +344,8 @@ pub fn messages_for_template(template: &str, messages: &[ChatMessage], tools: &[
     if tools.is_empty() || template_shows_tools(template) {
         return messages.to_vec();
     }
-    let listing: Vec<String> = tools.iter().filter_map(|t| function(t)).map(|f| Value::Object(f.clone()).to_string()).collect();
+    let listing: Vec<String> =
+        tools.iter().filter_map(|t| function(t)).map(|f| Value::Object(f.clone()).to_string()).collect();
     let instructions = format!(
         "You can call these functions:\n{}\nTo call one, answer with only a JSON object: \
          {{\"name\": <function name>, \"arguments\": <an object of its parameters>}}.",

@@ -255,7 +255,9 @@ impl ContinuousBatchEngine {
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
                 match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}"))),
+                    Some(t) => {
+                        Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}")))
+                    }
                     None => Ok(ids.clone()),
                 }
             }
@@ -389,7 +391,8 @@ impl ContinuousBatchEngine {
         };
         // The masks are computed beside the executor, which waits for them only once it has
         // recorded the forward pass and gets to the sampler.
-        let masks = (!mask_jobs.is_empty()).then(|| crate::rt::run_beside("weft-masks", move || compute_masks(mask_jobs)));
+        let masks =
+            (!mask_jobs.is_empty()).then(|| crate::rt::run_beside("weft-masks", move || compute_masks(mask_jobs)));
         let result = self.inner.executor.execute(&batch).await;
         let mask_result = masks.map(|m| m.join().unwrap_or_else(|| MaskReport::panicked()));
         let mut state = self.state();

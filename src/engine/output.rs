@@ -43,8 +43,13 @@ impl Live {
     /// one that ends the request are dropped. Returns the chunk to send, how many tokens it
     /// took, and the finish reason if the request is done.
     pub fn accept(&mut self, run: &[Sampled], eos: &[u32]) -> (StreamChunk, usize, Option<FinishReason>) {
-        let mut chunk =
-            StreamChunk { text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: None, usage: None };
+        let mut chunk = StreamChunk {
+            text: String::new(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: None,
+            usage: None,
+        };
         let mut finish = None;
         for x in run {
             chunk.token_ids.push(x.token);

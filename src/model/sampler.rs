@@ -16,7 +16,7 @@ use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use crate::gpu::kernels::token_mask::{MASKED_LOGIT, token_mask};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::quant::DType;
-use crate::sampling::{MAX_TOP_LOGPROBS, SamplingParams, Sampled};
+use crate::sampling::{MAX_TOP_LOGPROBS, Sampled, SamplingParams};
 use crate::step::{StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 

@@ -21,13 +21,15 @@ mod parse;
 mod shape;
 mod structured;
 #[cfg(test)]
+mod structured_tests;
+#[cfg(test)]
 mod tests;
 mod tools;
 
 pub use error::OpenAiError;
 pub use parse::{OpenAiRequest, parse, parse_body, requested_model};
-pub use tools::{ToolsRequest, call_id};
 pub use shape::{ChunkShaper, finish_str, response_json, response_json_with, usage_json};
+pub use tools::{ToolsRequest, call_id};
 
 /// Which OpenAI endpoint a request is for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -111,9 +111,11 @@ pub fn response_json_with(
         Endpoint::Chat => {
             let logprobs = req.logprobs.map(|top| chat_logprobs(tok, &response.logprobs, top)).unwrap_or(Value::Null);
             let mut message = json!({"role": "assistant", "content": response.text});
-            let calls = req.tools.as_ref().filter(|t| t.reads_calls()).and_then(|t| {
-                parse_calls(format_of(tok), &response.text, &t.names()).map(|found| (t, found))
-            });
+            let calls = req
+                .tools
+                .as_ref()
+                .filter(|t| t.reads_calls())
+                .and_then(|t| parse_calls(format_of(tok), &response.text, &t.names()).map(|found| (t, found)));
             if let Some((t, (content, calls))) = calls {
                 message["content"] = content.map_or(Value::Null, Value::String);
                 message["tool_calls"] = calls.iter().map(call_json).collect();
@@ -280,7 +282,9 @@ impl ChunkShaper {
             }
             for delta in deltas {
                 let lp = logprobs.take().unwrap_or(Value::Null);
-                out.push(self.chunk(json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}]), None));
+                out.push(
+                    self.chunk(json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}]), None),
+                );
             }
         } else if !c.text.is_empty() || logprobs.as_ref().is_some_and(|l| !l.is_null()) {
             let lp = logprobs.take().unwrap_or(Value::Null);

@@ -91,7 +91,9 @@ pub(crate) fn parse_tools(body: &Map<String, Value>) -> ApiResult<ParsedTools> {
             let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
             match name {
                 Some(n) if o.get("type").and_then(Value::as_str) == Some("function") => ToolChoice::Named(n.into()),
-                _ => return Err(bad("tool_choice", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}")),
+                _ => {
+                    return Err(bad("tool_choice", "expected {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+                }
             }
         }
         Some(v) => return Err(bad("tool_choice", format!("expected a string or an object, got {v}"))),
@@ -128,12 +130,14 @@ pub(crate) fn template_tool_calls(i: usize, calls: &Value) -> ApiResult<Vec<Valu
     calls
         .iter()
         .map(|c| {
-            let function = c.get("function").and_then(Value::as_object).ok_or_else(|| {
-                bad("messages", format!("message {i}: each tool call needs a function object"))
-            })?;
-            let name = function.get("name").and_then(Value::as_str).ok_or_else(|| {
-                bad("messages", format!("message {i}: a tool call's function has no name"))
-            })?;
+            let function = c
+                .get("function")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad("messages", format!("message {i}: each tool call needs a function object")))?;
+            let name = function
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("messages", format!("message {i}: a tool call's function has no name")))?;
             let arguments = match function.get("arguments") {
                 Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
                 Some(v) => v.clone(),

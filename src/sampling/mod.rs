@@ -229,8 +229,14 @@ pub struct SampleSpec {
 pub trait Sampler: Send + Sync {
     /// Rows for the next `drafted.len() + 1` tokens after `prompt` and `output`: row `i` picks
     /// the token after `drafted[..i]`.
-    fn prepare(&self, params: &SamplingParams, seed: u64, prompt: &[u32], output: &[u32], drafted: &[u32])
-    -> SampleSpec;
+    fn prepare(
+        &self,
+        params: &SamplingParams,
+        seed: u64,
+        prompt: &[u32],
+        output: &[u32],
+        drafted: &[u32],
+    ) -> SampleSpec;
 }
 
 /// The standard host half: the request's `n`-th generated token takes the `n`-th draw of its
@@ -239,8 +245,14 @@ pub trait Sampler: Send + Sync {
 pub struct GpuSampler;
 
 impl Sampler for GpuSampler {
-    fn prepare(&self, params: &SamplingParams, seed: u64, prompt: &[u32], output: &[u32], drafted: &[u32])
-    -> SampleSpec {
+    fn prepare(
+        &self,
+        params: &SamplingParams,
+        seed: u64,
+        prompt: &[u32],
+        output: &[u32],
+        drafted: &[u32],
+    ) -> SampleSpec {
         let rows = (0..=drafted.len())
             .map(|i| {
                 let position = (output.len() + i) as u64;

@@ -44,7 +44,13 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)

@@ -59,8 +59,10 @@ fn token_mask_checks_its_operands() {
 fn masked_rows_only_pick_allowed_tokens() {
     let Some(f) = gpu() else { return };
     let vocab = 49152;
-    let p = |temperature, top_k, top_p, min_p| SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() };
-    let cases = [p(0.0, 0, 1.0, 0.0), p(1.0, 0, 1.0, 0.0), p(0.7, 5, 1.0, 0.0), p(1.0, 0, 0.8, 0.0), p(1.5, 3, 0.9, 0.1)];
+    let p =
+        |temperature, top_k, top_p, min_p| SamplingParams { temperature, top_k, top_p, min_p, ..Default::default() };
+    let cases =
+        [p(0.0, 0, 1.0, 0.0), p(1.0, 0, 1.0, 0.0), p(0.7, 5, 1.0, 0.0), p(1.0, 0, 0.8, 0.0), p(1.5, 3, 0.9, 0.1)];
     let mut rng = SamplerRng::new(11);
     let (mut logits, mut masks, mut settings, mut params) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (c, case) in cases.iter().enumerate() {
