@@ -94,12 +94,18 @@ fn json_schemas_hold_whatever_the_sampling() {
         for sampling in samplings() {
             let r = run(&e, request("Answer in JSON:", sampling.clone(), Some(Grammar::JsonSchema(schema.clone()))));
             assert_eq!(r.finish_reason, FinishReason::Stop, "schema {i} {sampling:?}: {:?}", r.text);
-            let v: Value = serde_json::from_str(&r.text).unwrap_or_else(|e| panic!("schema {i}: {e}: {:?}", r.text));
+            let v: Value =
+                serde_json::from_str(&r.text).unwrap_or_else(|e| panic!("schema {i} {sampling:?}: {e}: {:?}", r.text));
             check_schema(i, &v);
         }
     }
+    // Any object: a random model may not finish one within the limit (a number of 400 digits
+    // is an object's value too), but what it writes is an object's beginning.
     let r = run(&e, request("{", SamplingParams::greedy(), Some(Grammar::JsonObject)));
-    assert!(serde_json::from_str::<Value>(&r.text).unwrap().is_object(), "{:?}", r.text);
+    assert!(r.text.starts_with('{'), "{:?}", r.text);
+    if r.finish_reason == FinishReason::Stop {
+        assert!(serde_json::from_str::<Value>(&r.text).unwrap().is_object(), "{:?}", r.text);
+    }
 }
 
 #[test]
@@ -174,14 +180,14 @@ fn bad_constraints_are_refused_at_submission_and_the_engine_goes_on() {
         Grammar::Regex("(?<=a)b".into()),
         Grammar::Choice(vec![]),
         Grammar::Lark("start: missing_rule".into()),
-        Grammar::Lark("start: \"a\" | ".into()),
+        Grammar::Lark("start: (\"a\"".into()),
         Grammar::Gbnf("root ::= [abc".into()),
         Grammar::Gbnf("rooot ::= \"a\"".into()),
         Grammar::Regex("a".repeat(300 * 1024)),
     ];
     for g in bad {
         let r = request("x", SamplingParams::greedy(), Some(g.clone()));
-        let err = e.submit(r).unwrap_err();
+        let Err(err) = e.submit(r) else { panic!("accepted: {g:?}") };
         match &err {
             weft::WeftError::InvalidRequest { field, reason } => {
                 assert_eq!(field.as_deref(), Some("response_format"), "{g:?}: {err}");
@@ -262,11 +268,12 @@ fn the_field_is_named_in_every_refusal() {
     let (c, _) = compiler();
     for (field, g) in [
         ("guided_regex", Grammar::Regex("(".into())),
-        ("structured_outputs", Grammar::Lark("start: ".into())),
+        ("structured_outputs", Grammar::Lark("start: )".into())),
         ("grammar", Grammar::Gbnf("root ::= x".into())),
         ("tools", Grammar::ToolCalls { tools: vec![], name: None, parallel: true }),
     ] {
-        let err = c.compile(&Constraint::new(field, g)).unwrap_err().to_string();
+        let Err(err) = c.compile(&Constraint::new(field, g.clone())) else { panic!("accepted: {g:?}") };
+        let err = err.to_string();
         assert!(err.starts_with(&format!("invalid {field}: ")), "{err}");
     }
 }

@@ -291,12 +291,14 @@ impl ConstraintState {
             return Ok(out);
         }
         let mut ahead = self.matcher.clone();
+        let mut refused = false;
         for &token in drafted {
             let last = out.last().cloned().unwrap_or_default();
-            let next = if allows(&last, token) && ahead.consume_token(token).is_ok() {
-                ahead.compute_mask_or_eos().map(|m| words_of(&m, self.vocab_size)).unwrap_or_else(|_| last.clone())
-            } else {
+            refused = refused || !allows(&last, token) || ahead.consume_token(token).is_err();
+            let next = if refused {
                 last
+            } else {
+                ahead.compute_mask_or_eos().map(|m| words_of(&m, self.vocab_size)).unwrap_or(last)
             };
             out.push(next);
         }

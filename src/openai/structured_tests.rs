@@ -255,7 +255,7 @@ fn streamed_calls_arrive_whole_as_deltas() {
     let deltas: Vec<&Value> = out.iter().map(|c| &c["choices"][0]["delta"]).collect();
     let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
     assert_eq!(content.trim(), "Checking.");
-    let calls: Vec<&Value> = deltas.iter().filter(|d| d.get("tool_calls").is_some()).collect();
+    let calls: Vec<&Value> = deltas.iter().copied().filter(|d| d.get("tool_calls").is_some()).collect();
     assert_eq!(calls.len(), 1);
     let call = &calls[0]["tool_calls"][0];
     assert_eq!(call["index"], 0);
