@@ -111,7 +111,8 @@ fn json_schemas_hold_whatever_the_sampling() {
 #[test]
 fn regex_choice_lark_and_gbnf_hold() {
     let Some(e) = engine() else { return };
-    let cases: Vec<(Grammar, Box<dyn Fn(&str) -> bool>)> = vec![
+    type Check = Box<dyn Fn(&str) -> bool>;
+    let cases: Vec<(Grammar, Check)> = vec![
         (Grammar::Regex("[0-9]{3}-[a-z]{2}".into()), Box::new(|t| t.len() == 6 && t.as_bytes()[3] == b'-')),
         (
             Grammar::Choice(vec!["yes".into(), "no".into(), "maybe".into()]),

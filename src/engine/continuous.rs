@@ -394,7 +394,7 @@ impl ContinuousBatchEngine {
         let masks =
             (!mask_jobs.is_empty()).then(|| crate::rt::run_beside("weft-masks", move || compute_masks(mask_jobs)));
         let result = self.inner.executor.execute(&batch).await;
-        let mask_result = masks.map(|m| m.join().unwrap_or_else(|| MaskReport::panicked()));
+        let mask_result = masks.map(|m| m.join().unwrap_or_else(MaskReport::panicked));
         let mut state = self.state();
         state.metrics.steps += 1;
         if let Some(report) = mask_result {

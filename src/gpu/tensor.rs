@@ -138,7 +138,7 @@ impl TensorPart {
     /// The binding of this part for a shader reading `row_bytes`-byte rows.
     pub(crate) fn binding(&self, ctx: &GpuContext, row_bytes: usize) -> Result<wgpu::BindingResource<'_>> {
         let align = u64::from(ctx.limits().min_storage_buffer_offset_alignment);
-        if self.offset_bytes % align != 0 {
+        if !self.offset_bytes.is_multiple_of(align) {
             return Err(WeftError::shape(
                 "bind tensor",
                 format!(

@@ -162,9 +162,9 @@ impl ModelConfig {
     fn check(&self, file: &str) -> Result<()> {
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
             && self.head_dim > 0
-            && self.head_dim % 2 == 0
+            && self.head_dim.is_multiple_of(2)
             && self.head_dim <= crate::gpu::kernels::paged::MAX_HEAD_DIM
             && self.num_layers > 0
             && self.vocab_size > 0;

@@ -167,7 +167,7 @@ fn upload(
         let values = crate::quant::dequantize(t.dtype, &t.bytes)?;
         return factory.upload_f32(shape, &values);
     }
-    if t.dtype.is_quantized() && shape[shape.len() - 1] % crate::quant::QK != 0 {
+    if t.dtype.is_quantized() && !shape[shape.len() - 1].is_multiple_of(crate::quant::QK) {
         return Err(WeftError::model(
             file,
             format!("tensor {name} is {} but its rows of {} are not whole blocks", t.dtype, shape[shape.len() - 1]),

@@ -117,7 +117,7 @@ pub(crate) fn parse_tools(body: &Map<String, Value>) -> ApiResult<ParsedTools> {
         _ => None,
     }
     .map(|name| Constraint::new("tools", Grammar::ToolCalls { tools: tools.clone(), name, parallel }));
-    let request = (!tools.is_empty()).then(|| ToolsRequest { names, choice });
+    let request = (!tools.is_empty()).then_some(ToolsRequest { names, choice });
     Ok(ParsedTools { tools, request, constraint })
 }
 
