@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import List, Literal
+from typing import Annotated, List, Literal
 
 import jsonschema
 import openai
@@ -147,7 +147,7 @@ def test_json_schemas_validate(tiny, i, sampling):
 class Weather(BaseModel):
     city: Literal["Paris", "Oslo", "Lima"]
     rain: bool
-    hours: List[int] = Field(max_length=2)
+    hours: List[Annotated[int, Field(ge=0, le=23)]] = Field(max_length=2)
 
 
 def test_parse_returns_a_pydantic_object(tiny):
