@@ -3,6 +3,10 @@
 //! Library code is async and never blocks; a native caller that has no executor of its own
 //! drives a future to completion with [`block_on`]. In the browser futures are spawned on the
 //! page's event loop instead, so `block_on` does not exist there.
+//!
+//! [`run_beside`] is the one place work runs in parallel with the caller: a step's
+//! structured-output masks, computed on a thread of their own natively while the executor
+//! records the forward pass; in the browser (one thread) they are computed first.
 
 /// Run a future to completion on the current thread (native only).
 #[cfg(not(target_arch = "wasm32"))]
