@@ -32,6 +32,8 @@ const SETTINGS: u32 = 8u;
 const BISECT_STEPS: u32 = 30u;
 // -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
 const NEG_MAX: f32 = -3.4028234663852886e38;
+// The logit of a token structured output forbids (token_mask.wgsl's MASKED).
+const MASKED: f32 = -1e30;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -131,10 +133,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         token = argmax_below(lid, base, first, last, 3.4028234663852886e38, 0u);
     } else {
         let inv_t = 1.0 / temperature;
-        // s = (logit - max) / T lies in [lowest, 0].
+        // s = (logit - max) / T lies in [lowest, 0]. Tokens masked by token_mask.wgsl stay
+        // out: their far-off value would stretch the bisections below past their precision.
         var local_low = 0.0;
         for (var i = first; i < last; i++) {
-            local_low = min(local_low, (logits[base + i] - row_max) * inv_t);
+            if (logits[base + i] > MASKED) {
+                local_low = min(local_low, (logits[base + i] - row_max) * inv_t);
+            }
         }
         let lowest = -max_all(lid, -local_low);
 

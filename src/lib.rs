@@ -6,6 +6,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod builder;
+pub mod constraint;
 pub mod cpu;
 pub mod engine;
 pub mod error;

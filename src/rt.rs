@@ -3,6 +3,10 @@
 //! Library code is async and never blocks; a native caller that has no executor of its own
 //! drives a future to completion with [`block_on`]. In the browser futures are spawned on the
 //! page's event loop instead, so `block_on` does not exist there.
+//!
+//! [`run_beside`] is the one place work runs in parallel with the caller: a step's
+//! structured-output masks, computed on a thread of their own natively while the executor
+//! records the forward pass; in the browser (one thread) they are computed first.
 
 /// Run a future to completion on the current thread (native only).
 #[cfg(not(target_arch = "wasm32"))]
@@ -38,6 +42,58 @@ where
 {
     wasm_bindgen_futures::spawn_local(job);
     Ok(())
+}
+
+/// Work started beside the caller by [`run_beside`]; [`join`](Beside::join) waits for its result.
+pub struct Beside<T> {
+    /// The thread running the job, or the job's result when it ran in place.
+    #[cfg(not(target_arch = "wasm32"))]
+    inner: Result<std::thread::JoinHandle<Option<T>>, Option<T>>,
+    #[cfg(target_arch = "wasm32")]
+    done: Option<T>,
+}
+
+/// Start `job` beside the caller: natively on a thread of its own (so it overlaps with what
+/// the caller does next; where no thread can be had, in place), in the browser at once,
+/// before returning (a tab's worker has one thread).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn run_beside<T, F>(name: &str, job: F) -> Beside<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    use std::sync::{Arc, Mutex};
+    // Whichever side runs the job takes it from the slot: the thread, or this function when
+    // the thread could not start (the closure holding the thread's share is then dropped).
+    let slot = Arc::new(Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let take = |slot: &Mutex<Option<F>>| slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match std::thread::Builder::new().name(name.into()).spawn(move || take(&theirs).map(|job| job())) {
+        Ok(handle) => Beside { inner: Ok(handle) },
+        Err(_) => Beside { inner: Err(take(&slot).map(|job| job())) },
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+pub fn run_beside<T, F>(_name: &str, job: F) -> Beside<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    Beside { done: Some(job()) }
+}
+
+impl<T> Beside<T> {
+    /// The job's result; `None` if it panicked.
+    pub fn join(self) -> Option<T> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return match self.inner {
+            Ok(handle) => handle.join().ok().flatten(),
+            Err(done) => done,
+        };
+        #[cfg(target_arch = "wasm32")]
+        self.done
+    }
 }
 
 /// `Send` natively, nothing in the browser: for callbacks the caller hands over (a JavaScript

@@ -125,6 +125,11 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
         "host-side sampling is plain data; its GPU half is model::sampler",
     ),
     ("src/tokenizer", &["crate::gpu", "wgpu", "crate::engine", "crate::model::arch"], "the tokenizer is host-side"),
+    (
+        "src/constraint",
+        &["crate::gpu", "wgpu", "crate::model", "crate::engine", "crate::openai"],
+        "structured output is host-side plain data: the GPU sees only its masks",
+    ),
     ("src/step.rs", &["crate::gpu", "wgpu", "crate::model", "crate::engine"], "the step contract is plain data"),
     ("src", &["weft_native", "weft_web", "axum", "tokio", "wasm_bindgen"], "the library never uses its doors"),
 ];

@@ -14,6 +14,10 @@
 //! In-process, `--task` picks the prompts (random token ids, a copy task, ordinary chat) and the
 //! speculation flags turn on speculative decoding; each run then also reports the drafted and
 //! accepted tokens, the acceptance rate and the tokens gained per verifying step.
+//!
+//! `--constrained F` puts a fraction F of each run's requests under a JSON schema (structured
+//! output; a list of records that never completes within --gen-len, so every request still
+//! generates exactly that many tokens): the cost of token masks next to unconstrained requests.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -23,6 +27,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use weft::EngineBuilder;
+use weft::constraint::{Constraint, Grammar};
 use weft::engine::metrics::{EngineMetrics, StepRecord};
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
@@ -42,6 +47,8 @@ pub struct Options {
     pub kv_memory_bytes: usize,
     pub json: bool,
     pub profile: bool,
+    /// Fraction of each run's requests generated under a JSON schema.
+    pub constrained: f64,
     pub task: Task,
     pub speculation: crate::generate::Speculation,
 }
@@ -55,6 +62,31 @@ pub enum Task {
     Copy,
     /// Ordinary chat questions.
     Chat,
+}
+
+/// The schema of `--constrained` requests: records with strings, bounded integers and enums,
+/// and more of them than fit in any --gen-len (request `i` asks for `1000 + i`, so every
+/// request compiles its own grammar).
+fn bench_schema(i: usize) -> Value {
+    json!({
+        "type": "array",
+        "minItems": 1000 + i,
+        "items": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
+            },
+            "required": ["name", "age", "tags"],
+            "additionalProperties": false,
+        },
+    })
+}
+
+/// Whether request `i` of `n` is constrained: the first `round(fraction × n)`.
+fn is_constrained(fraction: f64, i: usize, n: usize) -> bool {
+    (i as f64) < (fraction * n as f64).round()
 }
 
 /// One request's timeline.
@@ -146,6 +178,9 @@ pub fn run(opts: Options) -> Result<()> {
     if opts.repeats == 0 {
         return Err(bad("--repeats must be at least 1"));
     }
+    if !(0.0..=1.0).contains(&opts.constrained) {
+        return Err(bad(format!("invalid --constrained {}: a fraction between 0 and 1", opts.constrained)));
+    }
     let (adapter, model, runs) = match &opts.url {
         Some(url) => {
             let target = HttpTarget::parse(url, opts.api_key.clone())?;
@@ -154,8 +189,13 @@ pub fn run(opts: Options) -> Result<()> {
                 for (i, &n) in opts.concurrency.iter().enumerate() {
                     let mut repeats = Vec::new();
                     for r in 0..opts.repeats {
-                        let traces = target.run_level(i * 1000 + r, n, prompt_len, opts.gen_len)?;
-                        repeats.push(summarize(n, prompt_len, opts.gen_len, &traces, None));
+                        let level = i * 1000 + r;
+                        // Prefill: a lone prompt's time to its first (and only) token.
+                        let lone = target.run_level(level + 500, 1, prompt_len, 1, 0.0)?;
+                        let traces = target.run_level(level, n, prompt_len, opts.gen_len, opts.constrained)?;
+                        let mut run = summarize(n, prompt_len, opts.gen_len, &traces, None);
+                        run.prefill_tok_s = prefill_rate(&lone, prompt_len);
+                        repeats.push(run);
                     }
                     runs.push(median_run(&repeats));
                 }
@@ -180,6 +220,9 @@ pub fn run(opts: Options) -> Result<()> {
         }
         if opts.task != Task::Random && opts.url.is_none() {
             doc["task"] = json!(task_name(opts.task));
+        }
+        if opts.constrained > 0.0 {
+            doc["constrained"] = json!(opts.constrained);
         }
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
@@ -224,28 +267,34 @@ struct Shape {
     task: Task,
     prompt_len: usize,
     gen_len: usize,
+    /// The fraction of the requests under a JSON schema.
+    constrained: f64,
 }
 
 /// `n` greedy requests of `shape`, different for every request (so nothing hits a cache; random
 /// token ids avoid the low, often special ones), generating exactly `gen_len` tokens.
 fn requests(n: usize, shape: Shape, vocab: usize, serial: &mut usize) -> Vec<InferenceRequest> {
-    let usable = vocab.saturating_sub(1000).max(1);
-    let Shape { task, prompt_len, gen_len } = shape;
+    // Ids above the low ones (often special tokens), or above the first eighth of a small
+    // vocabulary.
+    let low = (vocab / 8).min(1000);
+    let usable = (vocab - low).max(1);
+    let Shape { task, prompt_len, gen_len, constrained } = shape;
     (0..n)
-        .map(|_| {
+        .map(|j| {
             let offset = *serial * 7919;
             *serial += 1;
             let prompt = match task {
-                Task::Random => {
-                    Prompt::Tokens((0..prompt_len).map(|i| (1000 + (offset + i) % usable) as u32).collect())
-                }
+                Task::Random => Prompt::Tokens((0..prompt_len).map(|i| (low + (offset + i) % usable) as u32).collect()),
                 Task::Copy => Prompt::Chat(vec![ChatMessage::user(copy_prompt(*serial as u64, prompt_len))]),
                 Task::Chat => Prompt::Chat(vec![ChatMessage::user(chat_prompt(*serial))]),
             };
+            let constraint = is_constrained(constrained, j, n)
+                .then(|| Constraint::new("response_format", Grammar::JsonSchema(bench_schema(*serial))));
             let params = GenerationParams {
                 sampling: SamplingParams { temperature: 0.0, ..Default::default() },
                 max_tokens: Some(gen_len),
                 ignore_eos: true,
+                constraint,
                 ..Default::default()
             };
             InferenceRequest::new(prompt, params)
@@ -296,28 +345,27 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     let engine = builder.build_on(ctx.clone())?;
     engine.start_loop()?;
     let vocab = engine.tokenizer().vocab_size();
-    if opts.task == Task::Random && vocab.saturating_sub(1000) < max_p {
+    if opts.task == Task::Random && vocab - (vocab / 8).min(1000) < max_p {
         return Err(bad(format!("--prompt-len {max_p} is more than the non-special token ids of this model")));
     }
     let mut serial = 0usize;
     // One short request first: pipelines compile, the workspace grows.
-    let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2 };
+    let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2, constrained: 0.0 };
     traces(&engine, requests(1, warm, vocab, &mut serial))?;
     let mut runs = Vec::new();
     for &prompt_len in &opts.prompt_len {
         for &n in &opts.concurrency {
             let mut repeats = Vec::new();
-            let shape = Shape { task: opts.task, prompt_len, gen_len: opts.gen_len };
+            let shape = Shape { task: opts.task, prompt_len, gen_len: opts.gen_len, constrained: opts.constrained };
             for _ in 0..opts.repeats {
-                let lone = traces(&engine, requests(1, Shape { gen_len: 1, ..shape }, vocab, &mut serial))?;
-                let ttft =
-                    lone.first().and_then(|t| t.arrivals.first()).map(|(at, _)| (*at - lone[0].start).as_secs_f64());
+                let lone =
+                    traces(&engine, requests(1, Shape { gen_len: 1, constrained: 0.0, ..shape }, vocab, &mut serial))?;
                 engine.take_step_records();
                 let before = engine.metrics();
                 let t = traces(&engine, requests(n, shape, vocab, &mut serial))?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
-                run.prefill_tok_s = ttft.map_or(0.0, |s| prompt_len as f64 / s);
+                run.prefill_tok_s = prefill_rate(&lone, prompt_len);
                 run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
                 run.host_rss_mib = peak_rss_mib();
                 if opts.speculation.config.is_some() {
@@ -329,7 +377,8 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         }
     }
     if opts.profile {
-        let shape = Shape { task: opts.task, prompt_len: opts.prompt_len[0], gen_len: opts.gen_len.min(16) };
+        let gen_len = opts.gen_len.min(16);
+        let shape = Shape { task: opts.task, prompt_len: opts.prompt_len[0], gen_len, constrained: opts.constrained };
         profile(&engine, &opts.concurrency, shape, vocab, &mut serial)?;
     }
     engine.shutdown();
@@ -409,6 +458,12 @@ fn profile(
         }
     }
     Ok(())
+}
+
+/// Prompt tokens per second of a lone request: its prompt over its time to first token.
+fn prefill_rate(lone: &[Trace], prompt_len: usize) -> f64 {
+    let ttft = lone.first().and_then(|t| Some((t.arrivals.first()?.0 - t.start).as_secs_f64()));
+    ttft.filter(|&s| s > 0.0).map_or(0.0, |s| prompt_len as f64 / s)
 }
 
 /// The process's peak resident memory (Linux), in MiB.
@@ -656,21 +711,31 @@ impl HttpTarget {
         Ok(HttpTarget { host: host.to_string(), port, base_path: base_path.trim_end_matches('/').to_string(), api_key })
     }
 
-    fn run_level(&self, level: usize, n: usize, prompt_len: usize, gen_len: usize) -> Result<Vec<Trace>> {
+    fn run_level(
+        &self,
+        level: usize,
+        n: usize,
+        prompt_len: usize,
+        gen_len: usize,
+        constrained: f64,
+    ) -> Result<Vec<Trace>> {
         let barrier = std::sync::Barrier::new(n);
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .map(|i| {
                     let barrier = &barrier;
-                    let body = json!({
+                    let mut body = json!({
                         "prompt": word_prompt((level * 100_003 + i) as u64, prompt_len),
                         "max_tokens": gen_len,
                         "temperature": 0,
                         "ignore_eos": true,
                         "stream": true,
                         "stream_options": {"include_usage": true},
-                    })
-                    .to_string();
+                    });
+                    if is_constrained(constrained, i, n) {
+                        body["guided_json"] = bench_schema(level * n + i);
+                    }
+                    let body = body.to_string();
                     s.spawn(move || {
                         barrier.wait();
                         self.completion(&body)

@@ -129,6 +129,10 @@ enum Command {
         task: bench::Task,
         #[command(flatten)]
         spec: SpecArgs,
+        /// Fraction (0 to 1) of each run's requests to generate under a JSON schema (structured
+        /// output), to measure what token masks cost.
+        #[arg(long, default_value_t = 0.0)]
+        constrained: f64,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health (liveness), /ready (readiness) and /metrics (Prometheus text, weft's names and
@@ -278,6 +282,7 @@ fn main() -> ExitCode {
             profile,
             task,
             spec,
+            constrained,
         } => bench::run(bench::Options {
             model,
             url,
@@ -291,6 +296,7 @@ fn main() -> ExitCode {
             profile,
             task,
             speculation: spec.speculation(),
+            constrained,
         }),
         Command::Serve {
             model,

@@ -48,33 +48,45 @@ fn positive(v: &Value, path: &[&str]) -> f64 {
     n
 }
 
+/// The schema: `{adapter, model, repeats, runs: [...]}`, one run per (prompt length,
+/// concurrency), every rate and latency measured, in-process figures present.
 #[test]
-fn in_process_json_has_every_level() {
+fn in_process_json_has_every_run() {
     if !model_present() {
         return;
     }
-    let (ok, stdout, stderr) =
-        weft(&["bench", "--model", MODEL, "--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--json"]);
+    let args = ["--concurrency", "1,2", "--prompt-len", "8", "--gen-len", "4", "--repeats", "1", "--json"];
+    let (ok, stdout, stderr) = weft(&[&["bench", "--model", MODEL][..], &args].concat());
     if !ok && no_gpu(&stderr) {
         return;
     }
     assert!(ok, "{stderr}");
     let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
-    let levels = doc["levels"].as_array().unwrap_or_else(|| panic!("no levels: {doc}"));
-    assert_eq!(levels.len(), 2, "{doc}");
-    for (level, c) in levels.iter().zip([1u64, 2]) {
-        assert_eq!(level["concurrency"], c, "{level}");
-        assert_eq!(level["prompt_tokens"], 8 * c, "{level}");
-        assert_eq!(level["generated_tokens"], 4 * c, "{level}");
-        for key in ["wall_s", "prefill_tokens_per_s", "decode_tokens_per_s", "aggregate_tokens_per_s"] {
-            positive(level, &[key]);
+    assert!(doc["adapter"]["name"].as_str().is_some_and(|n| !n.is_empty()), "{doc}");
+    assert!(doc["adapter"]["features"].is_array() && doc["adapter"]["backend"].is_string(), "{doc}");
+    assert_eq!(doc["model"], "SmolLM2-135M-Instruct.Q4_1.gguf", "{doc}");
+    assert_eq!(doc["repeats"], 1, "{doc}");
+    let runs = doc["runs"].as_array().unwrap_or_else(|| panic!("no runs: {doc}"));
+    assert_eq!(runs.len(), 2, "{doc}");
+    for (run, c) in runs.iter().zip([1u64, 2]) {
+        assert_eq!(
+            (run["concurrency"].as_u64(), run["prompt_len"].as_u64(), run["gen_len"].as_u64()),
+            (Some(c), Some(8), Some(4))
+        );
+        for key in ["prefill_tok_s", "decode_tok_s_per_seq", "aggregate_tok_s", "host_ms_per_step_p50"] {
+            positive(run, &[key]);
         }
+        for key in ["gpu_mem_mib", "host_rss_mib"] {
+            positive(run, &[key]);
+        }
+        // Timestamp queries are optional in WebGPU: without them the GPU time is null.
+        assert!(run["gpu_ms_per_step_p50"].is_null() || positive(run, &["gpu_ms_per_step_p50"]) > 0.0);
         for key in ["ttft_ms", "itl_ms"] {
-            let p50 = positive(level, &[key, "p50"]);
-            let p90 = positive(level, &[key, "p90"]);
-            let p99 = positive(level, &[key, "p99"]);
-            assert!(p50 <= p90 && p90 <= p99, "{level}");
+            let p50 = positive(run, &[&format!("{key}_p50")]);
+            let p99 = positive(run, &[&format!("{key}_p99")]);
+            assert!(p50 <= p99, "{run}");
         }
+        assert!(run.get("speculation").is_none(), "no speculation asked for: {run}");
     }
 }
 
@@ -151,13 +163,13 @@ fn table_against_a_server() {
         assert!(header.contains(column), "{column} missing from:\n{stdout}");
     }
     let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(row.len(), 13, "{stdout}");
-    assert_eq!(row[0], "2", "{stdout}");
-    assert_eq!(row[2], "6", "2 requests x 3 tokens: {stdout}");
-    assert!(row[1].parse::<u64>().unwrap() > 0, "{stdout}");
-    for cell in &row[3..] {
+    assert_eq!(row.len(), 14, "{stdout}");
+    assert_eq!(row[..3], ["2", "6", "3"], "concurrency, prompt and output lengths: {stdout}");
+    for cell in &row[3..10] {
         assert!(cell.parse::<f64>().unwrap() > 0.0, "{cell} in:\n{stdout}");
     }
+    // A server reports no step times or memory.
+    assert_eq!(row[10..], ["-", "-", "-", "-"], "{stdout}");
     // Aligned: every row is as wide as the header.
     assert_eq!(stdout.lines().nth(1).unwrap().len(), header.len(), "{stdout}");
 

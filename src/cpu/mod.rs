@@ -228,6 +228,22 @@ pub fn spec_verify(p: &[f64], q: &[f64], drafted: u32, ua: f32, ur: f32) -> (u32
     (last as u32, 1.0, 1.0)
 }
 
+/// Structured output's token masks (`shaders/token_mask.wgsl`): in each row of `logits` (rows,
+/// vocab) named by `mask_rows`, every token whose bit in its mask (`masks`: one row of
+/// ceil(vocab / 32) words per entry of `mask_rows`, 1 = allowed) is clear gets `masked`.
+pub fn token_mask(logits: &mut [f32], vocab: usize, masks: &[u32], mask_rows: &[u32], masked: f32) {
+    let words = vocab.div_ceil(32);
+    for (m, &row) in mask_rows.iter().enumerate() {
+        let mask = &masks[m * words..(m + 1) * words];
+        let logits = &mut logits[row as usize * vocab..(row as usize + 1) * vocab];
+        for (token, logit) in logits.iter_mut().enumerate() {
+            if mask[token / 32] >> (token % 32) & 1 == 0 {
+                *logit = masked;
+            }
+        }
+    }
+}
+
 /// log softmax of a row, in f64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -24,11 +24,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::channel::mpsc;
 use web_time::Instant;
 
+use crate::constraint::{ConstraintCompiler, ConstraintState, tools};
 use crate::engine::metrics::{EngineMetrics, MAX_STEP_RECORDS, StepRecord};
 use crate::engine::output::Live;
 use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
@@ -38,7 +39,7 @@ use crate::engine::stop::StopMatcher;
 use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, SeqId};
-use crate::sampling::{Sampled, Sampler, SamplingParams};
+use crate::sampling::{Sampled, Sampler, SamplingParams, TokenMask};
 use crate::step::{ModelExecutor, StepBatch, accepted_len};
 use crate::tensor::TensorFactory;
 use crate::tokenizer::{DecodeStream, Tokenizer};
@@ -86,6 +87,9 @@ pub(crate) struct Inner {
     executor: Arc<dyn ModelExecutor>,
     tensor_factory: Arc<dyn TensorFactory>,
     state: Mutex<State>,
+    /// Structured output's compiler for this model's vocabulary, built by the first request
+    /// that needs it (or why it could not be).
+    constraints: OnceLock<std::result::Result<Arc<ConstraintCompiler>, String>>,
     /// The iteration lock: one step at a time.
     step_lock: futures::lock::Mutex<()>,
     next_id: AtomicU64,
@@ -153,6 +157,7 @@ impl ContinuousBatchEngine {
                     step_records: VecDeque::new(),
                     speculator: None,
                 }),
+                constraints: OnceLock::new(),
                 step_lock: futures::lock::Mutex::new(()),
                 next_id: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
@@ -280,9 +285,9 @@ impl ContinuousBatchEngine {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+    fn tokenize(&self, request: &InferenceRequest) -> Result<Vec<u32>> {
         let tok = &self.inner.tokenizer;
-        match prompt {
+        match &request.prompt {
             Prompt::Text(text) => tok.encode(text, true),
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
@@ -297,9 +302,29 @@ impl ContinuousBatchEngine {
                 let template = tok.chat_template().ok_or_else(|| {
                     WeftError::invalid("messages", "this model has no chat template; send a text prompt")
                 })?;
-                tok.encode(&template.render(messages, true)?, false)
+                // A template that cannot show tools gets them in a system message instead.
+                let shows_tools = tools::template_shows_tools(template.source());
+                let messages = tools::messages_for_template(template.source(), messages, &request.tools);
+                let tools = if shows_tools { &request.tools[..] } else { &[] };
+                tok.encode(&template.render_with_tools(&messages, tools, true)?, false)
             }
         }
+    }
+
+    /// Structured output's compiler for this model, built on first use (walking the vocabulary
+    /// once). A model it cannot serve refuses the request's `field`.
+    pub fn constraint_compiler(&self, field: &str) -> Result<Arc<ConstraintCompiler>> {
+        let built = self.inner.constraints.get_or_init(|| {
+            ConstraintCompiler::new(self.inner.tokenizer.clone(), self.inner.executor.vocab_size())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        built.clone().map_err(|e| WeftError::invalid(field, e))
+    }
+
+    fn compile_constraint(&self, request: &InferenceRequest) -> Result<Option<ConstraintState>> {
+        let Some(c) = &request.params.constraint else { return Ok(None) };
+        self.constraint_compiler(&c.field)?.compile(c).map(Some)
     }
 
     /// Queue a request; its chunks arrive on the returned receiver as steps run. This is the
@@ -310,13 +335,15 @@ impl ContinuousBatchEngine {
             return Err(WeftError::Unavailable("the engine is shut down".into()));
         }
         let admitted = request.validate().and_then(|()| {
-            let prompt = self.tokenize(&request.prompt)?;
+            let prompt = self.tokenize(&request)?;
             // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
             let decoder = DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt)?;
-            Ok((prompt, decoder))
+            // Compiled here, once: a constraint that cannot be compiled never reaches a step.
+            let constraint = self.compile_constraint(&request)?;
+            Ok((prompt, decoder, constraint))
         });
         let mut state = self.state();
-        let (prompt, decoder) = match admitted {
+        let (prompt, decoder, constraint) = match admitted {
             Ok(x) => x,
             Err(e) => {
                 state.metrics.requests_rejected += 1;
@@ -347,6 +374,7 @@ impl ContinuousBatchEngine {
             submitted_at: Instant::now(),
             scheduled_at: None,
             last_token_at: None,
+            constraint: constraint.map(|c| Arc::new(Mutex::new(c))),
             request,
         };
         state.live.insert(id, live);
@@ -390,12 +418,24 @@ impl ContinuousBatchEngine {
                 speculator.fill(&mut batch, &job, drafted);
             }
         }
-        self.prepare_sampling(&mut batch);
+        let mask_jobs = self.prepare_sampling(&mut batch);
         // Scheduling, drafting and the sampled rows' draws.
         let schedule_s = started.elapsed().as_secs_f64();
+        // The masks are computed beside the executor, which waits for them only once it has
+        // recorded the forward pass and gets to the sampler.
+        let masks =
+            (!mask_jobs.is_empty()).then(|| crate::rt::run_beside("weft-masks", move || compute_masks(mask_jobs)));
         let result = self.inner.executor.execute(&batch).await;
+        let mask_result = masks.map(|m| m.join().unwrap_or_else(MaskReport::panicked));
         let mut state = self.state();
         state.metrics.steps += 1;
+        if let Some(report) = mask_result {
+            state.metrics.token_mask_time.observe(report.seconds);
+            for (id, error) in report.failed {
+                // The row was sampled under a placeholder mask; its token is not kept.
+                self.end(&mut state, id, FinishReason::Error, Some(error));
+            }
+        }
         match result {
             Ok(output) => {
                 state.last_step_error = None;
@@ -427,9 +467,11 @@ impl ContinuousBatchEngine {
     }
 
     /// Add each sampled row's draw (and, for a draft model's sampled requests, the
-    /// rejection-sampling rule's part) to the step.
-    fn prepare_sampling(&self, batch: &mut StepBatch) {
+    /// rejection-sampling rule's part) to the step. Constrained sequences get masks still
+    /// empty, to be filled by the returned jobs.
+    fn prepare_sampling(&self, batch: &mut StepBatch) -> Vec<MaskJob> {
         let state = self.state();
+        let mut mask_jobs = Vec::new();
         for s in batch.seqs.iter_mut().filter(|s| s.num_logits > 0) {
             let Some(live) = state.live.get(&s.id) else {
                 // Cancelled since it was scheduled: its rows still run, and are dropped.
@@ -443,8 +485,17 @@ impl ContinuousBatchEngine {
             if let Some(speculator) = &state.speculator {
                 speculator.verify_rows(s, &mut spec, live.seed, output.len());
             }
+            if let Some(constraint) = &live.constraint {
+                let masks: Vec<TokenMask> = spec.rows.iter().map(|_| TokenMask::pending()).collect();
+                for (row, mask) in spec.rows.iter_mut().zip(&masks) {
+                    row.allowed = Some(mask.clone());
+                }
+                let drafted = s.drafted().to_vec();
+                mask_jobs.push(MaskJob { id: s.id, constraint: constraint.clone(), drafted, masks });
+            }
             s.sampling = Some(spec);
         }
+        mask_jobs
     }
 
     fn drop_cancelled(&self, state: &mut State) {
@@ -627,4 +678,59 @@ fn check_draft(draft: &dyn ModelExecutor, target: &dyn ModelExecutor) -> Result<
             Ok(0)
         }
     }
+}
+
+/// One constrained sequence's share of a step's mask computation.
+struct MaskJob {
+    id: SeqId,
+    constraint: Arc<Mutex<ConstraintState>>,
+    drafted: Vec<u32>,
+    /// One per sampled row, handed to the executor still empty.
+    masks: Vec<TokenMask>,
+}
+
+/// What a step's mask computation did: its time, and the sequences whose masks failed.
+struct MaskReport {
+    seconds: f64,
+    failed: Vec<(SeqId, WeftError)>,
+}
+
+impl MaskReport {
+    /// The computation panicked: every mask was filled by its guard, and which sequence was
+    /// at fault is unknown, so none is failed here (a bad state fails again, cleanly, when it
+    /// takes its next token).
+    fn panicked() -> Self {
+        MaskReport { seconds: 0.0, failed: Vec::new() }
+    }
+}
+
+/// Fills every mask still empty when dropped (an error or a panic on the way), so the executor
+/// waiting for them is never left waiting. An empty mask allows nothing; such rows' tokens are
+/// never kept.
+struct FillOnDrop(Vec<TokenMask>);
+
+impl Drop for FillOnDrop {
+    fn drop(&mut self) {
+        for mask in &self.0 {
+            mask.set(Vec::new());
+        }
+    }
+}
+
+fn compute_masks(jobs: Vec<MaskJob>) -> MaskReport {
+    let started = Instant::now();
+    let _guard = FillOnDrop(jobs.iter().flat_map(|j| j.masks.iter().cloned()).collect());
+    let mut failed = Vec::new();
+    for job in jobs {
+        let computed = job.constraint.lock().unwrap_or_else(|p| p.into_inner()).masks(&job.drafted);
+        match computed {
+            Ok(words) => {
+                for (mask, words) in job.masks.iter().zip(words) {
+                    mask.set(words);
+                }
+            }
+            Err(e) => failed.push((job.id, e)),
+        }
+    }
+    MaskReport { seconds: started.elapsed().as_secs_f64(), failed }
 }

@@ -24,6 +24,12 @@ impl Histogram {
         Histogram { cumulative_counts: vec![0; bounds.len()], bounds, count: 0, sum: 0.0 }
     }
 
+    /// Buckets for work that takes microseconds to milliseconds.
+    pub fn fast() -> Self {
+        let bounds = vec![0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1];
+        Histogram { cumulative_counts: vec![0; bounds.len()], bounds, count: 0, sum: 0.0 }
+    }
+
     pub fn observe(&mut self, seconds: f64) {
         self.count += 1;
         self.sum += seconds;
@@ -54,6 +60,8 @@ pub struct EngineMetrics {
     pub inter_token_latency: Histogram,
     pub end_to_end_latency: Histogram,
     pub queue_time: Histogram,
+    /// Host time computing structured output's token masks, per step that had any.
+    pub token_mask_time: Histogram,
     pub running: usize,
     pub waiting: usize,
     pub preemptions: u64,
@@ -79,6 +87,7 @@ impl Default for EngineMetrics {
             inter_token_latency: Histogram::latency(),
             end_to_end_latency: Histogram::latency(),
             queue_time: Histogram::latency(),
+            token_mask_time: Histogram::fast(),
             running: 0,
             waiting: 0,
             preemptions: 0,

@@ -1,13 +1,17 @@
 //! Output processing: what happens to the tokens a request keeps from a step. Each live request
-//! detokenizes them incrementally, matches stop tokens, stop strings and its length limit, and
-//! turns the result into one [`StreamChunk`].
+//! detokenizes them incrementally, matches stop tokens, stop strings and its length limit,
+//! advances its structured-output constraint (a complete one ends the request), and turns the
+//! result into one [`StreamChunk`].
 //!
 //! **Invariant:** a request's text never contains a stop string or half a UTF-8 character, and
 //! its last chunk (the one with a finish reason) carries the usage; nothing follows it.
 
+use std::sync::{Arc, Mutex};
+
 use futures::channel::mpsc;
 use web_time::Instant;
 
+use crate::constraint::{Advance, ConstraintState};
 use crate::engine::request::{FinishReason, InferenceRequest, StreamChunk, TokenLogprob, Usage};
 use crate::engine::stop::StopMatcher;
 use crate::error::{Result, WeftError};
@@ -28,6 +32,9 @@ pub(crate) struct Live {
     pub submitted_at: Instant,
     pub scheduled_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
+    /// Structured output: the request's position in its grammar (shared with the step's mask
+    /// computation, which runs beside the executor).
+    pub constraint: Option<Arc<Mutex<ConstraintState>>>,
 }
 
 impl Live {
@@ -64,6 +71,8 @@ impl Live {
             chunk.logprobs.push(TokenLogprob { token: x.token, logprob: x.logprob, top: x.top_logprobs.clone() });
         }
         let mut finish = None;
+        // The constraint's grammar is complete: the text ends here, whole.
+        let mut complete = false;
         if !params.ignore_eos && eos.contains(&x.token) {
             finish = Some(FinishReason::Eos);
         } else if params.stop_token_ids.contains(&x.token) {
@@ -82,11 +91,26 @@ impl Live {
                     finish = Some(FinishReason::Error);
                 }
             }
+            if finish.is_none()
+                && let Some(constraint) = &self.constraint
+            {
+                match constraint.lock().unwrap_or_else(|p| p.into_inner()).advance(x.token) {
+                    Ok(Advance::Continue) => {}
+                    Ok(Advance::Done) => {
+                        finish = Some(FinishReason::Stop);
+                        complete = true;
+                    }
+                    Err(e) => {
+                        let _ = self.sender.unbounded_send(Err(e));
+                        finish = Some(FinishReason::Error);
+                    }
+                }
+            }
             if finish.is_none() && self.usage.completion_tokens >= self.max_tokens {
                 finish = Some(FinishReason::Length);
             }
         }
-        if matches!(finish, Some(FinishReason::Length | FinishReason::Eos)) {
+        if complete || matches!(finish, Some(FinishReason::Length | FinishReason::Eos)) {
             // The end of the text: release what the decoder and the stop matcher still hold.
             let rest = self.decoder.finish().ok().flatten().unwrap_or_default();
             let (released, stopped) = self.stops.push(&rest);

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::constraint::Constraint;
 use crate::error::{Result, WeftError};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -32,17 +33,23 @@ pub struct GenerationParams {
     pub ignore_eos: bool,
     /// Higher runs first when the engine must choose, and is preempted last.
     pub priority: i32,
+    /// Structured output: what the generated text must match (compiled when the request is
+    /// submitted; a request whose constraint is complete ends with `Stop`).
+    pub constraint: Option<Constraint>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct InferenceRequest {
     pub prompt: Prompt,
     pub params: GenerationParams,
+    /// Tool definitions a chat prompt's template shows the model (OpenAI's `{"type":
+    /// "function", "function": {...}}` objects, its `tools` variable); empty: none.
+    pub tools: Vec<serde_json::Value>,
 }
 
 impl InferenceRequest {
     pub fn new(prompt: Prompt, params: GenerationParams) -> Self {
-        InferenceRequest { prompt, params }
+        InferenceRequest { prompt, params, tools: Vec::new() }
     }
 
     /// Reject values no engine can honour, naming the field. The engine calls this at its door

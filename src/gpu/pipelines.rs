@@ -34,6 +34,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("silu_mul.wgsl", include_str!("../../shaders/silu_mul.wgsl")),
     ("spec_sample.wgsl", include_str!("../../shaders/spec_sample.wgsl")),
     ("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
+    ("token_mask.wgsl", include_str!("../../shaders/token_mask.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),

@@ -173,7 +173,7 @@ impl TensorPart {
             PartStorage::Buffer(buffer) => buffer,
         };
         let align = u64::from(ctx.limits().min_storage_buffer_offset_alignment);
-        if self.offset_bytes % align != 0 {
+        if !self.offset_bytes.is_multiple_of(align) {
             return Err(WeftError::shape(
                 "bind tensor",
                 format!(

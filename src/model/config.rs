@@ -162,7 +162,7 @@ impl ModelConfig {
     fn check(&self, file: &str) -> Result<()> {
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
             && self.head_dim > 0
             && self.head_dim % 4 == 0
             && self.head_dim <= crate::gpu::kernels::paged::MAX_HEAD_DIM

@@ -104,7 +104,12 @@ impl Workspace {
             logit_rows: u32s(&[capacity.logits, 1])?,
             acts: Activations::new(factory, c, capacity.tokens, capacity.logits)?,
             logits: factory.zeros(&[capacity.logits, c.vocab_size], DType::F32)?,
-            sampler: SamplerBuffers::new(factory, capacity.logits, capacity.penalty_entries)?,
+            sampler: SamplerBuffers::new(
+                factory,
+                capacity.logits,
+                capacity.penalty_entries,
+                model.config().vocab_size,
+            )?,
         })
     }
 }
@@ -167,19 +172,14 @@ impl HostInputs {
     /// What decides the dispatches and their parameters: equal shapes record equal steps.
     fn shape(&self, num_seqs: usize) -> StepShape {
         let sampler = &self.sampler;
-        (
-            self.ids.len(),
-            num_seqs,
-            self.max_blocks,
-            self.logit_rows.len(),
-            sampler.num_entries(),
-            sampler.num_spec_rows(),
-        )
+        let sampled = (sampler.num_entries(), sampler.num_spec_rows(), sampler.num_mask_rows());
+        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled)
     }
 }
 
-/// Tokens, sequences, blocks per sequence, logit rows, penalty entries, draft rows.
-type StepShape = (usize, usize, usize, usize, usize, usize);
+/// Tokens, sequences, blocks per sequence, logit rows, and (penalty entries, draft rows, masked
+/// rows).
+type StepShape = (usize, usize, usize, usize, (usize, usize, usize));
 
 /// The executor's state between steps.
 #[derive(Default)]

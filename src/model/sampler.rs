@@ -4,8 +4,8 @@
 //! draws, penalty entries) is `crate::sampling`.
 //!
 //! ```text
-//!   logits (rows, vocab) ──penalize──> [token masks: structured output's slot] ──sample──> out (rows, 42)
-//!                                                                    [draft rows: spec_sample] ─┘
+//!   logits (rows, vocab) ──penalize──> token_mask (structured output) ──sample──> out (rows, 42)
+//!                                                                      [draft rows: spec_sample] ─┘
 //! ```
 //!
 //! **Invariant:** every row is sampled from its own logits, settings and draw only, so a row's
@@ -15,10 +15,11 @@ use crate::error::{Result, WeftError};
 use crate::gpu::kernels::penalize::penalize;
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use crate::gpu::kernels::spec_sample::{MODE_KEEP, MODE_VERIFY, SPEC_PER_ROW, spec_sample};
+use crate::gpu::kernels::token_mask::{MASKED_LOGIT, token_mask};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::model::draft::DraftDistributions;
 use crate::quant::DType;
-use crate::sampling::{DraftRow, MAX_TOP_LOGPROBS, Sampled, SamplingParams};
+use crate::sampling::{DraftRow, MAX_TOP_LOGPROBS, Sampled, SamplingParams, TokenMask};
 use crate::step::{StepBatch, StepOutput};
 use crate::tensor::TensorFactory;
 
@@ -44,6 +45,9 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
         logprob: f32::from_bits(row[1]),
         top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS))
             .map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n])))
+            // Tokens a mask forbade are not alternatives (rows with fewer allowed tokens than
+            // asked for list only those).
+            .filter(|&(_, logprob)| logprob > MASKED_LOGIT / 2.0)
             .collect(),
     }
 }
@@ -56,16 +60,20 @@ pub struct SamplerBuffers {
     entries: GpuTensor,   // (entries, 3) U32: row, token, times generated
     out: GpuTensor,       // (rows, OUT_PER_ROW) U32
     spec: GpuTensor,      // (rows, SPEC_PER_ROW) U32: the draft rows, see [`spec_row`]
+    masks: GpuTensor,     // (rows, ceil(vocab / 32)) U32: structured output's allowed tokens
+    mask_rows: GpuTensor, // (rows, 1) U32: the logit row of each mask
 }
 
 impl SamplerBuffers {
-    pub fn new(factory: &dyn TensorFactory, rows: usize, entries: usize) -> Result<Self> {
+    pub fn new(factory: &dyn TensorFactory, rows: usize, entries: usize, vocab: usize) -> Result<Self> {
         Ok(SamplerBuffers {
             settings: factory.zeros(&[rows, SETTINGS_PER_ROW], DType::U32)?,
             penalties: factory.zeros(&[rows, 3], DType::F32)?,
             entries: factory.zeros(&[entries.max(1), 3], DType::U32)?,
             out: factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?,
             spec: factory.zeros(&[rows, SPEC_PER_ROW], DType::U32)?,
+            masks: factory.zeros(&[rows, vocab.div_ceil(32)], DType::U32)?,
+            mask_rows: factory.zeros(&[rows, 1], DType::U32)?,
         })
     }
 
@@ -83,6 +91,9 @@ pub struct SamplerInputs {
     entries: Vec<u32>,
     /// Rows speculating with a draft model, [`SPEC_PER_ROW`] words each.
     spec: Vec<u32>,
+    /// Structured output: the logit rows with a mask, and their masks (maybe still being
+    /// computed: [`write`] waits for them).
+    masks: Vec<(u32, TokenMask)>,
 }
 
 impl SamplerInputs {
@@ -94,6 +105,7 @@ impl SamplerInputs {
         let mut penalties = Vec::with_capacity(num_rows * 3);
         let mut entries = Vec::new();
         let mut draft_rows = Vec::new();
+        let mut masks = Vec::new();
         for seq in batch.seqs.iter().filter(|s| s.num_logits > 0) {
             let spec = seq.sampling.as_ref();
             debug_assert!(
@@ -114,9 +126,12 @@ impl SamplerInputs {
                 if let Some((draw, draft)) = draw.and_then(|d| Some((d, d.draft?))) {
                     draft_rows.extend(spec_row(row, params, draw.uniform, draft));
                 }
+                if let Some(mask) = draw.and_then(|d| d.allowed.clone()) {
+                    masks.push((row, mask));
+                }
             }
         }
-        SamplerInputs { settings, penalties, entries, spec: draft_rows }
+        SamplerInputs { settings, penalties, entries, spec: draft_rows, masks }
     }
 
     /// Penalty entries these inputs hold.
@@ -127,6 +142,11 @@ impl SamplerInputs {
     /// Rows these inputs speculate with a draft model.
     pub fn num_spec_rows(&self) -> usize {
         self.spec.len() / SPEC_PER_ROW
+    }
+
+    /// Rows these inputs mask (structured output).
+    pub fn num_mask_rows(&self) -> usize {
+        self.masks.len()
     }
 }
 
@@ -169,6 +189,21 @@ pub fn write(factory: &GpuTensorFactory, inputs: &SamplerInputs, bufs: &SamplerB
     if inputs.num_spec_rows() > 0 {
         factory.write(&bufs.spec.slice_rows(0..inputs.num_spec_rows())?, bytemuck::cast_slice(&inputs.spec))?;
     }
+    if !inputs.masks.is_empty() {
+        // A mask may still be being computed on another thread: the executor writes the
+        // sampler's inputs after recording the forward pass, so the two overlap.
+        let words = bufs.masks.shape()[1];
+        let mut masks = Vec::with_capacity(inputs.masks.len() * words);
+        for (_, mask) in &inputs.masks {
+            let start = masks.len();
+            masks.extend_from_slice(mask.wait());
+            masks.resize(start + words, 0);
+        }
+        let rows: Vec<u32> = inputs.masks.iter().map(|(row, _)| *row).collect();
+        let n = rows.len();
+        factory.write(&bufs.masks.slice_rows(0..n)?, bytemuck::cast_slice(&masks))?;
+        factory.write(&bufs.mask_rows.slice_rows(0..n)?, bytemuck::cast_slice(&rows))?;
+    }
     Ok(())
 }
 
@@ -193,7 +228,10 @@ pub fn record(
         let entries = bufs.entries.slice_rows(0..inputs.num_entries())?;
         penalize(ctx, rec, logits, &entries, &bufs.penalties.slice_rows(0..rows)?)?;
     }
-    // Structured output's token masks go here: after penalties, before any filtering.
+    if inputs.num_mask_rows() > 0 {
+        let n = inputs.num_mask_rows();
+        token_mask(ctx, rec, logits, &bufs.masks.slice_rows(0..n)?, &bufs.mask_rows.slice_rows(0..n)?.reshape(&[n])?)?;
+    }
     sample(ctx, rec, logits, &settings, &bufs.out(rows)?)?;
     if inputs.num_spec_rows() == 0 {
         return Ok(());

@@ -1,6 +1,6 @@
 //! Tiny random Llama models, written by weft itself, for fast tests: the same weights as a GGUF
 //! file (llama.cpp's layout, q/k rows permuted, with a byte-level tokenizer and a ChatML
-//! template) and as Hugging Face f32 tensors (for the CPU oracle in `cpu::llama` and for
+//! template that shows tools as Qwen2.5 does) and as Hugging Face f32 tensors (for the CPU oracle in `cpu::llama` and for
 //! safetensors directories).
 
 use crate::cpu::llama::HfWeights;
@@ -23,7 +23,7 @@ pub fn tiny_config() -> ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_scaling: None,
-        max_position_embeddings: 512,
+        max_position_embeddings: 2048,
         tie_word_embeddings: true,
         attention_bias: false,
         sliding_window: None,
@@ -53,8 +53,28 @@ const fn tiny_vocab() -> [&'static str; 260] {
 pub const TINY_EOS: u32 = 257;
 pub const TINY_IM_END: u32 = 259;
 
-const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+/// ChatML, with tools the way Qwen2.5 (Hermes) shows them: a system message listing them and
+/// asking for `<tool_call>` JSON, calls and results written back into the conversation. With
+/// no tools it renders plain ChatML.
+const CHATML: &str = concat!(
+    "{% if tools %}<|im_start|>system\n",
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}",
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n",
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}\n</tools>\n\n",
+    "For each function call, return a json object with function name and arguments within ",
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": ",
+    "<args-json-object>}\n</tool_call><|im_end|>\n{% endif %}",
+    "{% for m in messages %}",
+    "{% if tools and loop.first and m['role'] == 'system' %}",
+    "{% elif m['role'] == 'assistant' and m['tool_calls'] is defined %}<|im_start|>assistant\n{{ m['content'] }}",
+    "{% for tc in m['tool_calls'] %}{% if not loop.first or m['content'] %}{{ '\\n' }}{% endif %}",
+    "<tool_call>\n{\"name\": \"{{ tc['function']['name'] }}\", \"arguments\": ",
+    "{{ tc['function']['arguments'] | tojson }}{{ '}' }}\n</tool_call>{% endfor %}<|im_end|>\n",
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n",
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+);
 
 /// GPT-2's printable stand-in for each byte (`bytes_to_unicode`).
 const BYTE_TOKENS: [&str; 256] = [

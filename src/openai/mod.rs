@@ -2,6 +2,11 @@
 //! (`parse`), and shaping responses and streamed chunks (`shape`) as JSON values, with
 //! OpenAI's error shape (`error`).
 //!
+//! Structured output (`response_format`, vLLM's `structured_outputs` and `guided_*`,
+//! llama.cpp's `grammar`) becomes the request's constraint (`structured`); `tools` are shown to
+//! the model by its chat template, a required or named `tool_choice` becomes a grammar, and
+//! calls are read back out of the answer in the model's own format (`tools`).
+//!
 //! The native server (`weft serve`) and the browser build speak the same protocol through this
 //! module; they add only their transport (HTTP status codes and SSE framing, or JS messages).
 //! Every known request field is type-checked, and an error names the field in OpenAI's shape
@@ -14,12 +19,17 @@
 mod error;
 mod parse;
 mod shape;
+mod structured;
+#[cfg(test)]
+mod structured_tests;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 pub use error::OpenAiError;
 pub use parse::{OpenAiRequest, parse, parse_body, requested_model};
 pub use shape::{ChunkShaper, finish_str, response_json, response_json_with, usage_json};
+pub use tools::{ToolsRequest, call_id};
 
 /// Which OpenAI endpoint a request is for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

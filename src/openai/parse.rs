@@ -7,6 +7,8 @@ use serde_json::{Map, Value};
 use crate::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use crate::openai::Endpoint;
 use crate::openai::error::{ApiResult, OpenAiError};
+use crate::openai::structured::parse_constraint;
+use crate::openai::tools::{ToolsRequest, parse_tools, template_tool_calls};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
 
@@ -37,6 +39,9 @@ pub struct OpenAiRequest {
     pub logprobs: Option<usize>,
     /// The model the request names, for the caller to check.
     pub model: Option<String>,
+    /// Chat with `tools`: which may be called and how calls are chosen, for reading calls out
+    /// of the answer.
+    pub tools: Option<ToolsRequest>,
 }
 
 /// Read a JSON body (already an object) for an endpoint. Fields are type-checked in a fixed
@@ -55,14 +60,38 @@ pub fn parse(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiR
             Prompt::Text(prompt)
         }
     };
-    let common = parse_common(&f, endpoint == Endpoint::Chat)?;
+    let mut common = parse_common(&f, endpoint == Endpoint::Chat)?;
+    let constraint = parse_constraint(body)?;
+    let parsed_tools = match endpoint {
+        Endpoint::Chat => Some(parse_tools(body)?),
+        Endpoint::Completion => match f.get("tools") {
+            Some(_) => return Err(OpenAiError::invalid("tools", "invalid tools: tools are for chat completions")),
+            None => None,
+        },
+    };
+    let (tools, tools_request, tool_constraint) = match parsed_tools {
+        Some(t) => (t.tools, t.request, t.constraint),
+        None => (Vec::new(), None, None),
+    };
+    common.params.constraint = match (constraint, tool_constraint) {
+        (Some(c), Some(_)) => {
+            return Err(OpenAiError::invalid(
+                "tool_choice",
+                format!("invalid tool_choice: a required or named tool call cannot be combined with {}", c.field),
+            ));
+        }
+        (c, t) => c.or(t),
+    };
+    let mut request = InferenceRequest::new(prompt, common.params);
+    request.tools = tools;
     Ok(OpenAiRequest {
         endpoint,
-        request: InferenceRequest::new(prompt, common.params),
+        request,
         stream: common.stream,
         include_usage: common.include_usage,
         logprobs: common.logprobs,
         model,
+        tools: tools_request,
     })
 }
 
@@ -268,7 +297,23 @@ fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
                 ));
             }
         };
-        out.push(ChatMessage::new(role.clone(), content));
+        let mut message = ChatMessage::new(role.clone(), content);
+        if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+            message.tool_calls = template_tool_calls(i, calls)?;
+        }
+        let text = |k: &str| -> ApiResult<Option<String>> {
+            match m.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(v) => Err(OpenAiError::invalid(
+                    "messages",
+                    format!("invalid messages: message {i} {k} must be a string, got {v}"),
+                )),
+            }
+        };
+        message.tool_call_id = text("tool_call_id")?;
+        message.name = text("name")?;
+        out.push(message);
     }
     Ok(out)
 }

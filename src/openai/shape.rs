@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
+use crate::constraint::tools::{ToolEvent, ToolStream, parse_calls};
 use crate::engine::ContinuousBatchEngine;
 use crate::engine::request::{FinishReason, InferenceResponse, StreamChunk, TokenLogprob, Usage};
 use crate::openai::error::{ApiResult, OpenAiError};
+use crate::openai::tools::{ToolsRequest, call_delta_json, call_json, format_of};
 use crate::openai::{Endpoint, OpenAiRequest};
 use crate::tokenizer::Tokenizer;
 
@@ -104,15 +106,26 @@ pub fn response_json_with(
     if response.finish_reason == FinishReason::Error {
         return Err(engine_failed());
     }
-    let finish = finish_str(response.finish_reason);
+    let mut finish = finish_str(response.finish_reason);
     Ok(match req.endpoint {
         Endpoint::Chat => {
             let logprobs = req.logprobs.map(|top| chat_logprobs(tok, &response.logprobs, top)).unwrap_or(Value::Null);
+            let mut message = json!({"role": "assistant", "content": response.text});
+            let calls = req
+                .tools
+                .as_ref()
+                .filter(|t| t.reads_calls())
+                .and_then(|t| parse_calls(format_of(tok), &response.text, &t.names()).map(|found| (t, found)));
+            if let Some((t, (content, calls))) = calls {
+                message["content"] = content.map_or(Value::Null, Value::String);
+                message["tool_calls"] = calls.iter().map(call_json).collect();
+                finish = calls_finish(t, response.finish_reason);
+            }
             json!({
                 "id": id, "object": "chat.completion", "created": created, "model": model,
                 "choices": [{
                     "index": 0,
-                    "message": {"role": "assistant", "content": response.text},
+                    "message": message,
                     "logprobs": logprobs,
                     "finish_reason": finish,
                 }],
@@ -133,6 +146,15 @@ pub fn response_json_with(
     })
 }
 
+/// The finish reason of an answer that made tool calls: OpenAI's "tool_calls" (or "stop" for a
+/// named function) when it ended by itself, the engine's reason otherwise (cut off by length).
+fn calls_finish(tools: &ToolsRequest, reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop | FinishReason::Eos => tools.finish_reason(),
+        other => finish_str(other),
+    }
+}
+
 /// Turns engine `StreamChunk`s into OpenAI chunk objects for one streamed request.
 pub struct ChunkShaper {
     tokenizer: Arc<dyn Tokenizer>,
@@ -146,6 +168,10 @@ pub struct ChunkShaper {
     offset: usize,
     started: bool,
     finished: bool,
+    /// Chat with tools: reads calls out of the streamed text.
+    tools: Option<(ToolsRequest, ToolStream)>,
+    /// Tool calls streamed so far (the next one's `index`).
+    num_calls: usize,
 }
 
 impl ChunkShaper {
@@ -162,7 +188,6 @@ impl ChunkShaper {
         model: String,
     ) -> Self {
         ChunkShaper {
-            tokenizer,
             endpoint: req.endpoint,
             include_usage: req.include_usage,
             logprobs: req.logprobs,
@@ -172,6 +197,12 @@ impl ChunkShaper {
             offset: 0,
             started: false,
             finished: false,
+            tools: req.tools.clone().filter(ToolsRequest::reads_calls).map(|t| {
+                let stream = ToolStream::new(format_of(tokenizer.as_ref()), &t.names());
+                (t, stream)
+            }),
+            tokenizer,
+            num_calls: 0,
         }
     }
 
@@ -224,22 +255,53 @@ impl ChunkShaper {
             }
             _ => Value::Null,
         };
-        if !c.text.is_empty() || !logprobs.is_null() {
-            let choice = if chat {
-                json!({"index": 0, "delta": {"content": c.text}, "logprobs": logprobs, "finish_reason": null})
-            } else {
-                json!({"index": 0, "text": c.text, "logprobs": logprobs, "finish_reason": null})
-            };
-            out.push(self.chunk(json!([choice]), None));
+        let mut logprobs = Some(logprobs);
+        if chat {
+            let mut deltas = Vec::new();
+            match &mut self.tools {
+                Some((_, stream)) => {
+                    let mut events = stream.push(&c.text);
+                    if c.finish_reason.is_some() {
+                        events.extend(stream.finish());
+                    }
+                    for event in events {
+                        deltas.push(match event {
+                            ToolEvent::Content(text) => json!({"content": text}),
+                            ToolEvent::Call(call) => {
+                                self.num_calls += 1;
+                                json!({"tool_calls": [call_delta_json(self.num_calls - 1, &call)]})
+                            }
+                        });
+                    }
+                }
+                None if !c.text.is_empty() => deltas.push(json!({"content": c.text})),
+                None => {}
+            }
+            if deltas.is_empty() && logprobs.as_ref().is_some_and(|l| !l.is_null()) {
+                deltas.push(json!({"content": ""}));
+            }
+            for delta in deltas {
+                let lp = logprobs.take().unwrap_or(Value::Null);
+                out.push(
+                    self.chunk(json!([{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}]), None),
+                );
+            }
+        } else if !c.text.is_empty() || logprobs.as_ref().is_some_and(|l| !l.is_null()) {
+            let lp = logprobs.take().unwrap_or(Value::Null);
+            out.push(self.chunk(json!([{"index": 0, "text": c.text, "logprobs": lp, "finish_reason": null}]), None));
         }
         if let Some(reason) = c.finish_reason {
             if reason == FinishReason::Error {
                 out.push(engine_failed().body());
             } else {
+                let finish = match &self.tools {
+                    Some((t, _)) if self.num_calls > 0 => calls_finish(t, reason),
+                    _ => finish_str(reason),
+                };
                 let choice = if chat {
-                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_str(reason)})
+                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish})
                 } else {
-                    json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish_str(reason)})
+                    json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish})
                 };
                 out.push(self.chunk(json!([choice]), None));
                 if self.include_usage {

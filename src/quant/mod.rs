@@ -88,7 +88,7 @@ impl DType {
 
     /// Bytes taken by `num_elems` consecutive elements; block formats need whole blocks.
     pub fn size_bytes(self, num_elems: usize) -> Result<usize> {
-        if num_elems % self.block_elems() != 0 {
+        if !num_elems.is_multiple_of(self.block_elems()) {
             return Err(WeftError::shape(
                 "tensor layout",
                 format!(
@@ -115,7 +115,7 @@ fn weight_format(dtype: DType, what: &str) -> Result<&'static Format> {
 /// Decode `bytes` (a whole number of storage units of `dtype`) into f32 values.
 pub fn dequantize(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
     let format = weight_format(dtype, "there are no values to dequantize")?;
-    if bytes.len() % format.block_bytes != 0 {
+    if !bytes.len().is_multiple_of(format.block_bytes) {
         return Err(WeftError::shape(
             "dequantize",
             format!("{} bytes is not a whole number of {dtype} units of {} bytes", bytes.len(), format.block_bytes),

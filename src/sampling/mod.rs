@@ -166,6 +166,8 @@ pub struct RowDraw {
     /// Speculative decoding with a draft model and a sampled request: this row's part in the
     /// rejection-sampling rule; `None` for every other row.
     pub draft: Option<DraftRow>,
+    /// Structured output: the tokens this row may pick; `None` allows every token.
+    pub allowed: Option<TokenMask>,
 }
 
 /// A sampled row's part in speculative decoding with a draft model (the rejection-sampling
@@ -180,6 +182,54 @@ pub enum DraftRow {
     /// keep it with probability min(1, p/q) (tested with `accept_uniform`), else draw from the
     /// normalised max(0, p − q) with the row's own `uniform`.
     Verify { slot: u32, token: u32, accept_uniform: f32 },
+}
+
+/// A sampled row's allowed tokens: bit `t % 32` of word `t / 32` is token `t`, 1 = allowed
+/// (vocab/32 words). The engine may hand one over still empty and fill it from another thread
+/// while the step's forward pass is recorded; the GPU sampler waits for it only when it gets
+/// to the mask (`model::sampler`). A filler that gives up must still [`set`](Self::set) it.
+#[derive(Clone, Debug, Default)]
+pub struct TokenMask(std::sync::Arc<std::sync::OnceLock<Vec<u32>>>);
+
+impl TokenMask {
+    /// A mask to be filled in later.
+    pub fn pending() -> Self {
+        Self::default()
+    }
+
+    /// A mask known now.
+    pub fn ready(words: Vec<u32>) -> Self {
+        let mask = Self::default();
+        mask.set(words);
+        mask
+    }
+
+    /// Fill the mask (the first fill wins).
+    pub fn set(&self, words: Vec<u32>) {
+        let _ = self.0.set(words);
+    }
+
+    /// The words, if filled.
+    pub fn get(&self) -> Option<&[u32]> {
+        self.0.get().map(Vec::as_slice)
+    }
+
+    /// The words, waiting until they are filled. Never blocks in the browser, where masks are
+    /// computed before the step starts.
+    pub fn wait(&self) -> &[u32] {
+        self.0.wait()
+    }
+
+    /// Whether the mask allows `token` (false until filled).
+    pub fn allows(&self, token: u32) -> bool {
+        self.get().and_then(|w| w.get(token as usize / 32)).is_some_and(|w| w >> (token % 32) & 1 == 1)
+    }
+}
+
+impl PartialEq for TokenMask {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
 }
 
 /// How to pick one step's tokens for one sequence: the request's parameters and one
@@ -229,7 +279,12 @@ impl Sampler for GpuSampler {
                 } else {
                     Vec::new()
                 };
-                RowDraw { uniform: SamplerRng::nth_uniform(seed, position), penalty_entries, draft: None }
+                RowDraw {
+                    uniform: SamplerRng::nth_uniform(seed, position),
+                    penalty_entries,
+                    draft: None,
+                    allowed: None,
+                }
             })
             .collect();
         SampleSpec { params: params.clone(), rows }

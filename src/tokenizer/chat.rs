@@ -29,11 +29,28 @@ pub struct ChatMessage {
     /// "system", "user", "assistant", ... (whatever the template knows).
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls, as templates expect them: `{"type": "function", "id",
+    /// "function": {"name", "arguments"}}` with `arguments` an object (Hugging Face's
+    /// convention), not OpenAI's JSON string. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A tool result's call id (role "tool").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's name, on a tool result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -47,9 +64,21 @@ impl ChatMessage {
 }
 
 /// A message as the template sees it: a mapping with the keys `role` and `content`, in that
-/// order (as the Python dict transformers passes).
+/// order (as the Python dict transformers passes), then `tool_calls`, `tool_call_id` and `name`
+/// where the message has them (undefined otherwise, as templates test with `is defined`).
 #[derive(Debug)]
 struct MessageValue(ChatMessage);
+
+impl MessageValue {
+    fn keys(&self) -> Vec<&'static str> {
+        let m = &self.0;
+        let mut keys = vec!["role", "content"];
+        keys.extend((!m.tool_calls.is_empty()).then_some("tool_calls"));
+        keys.extend(m.tool_call_id.as_ref().map(|_| "tool_call_id"));
+        keys.extend(m.name.as_ref().map(|_| "name"));
+        keys
+    }
+}
 
 impl Object for MessageValue {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
@@ -57,15 +86,19 @@ impl Object for MessageValue {
     }
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let m = &self.0;
         match key.as_str()? {
-            "role" => Some(Value::from(self.0.role.clone())),
-            "content" => Some(Value::from(self.0.content.clone())),
+            "role" => Some(Value::from(m.role.clone())),
+            "content" => Some(Value::from(m.content.clone())),
+            "tool_calls" if !m.tool_calls.is_empty() => Some(Value::from(minijinja::value::Serde(&m.tool_calls))),
+            "tool_call_id" => m.tool_call_id.clone().map(Value::from),
+            "name" => m.name.clone().map(Value::from),
             _ => None,
         }
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Str(&["role", "content"])
+        Enumerator::Values(self.keys().into_iter().map(Value::from).collect())
     }
 }
 
@@ -73,6 +106,8 @@ impl Object for MessageValue {
 #[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
+    /// The Jinja source, as given.
+    source: Arc<str>,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -107,6 +142,7 @@ impl ChatTemplate {
             .map_err(|e| template_error("the chat template does not parse", &e))?;
         Ok(ChatTemplate {
             env: Arc::new(env),
+            source: source.into(),
             bos_token: bos_token.map(str::to_owned),
             eos_token: eos_token.map(str::to_owned),
         })
@@ -115,13 +151,26 @@ impl ChatTemplate {
     /// Renders a conversation; `add_generation_prompt` appends the header of the assistant's
     /// turn (where the template has one).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`render`](Self::render) with tool definitions (OpenAI's `{"type": "function",
+    /// "function": {...}}` objects) as the template's `tools` variable; none is `none`, as in
+    /// transformers.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
+        let tools = if tools.is_empty() { Value::from(()) } else { Value::from(minijinja::value::Serde(tools)) };
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().map(Value::from).unwrap_or(Value::UNDEFINED),
             eos_token => self.eos_token.clone().map(Value::from).unwrap_or(Value::UNDEFINED),
-            tools => (),
+            tools => tools,
             documents => (),
         };
         let template =
@@ -133,6 +182,11 @@ impl ChatTemplate {
                 template_error("rendering the chat template failed", &e)
             }
         })
+    }
+
+    /// The template's Jinja source (what a tool-call format is recognised by).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 }
 

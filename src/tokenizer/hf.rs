@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value as Json;
 
-use super::{ChatTemplate, Tokenizer};
+use super::{ChatTemplate, TokenBytes, Tokenizer};
 use crate::{Result, WeftError};
 
 /// Token texts that end a turn in the chat formats we know; where the vocabulary has one of them
@@ -224,6 +224,68 @@ impl Tokenizer for HfTokenizer {
     fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
     }
+
+    fn token_bytes(&self) -> Vec<TokenBytes> {
+        let added = self.inner.get_added_tokens_decoder();
+        let byte_level = is_byte_level(self.inner.get_decoder());
+        let byte_of = if byte_level { byte_level_decoder() } else { std::collections::HashMap::new() };
+        (0..self.vocab_size as u32)
+            .map(|id| {
+                // Added tokens are spelled as themselves, not in the model's byte encoding.
+                if let Some(t) = added.get(&id) {
+                    return TokenBytes { bytes: t.content.as_bytes().to_vec(), special: t.special };
+                }
+                let Some(piece) = self.inner.id_to_token(id) else { return TokenBytes::default() };
+                let bytes = if byte_level {
+                    // A piece outside the byte alphabet cannot be produced by this encoding: it
+                    // stays unspellable (never allowed by a grammar) rather than guessed.
+                    piece.chars().map(|c| byte_of.get(&c).copied()).collect::<Option<Vec<u8>>>().unwrap_or_default()
+                } else {
+                    sentencepiece_bytes(&piece)
+                };
+                TokenBytes { bytes, special: false }
+            })
+            .collect()
+    }
+}
+
+/// Whether the decoder is GPT-2's byte-level one (alone or inside a sequence).
+fn is_byte_level(decoder: Option<&tokenizers::DecoderWrapper>) -> bool {
+    use tokenizers::DecoderWrapper as D;
+    match decoder {
+        Some(D::ByteLevel(_)) => true,
+        Some(D::Sequence(seq)) => seq.get_decoders().iter().any(|d| matches!(d, D::ByteLevel(_))),
+        _ => false,
+    }
+}
+
+/// GPT-2's byte alphabet backwards: the printable stand-in of each byte to the byte. Printable
+/// Latin-1 bytes stand for themselves; the others take the code points from U+0100 on, in order.
+fn byte_level_decoder() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (b as char, b)
+            } else {
+                next += 1;
+                (char::from_u32(next - 1).unwrap_or('\0'), b)
+            }
+        })
+        .collect()
+}
+
+/// A SentencePiece piece as text bytes: `<0xHH>` is the byte HH (byte fallback), and `▁`
+/// stands for a space.
+fn sentencepiece_bytes(piece: &str) -> Vec<u8> {
+    if let Some(hex) = piece.strip_prefix("<0x").and_then(|p| p.strip_suffix('>'))
+        && hex.len() == 2
+        && let Ok(b) = u8::from_str_radix(hex, 16)
+    {
+        return vec![b];
+    }
+    piece.replace('\u{2581}', " ").into_bytes()
 }
 
 fn read_config(path: &Path) -> Result<Json> {

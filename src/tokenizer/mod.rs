@@ -27,6 +27,16 @@ pub use stream::DecodeStream;
 
 use crate::Result;
 
+/// One vocabulary entry as the bytes it adds to the text. Structured output matches grammars
+/// against these, so they must be exact: a byte-level BPE token that holds half a UTF-8
+/// character is that half, not a replacement character.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenBytes {
+    pub bytes: Vec<u8>,
+    /// A control token (`<|im_end|>`, ...): it never stands for its spelling in text.
+    pub special: bool,
+}
+
 /// Text to token ids and back, for one model's vocabulary. Object safe: the engine holds an
 /// `Arc<dyn Tokenizer>`.
 pub trait Tokenizer: Send + Sync {
@@ -53,4 +63,13 @@ pub trait Tokenizer: Send + Sync {
 
     /// The model's chat template, if it has one.
     fn chat_template(&self) -> Option<&ChatTemplate>;
+
+    /// Every id's bytes, in id order. The default spells each id with
+    /// [`token_to_piece`](Self::token_to_piece), which is lossy for tokens holding part of a
+    /// UTF-8 character; tokenizers that know their byte encoding override it.
+    fn token_bytes(&self) -> Vec<TokenBytes> {
+        (0..self.vocab_size() as u32)
+            .map(|id| TokenBytes { bytes: self.token_to_piece(id).unwrap_or_default().into_bytes(), special: false })
+            .collect()
+    }
 }

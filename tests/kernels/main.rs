@@ -15,4 +15,5 @@ mod rope;
 mod sample;
 mod spec_sample;
 mod split;
+mod token_mask;
 mod wgsl;

@@ -52,6 +52,15 @@
  *   - `chat.completions.create(params)` / `completions.create(params)`: OpenAI request bodies
  *     (`messages` / `prompt`, max_tokens, temperature, top_p, seed, stop, n, stream,
  *     stream_options, …). Concurrent calls are batched by the engine in each GPU step.
+ *     - Structured output: `response_format` ({type: 'json_object'} or {type: 'json_schema',
+ *       json_schema: {name, schema, strict}}), vLLM's `structured_outputs` / `guided_json`,
+ *       `guided_regex`, `guided_choice`, `guided_grammar`, and llama.cpp's `grammar` (GBNF): the
+ *       output is forced to match. An invalid schema, regex or grammar rejects with a WeftError
+ *       whose `.param` names the field.
+ *     - Tools (chat): `tools`, `tool_choice` ('auto', 'none', 'required' or
+ *       {type: 'function', function: {name}}), `parallel_tool_calls`; calls come back as
+ *       `message.tool_calls` (streamed: `delta.tool_calls`, each call whole), results go back as
+ *       {role: 'tool', tool_call_id, content} messages.
  *     - `stream: true` → Promise<WeftStream>: an async iterator of chunk objects
  *       (`for await (const chunk of stream)`), with `.id`, `.controller` (an AbortController)
  *       and `.abort()`. Leaving the loop early (break) aborts the request. An aborted request

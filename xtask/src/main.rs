@@ -143,19 +143,21 @@ fn target_dir() -> PathBuf {
 }
 
 /// The Python packages of tests/server: the official OpenAI client, pytest, Prometheus' text
-/// parser (vLLM-named metrics) and the offline Kubernetes schema validator (deploy/kubernetes),
-/// each as (pip name, import name).
-const PYTHON_TEST_PACKAGES: [(&str, &str); 4] = [
+/// parser (vLLM-named metrics), the offline Kubernetes schema validator (deploy/kubernetes) and
+/// jsonschema (the structured-output tests validate what the server returns), each as (pip
+/// name, import name).
+const PYTHON_TEST_PACKAGES: [(&str, &str); 5] = [
     ("openai", "openai"),
     ("pytest", "pytest"),
     ("prometheus_client", "prometheus_client"),
     ("kubernetes-validate", "kubernetes_validate"),
+    ("jsonschema", "jsonschema"),
 ];
 
 /// The server tests (tests/server, pytest): `weft serve` against the official OpenAI Python
-/// client; vLLM-named metrics, the drain and two replicas behind HAProxy on the tiny model;
-/// the container image and the Kubernetes manifests. A venv at target/pyvenv gets
-/// PYTHON_TEST_PACKAGES (made when missing), HAProxy is installed when missing (root on
+/// client; structured output, vLLM-named metrics, the drain and two replicas behind HAProxy on
+/// the tiny model; the container image and the Kubernetes manifests. A venv at target/pyvenv
+/// gets PYTHON_TEST_PACKAGES (made when missing), HAProxy is installed when missing (root on
 /// Debian/Ubuntu) and then required, the release binary and the tiny model are built, then
 /// pytest runs. Any failure fails the run, and so does pytest finding no tests (exit status 5).
 fn test_server_python() -> Result {

@@ -13,6 +13,7 @@ pub mod reduce;
 pub mod rope;
 pub mod sample;
 pub mod spec_sample;
+pub mod token_mask;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
@@ -63,6 +64,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),
         entry::<spec_sample::Params>("spec_sample", "Params"),
+        entry::<token_mask::Params>("token_mask", "Params"),
     ]
 }
 
