@@ -48,7 +48,10 @@ fn info_runs_the_self_check() {
     }
     let (ok, stdout, stderr) = weft(&["info", "--baseline"], &[]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains("shader-f16=false subgroups=false"), "--baseline must drop the optional features:\n{stdout}");
+    assert!(
+        stdout.contains("shader-f16=false subgroups=false"),
+        "--baseline must drop the optional features:\n{stdout}"
+    );
 }
 
 /// Each broken model makes `weft generate` exit non-zero with one line naming the file and
@@ -60,14 +63,23 @@ fn broken_models_are_named_in_one_line() {
     std::fs::create_dir_all(&dir).unwrap();
     let corrupt = dir.join("corrupt.gguf");
     std::fs::write(&corrupt, b"this is not a model at all").unwrap();
-    let mut q6k = GgufWriter::new();
-    q6k.metadata("general.architecture", MetaValue::String("llama".into()))
-        .tensor("blk.0.ffn_down.weight", &[256, 2], GgmlType::Q6_K, &[0u8; 420]);
-    let unsupported = dir.join("q6k.gguf");
-    std::fs::write(&unsupported, q6k.to_bytes()).unwrap();
+    let mut iq2 = GgufWriter::new();
+    iq2.metadata("general.architecture", MetaValue::String("llama".into())).tensor(
+        "blk.0.ffn_down.weight",
+        &[256, 2],
+        GgmlType::IQ2_XXS,
+        &[0u8; 132],
+    );
+    let unsupported = dir.join("iq2.gguf");
+    std::fs::write(&unsupported, iq2.to_bytes()).unwrap();
     let truncated = dir.join("truncated.gguf");
     let mut whole = GgufWriter::new();
-    whole.metadata("general.architecture", MetaValue::String("llama".into())).tensor("token_embd.weight", &[64, 8], GgmlType::F32, &[0u8; 2048]);
+    whole.metadata("general.architecture", MetaValue::String("llama".into())).tensor(
+        "token_embd.weight",
+        &[64, 8],
+        GgmlType::F32,
+        &[0u8; 2048],
+    );
     let bytes = whole.to_bytes();
     std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
     let no_config = dir.join("hf-without-config");
@@ -75,7 +87,10 @@ fn broken_models_are_named_in_one_line() {
 
     let cases: [(&std::path::Path, &str); 4] = [
         (&corrupt, "not a GGUF file"),
-        (&unsupported, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16"),
+        (
+            &unsupported,
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16",
+        ),
         (&truncated, "past the end of the file"),
         (&no_config, "config.json"),
     ];
@@ -109,7 +124,18 @@ fn generate_answers_a_chat_question_with_the_default_model() {
         assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing");
         return eprintln!("skipping: no default model");
     }
-    let args = ["generate", "--model", model, "--chat", "--prompt", "What is the capital of France?", "--temperature", "0", "--max-tokens", "12"];
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+    ];
     let (ok, stdout, stderr) = weft(&args, &[]);
     if !ok && !gpu_required() && stderr.contains("no GPU adapter found") {
         return eprintln!("skipping: no GPU adapter");

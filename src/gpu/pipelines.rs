@@ -2,7 +2,7 @@
 //!
 //! Kernels live in `shaders/*.wgsl`. A line `#include shared/NAME.wgsl` pastes a shared file
 //! (includes nest). Three includes are chosen by the variant: `#include weight_format` pastes
-//! `shaders/formats/<dtype>.wgsl` (the `w_block` decoder of one weight format), `#include
+//! `shaders/formats/<dtype>.wgsl` (the `w_block_at` decoder of one weight format), `#include
 //! weight_source` pastes where the weight bytes are read from (a storage buffer, or the texture
 //! CPU drivers read faster), and `#include x_source` where a matmul's activations come from (a
 //! storage buffer, or 64 KiB uniform windows). Tile sizes are substituted for `{{WG}}`,
@@ -35,10 +35,22 @@ const SOURCES: &[(&str, &str)] = &[
     ("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
+    ("formats/iq4_nl.wgsl", include_str!("../../shaders/formats/iq4_nl.wgsl")),
+    ("formats/iq4_xs.wgsl", include_str!("../../shaders/formats/iq4_xs.wgsl")),
+    ("formats/q2_k.wgsl", include_str!("../../shaders/formats/q2_k.wgsl")),
+    ("formats/q3_k.wgsl", include_str!("../../shaders/formats/q3_k.wgsl")),
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
+    ("formats/q4_k.wgsl", include_str!("../../shaders/formats/q4_k.wgsl")),
+    ("formats/q5_0.wgsl", include_str!("../../shaders/formats/q5_0.wgsl")),
+    ("formats/q5_1.wgsl", include_str!("../../shaders/formats/q5_1.wgsl")),
+    ("formats/q5_k.wgsl", include_str!("../../shaders/formats/q5_k.wgsl")),
+    ("formats/q6_k.wgsl", include_str!("../../shaders/formats/q6_k.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
+    ("formats/q8_k.wgsl", include_str!("../../shaders/formats/q8_k.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
+    ("shared/block_words.wgsl", include_str!("../../shaders/shared/block_words.wgsl")),
+    ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
     ("shared/row_norm.wgsl", include_str!("../../shaders/shared/row_norm.wgsl")),
     ("shared/weight_storage.wgsl", include_str!("../../shaders/shared/weight_storage.wgsl")),
     ("shared/weight_texture.wgsl", include_str!("../../shaders/shared/weight_texture.wgsl")),
@@ -123,11 +135,7 @@ impl std::fmt::Display for ShaderVariant {
 /// when there are rows to share (more spill registers on llvmpipe).
 pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
     let tm = if m <= 2 { 1 } else { 4 };
-    if cpu_driver {
-        [8, if n >= 512 { 16 } else { 8 }, tm]
-    } else {
-        [64, 2, tm]
-    }
+    if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
 }
 
 /// The tile of `matmul_bsplit` (CPU drivers only): (8 lanes, TN weight rows per workgroup, TM
@@ -322,8 +330,8 @@ impl PipelineCache {
                 count: None,
             })
             .collect();
-        let layout =
-            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
+        let layout = device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(&label), entries: &entries });
         let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(&label),
             bind_group_layouts: &[Some(&layout)],

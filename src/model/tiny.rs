@@ -96,43 +96,78 @@ pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     (0..len).map(|_| (rng.next_uniform() * 2.0 - 1.0) * scale).collect()
 }
 
-/// Random weights in Hugging Face naming. Matrices of `dtype` are rounded through it, so the
-/// f32 values are exactly what the GPU will decode.
+/// The format a matrix with rows of `cols` elements is stored in when the model is `dtype`: the
+/// format itself when a row is whole blocks of it, else the fallback llama.cpp's quantizer picks
+/// for such a tensor (real K-quant files hold such Q5_0 / Q8_0 / IQ4_NL tensors).
+pub fn storage_dtype(dtype: DType, cols: usize) -> DType {
+    if cols % dtype.block_elems() == 0 {
+        return dtype;
+    }
+    match dtype {
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_XS => DType::IQ4_NL,
+        _ => DType::Q8_0,
+    }
+}
+
+/// Values `dtype` stores exactly: encoding them again decodes to the same values, so
+/// [`gguf_bytes`], which encodes what it is given, writes exactly these. The 32-element encoders
+/// get there in one round; the plain super-block encoders (whose sub-block scales are derived
+/// from the values' range) in a few.
+fn stored_values(dtype: DType, values: Vec<f32>) -> Vec<f32> {
+    let round = |v: &[f32]| crate::quant::dequantize(dtype, &crate::quant::quantize(dtype, v).unwrap()).unwrap();
+    let mut v = round(&values);
+    for _ in 0..32 {
+        let next = round(&v);
+        if next == v {
+            return v;
+        }
+        v = next;
+    }
+    panic!("{dtype}: encoding did not reach a fixed point");
+}
+
+/// Random weights in Hugging Face naming. Matrices are rounded through the format they are
+/// stored in ([`storage_dtype`] of `dtype`), so the f32 values are exactly what the GPU will
+/// decode.
 pub fn random_weights(c: &ModelConfig, seed: u64, dtype: DType) -> HfWeights {
     let mut w = HfWeights::new();
     let mut seed = seed;
-    let mut put = |name: String, len: usize, scale: f32, center: f32, quantize: bool| {
+    // `cols`: the row length of a matrix, None for a vector (kept in f32).
+    let mut put = |name: String, len: usize, scale: f32, center: f32, cols: Option<usize>| {
         seed += 1;
         let mut v: Vec<f32> = random_values(len, seed, scale).iter().map(|x| x + center).collect();
-        if quantize {
-            v = crate::quant::dequantize(dtype, &crate::quant::quantize(dtype, &v).unwrap()).unwrap();
+        if let Some(cols) = cols {
+            v = stored_values(storage_dtype(dtype, cols), v);
         }
         w.insert(name, v);
     };
     let (q_rows, kv_rows) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let (hidden, inter) = (Some(c.hidden_size), Some(c.intermediate_size));
     let hf = |layer, part| tensor_name(Checkpoint::HuggingFace, layer, part);
-    put(hf(None, Part::Q), c.vocab_size * c.hidden_size, 1.0, 0.0, true);
-    put(hf(None, Part::AttnNorm), c.hidden_size, 0.2, 1.0, false);
+    put(hf(None, Part::Q), c.vocab_size * c.hidden_size, 1.0, 0.0, hidden);
+    put(hf(None, Part::AttnNorm), c.hidden_size, 0.2, 1.0, None);
     if !c.tie_word_embeddings {
-        put(hf(None, Part::O), c.vocab_size * c.hidden_size, 0.5, 0.0, true);
+        put(hf(None, Part::O), c.vocab_size * c.hidden_size, 0.5, 0.0, hidden);
     }
     for l in 0..c.num_layers {
         let l = Some(l);
         let matrix_scale = |n_in: usize| 1.5 / (n_in as f32).sqrt();
-        put(hf(l, Part::AttnNorm), c.hidden_size, 0.2, 1.0, false);
-        put(hf(l, Part::Q), q_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, true);
-        put(hf(l, Part::K), kv_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, true);
-        put(hf(l, Part::V), kv_rows * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
+        put(hf(l, Part::AttnNorm), c.hidden_size, 0.2, 1.0, None);
+        put(hf(l, Part::Q), q_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, hidden);
+        put(hf(l, Part::K), kv_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, hidden);
+        put(hf(l, Part::V), kv_rows * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
         if c.attention_bias {
-            put(hf(l, Part::QBias), q_rows, 0.3, 0.0, false);
-            put(hf(l, Part::KBias), kv_rows, 0.3, 0.0, false);
-            put(hf(l, Part::VBias), kv_rows, 0.3, 0.0, false);
+            put(hf(l, Part::QBias), q_rows, 0.3, 0.0, None);
+            put(hf(l, Part::KBias), kv_rows, 0.3, 0.0, None);
+            put(hf(l, Part::VBias), kv_rows, 0.3, 0.0, None);
         }
-        put(hf(l, Part::O), c.hidden_size * q_rows, matrix_scale(q_rows), 0.0, true);
-        put(hf(l, Part::FfnNorm), c.hidden_size, 0.2, 1.0, false);
-        put(hf(l, Part::Gate), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
-        put(hf(l, Part::Up), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
-        put(hf(l, Part::Down), c.hidden_size * c.intermediate_size, matrix_scale(c.intermediate_size), 0.0, true);
+        put(hf(l, Part::O), c.hidden_size * q_rows, matrix_scale(q_rows), 0.0, Some(q_rows));
+        put(hf(l, Part::FfnNorm), c.hidden_size, 0.2, 1.0, None);
+        put(hf(l, Part::Gate), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
+        put(hf(l, Part::Up), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
+        put(hf(l, Part::Down), c.hidden_size * c.intermediate_size, matrix_scale(c.intermediate_size), 0.0, inter);
     }
     w
 }
@@ -158,7 +193,7 @@ fn ggml_type(dtype: DType) -> GgmlType {
 }
 
 /// The weights as a GGUF file the way llama.cpp's converter writes a Llama checkpoint: matrices
-/// in `dtype`, norms and biases in F32, q/k rows permuted.
+/// in `dtype` (or its [`storage_dtype`] fallback), norms and biases in F32, q/k rows permuted.
 pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
     let arch = c.architecture.clone();
     let mut g = GgufWriter::new();
@@ -191,7 +226,8 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         };
         let is_matrix = rows > 1;
         let (ty, bytes) = if is_matrix {
-            (ggml_type(dtype), crate::quant::quantize(dtype, &values).unwrap())
+            let stored = storage_dtype(dtype, cols);
+            (ggml_type(stored), crate::quant::quantize(stored, &values).unwrap())
         } else {
             (GgmlType::F32, crate::quant::quantize(DType::F32, &values).unwrap())
         };
