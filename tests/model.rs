@@ -268,6 +268,15 @@ fn hugging_face_directories_match_cpu() {
         let want = weft::cpu::llama::forward(&config, &w, &tokens);
         let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens, 0, &[0, 1], 1)]))).unwrap();
         close(&format!("safetensors {dtype:?} in {shards} shards"), &out[0], &want[5]);
+        // `weft info --model` reads the same directory from its headers alone.
+        let report = weft::model::inspect::inspect(&dir).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some("llama"));
+        assert_eq!(report.tensor_types.len(), 1, "{report}");
+        assert_eq!(report.tensor_types[0].name, format!("{dtype:?}"));
+        let params: u64 = w.values().map(|v| v.len() as u64).sum();
+        assert_eq!(report.num_params, params);
+        // No tokenizer.json was written: that is the one reason it cannot run.
+        assert_eq!(report.problems, vec!["no tokenizer.json".to_string()], "{report}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -279,6 +288,8 @@ fn broken_hugging_face_directories_name_the_problem() {
     std::fs::create_dir_all(&dir).unwrap();
     let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
     assert!(err.contains("neither model.safetensors nor model.safetensors.index.json"), "{err}");
+    let err = weft::model::inspect::inspect(&dir).unwrap_err().to_string();
+    assert!(err.contains("config.json cannot be read"), "{err}");
     std::fs::write(dir.join("model.safetensors"), b"garbage").unwrap();
     let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
     assert!(err.contains("model.safetensors") && err.contains("not a safetensors file"), "{err}");

@@ -8,6 +8,7 @@ pub mod arch;
 pub mod config;
 pub mod executor;
 pub mod gguf;
+pub mod inspect;
 pub mod kv_pool;
 pub mod layers;
 pub mod load;
