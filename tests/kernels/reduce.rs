@@ -2,9 +2,9 @@
 //! 64-invocation workgroup.
 
 use weft::DType;
+use weft::gpu::Recording;
 use weft::gpu::kernels::elementwise::add;
 use weft::gpu::kernels::reduce::{add_rms_norm, argmax, rms_norm, softmax};
-use weft::gpu::Recording;
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -35,6 +35,41 @@ fn rms_norm_matches_cpu() {
     }
 }
 
+/// Per-head RMSNorm of the query and key heads of fused qkv rows, in place: the same tolerance
+/// as rms_norm over head_dim elements; the value heads come back untouched, bit for bit.
+#[test]
+fn head_rms_norm_matches_cpu() {
+    use weft::gpu::kernels::paged::QkvLayout;
+    use weft::gpu::kernels::reduce::head_rms_norm;
+    let Some(f) = gpu() else { return };
+    for (tokens, heads, kv_heads, hd) in [(1, 4, 1, 256), (5, 4, 2, 64), (3, 14, 2, 64), (2, 2, 2, 96)] {
+        let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim: hd };
+        let stride = layout.row_stride();
+        let x = random(tokens * stride, hd as u64, 3.0);
+        let (qw, kw) = (random(hd, 21, 1.5), random(hd, 22, 1.5));
+        let xt = f.upload_f32(&[tokens, stride], &x).unwrap();
+        let (qt, kt) = (f.upload_f32(&[hd], &qw).unwrap(), f.upload_f32(&[hd], &kw).unwrap());
+        let mut rec = Recording::new();
+        head_rms_norm(ctx(f), &mut rec, &xt, layout, &qt, &kt, 1e-6).unwrap();
+        run(f, &rec);
+        let got = read_f32(f, &xt);
+        let want = weft::cpu::head_rms_norm(&x, heads, kv_heads, &qw, &kw, 1e-6);
+        let rel = 2.0 * (hd as f64 / 64.0 + 12.0) * U;
+        assert_close(&format!("head_rms_norm {tokens}x{heads}+{kv_heads}x{hd}"), &got, &want, |i| {
+            rel * f64::from(want[i].abs()) + 1e-30
+        });
+        for t in 0..tokens {
+            let v = t * stride + (heads + kv_heads) * hd..(t + 1) * stride;
+            assert!(got[v.clone()] == x[v], "value heads of token {t} changed");
+        }
+    }
+    let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 32 };
+    let xt = f.zeros(&[2, 100], DType::F32).unwrap();
+    let w = f.zeros(&[32], DType::F32).unwrap();
+    let err = head_rms_norm(ctx(f), &mut Recording::new(), &xt, layout, &w, &w, 1e-6).unwrap_err();
+    assert!(err.to_string().contains("qkv must be F32 of shape [_, 128]"), "{err}");
+}
+
 /// The fused residual connection and norm computes exactly what `add` then `rms_norm` do: the
 /// same additions, the same reduction.
 #[test]
@@ -45,8 +80,16 @@ fn add_rms_norm_equals_add_then_rms_norm_bit_for_bit() {
         let d = random(rows * n, n as u64 + 9, 1.0);
         let w = random(n, 7, 1.5);
         let wt = f.upload_f32(&[n], &w).unwrap();
-        let (xa, da, ya) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
-        let (xb, db, yb) = (f.upload_f32(&[rows, n], &x).unwrap(), f.upload_f32(&[rows, n], &d).unwrap(), f.zeros(&[rows, n], DType::F32).unwrap());
+        let (xa, da, ya) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[rows, n], &d).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
+        let (xb, db, yb) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[rows, n], &d).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
         let mut rec = Recording::new();
         add_rms_norm(ctx(f), &mut rec, &xa, &da, &wt, &ya, 1e-5).unwrap();
         add(ctx(f), &mut rec, &xb, &db).unwrap();
