@@ -99,6 +99,48 @@ fn super_block_formats_match_cpu() {
     }
 }
 
+/// Gemma 3 against `cpu::gemma3` (scaled embeddings, (1 + w) norms before and after each
+/// sub-layer, per-head q/k norms, GeGLU, sliding-window layers with their own RoPE base around
+/// a global one), prefilled in chunks across the window and decoding, with another sequence in
+/// the same steps; in F32, a 32-element format, and a K-quant at hidden 256.
+#[test]
+fn tiny_gemma3_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let wide = ModelConfig { hidden_size: 256, intermediate_size: 320, ..tiny::gemma3_config() };
+    for (config, dtype) in
+        [(tiny::gemma3_config(), DType::F32), (tiny::gemma3_config(), DType::Q5_0), (wide, DType::Q4_K)]
+    {
+        let (bytes, w) = tiny::gemma3_gguf(&config, 5, dtype);
+        let gguf = GgufFile::from_bytes("tiny-gemma3.gguf", bytes).unwrap();
+        let exec = executor(&f, &config, &gguf);
+        let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
+        let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
+        let want_a = weft::cpu::gemma3::forward(&config, &w, &a);
+        let want_b = weft::cpu::gemma3::forward(&config, &w, &b);
+        let (table_a, table_b): (Vec<u32>, Vec<u32>) = (vec![10, 3, 7], vec![20, 21]);
+        let step = batch(vec![seq(&a[..3], 0, &table_a, 3), seq(&b[..5], 0, &table_b, 1)]);
+        let out = weft::rt::block_on(exec.logits(&step)).unwrap();
+        for i in 0..3 {
+            close(&format!("gemma3 {dtype} a[..{}]", i + 1), &out[i], &want_a[i]);
+        }
+        close(&format!("gemma3 {dtype} b[..5]"), &out[3], &want_b[4]);
+        let step = batch(vec![seq(&a[3..8], 3, &table_a, 1), seq(&b[5..], 5, &table_b, 1)]);
+        let out = weft::rt::block_on(exec.logits(&step)).unwrap();
+        close(&format!("gemma3 {dtype} a[..8]"), &out[0], &want_a[7]);
+        close(&format!("gemma3 {dtype} b[..6]"), &out[1], &want_b[5]);
+        let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&a[8..], 8, &table_a, 1)]))).unwrap();
+        close(&format!("gemma3 {dtype} a[..9]"), &out[0], &want_a[8]);
+    }
+}
+
+/// Qwen3: the Llama family with RMSNorm over each query and key head before RoPE, no bias.
+#[test]
+fn tiny_qwen3_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let config = ModelConfig { architecture: "qwen3".into(), qk_norm: true, ..tiny::tiny_config() };
+    run_and_compare(&f, &config, DType::Q8_0);
+}
+
 #[test]
 fn untied_head_and_qkv_bias_match_cpu() {
     let Some(f) = factory() else { return };

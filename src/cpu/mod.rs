@@ -4,6 +4,7 @@
 //! they are closer to the exact value than any f32 kernel, and tests bound the GPU's distance.
 //! Shapes are row-major and named as in the kernel headers.
 
+pub mod gemma3;
 pub mod llama;
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.

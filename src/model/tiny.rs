@@ -27,6 +27,10 @@ pub fn tiny_config() -> ModelConfig {
         tie_word_embeddings: true,
         attention_bias: false,
         sliding_window: None,
+        qk_norm: false,
+        sliding_window_pattern: None,
+        rope_local_theta: None,
+        query_pre_attn_scalar: None,
     }
 }
 
@@ -163,6 +167,10 @@ pub fn random_weights(c: &ModelConfig, seed: u64, dtype: DType) -> HfWeights {
             put(hf(l, Part::KBias), kv_rows, 0.3, 0.0, None);
             put(hf(l, Part::VBias), kv_rows, 0.3, 0.0, None);
         }
+        if c.qk_norm {
+            put(hf(l, Part::QNorm), c.head_dim, 0.2, 1.0, None);
+            put(hf(l, Part::KNorm), c.head_dim, 0.2, 1.0, None);
+        }
         put(hf(l, Part::O), c.hidden_size * q_rows, matrix_scale(q_rows), 0.0, Some(q_rows));
         put(hf(l, Part::FfnNorm), c.hidden_size, 0.2, 1.0, None);
         put(hf(l, Part::Gate), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
@@ -247,6 +255,8 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         put(l, Part::QBias, 1, q_rows);
         put(l, Part::KBias, 1, kv_rows);
         put(l, Part::VBias, 1, kv_rows);
+        put(l, Part::QNorm, 1, c.head_dim);
+        put(l, Part::KNorm, 1, c.head_dim);
         put(l, Part::O, c.hidden_size, q_rows);
         put(l, Part::FfnNorm, 1, c.hidden_size);
         put(l, Part::Gate, c.intermediate_size, c.hidden_size);
@@ -254,4 +264,85 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         put(l, Part::Down, c.hidden_size, c.intermediate_size);
     }
     g.to_bytes()
+}
+
+/// A tiny Gemma 3: 7 layers (layer 5 attends globally, the rest within a window of 4 tokens,
+/// each kind with its own RoPE base), 4 query heads over one KV head, per-head q/k norms.
+pub fn gemma3_config() -> ModelConfig {
+    ModelConfig {
+        architecture: "gemma3".into(),
+        num_layers: 7,
+        num_kv_heads: 1,
+        head_dim: 32,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        tie_word_embeddings: true,
+        sliding_window: Some(4),
+        qk_norm: true,
+        sliding_window_pattern: Some(6),
+        rope_local_theta: Some(10000.0),
+        query_pre_attn_scalar: Some(32.0),
+        ..tiny_config()
+    }
+}
+
+/// A random Gemma 3 as llama.cpp's converter writes one (norm weights hold 1 + w), with
+/// matrices in `dtype` (or its [`storage_dtype`] fallback): the GGUF bytes, and the exact f32
+/// values of every tensor by its GGUF name (for `cpu::gemma3`).
+pub fn gemma3_gguf(c: &ModelConfig, seed: u64, dtype: DType) -> (Vec<u8>, HfWeights) {
+    let arch = c.architecture.clone();
+    let mut g = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    g.metadata("general.architecture", MetaValue::String(arch.clone()))
+        .metadata(&key("context_length"), MetaValue::U32(c.max_position_embeddings as u32))
+        .metadata(&key("embedding_length"), MetaValue::U32(c.hidden_size as u32))
+        .metadata(&key("feed_forward_length"), MetaValue::U32(c.intermediate_size as u32))
+        .metadata(&key("block_count"), MetaValue::U32(c.num_layers as u32))
+        .metadata(&key("attention.head_count"), MetaValue::U32(c.num_heads as u32))
+        .metadata(&key("attention.head_count_kv"), MetaValue::U32(c.num_kv_heads as u32))
+        .metadata(&key("attention.key_length"), MetaValue::U32(c.head_dim as u32))
+        .metadata(&key("attention.value_length"), MetaValue::U32(c.head_dim as u32))
+        .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
+        .metadata(&key("attention.sliding_window"), MetaValue::U32(c.sliding_window.unwrap_or(0) as u32))
+        .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta));
+    for (k, v) in tokenizer_metadata() {
+        g.metadata(k, v);
+    }
+    let mut w = HfWeights::new();
+    let mut seed = seed;
+    let (hidden, hd) = (c.hidden_size, c.head_dim);
+    let mut put = |name: String, rows: usize, cols: usize, scale: f32, center: f32| {
+        seed += 1;
+        let values: Vec<f32> = random_values(rows * cols, seed, scale).iter().map(|x| x + center).collect();
+        let (ty, values) = if rows > 1 {
+            let stored = storage_dtype(dtype, cols);
+            (stored, stored_values(stored, values))
+        } else {
+            (DType::F32, values)
+        };
+        let dims: Vec<u64> = if rows > 1 { vec![cols as u64, rows as u64] } else { vec![cols as u64] };
+        g.tensor(&name, &dims, ggml_type(ty), &crate::quant::quantize(ty, &values).unwrap());
+        w.insert(name, values);
+    };
+    let matrix_scale = |n_in: usize| 1.5 / (n_in as f32).sqrt();
+    put("token_embd.weight".into(), c.vocab_size, hidden, 0.2, 0.0);
+    put("output_norm.weight".into(), 1, hidden, 0.2, 1.0);
+    let (q_rows, kv_rows) = (c.num_heads * hd, c.num_kv_heads * hd);
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        put(p("attn_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("attn_q.weight"), q_rows, hidden, matrix_scale(hidden) * 2.0, 0.0);
+        put(p("attn_k.weight"), kv_rows, hidden, matrix_scale(hidden) * 2.0, 0.0);
+        put(p("attn_v.weight"), kv_rows, hidden, matrix_scale(hidden), 0.0);
+        put(p("attn_q_norm.weight"), 1, hd, 0.2, 1.0);
+        put(p("attn_k_norm.weight"), 1, hd, 0.2, 1.0);
+        put(p("attn_output.weight"), hidden, q_rows, matrix_scale(q_rows), 0.0);
+        put(p("post_attention_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("ffn_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("ffn_gate.weight"), c.intermediate_size, hidden, matrix_scale(hidden), 0.0);
+        put(p("ffn_up.weight"), c.intermediate_size, hidden, matrix_scale(hidden), 0.0);
+        put(p("ffn_down.weight"), hidden, c.intermediate_size, matrix_scale(c.intermediate_size), 0.0);
+        put(p("post_ffw_norm.weight"), 1, hidden, 0.2, 1.0);
+    }
+    (g.to_bytes(), w)
 }

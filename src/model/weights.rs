@@ -38,6 +38,12 @@ pub enum Part {
     Gate,
     Up,
     Down,
+    /// Per-head norms of q and k (Qwen3, Gemma 3).
+    QNorm,
+    KNorm,
+    /// Gemma's norms of the attention and MLP outputs, before each residual add.
+    PostAttnNorm,
+    PostFfnNorm,
 }
 
 /// The checkpoint's name of a tensor: `layer = None` for the embedding (`Part::Q` stands in),
@@ -71,6 +77,10 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 Gate => "ffn_gate.weight",
                 Up => "ffn_up.weight",
                 Down => "ffn_down.weight",
+                QNorm => "attn_q_norm.weight",
+                KNorm => "attn_k_norm.weight",
+                PostAttnNorm => "post_attention_norm.weight",
+                PostFfnNorm => "post_ffw_norm.weight",
             };
             format!("blk.{i}.{name}")
         }
@@ -88,6 +98,11 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 Gate => "mlp.gate_proj.weight",
                 Up => "mlp.up_proj.weight",
                 Down => "mlp.down_proj.weight",
+                QNorm => "self_attn.q_norm.weight",
+                KNorm => "self_attn.k_norm.weight",
+                // Gemma's names (weft loads Gemma from GGUF files only so far).
+                PostAttnNorm => "post_attention_norm.weight",
+                PostFfnNorm => "post_feedforward_layernorm.weight",
             };
             format!("model.layers.{i}.{name}")
         }
@@ -160,7 +175,13 @@ impl Loader<'_> {
     /// Projections of one input that run as one (`parts` as (part, output rows); each `cols`
     /// wide): their rows concatenated into one matrix when they share a format, else one
     /// matrix each; their biases (when `biases` names them) concatenated into one vector.
-    pub fn linear(&self, layer: usize, parts: &[(Part, usize)], biases: Option<&[Part]>, cols: usize) -> Result<Linear> {
+    pub fn linear(
+        &self,
+        layer: usize,
+        parts: &[(Part, usize)],
+        biases: Option<&[Part]>,
+        cols: usize,
+    ) -> Result<Linear> {
         let file = self.source.file();
         let mut hosts = Vec::with_capacity(parts.len());
         for &(part, rows) in parts {
@@ -196,7 +217,10 @@ impl Loader<'_> {
 /// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.
 fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> {
     if t.dtype.is_quantized() {
-        return Err(WeftError::model(file, format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype)));
+        return Err(WeftError::model(
+            file,
+            format!("tensor {name} is {}; weft needs norms and biases in F32, F16 or BF16", t.dtype),
+        ));
     }
     crate::quant::dequantize(t.dtype, &t.bytes)
 }
@@ -207,7 +231,10 @@ fn upload_matrix(file: &str, name: &str, t: &HostTensor<'_>, factory: &dyn Tenso
     if cols % crate::quant::QK != 0 {
         return Err(WeftError::model(
             file,
-            format!("tensor {name} has rows of {cols} elements; weft's matmul reads whole blocks of {}", crate::quant::QK),
+            format!(
+                "tensor {name} has rows of {cols} elements; weft's matmul reads whole blocks of {}",
+                crate::quant::QK
+            ),
         ));
     }
     factory.upload_weight(&t.shape, t.dtype, &t.bytes)
