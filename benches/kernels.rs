@@ -32,6 +32,8 @@ fn main() -> weft::Result<()> {
             continue;
         }
         for (k, n) in KNS {
+            // Rows of the super-block formats are whole 256-element blocks.
+            let k = k.next_multiple_of(dtype.block_elems());
             let w_values: Vec<f32> = (0..n * k).map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0).collect();
             let w = factory.upload(&[n, k], dtype, &weft::quant::quantize(dtype, &w_values)?)?;
             for m in MS {

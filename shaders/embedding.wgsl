@@ -9,7 +9,7 @@
 //                            w_base bytes into a texture (0 for a buffer)
 //   3 out     read_write     f32 (num_tokens, k)
 // Workgroup: 64 invocations; one invocation decodes one 32-element block of one token's row
-// (w_block) and writes value = d · q + m exactly as quant::dequantize computes it.
+// (w_block_at) and writes value = d · q + m exactly as quant::dequantize computes it.
 // Tokens whose id lies outside this part are left to the dispatch of the part that holds them.
 // Grid: (ceil(k / 32 / 64), num_tokens, 1). Requires k % 32 == 0.
 
@@ -38,7 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (b * 32u >= k || row >= params.part_rows) {
         return;
     }
-    let blk = w_block(params.w_base + row * params.row_bytes + b * W_BLOCK_BYTES);
+    let blk = w_block_at(params.w_base + row * params.row_bytes, b);
     let base = t * k + b * 32u;
     for (var j = 0u; j < 8u; j++) {
         let v = blk.dm.x * blk.q[j] + blk.dm.y;

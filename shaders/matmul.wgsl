@@ -15,7 +15,7 @@
 // Workgroup: WG invocations; invocation i of workgroup (gx, gy) computes the TM x TN outputs in
 //   rows gy*TM + r and columns gx*WG*TN + j*WG + i (r < TM, j < TN). Per 32-element block it
 //   loads the TM x-blocks once (workgroup-uniform loads), decodes each of its TN weight blocks
-//   once (w_block) and applies each to all TM rows.
+//   once (w_block_at) and applies each to all TM rows.
 // Grid: (ceil(n_part / (WG*TN)), ceil(m / TM), 1); with a uniform x window, one dispatch per
 //   window of rows (params.m = rows in it, params.y_row0 = its first row).
 // Requires k % 32 == 0.
@@ -63,7 +63,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             sx[r] = block_sum(xb[r]);
         }
         for (var j = 0u; j < TN; j++) {
-            let blk = w_block(rowb[j] + b * W_BLOCK_BYTES);
+            let blk = w_block_at(rowb[j], b);
             for (var r = 0u; r < TM; r++) {
                 acc[r * TN + j] = block_acc(acc[r * TN + j], blk.dm, block_dot(blk.q, xb[r]), sx[r]);
             }

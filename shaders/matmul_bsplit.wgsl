@@ -61,7 +61,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             sx[r] = block_sum(xb[r]);
         }
         for (var j = 0u; j < TN; j++) {
-            let blk = w_block(rowb[j] + b * W_BLOCK_BYTES);
+            let blk = w_block_at(rowb[j], b);
             for (var r = 0u; r < TM; r++) {
                 acc[r * TN + j] = block_acc(acc[r * TN + j], blk.dm, block_dot(blk.q, xb[r]), sx[r]);
             }

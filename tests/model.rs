@@ -79,9 +79,66 @@ fn run_and_compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType) {
 #[test]
 fn tiny_gguf_matches_cpu_in_every_weight_format() {
     let Some(f) = factory() else { return };
-    for dtype in DType::WEIGHTS {
-        run_and_compare(&f, &tiny::tiny_config(), dtype);
+    let c = tiny::tiny_config();
+    // The super-block formats do not fit rows of 64; `super_block_formats_match_cpu` runs them.
+    for dtype in DType::WEIGHTS.into_iter().filter(|&d| tiny::storage_dtype(d, c.hidden_size) == d) {
+        run_and_compare(&f, &c, dtype);
     }
+}
+
+/// The super-block formats (K-quants, IQ4_XS) in a model whose hidden size is one super-block
+/// wide: every matrix reading rows of 256 is stored in the format, the MLP's down projection
+/// (rows of 320) in the fallback llama.cpp picks, so a layer mixes formats as real files do.
+#[test]
+fn super_block_formats_match_cpu() {
+    let Some(f) = factory() else { return };
+    let config = ModelConfig { hidden_size: 256, intermediate_size: 320, head_dim: 64, ..tiny::tiny_config() };
+    for dtype in DType::WEIGHTS.into_iter().filter(|d| d.block_elems() == 256) {
+        assert_ne!(tiny::storage_dtype(dtype, 320), dtype);
+        run_and_compare(&f, &config, dtype);
+    }
+}
+
+/// Gemma 3 against `cpu::gemma3` (scaled embeddings, (1 + w) norms before and after each
+/// sub-layer, per-head q/k norms, GeGLU, sliding-window layers with their own RoPE base around
+/// a global one), prefilled in chunks across the window and decoding, with another sequence in
+/// the same steps; in F32, a 32-element format, and a K-quant at hidden 256.
+#[test]
+fn tiny_gemma3_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let wide = ModelConfig { hidden_size: 256, intermediate_size: 320, ..tiny::gemma3_config() };
+    for (config, dtype) in
+        [(tiny::gemma3_config(), DType::F32), (tiny::gemma3_config(), DType::Q5_0), (wide, DType::Q4_K)]
+    {
+        let (bytes, w) = tiny::gemma3_gguf(&config, 5, dtype);
+        let gguf = GgufFile::from_bytes("tiny-gemma3.gguf", bytes).unwrap();
+        let exec = executor(&f, &config, &gguf);
+        let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
+        let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
+        let want_a = weft::cpu::gemma3::forward(&config, &w, &a);
+        let want_b = weft::cpu::gemma3::forward(&config, &w, &b);
+        let (table_a, table_b): (Vec<u32>, Vec<u32>) = (vec![10, 3, 7], vec![20, 21]);
+        let step = batch(vec![seq(&a[..3], 0, &table_a, 3), seq(&b[..5], 0, &table_b, 1)]);
+        let out = weft::rt::block_on(exec.logits(&step)).unwrap();
+        for i in 0..3 {
+            close(&format!("gemma3 {dtype} a[..{}]", i + 1), &out[i], &want_a[i]);
+        }
+        close(&format!("gemma3 {dtype} b[..5]"), &out[3], &want_b[4]);
+        let step = batch(vec![seq(&a[3..8], 3, &table_a, 1), seq(&b[5..], 5, &table_b, 1)]);
+        let out = weft::rt::block_on(exec.logits(&step)).unwrap();
+        close(&format!("gemma3 {dtype} a[..8]"), &out[0], &want_a[7]);
+        close(&format!("gemma3 {dtype} b[..6]"), &out[1], &want_b[5]);
+        let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&a[8..], 8, &table_a, 1)]))).unwrap();
+        close(&format!("gemma3 {dtype} a[..9]"), &out[0], &want_a[8]);
+    }
+}
+
+/// Qwen3: the Llama family with RMSNorm over each query and key head before RoPE, no bias.
+#[test]
+fn tiny_qwen3_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let config = ModelConfig { architecture: "qwen3".into(), qk_norm: true, ..tiny::tiny_config() };
+    run_and_compare(&f, &config, DType::Q8_0);
 }
 
 #[test]
@@ -253,6 +310,15 @@ fn hugging_face_directories_match_cpu() {
         let want = weft::cpu::llama::forward(&config, &w, &tokens);
         let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens, 0, &[0, 1], 1)]))).unwrap();
         close(&format!("safetensors {dtype:?} in {shards} shards"), &out[0], &want[5]);
+        // `weft info --model` reads the same directory from its headers alone.
+        let report = weft::model::inspect::inspect(&dir).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some("llama"));
+        assert_eq!(report.tensor_types.len(), 1, "{report}");
+        assert_eq!(report.tensor_types[0].name, format!("{dtype:?}"));
+        let params: u64 = w.values().map(|v| v.len() as u64).sum();
+        assert_eq!(report.num_params, params);
+        // No tokenizer.json was written: that is the one reason it cannot run.
+        assert_eq!(report.problems, vec!["no tokenizer.json".to_string()], "{report}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -264,6 +330,8 @@ fn broken_hugging_face_directories_name_the_problem() {
     std::fs::create_dir_all(&dir).unwrap();
     let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
     assert!(err.contains("neither model.safetensors nor model.safetensors.index.json"), "{err}");
+    let err = weft::model::inspect::inspect(&dir).unwrap_err().to_string();
+    assert!(err.contains("config.json cannot be read"), "{err}");
     std::fs::write(dir.join("model.safetensors"), b"garbage").unwrap();
     let err = SafetensorsWeights::open(&dir).err().unwrap().to_string();
     assert!(err.contains("model.safetensors") && err.contains("not a safetensors file"), "{err}");

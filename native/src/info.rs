@@ -1,4 +1,5 @@
-//! `weft info`: the GPU self-check.
+//! `weft info`: the GPU self-check; `weft info --model PATH`: what a model is and whether weft
+//! runs it.
 
 use std::time::Instant;
 
@@ -48,4 +49,16 @@ pub fn run(baseline: bool) -> weft::Result<()> {
     }
     println!("ok");
     Ok(())
+}
+
+/// Print [`weft::model::inspect::inspect`]'s report; an error (after the report) when weft
+/// cannot run the model, so scripts can tell.
+pub fn model(path: &std::path::Path) -> weft::Result<()> {
+    let report = weft::model::inspect::inspect(path)?;
+    println!("{report}");
+    if report.runnable() {
+        Ok(())
+    } else {
+        Err(weft::WeftError::model(&report.path, "weft cannot run this model (reasons above)"))
+    }
 }

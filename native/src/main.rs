@@ -1,7 +1,7 @@
 //! The `weft` command-line tool: `weft generate` streams a completion; `weft chat` holds a
 //! conversation in the terminal; `weft serve` is an OpenAI-compatible server; `weft bench`
 //! measures throughput and latency; `weft info` is a GPU self-check that prints the adapter,
-//! its features and limits, then runs one kernel.
+//! its features and limits, then runs one kernel (`weft info --model PATH` describes a model).
 
 use std::process::ExitCode;
 
@@ -26,11 +26,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Open the GPU, print the adapter, its features and limits, and run a kernel self-check.
+    /// Open the GPU, print the adapter, its features and limits, and run a kernel self-check;
+    /// or, with --model, describe a model and say whether weft can run it.
     Info {
         /// Use only core WebGPU features (what every browser offers), as a web page would.
         #[arg(long)]
         baseline: bool,
+        /// Describe this model (a .gguf file or a Hugging Face directory) instead, from its
+        /// headers alone (no GPU, nothing loaded): architecture, size, tensor types, tokenizer,
+        /// and every reason weft would refuse it. Exits with an error when weft cannot run it.
+        #[arg(long, conflicts_with = "baseline")]
+        model: Option<PathBuf>,
     },
     /// Generate a completion of a prompt, streaming the text to stdout (speeds go to stderr).
     Generate {
@@ -254,7 +260,8 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
-        Command::Info { baseline } => info::run(baseline),
+        Command::Info { model: Some(path), .. } => info::model(&path),
+        Command::Info { baseline, model: None } => info::run(baseline),
         Command::Generate { model, prompt, chat, system, max_tokens, sampling, spec } => {
             generate::run(generate::Options {
                 model,

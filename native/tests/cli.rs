@@ -63,15 +63,15 @@ fn broken_models_are_named_in_one_line() {
     std::fs::create_dir_all(&dir).unwrap();
     let corrupt = dir.join("corrupt.gguf");
     std::fs::write(&corrupt, b"this is not a model at all").unwrap();
-    let mut q6k = GgufWriter::new();
-    q6k.metadata("general.architecture", MetaValue::String("llama".into())).tensor(
+    let mut iq2 = GgufWriter::new();
+    iq2.metadata("general.architecture", MetaValue::String("llama".into())).tensor(
         "blk.0.ffn_down.weight",
         &[256, 2],
-        GgmlType::Q6_K,
-        &[0u8; 420],
+        GgmlType::IQ2_XXS,
+        &[0u8; 132],
     );
-    let unsupported = dir.join("q6k.gguf");
-    std::fs::write(&unsupported, q6k.to_bytes()).unwrap();
+    let unsupported = dir.join("iq2.gguf");
+    std::fs::write(&unsupported, iq2.to_bytes()).unwrap();
     let truncated = dir.join("truncated.gguf");
     let mut whole = GgufWriter::new();
     whole.metadata("general.architecture", MetaValue::String("llama".into())).tensor(
@@ -87,7 +87,10 @@ fn broken_models_are_named_in_one_line() {
 
     let cases: [(&std::path::Path, &str); 4] = [
         (&corrupt, "not a GGUF file"),
-        (&unsupported, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16"),
+        (
+            &unsupported,
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16",
+        ),
         (&truncated, "past the end of the file"),
         (&no_config, "config.json"),
     ];
@@ -142,4 +145,59 @@ fn generate_answers_a_chat_question_with_the_default_model() {
     assert!(stderr.contains("tokens/s"), "{stderr}");
     // Not a terminal: model loading is reported as plain log lines, ending with every layer.
     assert!(stderr.contains("30/30 layers on the GPU"), "{stderr}");
+}
+
+/// `weft info --model` describes a model from its headers, with no GPU: a runnable K-quant
+/// model with mixed tensor types, and a file it refuses, with every reason.
+#[test]
+fn info_describes_a_model_and_whether_weft_runs_it() {
+    use weft::model::gguf::{GgmlType, GgufWriter, MetaValue};
+    use weft::model::tiny;
+    let dir = std::env::temp_dir().join(format!("weft-cli-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let no_gpu = [("VK_ICD_FILENAMES", "/nonexistent"), ("WGPU_BACKEND", "vulkan")];
+
+    let config = weft::model::config::ModelConfig {
+        hidden_size: 256,
+        intermediate_size: 320,
+        head_dim: 64,
+        ..tiny::tiny_config()
+    };
+    let w = tiny::random_weights(&config, 1, weft::DType::Q4_K);
+    let good = dir.join("tiny-q4_k.gguf");
+    std::fs::write(&good, tiny::gguf_bytes(&config, &w, weft::DType::Q4_K)).unwrap();
+    let (ok, stdout, stderr) = weft(&["info", "--model", good.to_str().unwrap()], &no_gpu);
+    assert!(ok, "{stdout}\n{stderr}");
+    for expected in
+        ["architecture: llama", "GGUF v3", "Q4_K", "Q5_0", "F32", "2 layers, hidden 256", "weft runs it: yes"]
+    {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+
+    let mut bad = GgufWriter::new();
+    bad.metadata("general.architecture", MetaValue::String("mamba".into())).tensor(
+        "blk.0.ffn_down.weight",
+        &[256, 2],
+        GgmlType::IQ2_XXS,
+        &[0u8; 132],
+    );
+    let bad_path = dir.join("bad.gguf");
+    std::fs::write(&bad_path, bad.to_bytes()).unwrap();
+    let (ok, stdout, stderr) = weft(&["info", "--model", bad_path.to_str().unwrap()], &no_gpu);
+    assert!(!ok, "a model weft cannot run exits non-zero");
+    for expected in [
+        "weft runs it: no",
+        "architecture \"mamba\" is not supported",
+        "1 tensors are IQ2_XXS (e.g. blk.0.ffn_down.weight), which weft does not decode",
+        "(not supported)",
+        "tokenizer.ggml.model is missing",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+    assert!(stderr.contains("weft cannot run this model"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let (ok, _, stderr) = weft(&["info", "--model", dir.join("missing.gguf").to_str().unwrap()], &no_gpu);
+    assert!(!ok && stderr.contains("missing.gguf"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -23,3 +23,7 @@ fn w_block(byte: u32) -> WBlock {
         h4(v0.x, v0.y), h4(v0.z, v0.w), h4(v1.x, v1.y), h4(v1.z, v1.w),
         h4(v2.x, v2.y), h4(v2.z, v2.w), h4(v3.x, v3.y), h4(v3.z, v3.w)));
 }
+
+fn w_block_at(row_byte: u32, b: u32) -> WBlock {
+    return w_block(row_byte + b * W_BLOCK_BYTES);
+}

@@ -20,3 +20,7 @@ fn w_block(byte: u32) -> WBlock {
         bitcast<vec4<f32>>(wload4a(i + 24u)),
         bitcast<vec4<f32>>(wload4a(i + 28u))));
 }
+
+fn w_block_at(row_byte: u32, b: u32) -> WBlock {
+    return w_block(row_byte + b * W_BLOCK_BYTES);
+}

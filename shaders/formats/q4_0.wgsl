@@ -30,3 +30,7 @@ fn w_block(byte: u32) -> WBlock {
         nib_lo(c0), nib_lo(c1), nib_lo(c2), nib_lo(c3),
         nib_hi(c0), nib_hi(c1), nib_hi(c2), nib_hi(c3)));
 }
+
+fn w_block_at(row_byte: u32, b: u32) -> WBlock {
+    return w_block(row_byte + b * W_BLOCK_BYTES);
+}

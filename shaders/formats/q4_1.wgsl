@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Q4_1 (ggml block_q4_1, 20 bytes): d f16, m f16, 16 bytes of nibbles; byte i holds element i
 // (low nibble) and i + 16 (high); value = d * q + m.
-// Block interface (v2): w_block(byte) decodes the whole 32-element block whose first byte is
-// `byte` (even; for Q4_1 a multiple of 4) into codes q[j] = elements 4j .. 4j+3 (natural order)
-// and dm = (d, m): the block contributes d * (q . x) + m * sum(x). Straight-line code (no loops
-// over private arrays: lavapipe otherwise spills them to scratch).
+// Block interface (v3): w_block_at(row_byte, b) decodes the whole 32-element block b of the
+// weight row starting at byte `row_byte` into codes q[j] = elements 4j .. 4j+3 (natural order)
+// and dm = (d, m): the block contributes d * (q . x) + m * sum(x), and element i is
+// dm.x * q[i] + dm.y exactly as quant::dequantize computes it. A 32-element format finds its
+// block at row_byte + b * W_BLOCK_BYTES (w_block); a super-block format decodes sub-block b % 8
+// of super-block b / 8. Straight-line code (no loops over private arrays: lavapipe otherwise
+// spills them to scratch).
 const W_BLOCK_BYTES: u32 = 20u;
 const W_HAS_MIN: bool = true;
 
@@ -26,4 +29,8 @@ fn w_block(byte: u32) -> WBlock {
     return WBlock(unpack2x16float(s[0]), array<vec4<f32>, 8>(
         nib_lo(s[1]), nib_lo(s[2]), nib_lo(s[3]), nib_lo(s[4]),
         nib_hi(s[1]), nib_hi(s[2]), nib_hi(s[3]), nib_hi(s[4])));
+}
+
+fn w_block_at(row_byte: u32, b: u32) -> WBlock {
+    return w_block(row_byte + b * W_BLOCK_BYTES);
 }

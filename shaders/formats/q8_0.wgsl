@@ -29,3 +29,7 @@ fn w_block(byte: u32) -> WBlock {
         signed_bytes(c0), signed_bytes(c1), signed_bytes(c2), signed_bytes(c3),
         signed_bytes(c4), signed_bytes(c5), signed_bytes(c6), signed_bytes(c7)));
 }
+
+fn w_block_at(row_byte: u32, b: u32) -> WBlock {
+    return w_block(row_byte + b * W_BLOCK_BYTES);
+}

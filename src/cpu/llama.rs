@@ -1,4 +1,5 @@
-//! A plain-loop CPU forward pass of the Llama family, in Hugging Face's conventions (rotate-half
+//! A plain-loop CPU forward pass of the Llama family (Qwen3's q/k norms included), in Hugging
+//! Face's conventions (rotate-half
 //! RoPE, unpermuted q/k rows): the oracle the GPU model is tested against on tiny models.
 //! No cache, no batching: every call recomputes the whole sequence.
 
@@ -47,6 +48,11 @@ pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
             let mut q = linear(get(&p("self_attn.q_proj.weight")), &xn, w.get(&p("self_attn.q_proj.bias")));
             let mut k = linear(get(&p("self_attn.k_proj.weight")), &xn, w.get(&p("self_attn.k_proj.bias")));
             let v = linear(get(&p("self_attn.v_proj.weight")), &xn, w.get(&p("self_attn.v_proj.bias")));
+            // Qwen3: RMSNorm of each query and key head before RoPE.
+            if let (Some(qn), Some(kn)) = (w.get(&p("self_attn.q_norm.weight")), w.get(&p("self_attn.k_norm.weight"))) {
+                q = rms_norm(&q, qn, c.rms_norm_eps);
+                k = rms_norm(&k, kn, c.rms_norm_eps);
+            }
             super::rope(&mut q, heads, hd, &[pos as u32], &table, true);
             super::rope(&mut k, kv_heads, hd, &[pos as u32], &table, true);
             queries.push(q);

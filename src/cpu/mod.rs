@@ -4,6 +4,7 @@
 //! they are closer to the exact value than any f32 kernel, and tests bound the GPU's distance.
 //! Shapes are row-major and named as in the kernel headers.
 
+pub mod gemma3;
 pub mod llama;
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.
@@ -92,6 +93,41 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
             (g / (1.0 + (-g).exp()) * f64::from(u)) as f32
         })
         .collect()
+}
+
+/// `gelu_tanh(gate) * up`, element by element (transformers' "gelu_pytorch_tanh").
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = f64::from(g);
+            let t = ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh();
+            (0.5 * g * (1.0 + t) * f64::from(u)) as f32
+        })
+        .collect()
+}
+
+/// RMSNorm of each query and key head of fused qkv rows (num_tokens, (num_heads + 2 ·
+/// num_kv_heads) · head_dim), as `gpu::kernels::reduce::head_rms_norm` does in place.
+pub fn head_rms_norm(
+    qkv: &[f32],
+    num_heads: usize,
+    num_kv_heads: usize,
+    q_weight: &[f32],
+    k_weight: &[f32],
+    eps: f32,
+) -> Vec<f32> {
+    let hd = q_weight.len();
+    let stride = (num_heads + 2 * num_kv_heads) * hd;
+    let mut out = qkv.to_vec();
+    for row in out.chunks_mut(stride) {
+        for h in 0..num_heads + num_kv_heads {
+            let w = if h < num_heads { q_weight } else { k_weight };
+            let normed = rms_norm(&row[h * hd..(h + 1) * hd], w, eps);
+            row[h * hd..(h + 1) * hd].copy_from_slice(&normed);
+        }
+    }
+    out
 }
 
 /// Causal grouped-query attention of one query row against the keys and values it may see.

@@ -2,7 +2,7 @@
 //!
 //! Kernels live in `shaders/*.wgsl`. A line `#include shared/NAME.wgsl` pastes a shared file
 //! (includes nest). Three includes are chosen by the variant: `#include weight_format` pastes
-//! `shaders/formats/<dtype>.wgsl` (the `w_block` decoder of one weight format), `#include
+//! `shaders/formats/<dtype>.wgsl` (the `w_block_at` decoder of one weight format), `#include
 //! weight_source` pastes where the weight bytes are read from (a storage buffer, or the texture
 //! CPU drivers read faster), and `#include x_source` where a matmul's activations come from (a
 //! storage buffer, or 64 KiB uniform windows). Tile sizes are substituted for `{{WG}}`,
@@ -24,6 +24,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("add_rms_norm.wgsl", include_str!("../../shaders/add_rms_norm.wgsl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
+    ("gelu_mul.wgsl", include_str!("../../shaders/gelu_mul.wgsl")),
+    ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("matmul_bsplit.wgsl", include_str!("../../shaders/matmul_bsplit.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
@@ -31,16 +33,29 @@ const SOURCES: &[(&str, &str)] = &[
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
     ("rope_kv_write.wgsl", include_str!("../../shaders/rope_kv_write.wgsl")),
     ("sample.wgsl", include_str!("../../shaders/sample.wgsl")),
+    ("scale.wgsl", include_str!("../../shaders/scale.wgsl")),
     ("silu_mul.wgsl", include_str!("../../shaders/silu_mul.wgsl")),
     ("spec_sample.wgsl", include_str!("../../shaders/spec_sample.wgsl")),
     ("softmax.wgsl", include_str!("../../shaders/softmax.wgsl")),
     ("token_mask.wgsl", include_str!("../../shaders/token_mask.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
+    ("formats/iq4_nl.wgsl", include_str!("../../shaders/formats/iq4_nl.wgsl")),
+    ("formats/iq4_xs.wgsl", include_str!("../../shaders/formats/iq4_xs.wgsl")),
+    ("formats/q2_k.wgsl", include_str!("../../shaders/formats/q2_k.wgsl")),
+    ("formats/q3_k.wgsl", include_str!("../../shaders/formats/q3_k.wgsl")),
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),
     ("formats/q4_1.wgsl", include_str!("../../shaders/formats/q4_1.wgsl")),
+    ("formats/q4_k.wgsl", include_str!("../../shaders/formats/q4_k.wgsl")),
+    ("formats/q5_0.wgsl", include_str!("../../shaders/formats/q5_0.wgsl")),
+    ("formats/q5_1.wgsl", include_str!("../../shaders/formats/q5_1.wgsl")),
+    ("formats/q5_k.wgsl", include_str!("../../shaders/formats/q5_k.wgsl")),
+    ("formats/q6_k.wgsl", include_str!("../../shaders/formats/q6_k.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
+    ("formats/q8_k.wgsl", include_str!("../../shaders/formats/q8_k.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
+    ("shared/block_words.wgsl", include_str!("../../shaders/shared/block_words.wgsl")),
+    ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
     ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
     ("shared/kv_read_texture.wgsl", include_str!("../../shaders/shared/kv_read_texture.wgsl")),

@@ -37,8 +37,17 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Biases on the q, k and v projections (Qwen2).
     pub attention_bias: bool,
-    /// Attend only to this many most recent positions (Mistral).
+    /// Attend only to this many most recent positions (Mistral; Gemma 3's local layers).
     pub sliding_window: Option<usize>,
+    /// RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3: `q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// With a sliding window, every `n`-th layer (layer i with (i + 1) % n == 0) attends
+    /// globally instead (Gemma 3: 6); `None`: every layer uses the window.
+    pub sliding_window_pattern: Option<usize>,
+    /// The RoPE base of the sliding-window layers when it is not `rope_theta` (Gemma 3: 10000).
+    pub rope_local_theta: Option<f32>,
+    /// Queries scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (Gemma).
+    pub query_pre_attn_scalar: Option<f32>,
 }
 
 fn missing(file: &str, key: &str) -> WeftError {
@@ -90,6 +99,12 @@ impl ModelConfig {
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
+            qk_norm: gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
+            // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
+            // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
+            sliding_window_pattern: (arch == "gemma3").then_some(6),
+            rope_local_theta: (arch == "gemma3").then_some(10000.0),
+            query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             architecture: arch,
         };
         config.check(file)?;
@@ -101,6 +116,12 @@ impl ModelConfig {
         let v: Value =
             serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
+        if arch.starts_with("gemma") {
+            return Err(WeftError::model(
+                file,
+                format!("{arch} runs from GGUF files only so far (its Hugging Face norms are stored as w, not 1 + w)"),
+            ));
+        }
         if !SUPPORTED.contains(&arch.as_str()) {
             return Err(WeftError::model(file, unsupported(&arch)));
         }
@@ -153,6 +174,10 @@ impl ModelConfig {
             } else {
                 None
             },
+            qk_norm: arch == "qwen3",
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
             architecture: arch,
         };
         config.check(file)?;
@@ -184,9 +209,23 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Whether layer `layer` attends within the sliding window (if there is one).
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_window.is_some() && self.sliding_window_pattern.is_none_or(|n| (layer + 1) % n != 0)
+    }
+
     /// RoPE inverse frequencies after scaling, computed in f32 as transformers does.
     pub fn inv_freq(&self) -> Vec<f32> {
-        let base = crate::gpu::kernels::rope::inv_freq(self.head_dim, self.rope_theta);
+        self.inv_freq_with_base(self.rope_theta)
+    }
+
+    /// [`inv_freq`](Self::inv_freq) of the sliding-window layers (their own base, if any).
+    pub fn local_inv_freq(&self) -> Vec<f32> {
+        self.inv_freq_with_base(self.rope_local_theta.unwrap_or(self.rope_theta))
+    }
+
+    fn inv_freq_with_base(&self, theta: f32) -> Vec<f32> {
+        let base = crate::gpu::kernels::rope::inv_freq(self.head_dim, theta);
         match &self.rope_scaling {
             None => base,
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
@@ -248,6 +287,10 @@ mod tests {
             tie_word_embeddings: false,
             attention_bias: false,
             sliding_window: None,
+            qk_norm: false,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
         };
         let got = config.inv_freq();
         let want = [

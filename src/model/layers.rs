@@ -1,6 +1,7 @@
 //! The building blocks architectures share, each recording its dispatches: a [`Linear`]
 //! projection (one or several weight matrices written side by side, optional bias),
-//! self-[`Attention`] over the paged KV cache with RoPE, and the gated [`Mlp`]. An architecture
+//! self-[`Attention`] over the paged KV cache with RoPE (and optional per-head q/k norms), and
+//! the gated [`Mlp`] (SwiGLU or GeGLU). An architecture
 //! file composes them top to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
@@ -12,9 +13,10 @@
 //! what they are told to through [`Activations`], made once for all steps.
 
 use crate::error::Result;
-use crate::gpu::kernels::elementwise::{add_bias, silu_mul};
+use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
 use crate::gpu::kernels::matmul::matmul_into;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
+use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
@@ -63,6 +65,7 @@ pub struct Activations {
     pub gate_up: GpuTensor, // (tokens, 2 · intermediate)
     pub act: GpuTensor,     // (tokens, intermediate)
     pub rows: GpuTensor,    // (logit rows, hidden): the normalised rows the LM head reads
+    pub normed: GpuTensor,  // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
 }
 
 impl Activations {
@@ -77,6 +80,7 @@ impl Activations {
             gate_up: t(2 * c.intermediate_size)?,
             act: t(c.intermediate_size)?,
             rows: factory.activations(&[num_logits, c.hidden_size])?,
+            normed: t(c.hidden_size)?,
         })
     }
 
@@ -92,6 +96,7 @@ impl Activations {
             gate_up: t(&self.gate_up)?,
             act: t(&self.act)?,
             rows: self.rows.slice_rows(0..num_logits)?,
+            normed: t(&self.normed)?,
         })
     }
 }
@@ -100,6 +105,15 @@ impl Activations {
 pub struct Attention {
     pub qkv: Linear, // q, k, v side by side
     pub o: Linear,
+    /// RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// The per-head norms of q and k.
+pub struct QkNorm {
+    pub q: GpuTensor, // (head_dim)
+    pub k: GpuTensor, // (head_dim)
+    pub eps: f32,
 }
 
 /// What attention needs besides its weights: the model's shape and RoPE table.
@@ -124,6 +138,9 @@ impl Attention {
         s: &AttentionSetup<'_>,
     ) -> Result<()> {
         self.qkv.forward(ctx, rec, &a.xn, &a.qkv)?;
+        if let Some(n) = &self.qk_norm {
+            head_rms_norm(ctx, rec, &a.qkv, s.layout, &n.q, &n.k, n.eps)?;
+        }
         rope_kv_write(ctx, rec, &a.qkv, s.layout, inputs.positions, s.cos_sin, s.pairing, inputs.slots, cache)?;
         let (tables, info) = (inputs.block_tables, inputs.token_info);
         paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, &a.attn, s.sliding_window, s.scale)?;
@@ -131,16 +148,29 @@ impl Attention {
     }
 }
 
-/// The gated MLP: `a.proj = down(silu(gate(a.xn)) · up(a.xn))`.
+/// The gate of a gated MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// SwiGLU: silu(gate) · up (Llama, Qwen).
+    Silu,
+    /// GeGLU with the tanh GELU: gelu_tanh(gate) · up (Gemma).
+    GeluTanh,
+}
+
+/// The gated MLP: `a.proj = down(act(gate(a.xn)) · up(a.xn))`.
 pub struct Mlp {
     pub gate_up: Linear, // gate, up side by side
     pub down: Linear,
+    pub gate: Gate,
 }
 
 impl Mlp {
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
         self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
-        silu_mul(ctx, rec, &a.gate_up, &a.act)?;
+        match self.gate {
+            Gate::Silu => silu_mul(ctx, rec, &a.gate_up, &a.act)?,
+            Gate::GeluTanh => gelu_mul(ctx, rec, &a.gate_up, &a.act)?,
+        }
         self.down.forward(ctx, rec, &a.act, &a.proj)
     }
 }

@@ -90,6 +90,11 @@ impl SafetensorsWeights {
         }
         Ok(SafetensorsWeights { dir: shown, shards, tensors })
     }
+
+    /// Every tensor's name, element type (safetensors' name, e.g. "BF16") and shape.
+    pub fn tensor_infos(&self) -> impl Iterator<Item = (&str, String, &[usize])> {
+        self.tensors.iter().map(|(name, (_, dtype, shape, _))| (name.as_str(), format!("{dtype:?}"), shape.as_slice()))
+    }
 }
 
 impl WeightSource for SafetensorsWeights {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod draft;
 pub mod executor;
 pub mod gguf;
+pub mod inspect;
 pub mod kv_pool;
 pub mod layers;
 pub mod load;

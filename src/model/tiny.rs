@@ -27,6 +27,10 @@ pub fn tiny_config() -> ModelConfig {
         tie_word_embeddings: true,
         attention_bias: false,
         sliding_window: None,
+        qk_norm: false,
+        sliding_window_pattern: None,
+        rope_local_theta: None,
+        query_pre_attn_scalar: None,
     }
 }
 
@@ -116,43 +120,82 @@ pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     (0..len).map(|_| (rng.next_uniform() * 2.0 - 1.0) * scale).collect()
 }
 
-/// Random weights in Hugging Face naming. Matrices of `dtype` are rounded through it, so the
-/// f32 values are exactly what the GPU will decode.
+/// The format a matrix with rows of `cols` elements is stored in when the model is `dtype`: the
+/// format itself when a row is whole blocks of it, else the fallback llama.cpp's quantizer picks
+/// for such a tensor (real K-quant files hold such Q5_0 / Q8_0 / IQ4_NL tensors).
+pub fn storage_dtype(dtype: DType, cols: usize) -> DType {
+    if cols % dtype.block_elems() == 0 {
+        return dtype;
+    }
+    match dtype {
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_XS => DType::IQ4_NL,
+        _ => DType::Q8_0,
+    }
+}
+
+/// Values `dtype` stores exactly: encoding them again decodes to the same values, so
+/// [`gguf_bytes`], which encodes what it is given, writes exactly these. The 32-element encoders
+/// get there in one round; the plain super-block encoders (whose sub-block scales are derived
+/// from the values' range) in a few.
+fn stored_values(dtype: DType, values: Vec<f32>) -> Vec<f32> {
+    let round = |v: &[f32]| crate::quant::dequantize(dtype, &crate::quant::quantize(dtype, v).unwrap()).unwrap();
+    let mut v = round(&values);
+    for _ in 0..32 {
+        let next = round(&v);
+        if next == v {
+            return v;
+        }
+        v = next;
+    }
+    panic!("{dtype}: encoding did not reach a fixed point");
+}
+
+/// Random weights in Hugging Face naming. Matrices are rounded through the format they are
+/// stored in ([`storage_dtype`] of `dtype`), so the f32 values are exactly what the GPU will
+/// decode.
 pub fn random_weights(c: &ModelConfig, seed: u64, dtype: DType) -> HfWeights {
     let mut w = HfWeights::new();
     let mut seed = seed;
-    let mut put = |name: String, len: usize, scale: f32, center: f32, quantize: bool| {
+    // `cols`: the row length of a matrix, None for a vector (kept in f32).
+    let mut put = |name: String, len: usize, scale: f32, center: f32, cols: Option<usize>| {
         seed += 1;
         let mut v: Vec<f32> = random_values(len, seed, scale).iter().map(|x| x + center).collect();
-        if quantize {
-            v = crate::quant::dequantize(dtype, &crate::quant::quantize(dtype, &v).unwrap()).unwrap();
+        if let Some(cols) = cols {
+            v = stored_values(storage_dtype(dtype, cols), v);
         }
         w.insert(name, v);
     };
     let (q_rows, kv_rows) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let (hidden, inter) = (Some(c.hidden_size), Some(c.intermediate_size));
     let hf = |layer, part| tensor_name(Checkpoint::HuggingFace, layer, part);
-    put(hf(None, Part::Q), c.vocab_size * c.hidden_size, 1.0, 0.0, true);
-    put(hf(None, Part::AttnNorm), c.hidden_size, 0.2, 1.0, false);
+    put(hf(None, Part::Q), c.vocab_size * c.hidden_size, 1.0, 0.0, hidden);
+    put(hf(None, Part::AttnNorm), c.hidden_size, 0.2, 1.0, None);
     if !c.tie_word_embeddings {
-        put(hf(None, Part::O), c.vocab_size * c.hidden_size, 0.5, 0.0, true);
+        put(hf(None, Part::O), c.vocab_size * c.hidden_size, 0.5, 0.0, hidden);
     }
     for l in 0..c.num_layers {
         let l = Some(l);
         let matrix_scale = |n_in: usize| 1.5 / (n_in as f32).sqrt();
-        put(hf(l, Part::AttnNorm), c.hidden_size, 0.2, 1.0, false);
-        put(hf(l, Part::Q), q_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, true);
-        put(hf(l, Part::K), kv_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, true);
-        put(hf(l, Part::V), kv_rows * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
+        put(hf(l, Part::AttnNorm), c.hidden_size, 0.2, 1.0, None);
+        put(hf(l, Part::Q), q_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, hidden);
+        put(hf(l, Part::K), kv_rows * c.hidden_size, matrix_scale(c.hidden_size) * 2.0, 0.0, hidden);
+        put(hf(l, Part::V), kv_rows * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
         if c.attention_bias {
-            put(hf(l, Part::QBias), q_rows, 0.3, 0.0, false);
-            put(hf(l, Part::KBias), kv_rows, 0.3, 0.0, false);
-            put(hf(l, Part::VBias), kv_rows, 0.3, 0.0, false);
+            put(hf(l, Part::QBias), q_rows, 0.3, 0.0, None);
+            put(hf(l, Part::KBias), kv_rows, 0.3, 0.0, None);
+            put(hf(l, Part::VBias), kv_rows, 0.3, 0.0, None);
         }
-        put(hf(l, Part::O), c.hidden_size * q_rows, matrix_scale(q_rows), 0.0, true);
-        put(hf(l, Part::FfnNorm), c.hidden_size, 0.2, 1.0, false);
-        put(hf(l, Part::Gate), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
-        put(hf(l, Part::Up), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, true);
-        put(hf(l, Part::Down), c.hidden_size * c.intermediate_size, matrix_scale(c.intermediate_size), 0.0, true);
+        if c.qk_norm {
+            put(hf(l, Part::QNorm), c.head_dim, 0.2, 1.0, None);
+            put(hf(l, Part::KNorm), c.head_dim, 0.2, 1.0, None);
+        }
+        put(hf(l, Part::O), c.hidden_size * q_rows, matrix_scale(q_rows), 0.0, Some(q_rows));
+        put(hf(l, Part::FfnNorm), c.hidden_size, 0.2, 1.0, None);
+        put(hf(l, Part::Gate), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
+        put(hf(l, Part::Up), c.intermediate_size * c.hidden_size, matrix_scale(c.hidden_size), 0.0, hidden);
+        put(hf(l, Part::Down), c.hidden_size * c.intermediate_size, matrix_scale(c.intermediate_size), 0.0, inter);
     }
     w
 }
@@ -178,7 +221,7 @@ fn ggml_type(dtype: DType) -> GgmlType {
 }
 
 /// The weights as a GGUF file the way llama.cpp's converter writes a Llama checkpoint: matrices
-/// in `dtype`, norms and biases in F32, q/k rows permuted.
+/// in `dtype` (or its [`storage_dtype`] fallback), norms and biases in F32, q/k rows permuted.
 pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
     let arch = c.architecture.clone();
     let mut g = GgufWriter::new();
@@ -211,7 +254,8 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         };
         let is_matrix = rows > 1;
         let (ty, bytes) = if is_matrix {
-            (ggml_type(dtype), crate::quant::quantize(dtype, &values).unwrap())
+            let stored = storage_dtype(dtype, cols);
+            (ggml_type(stored), crate::quant::quantize(stored, &values).unwrap())
         } else {
             (GgmlType::F32, crate::quant::quantize(DType::F32, &values).unwrap())
         };
@@ -231,6 +275,8 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         put(l, Part::QBias, 1, q_rows);
         put(l, Part::KBias, 1, kv_rows);
         put(l, Part::VBias, 1, kv_rows);
+        put(l, Part::QNorm, 1, c.head_dim);
+        put(l, Part::KNorm, 1, c.head_dim);
         put(l, Part::O, c.hidden_size, q_rows);
         put(l, Part::FfnNorm, 1, c.hidden_size);
         put(l, Part::Gate, c.intermediate_size, c.hidden_size);
@@ -238,4 +284,85 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         put(l, Part::Down, c.hidden_size, c.intermediate_size);
     }
     g.to_bytes()
+}
+
+/// A tiny Gemma 3: 7 layers (layer 5 attends globally, the rest within a window of 4 tokens,
+/// each kind with its own RoPE base), 4 query heads over one KV head, per-head q/k norms.
+pub fn gemma3_config() -> ModelConfig {
+    ModelConfig {
+        architecture: "gemma3".into(),
+        num_layers: 7,
+        num_kv_heads: 1,
+        head_dim: 32,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        tie_word_embeddings: true,
+        sliding_window: Some(4),
+        qk_norm: true,
+        sliding_window_pattern: Some(6),
+        rope_local_theta: Some(10000.0),
+        query_pre_attn_scalar: Some(32.0),
+        ..tiny_config()
+    }
+}
+
+/// A random Gemma 3 as llama.cpp's converter writes one (norm weights hold 1 + w), with
+/// matrices in `dtype` (or its [`storage_dtype`] fallback): the GGUF bytes, and the exact f32
+/// values of every tensor by its GGUF name (for `cpu::gemma3`).
+pub fn gemma3_gguf(c: &ModelConfig, seed: u64, dtype: DType) -> (Vec<u8>, HfWeights) {
+    let arch = c.architecture.clone();
+    let mut g = GgufWriter::new();
+    let key = |k: &str| format!("{arch}.{k}");
+    g.metadata("general.architecture", MetaValue::String(arch.clone()))
+        .metadata(&key("context_length"), MetaValue::U32(c.max_position_embeddings as u32))
+        .metadata(&key("embedding_length"), MetaValue::U32(c.hidden_size as u32))
+        .metadata(&key("feed_forward_length"), MetaValue::U32(c.intermediate_size as u32))
+        .metadata(&key("block_count"), MetaValue::U32(c.num_layers as u32))
+        .metadata(&key("attention.head_count"), MetaValue::U32(c.num_heads as u32))
+        .metadata(&key("attention.head_count_kv"), MetaValue::U32(c.num_kv_heads as u32))
+        .metadata(&key("attention.key_length"), MetaValue::U32(c.head_dim as u32))
+        .metadata(&key("attention.value_length"), MetaValue::U32(c.head_dim as u32))
+        .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
+        .metadata(&key("attention.sliding_window"), MetaValue::U32(c.sliding_window.unwrap_or(0) as u32))
+        .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta));
+    for (k, v) in tokenizer_metadata() {
+        g.metadata(k, v);
+    }
+    let mut w = HfWeights::new();
+    let mut seed = seed;
+    let (hidden, hd) = (c.hidden_size, c.head_dim);
+    let mut put = |name: String, rows: usize, cols: usize, scale: f32, center: f32| {
+        seed += 1;
+        let values: Vec<f32> = random_values(rows * cols, seed, scale).iter().map(|x| x + center).collect();
+        let (ty, values) = if rows > 1 {
+            let stored = storage_dtype(dtype, cols);
+            (stored, stored_values(stored, values))
+        } else {
+            (DType::F32, values)
+        };
+        let dims: Vec<u64> = if rows > 1 { vec![cols as u64, rows as u64] } else { vec![cols as u64] };
+        g.tensor(&name, &dims, ggml_type(ty), &crate::quant::quantize(ty, &values).unwrap());
+        w.insert(name, values);
+    };
+    let matrix_scale = |n_in: usize| 1.5 / (n_in as f32).sqrt();
+    put("token_embd.weight".into(), c.vocab_size, hidden, 0.2, 0.0);
+    put("output_norm.weight".into(), 1, hidden, 0.2, 1.0);
+    let (q_rows, kv_rows) = (c.num_heads * hd, c.num_kv_heads * hd);
+    for l in 0..c.num_layers {
+        let p = |s: &str| format!("blk.{l}.{s}");
+        put(p("attn_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("attn_q.weight"), q_rows, hidden, matrix_scale(hidden) * 2.0, 0.0);
+        put(p("attn_k.weight"), kv_rows, hidden, matrix_scale(hidden) * 2.0, 0.0);
+        put(p("attn_v.weight"), kv_rows, hidden, matrix_scale(hidden), 0.0);
+        put(p("attn_q_norm.weight"), 1, hd, 0.2, 1.0);
+        put(p("attn_k_norm.weight"), 1, hd, 0.2, 1.0);
+        put(p("attn_output.weight"), hidden, q_rows, matrix_scale(q_rows), 0.0);
+        put(p("post_attention_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("ffn_norm.weight"), 1, hidden, 0.2, 1.0);
+        put(p("ffn_gate.weight"), c.intermediate_size, hidden, matrix_scale(hidden), 0.0);
+        put(p("ffn_up.weight"), c.intermediate_size, hidden, matrix_scale(hidden), 0.0);
+        put(p("ffn_down.weight"), hidden, c.intermediate_size, matrix_scale(c.intermediate_size), 0.0);
+        put(p("post_ffw_norm.weight"), 1, hidden, 0.2, 1.0);
+    }
+    (g.to_bytes(), w)
 }

@@ -38,6 +38,12 @@ pub enum Part {
     Gate,
     Up,
     Down,
+    /// Per-head norms of q and k (Qwen3, Gemma 3).
+    QNorm,
+    KNorm,
+    /// Gemma's norms of the attention and MLP outputs, before each residual add.
+    PostAttnNorm,
+    PostFfnNorm,
 }
 
 /// The checkpoint's name of a tensor: `layer = None` for the embedding (`Part::Q` stands in),
@@ -71,6 +77,10 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 Gate => "ffn_gate.weight",
                 Up => "ffn_up.weight",
                 Down => "ffn_down.weight",
+                QNorm => "attn_q_norm.weight",
+                KNorm => "attn_k_norm.weight",
+                PostAttnNorm => "post_attention_norm.weight",
+                PostFfnNorm => "post_ffw_norm.weight",
             };
             format!("blk.{i}.{name}")
         }
@@ -88,6 +98,11 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 Gate => "mlp.gate_proj.weight",
                 Up => "mlp.up_proj.weight",
                 Down => "mlp.down_proj.weight",
+                QNorm => "self_attn.q_norm.weight",
+                KNorm => "self_attn.k_norm.weight",
+                // Gemma's names (weft loads Gemma from GGUF files only so far).
+                PostAttnNorm => "post_attention_norm.weight",
+                PostFfnNorm => "post_feedforward_layernorm.weight",
             };
             format!("model.layers.{i}.{name}")
         }

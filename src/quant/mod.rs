@@ -4,24 +4,47 @@
 //! read.
 //!
 //! Quantized weights stay in their file's block layout on the GPU; the shader decoder of a
-//! format (`shaders/formats/<name>.wgsl`) decodes exactly what its CPU codec here decodes. The
-//! encoders follow ggml's reference quantizers so that test weights look like real ones.
+//! format (`shaders/formats/<name>.wgsl`) decodes exactly what its CPU codec here decodes, which
+//! is exactly what ggml decodes (`dequantize_row_*` in ggml-quants.c; `tests/quant_fixtures.rs`
+//! holds every decoder to gguf-py's independent dequantizers). The encoders of the 32-element
+//! formats follow ggml's reference quantizers; those of the super-block formats (the K-quants and
+//! IQ4_XS, whose ggml quantizers search for scales) and IQ4_NL are plain nearest-value encoders:
+//! they make valid blocks that look like real weights, which is all tests need.
+//!
+//! The K-quants pack 256 elements into a super-block with one or two f16 scales and a small
+//! scale (and min) per 16 or 32 elements. The shaders iterate 32-element blocks, so a K-quant
+//! decoder reads sub-block `b % 8` of super-block `b / 8`.
 //!
 //! Adding a format: a file here with its [`Format`], a line in [`FORMATS`] and a variant of
 //! [`DType`], and its decoder in `shaders/formats/`.
 
 mod f16;
 mod f32;
+mod iq4_nl;
+mod iq4_xs;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
+mod q8_k;
 
 use crate::error::{Result, WeftError};
 
-/// Elements per quantization block of the 32-element block formats (Q8_0, Q4_0, Q4_1).
+/// Elements per quantization block of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0,
+/// Q5_1, IQ4_NL), and of the sub-blocks the shaders decode one at a time.
 pub const QK: usize = 32;
 
-/// How the elements of a tensor are stored.
+/// Elements per super-block of the K-quants and IQ4_XS.
+pub const QK_K: usize = 256;
+
+/// How the elements of a tensor are stored (weight formats by ggml's names).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -29,6 +52,16 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    IQ4_NL,
+    IQ4_XS,
     /// 32-bit unsigned integers: token ids, positions, block tables. Never a weight.
     U32,
 }
@@ -51,12 +84,37 @@ pub struct Format {
 }
 
 /// Every weight format, in the order tests and shader variants enumerate them.
-pub const FORMATS: [&Format; 5] = [&f32::FORMAT, &f16::FORMAT, &q8_0::FORMAT, &q4_0::FORMAT, &q4_1::FORMAT];
+pub const FORMATS: [&Format; 15] = [
+    &f32::FORMAT,
+    &f16::FORMAT,
+    &q8_0::FORMAT,
+    &q4_0::FORMAT,
+    &q4_1::FORMAT,
+    &q5_0::FORMAT,
+    &q5_1::FORMAT,
+    &q2_k::FORMAT,
+    &q3_k::FORMAT,
+    &q4_k::FORMAT,
+    &q5_k::FORMAT,
+    &q6_k::FORMAT,
+    &q8_k::FORMAT,
+    &iq4_nl::FORMAT,
+    &iq4_xs::FORMAT,
+];
+
+const fn weight_dtypes() -> [DType; FORMATS.len()] {
+    let mut out = [DType::U32; FORMATS.len()];
+    let mut i = 0;
+    while i < FORMATS.len() {
+        out[i] = FORMATS[i].dtype;
+        i += 1;
+    }
+    out
+}
 
 impl DType {
     /// Every format a weight matrix or embedding table may have on the GPU.
-    pub const WEIGHTS: [DType; 5] =
-        [FORMATS[0].dtype, FORMATS[1].dtype, FORMATS[2].dtype, FORMATS[3].dtype, FORMATS[4].dtype];
+    pub const WEIGHTS: [DType; FORMATS.len()] = weight_dtypes();
 
     /// The weight format's entry in [`FORMATS`]; `None` for `U32`.
     pub fn format(self) -> Option<&'static Format> {
@@ -150,6 +208,64 @@ fn nibble(qs: &[u8], i: usize) -> u8 {
     if i < QK / 2 { qs[i] & 0xF } else { qs[i - QK / 2] >> 4 }
 }
 
+/// Pack 32 codes (each < 16) as [`nibble`] reads them.
+fn pack_nibbles(codes: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    (0..QK / 2).map(|i| codes[i] | (codes[i + QK / 2] << 4))
+}
+
+/// ggml's `nearest_int`: round to nearest, ties to even (its float trick does what the FPU
+/// does), as an integer.
+fn nearest(v: f32) -> i32 {
+    v.round_ties_even() as i32
+}
+
+/// The value of largest magnitude (its sign kept; the first of equal magnitudes).
+fn signed_max(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a })
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) from the 12
+/// packed bytes of a Q4_K / Q5_K super-block. Sub-blocks 0..3 keep theirs in the low 6 bits of
+/// bytes j and j + 4; 4..7 in the nibbles of byte j + 4, with the top 2 bits in the spare high
+/// bits of bytes j - 4 (scale) and j (min).
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// The inverse of [`scale_min_k4`]: pack eight 6-bit (scale, min) pairs into 12 bytes.
+fn pack_scale_min_k4(sc: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+    let mut q = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            q[j] |= sc[j] & 63;
+            q[j + 4] |= m[j] & 63;
+        } else {
+            q[j + 4] = (sc[j] & 0xF) | ((m[j] & 0xF) << 4);
+            q[j - 4] |= (sc[j] >> 4) << 6;
+            q[j] |= (m[j] >> 4) << 6;
+        }
+    }
+    q
+}
+
+/// The 16 values of the non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml's `kvalues_iq4nl`).
+const IQ4_GRID: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The index of the grid value nearest to `v` (in grid units); ties to the lower one.
+fn nearest_iq4(v: f32) -> u8 {
+    let mut best = 0;
+    for (i, &g) in IQ4_GRID.iter().enumerate() {
+        if (v - f32::from(g)).abs() < (v - f32::from(IQ4_GRID[best])).abs() {
+            best = i;
+        }
+    }
+    best as u8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,14 +284,16 @@ mod tests {
 
     #[test]
     fn roundtrip_error_is_within_half_a_step() {
-        let values: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let values: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         for dtype in DType::WEIGHTS {
             let decoded = dequantize(dtype, &quantize(dtype, &values).unwrap()).unwrap();
             for (block, got) in values.chunks(32).zip(decoded.chunks(32)) {
                 let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let range =
                     block.iter().copied().fold(f32::MIN, f32::max) - block.iter().copied().fold(f32::MAX, f32::min);
-                // Half a quantization step, plus the f16 rounding of the scale itself.
+                // Half a quantization step, plus the f16 rounding of the scale itself. The
+                // super-block formats also round each sub-block's scale (and min) to a few bits
+                // of the super-block's, which can stretch a step by up to half a unit of those.
                 let step = match dtype {
                     DType::F32 => 0.0,
                     DType::F16 => amax / 1024.0,
@@ -184,6 +302,22 @@ mod tests {
                     // sign and equal magnitude clamps a whole step short: allow two half steps.
                     DType::Q4_0 => amax / 4.0,
                     DType::Q4_1 => range / 15.0,
+                    DType::Q5_0 => amax / 8.0,
+                    DType::Q5_1 => range / 31.0,
+                    // The 16-element scales stretch by up to half of d / amax's 4-bit unit.
+                    DType::Q2_K => range / 1.5,
+                    DType::Q3_K => amax / 1.5,
+                    DType::Q4_K => range / 7.0,
+                    DType::Q5_K => range / 15.0,
+                    // As Q4_0: the extreme of a 16-element group maps to -32, so its opposite clamps a
+                    // whole step short.
+                    DType::Q6_K => amax / 8.0,
+                    DType::Q8_K => amax / 63.0,
+                    // Grid points lie up to 24 apart (of 127), and the grid ends at 113 on the
+                    // side opposite the extreme's -127: 14 short.
+                    DType::IQ4_NL => amax * 28.0 / 127.0,
+                    // ... and the sub-block scale is rounded to 6 bits.
+                    DType::IQ4_XS => amax * 32.0 / 127.0,
                     DType::U32 => unreachable!(),
                 };
                 for (a, b) in block.iter().zip(got) {
@@ -194,11 +328,27 @@ mod tests {
     }
 
     #[test]
+    fn the_k_quants_pack_their_scales_as_ggml_unpacks_them() {
+        let sc = [1, 63, 17, 32, 5, 48, 33, 62];
+        let m = [0, 2, 63, 40, 16, 31, 47, 9];
+        let packed = pack_scale_min_k4(&sc, &m);
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(j, &packed), (sc[j], m[j]), "sub-block {j}");
+        }
+    }
+
+    #[test]
     fn partial_blocks_and_indices_are_rejected() {
         assert!(quantize(DType::Q4_0, &[0.0; 31]).is_err());
         assert!(dequantize(DType::Q8_0, &[0; 33]).is_err());
         assert!(DType::Q4_1.size_bytes(48).is_err());
         assert_eq!(DType::Q4_1.size_bytes(64).unwrap(), 40);
+        // Super-block formats: rows of whole 256-element super-blocks only.
+        let err = DType::Q4_K.size_bytes(96).unwrap_err().to_string();
+        assert!(err.contains("Q4_K stores blocks of 256 elements"), "{err}");
+        assert_eq!(DType::Q6_K.size_bytes(512).unwrap(), 420);
+        assert!(quantize(DType::Q5_K, &[0.0; 128]).is_err());
+        assert!(dequantize(DType::Q3_K, &[0; 111]).is_err());
         assert!(dequantize(DType::U32, &[0; 4]).is_err());
         assert!(quantize(DType::U32, &[0.0]).is_err());
     }

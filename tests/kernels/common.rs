@@ -104,6 +104,40 @@ pub fn weights(dtype: DType, len: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
     (bytes, decoded)
 }
 
+/// Byte offsets of the f16 scale fields of each block format (ggml-common.h); Q8_K's f32 scale
+/// is at 0.
+fn scale_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random but valid blocks of a quantized format and their CPU decoding: random bytes, except
+/// that every scale field holds a finite value of a sane size. Every other bit pattern (codes,
+/// packed sub-block scales and mins) is valid, so these cover layouts an encoder never emits.
+pub fn random_blocks(dtype: DType, len: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let num_blocks = len / dtype.block_elems();
+    let noise = random(num_blocks * dtype.block_bytes(), seed, 1.0);
+    let mut bytes: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    let scales = random(num_blocks * 2, seed + 1, 0.1);
+    for (b, block) in bytes.chunks_exact_mut(dtype.block_bytes()).enumerate() {
+        if dtype == DType::Q8_K {
+            block[..4].copy_from_slice(&scales[2 * b].to_le_bytes());
+        }
+        for (f, &at) in scale_fields(dtype).iter().enumerate() {
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(scales[2 * b + f]).to_le_bytes());
+        }
+    }
+    let decoded = weft::quant::dequantize(dtype, &bytes).unwrap();
+    assert!(decoded.iter().all(|v| v.is_finite()), "{dtype}");
+    (bytes, decoded)
+}
+
 /// Assert |got - want| <= bound[i] elementwise, naming the first offender.
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], bound: impl Fn(usize) -> f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");

@@ -1,9 +1,9 @@
-//! silu_mul and add against the CPU. Lengths straddle the 256-invocation workgroup and, for add,
-//! the 65535-workgroup fold into a second grid dimension.
+//! silu_mul, gelu_mul, scale and add against the CPU. Lengths straddle the 256-invocation
+//! workgroup and, for add and scale, the 65535-workgroup fold into a second grid dimension.
 
 use weft::DType;
 use weft::gpu::Recording;
-use weft::gpu::kernels::elementwise::{add, add_bias, silu_mul};
+use weft::gpu::kernels::elementwise::{add, add_bias, gelu_mul, scale, silu_mul};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -30,6 +30,58 @@ fn silu_mul_matches_cpu() {
             24.0 * U * f64::from(want[i].abs()) + 1e-30
         });
     }
+}
+
+/// Tolerance: WGSL's tanh is only bounded as sinh / cosh, i.e. through exp; with its argument
+/// clamped to ±15 we allow 2⁻¹⁸ absolute error in tanh, which moves the output by at most
+/// 0.5·|gate·up|·2⁻¹⁸; the polynomial, the products and the final multiply add 16·u relative.
+/// Gates run to ±8, past where tanh saturates, and include the region near 0.
+#[test]
+fn gelu_mul_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &(rows, cols) in &[(1, 1), (3, 257), (5, 1000)] {
+        let gate = random(rows * cols, 11, 8.0);
+        let up = random(rows * cols, 12, 2.0);
+        let gate_up: Vec<f32> = (0..rows)
+            .flat_map(|r| gate[r * cols..(r + 1) * cols].iter().chain(&up[r * cols..(r + 1) * cols]).copied())
+            .collect();
+        let gu = f.upload_f32(&[rows, 2 * cols], &gate_up).unwrap();
+        let o = f.zeros(&[rows, cols], DType::F32).unwrap();
+        let mut rec = Recording::new();
+        gelu_mul(ctx(f), &mut rec, &gu, &o).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::gelu_tanh_mul(&gate, &up);
+        assert_close(&format!("gelu_mul {rows}x{cols}"), &read_f32(f, &o), &want, |i| {
+            0.5 * f64::from((gate[i] * up[i]).abs()) / f64::from(1u32 << 18)
+                + 16.0 * U * f64::from(want[i].abs())
+                + 1e-30
+        });
+    }
+    // A huge gate must not turn into NaN (tanh through an overflowing exp).
+    let gu = f.upload_f32(&[1, 2], &[1e20, 1.0]).unwrap();
+    let o = f.zeros(&[1, 1], DType::F32).unwrap();
+    let mut rec = Recording::new();
+    gelu_mul(ctx(f), &mut rec, &gu, &o).unwrap();
+    run(f, &rec);
+    assert_eq!(read_f32(f, &o), vec![1e20]);
+}
+
+/// One f32 product: the GPU matches the CPU bit for bit.
+#[test]
+fn scale_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &len in &[3, 1000, 65535 * 256 + 300] {
+        let a = random(len, 13, 1.0);
+        let at = f.upload_f32(&[len], &a).unwrap();
+        let mut rec = Recording::new();
+        scale(ctx(f), &mut rec, &at, 25.298_221).unwrap();
+        run(f, &rec);
+        let want: Vec<f32> = a.iter().map(|x| x * 25.298_221).collect();
+        assert!(read_f32(f, &at) == want, "scale len={len}");
+    }
+    let ids = f.zeros(&[4], DType::U32).unwrap();
+    let err = scale(ctx(f), &mut Recording::new(), &ids, 2.0).unwrap_err();
+    assert!(err.to_string().contains("x must be F32"), "{err}");
 }
 
 /// One f32 addition: exact up to one rounding, so the GPU must match the CPU's f32 sum bit for bit.

@@ -17,10 +17,16 @@ use crate::common::*;
 const SHAPES: &[(usize, usize, usize)] =
     &[(1, 64, 1), (1, 576, 100), (3, 96, 65), (17, 256, 130), (64, 128, 67), (70, 1536, 9)];
 
+/// Shapes for the 256-element super-block formats: an odd number of super-blocks per row (so
+/// the 2-byte-aligned formats start every other row mid-word), and more rows than one uniform
+/// window holds.
+const SUPER_BLOCK_SHAPES: &[(usize, usize, usize)] = &[(1, 256, 1), (3, 768, 65), (17, 256, 130), (70, 1536, 9)];
+
 /// Every setup against the CPU, and every setup bit-identical to the first: all of them fold
 /// each output in the same fixed order, whatever the tile, source or family.
 fn check(dtype: DType) {
-    for (case, &(m, k, n)) in SHAPES.iter().enumerate() {
+    let shapes = if dtype.block_elems() == 256 { SUPER_BLOCK_SHAPES } else { SHAPES };
+    for (case, &(m, k, n)) in shapes.iter().enumerate() {
         let x = random(m * k, case as u64 + 1, 1.0);
         let (w_bytes, w) = weights(dtype, n * k, case as u64 + 100);
         let want = weft::cpu::matmul(&x, &w, m, k, n);
@@ -79,6 +85,56 @@ fn q4_1_matches_cpu() {
 }
 
 #[test]
+fn q5_0_matches_cpu() {
+    check(DType::Q5_0);
+}
+
+#[test]
+fn q5_1_matches_cpu() {
+    check(DType::Q5_1);
+}
+
+#[test]
+fn q2_k_matches_cpu() {
+    check(DType::Q2_K);
+}
+
+#[test]
+fn q3_k_matches_cpu() {
+    check(DType::Q3_K);
+}
+
+#[test]
+fn q4_k_matches_cpu() {
+    check(DType::Q4_K);
+}
+
+#[test]
+fn q5_k_matches_cpu() {
+    check(DType::Q5_K);
+}
+
+#[test]
+fn q6_k_matches_cpu() {
+    check(DType::Q6_K);
+}
+
+#[test]
+fn q8_k_matches_cpu() {
+    check(DType::Q8_K);
+}
+
+#[test]
+fn iq4_nl_matches_cpu() {
+    check(DType::IQ4_NL);
+}
+
+#[test]
+fn iq4_xs_matches_cpu() {
+    check(DType::IQ4_XS);
+}
+
+#[test]
 fn k_must_be_whole_blocks() {
     let Some(f) = gpu() else { return };
     let x = f.zeros(&[2, 45], DType::F32).unwrap();
@@ -107,6 +163,8 @@ fn quantized_rows_must_be_whole_blocks() {
     let Some(f) = gpu() else { return };
     let err = f.zeros(&[4, 48], DType::Q4_0).unwrap_err();
     assert!(err.to_string().contains("blocks of 32"), "{err}");
+    let err = f.zeros(&[4, 288], DType::Q6_K).unwrap_err();
+    assert!(err.to_string().contains("Q6_K stores blocks of 256"), "{err}");
 }
 
 /// The LM head's kernel (rows split between lanes on CPU drivers) against the CPU in every

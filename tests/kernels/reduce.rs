@@ -35,6 +35,41 @@ fn rms_norm_matches_cpu() {
     }
 }
 
+/// Per-head RMSNorm of the query and key heads of fused qkv rows, in place: the same tolerance
+/// as rms_norm over head_dim elements; the value heads come back untouched, bit for bit.
+#[test]
+fn head_rms_norm_matches_cpu() {
+    use weft::gpu::kernels::paged::QkvLayout;
+    use weft::gpu::kernels::reduce::head_rms_norm;
+    let Some(f) = gpu() else { return };
+    for (tokens, heads, kv_heads, hd) in [(1, 4, 1, 256), (5, 4, 2, 64), (3, 14, 2, 64), (2, 2, 2, 96)] {
+        let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim: hd };
+        let stride = layout.row_stride();
+        let x = random(tokens * stride, hd as u64, 3.0);
+        let (qw, kw) = (random(hd, 21, 1.5), random(hd, 22, 1.5));
+        let xt = f.upload_f32(&[tokens, stride], &x).unwrap();
+        let (qt, kt) = (f.upload_f32(&[hd], &qw).unwrap(), f.upload_f32(&[hd], &kw).unwrap());
+        let mut rec = Recording::new();
+        head_rms_norm(ctx(f), &mut rec, &xt, layout, &qt, &kt, 1e-6).unwrap();
+        run(f, &rec);
+        let got = read_f32(f, &xt);
+        let want = weft::cpu::head_rms_norm(&x, heads, kv_heads, &qw, &kw, 1e-6);
+        let rel = 2.0 * (hd as f64 / 64.0 + 12.0) * U;
+        assert_close(&format!("head_rms_norm {tokens}x{heads}+{kv_heads}x{hd}"), &got, &want, |i| {
+            rel * f64::from(want[i].abs()) + 1e-30
+        });
+        for t in 0..tokens {
+            let v = t * stride + (heads + kv_heads) * hd..(t + 1) * stride;
+            assert!(got[v.clone()] == x[v], "value heads of token {t} changed");
+        }
+    }
+    let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 32 };
+    let xt = f.zeros(&[2, 100], DType::F32).unwrap();
+    let w = f.zeros(&[32], DType::F32).unwrap();
+    let err = head_rms_norm(ctx(f), &mut Recording::new(), &xt, layout, &w, &w, 1e-6).unwrap_err();
+    assert!(err.to_string().contains("qkv must be F32 of shape [_, 128]"), "{err}");
+}
+
 /// The fused residual connection and norm computes exactly what `add` then `rms_norm` do: the
 /// same additions, the same reduction.
 #[test]

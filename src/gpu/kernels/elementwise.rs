@@ -1,4 +1,5 @@
-//! One-element-per-invocation kernels: the SwiGLU gate, the residual add and bias add.
+//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the residual add, bias add
+//! and scaling.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -8,6 +9,7 @@ use crate::quant::DType;
 
 shader_params!(Params { len: u32, delta_len: u32 });
 shader_params!(SiluMulParams { len: u32, cols: u32 });
+shader_params!(ScaleParams { len: u32, factor: f32 });
 
 const WORKGROUP: usize = 256;
 
@@ -27,13 +29,50 @@ fn same_f32(op: &'static str, tensors: &[(&str, &GpuTensor)]) -> Result<usize> {
 /// Record out[r, c] = silu(gate_up[r, c]) · gate_up[r, cols + c]: gate_up (rows, 2 · cols) F32
 /// holds the gate and up projections side by side, out is (rows, cols) F32.
 pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
-    const OP: &str = "silu_mul";
-    expect(OP, "out", out, DType::F32, &[None, None])?;
+    gated(ctx, rec, "silu_mul", gate_up, out)
+}
+
+/// Record out[r, c] = gelu_tanh(gate_up[r, c]) · gate_up[r, cols + c] (Gemma's GeGLU, tanh
+/// approximation), shaped as [`silu_mul`].
+pub fn gelu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
+    gated(ctx, rec, "gelu_mul", gate_up, out)
+}
+
+/// Record `x *= factor` over an F32 tensor.
+pub fn scale(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, factor: f32) -> Result<()> {
+    const OP: &str = "scale";
+    if x.dtype() != DType::F32 {
+        return Err(WeftError::shape(OP, format!("x must be F32, got {}", x.dtype())));
+    }
+    let len = x.num_elems();
+    let params = ScaleParams { len: u32_of(OP, "len", len)?, factor };
+    let bindings = [x.single_part(OP)?.resource(ctx)?];
+    ctx.dispatch(
+        rec,
+        ShaderVariant::plain("scale"),
+        bytemuck::bytes_of(&params),
+        bindings.into(),
+        None,
+        flat_grid(len, WORKGROUP),
+    )?;
+    Ok(())
+}
+
+/// A gated activation over gate and up side by side: `silu_mul` or `gelu_mul`.
+fn gated(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    kernel: &'static str,
+    gate_up: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let op = kernel;
+    expect(op, "out", out, DType::F32, &[None, None])?;
     let (rows, cols) = (out.shape()[0], out.shape()[1]);
-    expect(OP, "gate_up", gate_up, DType::F32, &[Some(rows), Some(2 * cols)])?;
-    let params = SiluMulParams { len: u32_of(OP, "len", rows * cols)?, cols: u32_of(OP, "cols", cols)? };
-    let bindings = [gate_up.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
-    let variant = ShaderVariant::plain("silu_mul");
+    expect(op, "gate_up", gate_up, DType::F32, &[Some(rows), Some(2 * cols)])?;
+    let params = SiluMulParams { len: u32_of(op, "len", rows * cols)?, cols: u32_of(op, "cols", cols)? };
+    let bindings = [gate_up.single_part(op)?.resource(ctx)?, out.single_part(op)?.resource(ctx)?];
+    let variant = ShaderVariant::plain(kernel);
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(rows * cols, WORKGROUP))?;
     Ok(())
 }

@@ -1,17 +1,54 @@
-//! Row-wise kernels with a workgroup reduction: RMSNorm, softmax, argmax.
+//! Row-wise kernels with a workgroup reduction: RMSNorm (of rows, or of each attention head),
+//! softmax, argmax.
 //! One workgroup per row, so at most 65535 rows per dispatch.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::Result;
+use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
 shader_params!(RmsNormParams { rows: u32, n: u32, eps: f32 });
 shader_params!(RowParams { rows: u32, n: u32 });
+shader_params!(HeadNormParams { num_heads: u32, n: u32, row_stride: u32, eps: f32 });
 
 fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
     expect(op, "x", x, DType::F32, &[None, None])?;
     Ok((x.shape()[0], x.shape()[1]))
+}
+
+/// Record RMSNorm over every query and key head of the fused qkv rows, in place (Qwen3's and
+/// Gemma 3's q_norm / k_norm, before RoPE): qkv (num_tokens, layout.row_stride()) F32, q_weight
+/// and k_weight (head_dim) F32. Value heads are left as they are.
+pub fn head_rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    qkv: &GpuTensor,
+    layout: QkvLayout,
+    q_weight: &GpuTensor,
+    k_weight: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "head_rms_norm";
+    let hd = layout.head_dim;
+    expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
+    expect(OP, "q_weight", q_weight, DType::F32, &[Some(hd)])?;
+    expect(OP, "k_weight", k_weight, DType::F32, &[Some(hd)])?;
+    let params = HeadNormParams {
+        num_heads: u32_of(OP, "num_heads", layout.num_heads)?,
+        n: u32_of(OP, "head_dim", hd)?,
+        row_stride: u32_of(OP, "row stride", layout.row_stride())?,
+        eps,
+    };
+    let bindings = [
+        q_weight.single_part(OP)?.resource(ctx)?,
+        k_weight.single_part(OP)?.resource(ctx)?,
+        qkv.single_part(OP)?.resource(ctx)?,
+    ];
+    let heads = u32_of(OP, "heads", layout.num_heads + layout.num_kv_heads)?;
+    let grid = [heads, u32_of(OP, "num_tokens", qkv.shape()[0])?, 1];
+    ctx.dispatch(rec, ShaderVariant::plain("head_rms_norm"), bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
+    Ok(())
 }
 
 /// Record `y = rms_norm(x) * weight`: x and y (rows, n) F32, weight (n) F32.

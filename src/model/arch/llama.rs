@@ -1,4 +1,5 @@
-//! The Llama family — Llama 2/3, Mistral, Qwen2, SmolLM — as one forward pass recorded on the GPU.
+//! The Llama family — Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM — as one forward pass recorded
+//! on the GPU.
 //!
 //! Reference: transformers' `models/llama/modeling_llama.py` (`LlamaForCausalLM`), and
 //! llama.cpp's `llama` graph for the GGUF layout. Each layer is
@@ -12,7 +13,8 @@
 //!
 //! with grouped-query attention over the paged KV cache, then a final RMSNorm and the LM head
 //! (the embedding matrix itself when tied) on the sampled rows only. Qwen2 adds biases to q, k
-//! and v; Mistral attends within a sliding window.
+//! and v; Qwen3 (transformers' `modeling_qwen3.py`) instead normalises each query and key head
+//! (RMSNorm, `q_norm` / `k_norm`) before RoPE; Mistral attends within a sliding window.
 //!
 //! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
 //! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
@@ -28,7 +30,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Mlp, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, QkNorm, StepInputs};
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -75,11 +77,21 @@ impl LlamaModel {
                 attention: Attention {
                     qkv: w.linear(i, &qkv, qkv_bias, hidden)?,
                     o: w.linear(i, &[(Part::O, hidden)], None, q_rows)?,
+                    qk_norm: if c.qk_norm {
+                        Some(QkNorm {
+                            q: w.vector(Some(i), Part::QNorm, c.head_dim)?,
+                            k: w.vector(Some(i), Part::KNorm, c.head_dim)?,
+                            eps: c.rms_norm_eps,
+                        })
+                    } else {
+                        None
+                    },
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 mlp: Mlp {
                     gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
                     down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
+                    gate: Gate::Silu,
                 },
             });
             progress(i + 1, c.num_layers);

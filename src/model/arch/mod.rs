@@ -5,8 +5,10 @@
 //! Adding an architecture: a new file here with a type implementing [`Architecture`], and its
 //! names in [`SUPPORTED`] and [`load`].
 
+mod gemma3;
 mod llama;
 
+pub use gemma3::Gemma3Model;
 pub use llama::LlamaModel;
 
 use crate::error::{Result, WeftError};
@@ -18,7 +20,7 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3"];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -49,7 +51,8 @@ pub fn load(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn Architecture>> {
     match config.architecture.as_str() {
-        "llama" | "mistral" | "qwen2" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

@@ -125,7 +125,17 @@ fn ggml_types_have_ids_names_and_block_layouts() {
             DType::F16 => 1,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
+            DType::Q5_0 => 6,
+            DType::Q5_1 => 7,
             DType::Q8_0 => 8,
+            DType::Q2_K => 10,
+            DType::Q3_K => 11,
+            DType::Q4_K => 12,
+            DType::Q5_K => 13,
+            DType::Q6_K => 14,
+            DType::Q8_K => 15,
+            DType::IQ4_NL => 20,
+            DType::IQ4_XS => 23,
             DType::U32 => unreachable!("not a weight"),
         });
         assert_eq!(ggml.name(), dtype.name());
@@ -144,11 +154,12 @@ fn tensor_info_shape_size_and_dtype() {
     let bf16 = TensorInfo { ggml_type: GgmlType::BF16, ..info.clone() };
     assert_eq!(bf16.dtype().unwrap(), TensorDType::Bf16);
     assert_eq!(bf16.size_bytes(), 576 * 1536 * 2);
-    let q6k = TensorInfo { name: "blk.0.ffn_down.weight".into(), ggml_type: GgmlType::Q6_K, ..info.clone() };
-    match q6k.dtype() {
-        Err(WeftError::Model { detail, .. }) => {
-            assert_eq!(detail, "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16")
-        }
+    let iq2 = TensorInfo { name: "blk.0.ffn_down.weight".into(), ggml_type: GgmlType::IQ2_XXS, ..info.clone() };
+    match iq2.dtype() {
+        Err(WeftError::Model { detail, .. }) => assert_eq!(
+            detail,
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16"
+        ),
         other => panic!("{other:?}"),
     }
     let scalar = TensorInfo { dims: vec![], ggml_type: GgmlType::F32, ..info.clone() };
@@ -257,7 +268,7 @@ fn tensors_of_several_types_round_trip() {
     let values: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
     let f16: Vec<u8> = values[..96].iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
     let bf16: Vec<u8> = values[..10].iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
-    let q6k: Vec<u8> = (0..420).map(|i| (i * 7) as u8).collect();
+    let iq2: Vec<u8> = (0..132).map(|i| (i * 7) as u8).collect();
     let tensors: Vec<(&str, Vec<u64>, GgmlType, Vec<u8>)> = vec![
         ("f32", vec![3], GgmlType::F32, f32_bytes(&values[..3])),
         ("f16", vec![32, 3], GgmlType::F16, f16),
@@ -265,7 +276,7 @@ fn tensors_of_several_types_round_trip() {
         ("q4_0", vec![32, 2, 2], GgmlType::Q4_0, quantize(DType::Q4_0, &values[..128]).unwrap()),
         ("q4_1", vec![256], GgmlType::Q4_1, quantize(DType::Q4_1, &values).unwrap()),
         ("bf16", vec![5, 2], GgmlType::BF16, bf16),
-        ("blk.0.ffn_down.weight", vec![256, 2], GgmlType::Q6_K, q6k),
+        ("blk.0.ffn_down.weight", vec![256, 2], GgmlType::IQ2_XXS, iq2),
     ];
     for alignment in [None, Some(1u32), Some(8), Some(64), Some(4096)] {
         let mut writer = GgufWriter::new();
@@ -294,7 +305,7 @@ fn tensors_of_several_types_round_trip() {
                 assert_eq!(file, "test.gguf");
                 assert_eq!(
                     detail,
-                    "tensor blk.0.ffn_down.weight is Q6_K; weft supports F32, F16, Q8_0, Q4_0, Q4_1, BF16"
+                    "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16"
                 );
             }
             other => panic!("{other:?}"),

@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+// scale: x[i] *= params.factor (Gemma scales its token embeddings by √hidden).
+//
+// Bindings (group 0)
+//   0 params  uniform     Params    mirrors gpu::kernels::elementwise::ScaleParams
+//   1 x       read_write  f32 (len)
+// Workgroup: 256 invocations, one element each.
+// Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(len / 256).
+
+struct Params {
+    len: u32,
+    factor: f32,
+}
+
+const WG: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    if (i >= params.len) {
+        return;
+    }
+    x[i] = x[i] * params.factor;
+}

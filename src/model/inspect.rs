@@ -1,0 +1,279 @@
+//! What a model file is and whether weft can run it, read from its headers alone (nothing is
+//! uploaded, no GPU is opened): `weft info --model PATH`.
+//!
+//! A GGUF file is memory-mapped and only its metadata and tensor infos are read; a Hugging Face
+//! directory gives its `config.json` and the safetensors headers. Every reason weft would refuse
+//! the model is listed, not only the first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use crate::error::{Result, WeftError};
+use crate::model::arch::SUPPORTED;
+use crate::model::config::ModelConfig;
+use crate::model::gguf::GgufFile;
+use crate::model::load::SafetensorsWeights;
+
+/// The tensors of one element type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeCount {
+    /// ggml's or safetensors' name of the type ("Q4_K", "BF16").
+    pub name: String,
+    pub num_tensors: usize,
+    pub num_elems: u64,
+    pub size_bytes: u64,
+    /// Whether weft computes with (or converts at load) this type.
+    pub supported: bool,
+}
+
+/// A model's description, and the reasons weft cannot run it (none when it can).
+#[derive(Clone, Debug)]
+pub struct ModelReport {
+    pub path: String,
+    /// "GGUF v3", or "Hugging Face (safetensors)".
+    pub container: String,
+    /// `general.name`, when the file has one.
+    pub name: Option<String>,
+    pub architecture: Option<String>,
+    /// The config weft reads, when it can read one.
+    pub config: Option<ModelConfig>,
+    pub num_params: u64,
+    pub size_bytes: u64,
+    /// By type, most elements first.
+    pub tensor_types: Vec<TypeCount>,
+    /// The tokenizer: model and pre-tokenizer (GGUF `tokenizer.ggml.model` / `.pre`).
+    pub tokenizer: Option<String>,
+    pub has_chat_template: bool,
+    /// Why weft cannot run the model; empty when it can.
+    pub problems: Vec<String>,
+}
+
+impl ModelReport {
+    pub fn runnable(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Describe the model at `path` (a GGUF file or a Hugging Face directory). An error means the
+/// path is not a model at all (missing, unreadable, not GGUF); anything weft cannot run about
+/// a readable model is a [`ModelReport::problems`] entry.
+pub fn inspect(path: &Path) -> Result<ModelReport> {
+    if path.is_dir() { inspect_hf(path) } else { inspect_gguf(&GgufFile::open(path)?, path_size(path)) }
+}
+
+fn path_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// [`inspect`] of an opened GGUF file of `size_bytes`.
+pub fn inspect_gguf(gguf: &GgufFile, size_bytes: u64) -> Result<ModelReport> {
+    let mut problems = Vec::new();
+    let architecture = gguf.architecture().map(String::from);
+    match &architecture {
+        None => problems.push("no general.architecture in the metadata".to_string()),
+        Some(arch) if !SUPPORTED.contains(&arch.as_str()) => problems.push(crate::model::arch::unsupported(arch)),
+        Some(_) => {}
+    }
+    let mut types: BTreeMap<String, TypeCount> = BTreeMap::new();
+    for info in &gguf.tensors {
+        let name = info.ggml_type.name();
+        let entry = types.entry(name.clone()).or_insert(TypeCount {
+            name,
+            num_tensors: 0,
+            num_elems: 0,
+            size_bytes: 0,
+            supported: info.dtype().is_ok(),
+        });
+        entry.num_tensors += 1;
+        entry.num_elems += info.num_elems();
+        entry.size_bytes += info.size_bytes();
+    }
+    for t in types.values().filter(|t| !t.supported) {
+        let first = gguf.tensors.iter().find(|i| i.ggml_type.name() == t.name).map_or("", |i| i.name.as_str());
+        problems.push(format!("{} tensors are {} (e.g. {first}), which weft does not decode", t.num_tensors, t.name));
+    }
+    let config = match ModelConfig::from_gguf(gguf) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            // An unsupported architecture is already listed.
+            if architecture.as_deref().is_some_and(|a| SUPPORTED.contains(&a)) {
+                problems.push(detail(e));
+            }
+            None
+        }
+    };
+    if let Err(e) = crate::tokenizer::HfTokenizer::from_gguf_metadata_of(&gguf.metadata, gguf.name()) {
+        problems.push(format!("tokenizer: {}", detail(e)));
+    }
+    let tokenizer = gguf.get_str("tokenizer.ggml.model").map(|model| match gguf.get_str("tokenizer.ggml.pre") {
+        Some(pre) => format!("{model} (pre-tokenizer {pre})"),
+        None => model.to_string(),
+    });
+    Ok(ModelReport {
+        path: gguf.name().to_string(),
+        container: format!("GGUF v{}", gguf.version),
+        name: gguf.get_str("general.name").map(String::from),
+        architecture,
+        config,
+        num_params: gguf.tensors.iter().map(|t| t.num_elems()).sum(),
+        size_bytes,
+        tensor_types: sorted(types),
+        tokenizer,
+        has_chat_template: gguf.get_str("tokenizer.chat_template").is_some(),
+        problems,
+    })
+}
+
+fn inspect_hf(dir: &Path) -> Result<ModelReport> {
+    let shown = dir.display().to_string();
+    let config_path = dir.join("config.json");
+    let json = std::fs::read_to_string(&config_path)
+        .map_err(|e| WeftError::model(&shown, format!("is a directory but config.json cannot be read ({e})")))?;
+    let mut problems = Vec::new();
+    let architecture =
+        serde_json::from_str::<serde_json::Value>(&json).ok().and_then(|v| v["model_type"].as_str().map(String::from));
+    let config = match ModelConfig::from_hf_json(&config_path.display().to_string(), &json) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            problems.push(detail(e));
+            None
+        }
+    };
+    let mut types: BTreeMap<String, TypeCount> = BTreeMap::new();
+    let mut size_bytes = 0;
+    match SafetensorsWeights::open(dir) {
+        Ok(weights) => {
+            for (_, dtype, shape) in weights.tensor_infos() {
+                let num_elems: u64 = shape.iter().map(|&d| d as u64).product();
+                let width = match dtype.as_str() {
+                    "F32" => 4,
+                    "F16" | "BF16" => 2,
+                    _ => 1,
+                };
+                let entry = types.entry(dtype.clone()).or_insert(TypeCount {
+                    supported: matches!(dtype.as_str(), "F32" | "F16" | "BF16"),
+                    name: dtype,
+                    num_tensors: 0,
+                    num_elems: 0,
+                    size_bytes: 0,
+                });
+                entry.num_tensors += 1;
+                entry.num_elems += num_elems;
+                entry.size_bytes += num_elems * width;
+                size_bytes += num_elems * width;
+            }
+        }
+        Err(e) => problems.push(detail(e)),
+    }
+    for t in types.values().filter(|t| !t.supported) {
+        problems.push(format!("{} tensors are {}; weft reads F32, F16 and BF16 safetensors", t.num_tensors, t.name));
+    }
+    let tokenizer_path = dir.join("tokenizer.json");
+    if !tokenizer_path.exists() {
+        problems.push("no tokenizer.json".to_string());
+    }
+    let has_chat_template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v.get("chat_template").is_some())
+        || dir.join("chat_template.jinja").exists();
+    Ok(ModelReport {
+        path: shown,
+        container: "Hugging Face (safetensors)".to_string(),
+        name: None,
+        architecture,
+        config,
+        num_params: types.values().map(|t| t.num_elems).sum(),
+        size_bytes,
+        tensor_types: sorted(types),
+        tokenizer: tokenizer_path.exists().then(|| "tokenizer.json".to_string()),
+        has_chat_template,
+        problems,
+    })
+}
+
+fn sorted(types: BTreeMap<String, TypeCount>) -> Vec<TypeCount> {
+    let mut out: Vec<TypeCount> = types.into_values().collect();
+    out.sort_by(|a, b| b.num_elems.cmp(&a.num_elems).then(a.name.cmp(&b.name)));
+    out
+}
+
+/// The message of an error without its file (the report names the file once).
+fn detail(e: WeftError) -> String {
+    match e {
+        WeftError::Model { detail, .. } => detail,
+        other => other.to_string(),
+    }
+}
+
+/// `1.2 GB`-style sizes, `494M`-style counts.
+fn human(n: u64, unit: &str) -> String {
+    let n = n as f64;
+    let (v, suffix) = if n >= 1e9 {
+        (n / 1e9, "G")
+    } else if n >= 1e6 {
+        (n / 1e6, "M")
+    } else if n >= 1e3 {
+        (n / 1e3, "k")
+    } else {
+        (n, "")
+    };
+    if suffix.is_empty() { format!("{n} {unit}").trim_end().to_string() } else { format!("{v:.1} {suffix}{unit}") }
+}
+
+impl fmt::Display for ModelReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "model:        {}", self.path)?;
+        writeln!(f, "container:    {}", self.container)?;
+        if let Some(name) = &self.name {
+            writeln!(f, "name:         {name}")?;
+        }
+        writeln!(f, "architecture: {}", self.architecture.as_deref().unwrap_or("(none)"))?;
+        writeln!(f, "parameters:   {}", human(self.num_params, ""))?;
+        writeln!(f, "size:         {}", human(self.size_bytes, "B"))?;
+        if let Some(c) = &self.config {
+            writeln!(
+                f,
+                "shape:        {} layers, hidden {}, {} heads / {} KV heads of {}, MLP {}, vocab {}, context {}",
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                c.intermediate_size,
+                c.vocab_size,
+                c.max_position_embeddings
+            )?;
+        }
+        writeln!(f, "tensors:")?;
+        for t in &self.tensor_types {
+            let note = if t.supported { "" } else { "  (not supported)" };
+            writeln!(
+                f,
+                "  {:<8} {:>5} tensors {:>10} elements {:>10}{note}",
+                t.name,
+                t.num_tensors,
+                human(t.num_elems, ""),
+                human(t.size_bytes, "B")
+            )?;
+        }
+        if let Some(tok) = &self.tokenizer {
+            writeln!(f, "tokenizer:    {tok}")?;
+        }
+        writeln!(
+            f,
+            "chat template: {}",
+            if self.has_chat_template { "yes" } else { "no (a base model: text completion)" }
+        )?;
+        if self.problems.is_empty() {
+            write!(f, "weft runs it: yes")
+        } else {
+            write!(f, "weft runs it: no")?;
+            for p in &self.problems {
+                write!(f, "\n  - {p}")?;
+            }
+            Ok(())
+        }
+    }
+}
