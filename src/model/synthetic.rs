@@ -142,7 +142,17 @@ fn file_type(dtype: DType) -> u32 {
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
         DType::Q8_0 => 7,
-        DType::U32 => 0,
+        DType::Q5_0 => 8,
+        DType::Q5_1 => 9,
+        DType::Q2_K => 10,
+        DType::Q3_K => 12,
+        DType::Q4_K => 15,
+        DType::Q5_K => 17,
+        DType::Q6_K => 18,
+        DType::IQ4_NL => 25,
+        DType::IQ4_XS => 30,
+        // No file type is all Q8_K (llama.cpp uses it only for activations): "mostly F32".
+        DType::Q8_K | DType::U32 => 0,
     }
 }
 
