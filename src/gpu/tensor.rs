@@ -193,7 +193,7 @@ impl TensorPart {
     pub(crate) fn window(&self, ctx: &GpuContext, row_offset: u64) -> Option<(Resource, u32)> {
         let PartStorage::Buffer(buffer) = &self.storage else { return None };
         let at = self.offset_bytes + row_offset;
-        let aligned = at % u64::from(ctx.limits().min_uniform_buffer_offset_alignment) == 0;
+        let aligned = at.is_multiple_of(u64::from(ctx.limits().min_uniform_buffer_offset_alignment));
         let fits = buffer.usage().contains(wgpu::BufferUsages::UNIFORM) && at + X_WINDOW_BYTES <= buffer.size();
         let offset = u32::try_from(at).ok()?;
         (aligned && fits).then(|| (Resource::Window(buffer.clone()), offset))
@@ -214,7 +214,7 @@ impl GpuTensorFactory {
         let PartStorage::Buffer(buffer) = &part.storage else {
             return Err(WeftError::Unsupported("step inputs live in buffers, not textures".into()));
         };
-        if bytes.len() > part.rows.len() * tensor.row_bytes() || bytes.len() % 4 != 0 {
+        if bytes.len() > part.rows.len() * tensor.row_bytes() || !bytes.len().is_multiple_of(4) {
             return Err(WeftError::shape(
                 "write",
                 format!("{} bytes do not fit a tensor of shape {:?}", bytes.len(), tensor.shape()),

@@ -189,7 +189,7 @@ impl ModelConfig {
             && self.num_kv_heads > 0
             && self.num_heads.is_multiple_of(self.num_kv_heads)
             && self.head_dim > 0
-            && self.head_dim % 4 == 0
+            && self.head_dim.is_multiple_of(4)
             && self.head_dim <= crate::gpu::kernels::paged::MAX_HEAD_DIM
             && self.num_layers > 0
             && self.vocab_size > 0;
@@ -211,7 +211,7 @@ impl ModelConfig {
 
     /// Whether layer `layer` attends within the sliding window (if there is one).
     pub fn is_sliding(&self, layer: usize) -> bool {
-        self.sliding_window.is_some() && self.sliding_window_pattern.is_none_or(|n| (layer + 1) % n != 0)
+        self.sliding_window.is_some() && self.sliding_window_pattern.is_none_or(|n| !(layer + 1).is_multiple_of(n))
     }
 
     /// RoPE inverse frequencies after scaling, computed in f32 as transformers does.

@@ -124,7 +124,7 @@ pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
 /// format itself when a row is whole blocks of it, else the fallback llama.cpp's quantizer picks
 /// for such a tensor (real K-quant files hold such Q5_0 / Q8_0 / IQ4_NL tensors).
 pub fn storage_dtype(dtype: DType, cols: usize) -> DType {
-    if cols % dtype.block_elems() == 0 {
+    if cols.is_multiple_of(dtype.block_elems()) {
         return dtype;
     }
     match dtype {

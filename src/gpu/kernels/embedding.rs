@@ -26,7 +26,7 @@ pub fn embedding(
         ));
     }
     let k = table.shape()[1];
-    if k % 32 != 0 {
+    if !k.is_multiple_of(32) {
         return Err(WeftError::shape(
             OP,
             format!("k = {k}: rows are read in whole blocks of 32, so k must be a multiple of 32"),

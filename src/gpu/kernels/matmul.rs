@@ -120,7 +120,7 @@ fn record(
         let rows_per_window = ((X_WINDOW_BYTES / row_bytes) as usize / tm) * tm;
         let windowed = cpu
             && rows_per_window > 0
-            && (rows_per_window as u64 * row_bytes) % align == 0
+            && (rows_per_window as u64 * row_bytes).is_multiple_of(align)
             && x_part.window(ctx, 0).is_some();
         if !windowed {
             let v = ShaderVariant { x_in: XSource::Storage, ..variant };

@@ -59,10 +59,12 @@ impl PagedKv<'_> {
         expect(op, "k_cache", self.k_cache, DType::F32, &[None, None, None])?;
         let shape = self.k_cache.shape();
         expect(op, "v_cache", self.v_cache, DType::F32, &[Some(shape[0]), Some(shape[1]), Some(shape[2])])?;
-        if shape[2] % 4 != 0 {
+        if !shape[2].is_multiple_of(4) {
             return Err(WeftError::shape(op, format!("head_dim must be a multiple of 4, got {}", shape[2])));
         }
-        if self.block_size == 0 || self.num_slots % self.block_size != 0 || self.first_slot + self.num_slots > shape[0]
+        if self.block_size == 0
+            || !self.num_slots.is_multiple_of(self.block_size)
+            || self.first_slot + self.num_slots > shape[0]
         {
             return Err(WeftError::shape(
                 op,
