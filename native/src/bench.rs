@@ -118,6 +118,9 @@ struct Run {
     /// Speculative decoding during the run, summed over the repeats (in-process with
     /// speculation only).
     speculation: Option<SpecCounts>,
+    /// Mean host time computing token masks per step that had constrained rows (in-process
+    /// with --constrained only).
+    token_mask_ms_per_step: Option<f64>,
 }
 
 /// Speculative decoding's counts over some steps.
@@ -258,6 +261,9 @@ fn run_json(r: &Run) -> Value {
     if let Some(s) = &r.speculation {
         v["speculation"] = s.json();
     }
+    if let Some(ms) = r.token_mask_ms_per_step {
+        v["token_mask_ms_per_step"] = json!(ms);
+    }
     v
 }
 
@@ -368,8 +374,16 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
                 run.prefill_tok_s = prefill_rate(&lone, prompt_len);
                 run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
                 run.host_rss_mib = peak_rss_mib();
+                let after = engine.metrics();
                 if opts.speculation.config.is_some() {
-                    run.speculation = Some(SpecCounts::between(&before, &engine.metrics()));
+                    run.speculation = Some(SpecCounts::between(&before, &after));
+                }
+                let (masks, mask_s) = (
+                    after.token_mask_time.count - before.token_mask_time.count,
+                    after.token_mask_time.sum - before.token_mask_time.sum,
+                );
+                if opts.constrained > 0.0 && masks > 0 {
+                    run.token_mask_ms_per_step = Some(mask_s * 1e3 / masks as f64);
                 }
                 repeats.push(run);
             }
@@ -500,6 +514,7 @@ fn median_run(repeats: &[Run]) -> Run {
         gpu_mem_mib: opt(&|r| r.gpu_mem_mib),
         host_rss_mib: opt(&|r| r.host_rss_mib),
         speculation: repeats.iter().filter_map(|r| r.speculation).reduce(SpecCounts::add),
+        token_mask_ms_per_step: opt(&|r| r.token_mask_ms_per_step),
     }
 }
 
@@ -616,6 +631,12 @@ fn print_table(runs: &[Run]) {
         "(latencies in ms; prefill from a lone prompt's time to first token; decode per sequence from the median inter-token latency)"
     );
     for r in runs {
+        if let Some(ms) = r.token_mask_ms_per_step {
+            println!(
+                "concurrency {}, prompt {}: token masks took {ms:.2} ms of host time per step",
+                r.concurrency, r.prompt_len
+            );
+        }
         if let Some(s) = &r.speculation {
             println!(
                 "concurrency {}, prompt {}: speculation drafted {}, accepted {} ({:.0}%), {:.2} tokens per verifying step",

@@ -81,6 +81,11 @@ fn weft_families(t: &mut Text, m: &EngineMetrics, loaded: bool, draining: bool) 
         ("weft_inter_token_latency_seconds", "Time between consecutive generated tokens", &m.inter_token_latency),
         ("weft_e2e_request_latency_seconds", "Time from submission to the end of a request", &m.end_to_end_latency),
         ("weft_request_queue_time_seconds", "Time from submission to the first step", &m.queue_time),
+        (
+            "weft_token_mask_seconds",
+            "Host time computing structured output's token masks, per step that had any",
+            &m.token_mask_time,
+        ),
     ];
     for (name, help, h) in histograms {
         t.histogram(name, help, &[], h);

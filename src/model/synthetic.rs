@@ -460,7 +460,8 @@ mod tests {
         assert_eq!(params("qwen2.5-1.5b") / 1_000_000, 1543);
         assert!(shape("llama-9").unwrap_err().to_string().contains("llama-3.2-1b, llama-3.1-8b, qwen2.5-1.5b"));
         assert_eq!(weight_format("q4_1").unwrap(), DType::Q4_1);
-        assert!(weight_format("q5_k").unwrap_err().to_string().contains("q8_0"));
+        assert_eq!(weight_format("Q4_K").unwrap(), DType::Q4_K);
+        assert!(weight_format("iq2_xxs").unwrap_err().to_string().contains("q8_0"));
     }
 
     #[test]

@@ -22,7 +22,8 @@ cargo xtask <command>
 commands:
   demo            set up what is missing, then run the main job: the GPU self-check, then the
                   default model answering a question, streamed
-  test            set up what is missing, then run every test (what CI runs), test-web included
+  test            set up what is missing (models included), then run every test (what CI runs),
+                  test-web included [--full: every real-model fixture prompt, not one per model]
   web             build the browser bundle into web/dist and serve it on 127.0.0.1
                   [--build-only] [--port 8080]
   test-web        build web/dist, then run the page and the JS API in headless Chromium
@@ -56,7 +57,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
-        Some("test") => test(),
+        Some("test") => test(&args[1..]),
         Some("fetch-model") => fetch_model_command(&args[1..]),
         Some("check-targets") => check_targets(),
         Some("lint") => lint(),
@@ -120,10 +121,22 @@ fn demo() -> Result {
     run(with_gpu_env(generate))
 }
 
-fn test() -> Result {
+/// Real models the tests hold to transformers (tests/real_models.rs), fetched by `test`: one
+/// short prompt each in CI, every prompt with `--full`.
+const CI_MODELS: &[&str] = &["qwen2.5-coder-0.5b-instruct", "gemma-3-270m"];
+
+fn test(args: &[String]) -> Result {
+    let full = match args {
+        [] => false,
+        [flag] if flag == "--full" => true,
+        other => return Err(format!("unexpected arguments {other:?}; `cargo xtask test [--full]`")),
+    };
     lint()?;
     ensure_gpu_driver()?;
     fetch_model()?;
+    for name in CI_MODELS {
+        fetch(model_spec(name)?)?;
+    }
     let mut cmd = cargo();
     cmd.args(["test", "--release", "--workspace"]);
     // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a missing
@@ -131,6 +144,9 @@ fn test() -> Result {
     cmd.env("WEFT_REQUIRE_GPU", "1");
     // Likewise the default model was just fetched: tests that need it must not skip.
     cmd.env("WEFT_REQUIRE_MODEL", "1");
+    if full {
+        cmd.env("WEFT_FULL", "1");
+    }
     run(with_gpu_env(cmd))?;
     test_server_python()?;
     check_wasm()?;
