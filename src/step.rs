@@ -21,7 +21,7 @@
 //! exactly `num_logits` samples.
 
 use crate::error::Result;
-use crate::kv::{KvCacheConfig, SeqId};
+use crate::kv::{KvCacheConfig, RecurrentStateConfig, SeqId};
 use crate::rt::BoxFuture;
 use crate::sampling::{SampleSpec, Sampled};
 
@@ -40,6 +40,10 @@ pub struct SeqStep {
     pub num_logits: usize,
     /// How to sample each row; set by the engine for every sequence with `num_logits > 0`.
     pub sampling: Option<SampleSpec>,
+    /// The recurrent-state slot the sequence holds (models with state-space layers only). The
+    /// state is read from it and the state after `tokens` written back; at `start_pos == 0`
+    /// it starts from zero, whatever the slot held before.
+    pub state_slot: Option<u32>,
 }
 
 impl SeqStep {
@@ -135,6 +139,11 @@ pub trait ModelExecutor: Send + Sync {
     /// Positions a sequence may reach.
     fn max_context(&self) -> usize;
     fn kv_config(&self) -> KvCacheConfig;
+    /// The state-slot pool behind `SeqStep::state_slot`; `None` for a model without
+    /// recurrent layers.
+    fn state_config(&self) -> Option<RecurrentStateConfig> {
+        None
+    }
     /// Prove the device still answers (a small round trip); for health checks.
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
     /// Time every kernel of the next steps on the GPU (slower: one pass per dispatch), or stop.
@@ -146,7 +155,7 @@ mod tests {
     use super::*;
 
     fn seq(tokens: Vec<u32>, num_logits: usize) -> SeqStep {
-        SeqStep { id: 1, tokens, start_pos: 10, block_table: vec![0], num_logits, sampling: None }
+        SeqStep { id: 1, tokens, start_pos: 10, block_table: vec![0], num_logits, sampling: None, state_slot: None }
     }
 
     fn samples(tokens: &[u32]) -> Vec<Sampled> {

@@ -14,5 +14,6 @@ pub mod scheduler;
 pub mod stop;
 mod stream;
 
-pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager, SpeculationConfig};
+pub use crate::kv::RecurrentStateManager;
+pub use continuous::{ContinuousBatchEngine, EngineConfig, SpeculationConfig};
 pub use stream::collect_response;

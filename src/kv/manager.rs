@@ -161,6 +161,12 @@ impl KvCacheManager {
         }
     }
 
+    /// Stop finding and registering cached blocks (before any sequence is admitted; a model
+    /// whose recurrent state a KV hit cannot restore asks for this).
+    pub fn disable_prefix_cache(&mut self) {
+        self.enable_prefix_cache = false;
+    }
+
     pub fn block_size(&self) -> usize {
         self.block_size
     }
