@@ -5,6 +5,7 @@
 //! Shapes are row-major and named as in the kernel headers.
 
 pub mod llama;
+pub mod ssm;
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.
 pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {

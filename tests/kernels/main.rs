@@ -14,4 +14,5 @@ mod reduce;
 mod rope;
 mod sample;
 mod split;
+mod ssm;
 mod wgsl;

@@ -12,6 +12,7 @@ pub mod penalize;
 pub mod reduce;
 pub mod rope;
 pub mod sample;
+pub mod ssm;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
@@ -61,6 +62,9 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<paged::AttentionParams>("paged_attention", "Params"),
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),
+        entry::<ssm::ConvParams>("ssm_conv", "Params"),
+        entry::<ssm::ScanParams>("ssm_scan", "Params"),
+        entry::<ssm::GatedNormParams>("gated_rms_norm", "Params"),
     ]
 }
 
