@@ -37,6 +37,11 @@ impl KvCacheConfig {
         head_dim: usize,
     ) -> Result<Self> {
         let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim);
+        if per_block == 0 {
+            // No attention layers (a pure state-space model): blocks hold no memory, and only
+            // count positions. Enough for 2^20 of them.
+            return Ok(KvCacheConfig { block_size, num_blocks: (1usize << 20).div_ceil(block_size.max(1)) });
+        }
         let num_blocks = memory_bytes / per_block;
         if num_blocks == 0 {
             return Err(WeftError::Unsupported(format!(

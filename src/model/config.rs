@@ -39,6 +39,50 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// Attend only to this many most recent positions (Mistral).
     pub sliding_window: Option<usize>,
+    /// The Mamba2 mixer's shape, for models with state-space layers (mamba2).
+    pub ssm: Option<SsmConfig>,
+}
+
+/// The shape of a Mamba2 mixer (transformers' `Mamba2Config`, llama.cpp's `ssm.*` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsmConfig {
+    /// Width of the causal convolution (`d_conv`).
+    pub conv_kernel: usize,
+    /// State entries per head channel (`d_state`).
+    pub state_size: usize,
+    /// Groups sharing B and C (`n_groups`).
+    pub num_groups: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+}
+
+impl SsmConfig {
+    /// `d_inner = num_heads · head_dim`: the width of x, z and y.
+    pub fn inner_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// The convolved channels: x, B and C.
+    pub fn conv_channels(&self) -> usize {
+        self.inner_size() + 2 * self.num_groups * self.state_size
+    }
+
+    /// The in-projection's output: z, x, B, C, dt side by side.
+    pub fn in_proj_size(&self) -> usize {
+        self.inner_size() + self.conv_channels() + self.num_heads
+    }
+
+    /// Bytes of one sequence's state in one layer (conv window and SSM state, f32).
+    pub fn layer_state_bytes(&self) -> usize {
+        crate::kv::RecurrentStateConfig::slot_size_bytes(
+            1,
+            self.conv_kernel,
+            self.conv_channels(),
+            self.num_heads,
+            self.head_dim,
+            self.state_size,
+        )
+    }
 }
 
 fn missing(file: &str, key: &str) -> WeftError {
@@ -58,6 +102,19 @@ impl ModelConfig {
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
         };
         let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
+        let ssm = if gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
+            // llama.cpp's time_step_rank of a Mamba2 is its head count.
+            let num_heads = int("ssm.time_step_rank")?;
+            Some(SsmConfig {
+                conv_kernel: int("ssm.conv_kernel")?,
+                state_size: int("ssm.state_size")?,
+                num_groups: int("ssm.group_count").unwrap_or(1),
+                num_heads,
+                head_dim: int("ssm.inner_size")? / num_heads.max(1),
+            })
+        } else {
+            None
+        };
         let hidden_size = int("embedding_length")?;
         let num_heads = int("attention.head_count")?;
         let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
@@ -90,6 +147,7 @@ impl ModelConfig {
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
+            ssm,
             architecture: arch,
         };
         config.check(file)?;
@@ -106,6 +164,9 @@ impl ModelConfig {
         }
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let float = |key: &str| v[key].as_f64().map(|x| x as f32);
+        if arch == "mamba2" {
+            return Self::mamba2_from_hf(file, &v);
+        }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
         let rope_scaling = match &v["rope_scaling"] {
@@ -153,13 +214,90 @@ impl ModelConfig {
             } else {
                 None
             },
+            ssm: None,
             architecture: arch,
         };
         config.check(file)?;
         Ok(config)
     }
 
+    /// transformers' `Mamba2Config`: no attention, no MLP; the mixer's shape.
+    fn mamba2_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let hidden_size = int("hidden_size")?;
+        let expand = v["expand"].as_u64().unwrap_or(2) as usize;
+        let num_heads = int("num_heads")?;
+        let head_dim = int("head_dim")?;
+        if num_heads * head_dim != expand * hidden_size {
+            return Err(WeftError::model(
+                file,
+                format!(
+                    "num_heads {num_heads} · head_dim {head_dim} must equal expand {expand} · hidden_size {hidden_size}"
+                ),
+            ));
+        }
+        let config = ModelConfig {
+            architecture: "mamba2".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: 0,
+            num_layers: int("num_hidden_layers")?,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            rms_norm_eps: v["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32,
+            rope_theta: 0.0,
+            rope_scaling: None,
+            // No positions: the state carries the context, however long.
+            max_position_embeddings: 1 << 20,
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            attention_bias: false,
+            sliding_window: None,
+            ssm: Some(SsmConfig {
+                conv_kernel: int("conv_kernel")?,
+                state_size: int("state_size")?,
+                num_groups: v["n_groups"].as_u64().unwrap_or(1) as usize,
+                num_heads,
+                head_dim,
+            }),
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// Whether layer `layer` is a state-space (Mamba2) layer rather than attention.
+    pub fn is_recurrent(&self, _layer: usize) -> bool {
+        self.ssm.is_some()
+    }
+
+    /// Layers with attention (and so a KV cache).
+    pub fn num_attention_layers(&self) -> usize {
+        (0..self.num_layers).filter(|&i| !self.is_recurrent(i)).count()
+    }
+
     fn check(&self, file: &str) -> Result<()> {
+        if let Some(ssm) = &self.ssm {
+            let ok = ssm.num_heads > 0
+                && ssm.head_dim > 0
+                && ssm.num_groups > 0
+                && ssm.num_heads % ssm.num_groups == 0
+                && ssm.inner_size() % ssm.num_groups == 0
+                && (2..=crate::gpu::kernels::ssm::MAX_CONV_KERNEL).contains(&ssm.conv_kernel)
+                && (1..=crate::gpu::kernels::ssm::MAX_STATE_SIZE).contains(&ssm.state_size);
+            if !ok {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "unsupported state-space shape: {ssm:?} (weft needs heads a multiple of groups, a conv kernel of 2 to {} and a state size of 1 to {})",
+                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL,
+                        crate::gpu::kernels::ssm::MAX_STATE_SIZE
+                    ),
+                ));
+            }
+            if self.num_attention_layers() == 0 {
+                return Ok(());
+            }
+        }
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
             && self.num_heads % self.num_kv_heads == 0
@@ -248,6 +386,7 @@ mod tests {
             tie_word_embeddings: false,
             attention_bias: false,
             sliding_window: None,
+            ssm: None,
         };
         let got = config.inv_freq();
         let want = [

@@ -1,10 +1,15 @@
-//! The GPU memory behind the paged KV cache: one K and one V tensor per layer. `kv::` decides
-//! which blocks a sequence holds; the executor owns this pool and only follows the tables.
+//! The GPU memory behind the paged KV cache (one K and one V tensor per attention layer) and
+//! behind the recurrent-state slots of state-space layers (one conv-window and one SSM-state
+//! tensor per recurrent layer). `kv::` decides which blocks and slots a sequence holds; the
+//! executor owns this pool and only follows the tables.
 
-use crate::error::Result;
+use crate::error::{Result, WeftError};
 use crate::gpu::kernels::paged::PagedKv;
 use crate::gpu::{GpuTensor, GpuTensorFactory};
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, RecurrentStateConfig};
+use crate::model::config::ModelConfig;
+use crate::quant::DType;
+use crate::tensor::TensorFactory;
 
 /// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)
 /// F32 tensor per layer and side, so no binding grows with the layer count (buffers, or
@@ -13,28 +18,78 @@ pub struct KvPool {
     config: KvCacheConfig,
     k: Vec<GpuTensor>,
     v: Vec<GpuTensor>,
+    /// The state slots, for a model with recurrent layers.
+    states: Option<StatePool>,
+}
+
+/// Every recurrent layer's state over all slots, indexed by model layer.
+pub struct StatePool {
+    config: RecurrentStateConfig,
+    conv: Vec<Option<GpuTensor>>, // per layer: (slots, conv_kernel - 1, conv_channels) F32
+    ssm: Vec<Option<GpuTensor>>,  // per layer: (slots, heads, head_dim, state_size) F32
+}
+
+impl StatePool {
+    /// Layer `layer`'s (conv window, SSM state) tensors; an error for an attention layer.
+    pub fn layer(&self, layer: usize) -> Result<(&GpuTensor, &GpuTensor)> {
+        match (self.conv.get(layer), self.ssm.get(layer)) {
+            (Some(Some(conv)), Some(Some(ssm))) => Ok((conv, ssm)),
+            _ => Err(WeftError::Unsupported(format!("layer {layer} has no recurrent state"))),
+        }
+    }
 }
 
 impl KvPool {
+    /// KV for `model`'s attention layers in `config`'s blocks, and `num_state_slots` state
+    /// slots for its recurrent layers (none for a model without them).
     pub fn new(
         factory: &GpuTensorFactory,
         config: KvCacheConfig,
-        num_layers: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
+        model: &ModelConfig,
+        num_state_slots: usize,
     ) -> Result<KvPool> {
-        let shape = [config.num_blocks * config.block_size, num_kv_heads, head_dim];
+        let shape = [config.num_blocks * config.block_size, model.num_kv_heads, model.head_dim];
+        let num_layers = model.num_attention_layers();
         let mut k = Vec::with_capacity(num_layers);
         let mut v = Vec::with_capacity(num_layers);
         for _ in 0..num_layers {
             k.push(factory.kv_cache(&shape, None)?);
             v.push(factory.kv_cache(&shape, None)?);
         }
-        Ok(KvPool { config, k, v })
+        let states = match model.ssm {
+            Some(ssm) => {
+                let (mut conv, mut states) = (Vec::new(), Vec::new());
+                let mut num_recurrent = 0;
+                for layer in 0..model.num_layers {
+                    let recurrent = model.is_recurrent(layer);
+                    num_recurrent += usize::from(recurrent);
+                    let zeros = |shape: &[usize]| recurrent.then(|| factory.zeros(shape, DType::F32)).transpose();
+                    conv.push(zeros(&[num_state_slots, ssm.conv_kernel - 1, ssm.conv_channels()])?);
+                    states.push(zeros(&[num_state_slots, ssm.num_heads, ssm.head_dim, ssm.state_size])?);
+                }
+                let config = RecurrentStateConfig {
+                    num_slots: num_state_slots,
+                    slot_size_bytes: num_recurrent * ssm.layer_state_bytes(),
+                };
+                Some(StatePool { config, conv, ssm: states })
+            }
+            None => None,
+        };
+        Ok(KvPool { config, k, v, states })
     }
 
     pub fn config(&self) -> KvCacheConfig {
         self.config
+    }
+
+    /// The state-slot pool's shape; `None` for a model without recurrent layers.
+    pub fn state_config(&self) -> Option<RecurrentStateConfig> {
+        self.states.as_ref().map(|s| s.config)
+    }
+
+    /// The state slots, or an error for a model without recurrent layers.
+    pub fn states(&self) -> Result<&StatePool> {
+        self.states.as_ref().ok_or_else(|| WeftError::Unsupported("this model has no recurrent-state slots".into()))
     }
 
     /// Layer `layer`'s view of the cache for the attention kernels.

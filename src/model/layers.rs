@@ -16,6 +16,7 @@ use crate::gpu::kernels::elementwise::{add_bias, silu_mul};
 use crate::gpu::kernels::matmul::matmul_into;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
 use crate::gpu::kernels::rope::RopePairing;
+use crate::gpu::kernels::ssm::SeqStates;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
 use crate::tensor::TensorFactory;
@@ -49,6 +50,8 @@ pub struct StepInputs<'a> {
     pub slots: &'a GpuTensor,        // (num_tokens) U32: KV slot of each token
     pub block_tables: &'a GpuTensor, // (num_seqs, max_blocks_per_seq) U32
     pub logit_rows: &'a GpuTensor,   // (num_logits) U32: the tokens whose logits are sampled
+    /// Per sequence: first row, rows, state slot, start position (the recurrent kernels').
+    pub seq_states: SeqStates<'a>,
 }
 
 /// The activations of one step, shared by every layer (wgpu orders the dispatches that use
@@ -63,11 +66,32 @@ pub struct Activations {
     pub gate_up: GpuTensor, // (tokens, 2 · intermediate)
     pub act: GpuTensor,     // (tokens, intermediate)
     pub rows: GpuTensor,    // (logit rows, hidden): the normalised rows the LM head reads
+    /// A Mamba2 mixer's buffers, for models with state-space layers.
+    pub ssm: Option<SsmActivations>,
+}
+
+/// The buffers of a Mamba2 mixer.
+pub struct SsmActivations {
+    pub zxbcdt: GpuTensor, // (tokens, inner + conv_channels + heads): in_proj's z, xBC, dt
+    pub xbc: GpuTensor,    // (tokens, conv_channels): the convolved x, B, C
+    pub y: GpuTensor,      // (tokens, inner): the scan's output
+    pub yn: GpuTensor,     // (tokens, inner): gated and normalised
 }
 
 impl Activations {
     pub fn new(factory: &dyn TensorFactory, c: &ModelConfig, num_tokens: usize, num_logits: usize) -> Result<Self> {
-        let t = |cols: usize| factory.activations(&[num_tokens, cols]);
+        // A model without attention or MLP (a pure state-space one) still gets one-column
+        // buffers: the fields stay plain tensors, and nothing reads them.
+        let t = |cols: usize| factory.activations(&[num_tokens, cols.max(1)]);
+        let ssm = match &c.ssm {
+            Some(ssm) => Some(SsmActivations {
+                zxbcdt: t(ssm.in_proj_size())?,
+                xbc: t(ssm.conv_channels())?,
+                y: t(ssm.inner_size())?,
+                yn: t(ssm.inner_size())?,
+            }),
+            None => None,
+        };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -77,7 +101,15 @@ impl Activations {
             gate_up: t(2 * c.intermediate_size)?,
             act: t(c.intermediate_size)?,
             rows: factory.activations(&[num_logits, c.hidden_size])?,
+            ssm,
         })
+    }
+
+    /// The Mamba2 mixer's buffers, or an error for a model without state-space layers.
+    pub fn ssm(&self) -> Result<&SsmActivations> {
+        self.ssm
+            .as_ref()
+            .ok_or_else(|| crate::error::WeftError::Unsupported("this model has no state-space activations".into()))
     }
 
     /// The first `num_tokens` token rows and `num_logits` logit rows (no copy).
@@ -92,6 +124,10 @@ impl Activations {
             gate_up: t(&self.gate_up)?,
             act: t(&self.act)?,
             rows: self.rows.slice_rows(0..num_logits)?,
+            ssm: match &self.ssm {
+                Some(s) => Some(SsmActivations { zxbcdt: t(&s.zxbcdt)?, xbc: t(&s.xbc)?, y: t(&s.y)?, yn: t(&s.yn)? }),
+                None => None,
+            },
         })
     }
 }

@@ -27,6 +27,7 @@ pub fn tiny_config() -> ModelConfig {
         tie_word_embeddings: true,
         attention_bias: false,
         sliding_window: None,
+        ssm: None,
     }
 }
 

@@ -6,8 +6,10 @@
 //! names in [`SUPPORTED`] and [`load`].
 
 mod llama;
+mod mamba2;
 
 pub use llama::LlamaModel;
+pub use mamba2::Mamba2Model;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -18,7 +20,7 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "mamba2"];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -50,6 +52,7 @@ pub fn load(
 ) -> Result<Box<dyn Architecture>> {
     match config.architecture.as_str() {
         "llama" | "mistral" | "qwen2" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }
