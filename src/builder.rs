@@ -84,8 +84,15 @@ impl EngineBuilder {
     pub fn build_on(self, ctx: Arc<GpuContext>) -> Result<ContinuousBatchEngine> {
         let factory = GpuTensorFactory::new(ctx);
         let c = &self.files.config;
-        let kv =
-            KvCacheConfig::for_memory(self.kv_memory_bytes, self.block_size, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        // Only attention layers hold KV (none in a pure state-space model).
+        let num_kv_layers = c.num_attention_layers();
+        let kv = KvCacheConfig::for_memory(
+            self.kv_memory_bytes,
+            self.block_size,
+            num_kv_layers,
+            c.num_kv_heads,
+            c.head_dim,
+        )?;
         // One layer's K (or V) must fit one binding.
         let per_layer = kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * 4;
         if per_layer as u64 > factory.context().max_binding_bytes() {

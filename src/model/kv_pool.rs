@@ -16,8 +16,9 @@ use crate::tensor::TensorFactory;
 /// rgba32float textures on CPU drivers).
 pub struct KvPool {
     config: KvCacheConfig,
-    k: Vec<GpuTensor>,
-    v: Vec<GpuTensor>,
+    /// Per model layer; `None` for a recurrent layer.
+    k: Vec<Option<GpuTensor>>,
+    v: Vec<Option<GpuTensor>>,
     /// The state slots, for a model with recurrent layers.
     states: Option<StatePool>,
 }
@@ -49,12 +50,12 @@ impl KvPool {
         num_state_slots: usize,
     ) -> Result<KvPool> {
         let shape = [config.num_blocks * config.block_size, model.num_kv_heads, model.head_dim];
-        let num_layers = model.num_attention_layers();
-        let mut k = Vec::with_capacity(num_layers);
-        let mut v = Vec::with_capacity(num_layers);
-        for _ in 0..num_layers {
-            k.push(factory.kv_cache(&shape, None)?);
-            v.push(factory.kv_cache(&shape, None)?);
+        let mut k = Vec::with_capacity(model.num_layers);
+        let mut v = Vec::with_capacity(model.num_layers);
+        for layer in 0..model.num_layers {
+            let attends = !model.is_recurrent(layer);
+            k.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
+            v.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
         }
         let states = match model.ssm {
             Some(ssm) => {
@@ -92,14 +93,18 @@ impl KvPool {
         self.states.as_ref().ok_or_else(|| WeftError::Unsupported("this model has no recurrent-state slots".into()))
     }
 
-    /// Layer `layer`'s view of the cache for the attention kernels.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv {
-            k_cache: &self.k[layer],
-            v_cache: &self.v[layer],
+    /// Layer `layer`'s view of the cache for the attention kernels; an error for a recurrent
+    /// layer.
+    pub fn layer(&self, layer: usize) -> Result<PagedKv<'_>> {
+        let (Some(Some(k_cache)), Some(Some(v_cache))) = (self.k.get(layer), self.v.get(layer)) else {
+            return Err(WeftError::Unsupported(format!("layer {layer} has no KV cache")));
+        };
+        Ok(PagedKv {
+            k_cache,
+            v_cache,
             block_size: self.config.block_size,
             first_slot: 0,
             num_slots: self.config.num_blocks * self.config.block_size,
-        }
+        })
     }
 }

@@ -1,7 +1,8 @@
 //! The building blocks architectures share, each recording its dispatches: a [`Linear`]
 //! projection (one or several weight matrices written side by side, optional bias),
-//! self-[`Attention`] over the paged KV cache with RoPE, and the gated [`Mlp`]. An architecture
-//! file composes them top to bottom.
+//! self-[`Attention`] over the paged KV cache with RoPE, the gated [`Mlp`], and the Mamba2
+//! [`SsmMixer`] over a sequence's recurrent-state slot. An architecture file composes them top
+//! to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
@@ -16,9 +17,10 @@ use crate::gpu::kernels::elementwise::{add_bias, silu_mul};
 use crate::gpu::kernels::matmul::matmul_into;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
 use crate::gpu::kernels::rope::RopePairing;
-use crate::gpu::kernels::ssm::SeqStates;
+use crate::gpu::kernels::ssm::{ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, SsmConfig};
+use crate::model::weights::{Checkpoint, Loader};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -178,5 +180,86 @@ impl Mlp {
         self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
         silu_mul(ctx, rec, &a.gate_up, &a.act)?;
         self.down.forward(ctx, rec, &a.act, &a.proj)
+    }
+}
+
+/// A Mamba2 mixer: `a.proj = out_proj(gated_norm(scan(conv(xBC)), z))` with z, xBC, dt from
+/// `in_proj(a.xn)`, continuing each sequence's conv window and SSM state in its slot.
+pub struct SsmMixer {
+    pub shape: SsmConfig,
+    pub in_proj: Linear,        // (inner + conv_channels + heads, hidden)
+    pub conv_weight: GpuTensor, // (conv_channels, conv_kernel) F32
+    pub conv_bias: GpuTensor,   // (conv_channels)
+    pub a: GpuTensor,           // (heads): -exp(A_log)
+    pub d: GpuTensor,           // (heads)
+    pub dt_bias: GpuTensor,     // (heads)
+    pub norm: GpuTensor,        // (inner)
+    pub out_proj: Linear,       // (hidden, inner)
+}
+
+impl SsmMixer {
+    /// Layer `layer`'s mixer: GGUF names `blk.N.ssm_*` (llama.cpp's converter stores A as
+    /// `-exp(A_log)`), Hugging Face names `{hf_prefix}.in_proj.weight`, … (A as `A_log`).
+    pub fn load(w: &Loader<'_>, shape: SsmConfig, hidden: usize, layer: usize, hf_prefix: &str) -> Result<SsmMixer> {
+        let (inner, heads, channels) = (shape.inner_size(), shape.num_heads, shape.conv_channels());
+        let checkpoint = w.source.checkpoint();
+        let name = |gguf: &str, hf: &str| match checkpoint {
+            Checkpoint::Gguf => format!("blk.{layer}.{gguf}"),
+            Checkpoint::HuggingFace => format!("{hf_prefix}.{hf}"),
+        };
+        let f32s = |name: String, shape: &[usize]| -> Result<GpuTensor> {
+            w.factory.upload_f32(shape, &w.named_values(&name, shape.iter().product())?)
+        };
+        let mut a = w.named_values(&name("ssm_a", "A_log"), heads)?;
+        if checkpoint == Checkpoint::HuggingFace {
+            a.iter_mut().for_each(|v| *v = -v.exp());
+        }
+        let matrix = |name: String, shape: &[usize]| -> Result<Linear> {
+            Ok(Linear { weights: vec![w.named_matrix(&name, shape)?], bias: None })
+        };
+        Ok(SsmMixer {
+            shape,
+            in_proj: matrix(name("ssm_in.weight", "in_proj.weight"), &[shape.in_proj_size(), hidden])?,
+            conv_weight: f32s(name("ssm_conv1d.weight", "conv1d.weight"), &[channels, shape.conv_kernel])?,
+            conv_bias: f32s(name("ssm_conv1d.bias", "conv1d.bias"), &[channels])?,
+            a: w.factory.upload_f32(&[heads], &a)?,
+            d: f32s(name("ssm_d", "D"), &[heads])?,
+            dt_bias: f32s(name("ssm_dt.bias", "dt_bias"), &[heads])?,
+            norm: f32s(name("ssm_norm.weight", "norm.weight"), &[inner])?,
+            out_proj: matrix(name("ssm_out.weight", "out_proj.weight"), &[hidden, inner])?,
+        })
+    }
+
+    /// `a.proj = mixer(a.xn)`, reading and writing the slots' `conv_state` (slots, conv_kernel
+    /// - 1, conv_channels) and `ssm_state` (slots, heads, head_dim, state_size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        a: &Activations,
+        inputs: &StepInputs<'_>,
+        conv_state: &GpuTensor,
+        ssm_state: &GpuTensor,
+        eps: f32,
+    ) -> Result<()> {
+        let s = self.shape;
+        let acts = a.ssm()?;
+        let (inner, channels) = (s.inner_size(), s.conv_channels());
+        // z, xBC, dt side by side.
+        self.in_proj.forward(ctx, rec, &a.xn, &acts.zxbcdt)?;
+        let (w, b, seqs) = (&self.conv_weight, &self.conv_bias, &inputs.seq_states);
+        ssm_conv(ctx, rec, &acts.zxbcdt, inner, w, b, seqs, conv_state, &acts.xbc)?;
+        let shape = ScanShape {
+            num_heads: s.num_heads,
+            head_dim: s.head_dim,
+            state_size: s.state_size,
+            num_groups: s.num_groups,
+        };
+        let weights = ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias };
+        let dt_offset = inner + channels;
+        ssm_scan(ctx, rec, shape, &acts.xbc, &acts.zxbcdt, dt_offset, &weights, seqs, ssm_state, &acts.y)?;
+        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
+        self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
     }
 }

@@ -28,6 +28,7 @@ pub fn tiny_config() -> ModelConfig {
         attention_bias: false,
         sliding_window: None,
         ssm: None,
+        hybrid: None,
     }
 }
 

@@ -53,7 +53,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<matmul::Params>("matmul", "Params"),
         entry::<embedding::Params>("embedding", "Params"),
         entry::<reduce::RmsNormParams>("rms_norm", "Params"),
-        entry::<reduce::RmsNormParams>("add_rms_norm", "Params"),
+        entry::<reduce::AddRmsNormParams>("add_rms_norm", "Params"),
         entry::<reduce::RowParams>("softmax", "Params"),
         entry::<reduce::RowParams>("argmax", "Params"),
         entry::<elementwise::SiluMulParams>("silu_mul", "Params"),

@@ -5,9 +5,11 @@
 //! Adding an architecture: a new file here with a type implementing [`Architecture`], and its
 //! names in [`SUPPORTED`] and [`load`].
 
+mod granite_hybrid;
 mod llama;
 mod mamba2;
 
+pub use granite_hybrid::GraniteHybridModel;
 pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 
@@ -20,7 +22,7 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "mamba2"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "mamba2", "granitehybrid", "granitemoehybrid"];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -53,6 +55,9 @@ pub fn load(
     match config.architecture.as_str() {
         "llama" | "mistral" | "qwen2" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
+        "granitehybrid" | "granitemoehybrid" => {
+            Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
+        }
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

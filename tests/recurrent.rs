@@ -1,12 +1,13 @@
-//! Mamba2 against outside truth: `tests/fixtures/mamba2/` is a tiny random-weight
-//! `Mamba2ForCausalLM` written by `tools/make_mamba2_fixture.py` — its Hugging Face directory,
-//! the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers' logits and greedy
-//! tokens.
+//! Recurrent models against outside truth: `tests/fixtures/mamba2/` and
+//! `tests/fixtures/granite_hybrid/` hold a tiny random-weight `Mamba2ForCausalLM` and a dense
+//! Granite 4.0-H (`GraniteMoeHybridForCausalLM`: Mamba2, attention without RoPE, Mamba2) written
+//! by `tools/make_recurrent_fixtures.py` — each one's Hugging Face directory, the GGUF
+//! llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers' logits and greedy tokens.
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
-//!   within 1e-4 for both checkpoints; weft scans token by token and sums in other orders, and
-//!   on lavapipe the largest difference is a few 1e-7 (printed), while a wrong conv window, state
-//!   or gate moves logits by 1e-2 or more.
+//!   within 1e-4 for both checkpoints of both families; weft scans token by token and sums in
+//!   other orders, and on lavapipe the largest difference is about 1e-6 (printed), while a wrong
+//!   conv window, state, gate or multiplier moves logits by 1e-2 or more.
 //! - 12 greedy tokens (transformers' recurrent decode) are equal; a divergence is tolerated only
 //!   right after a step whose reference top-1/top-2 margin is below 1e-3 (a near-tie), after
 //!   which that prompt is no longer compared.
@@ -28,18 +29,19 @@ fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
 }
 
-fn fixture(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mamba2").join(path)
+/// `path` in the fixture of `family` ("mamba2" or "granite_hybrid").
+fn fixture(family: &str, path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(family).join(path)
 }
 
-fn executor(f: &GpuTensorFactory, path: &str) -> GpuExecutor {
-    let files = ModelFiles::open(&fixture(path)).unwrap();
-    assert_eq!(files.config.architecture, "mamba2");
+fn executor(f: &GpuTensorFactory, family: &str, path: &str) -> GpuExecutor {
+    let files = ModelFiles::open(&fixture(family, path)).unwrap();
     files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 256 }).unwrap()
 }
 
-fn prompts() -> Vec<Value> {
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+fn prompts(family: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(fixture(family, "expected.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
     v["prompts"].as_array().unwrap().clone()
 }
 
@@ -75,10 +77,11 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 /// Every prompt prefilled in one step, then 11 decode steps of all of them together.
-fn fidelity(path: &str) {
+fn fidelity(family: &str, path: &str) {
     let Some(f) = factory() else { return };
-    let exec = executor(&f, path);
-    let prompts = prompts();
+    let exec = executor(&f, family, path);
+    let prompts = prompts(family);
+    let path = format!("{family}/{path}");
     let seqs: Vec<SeqStep> =
         prompts.iter().enumerate().map(|(i, p)| step(i as u32, &u32s(&p["prompt_ids"]), 0, 1)).collect();
     let mut last = logits(&exec, seqs);
@@ -111,13 +114,23 @@ fn fidelity(path: &str) {
 }
 
 #[test]
-fn hf_directory_matches_transformers() {
-    fidelity("hf");
+fn mamba2_hf_directory_matches_transformers() {
+    fidelity("mamba2", "hf");
 }
 
 #[test]
-fn llama_cpp_gguf_matches_transformers() {
-    fidelity("mamba2.gguf");
+fn mamba2_llama_cpp_gguf_matches_transformers() {
+    fidelity("mamba2", "model.gguf");
+}
+
+#[test]
+fn granite_hybrid_hf_directory_matches_transformers() {
+    fidelity("granite_hybrid", "hf");
+}
+
+#[test]
+fn granite_hybrid_llama_cpp_gguf_matches_transformers() {
+    fidelity("granite_hybrid", "model.gguf");
 }
 
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences
@@ -125,9 +138,15 @@ fn llama_cpp_gguf_matches_transformers() {
 /// the prompt and for 4 decode steps after it.
 #[test]
 fn batch_and_chunk_invariance() {
+    for family in ["mamba2", "granite_hybrid"] {
+        batch_and_chunk_invariance_of(family);
+    }
+}
+
+fn batch_and_chunk_invariance_of(family: &str) {
     let Some(f) = factory() else { return };
-    let exec = executor(&f, "hf");
-    let prompt = u32s(&prompts()[2]["prompt_ids"]);
+    let exec = executor(&f, family, "hf");
+    let prompt = u32s(&prompts(family)[2]["prompt_ids"]);
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
         let mut out = Vec::new();
         let mut tokens = prompt.clone();
@@ -160,24 +179,30 @@ fn batch_and_chunk_invariance() {
     };
     let alone = run(usize::MAX, false);
     for chunk in [1, 3, 8] {
-        assert!(run(chunk, false) == alone, "prefill in chunks of {chunk} differs from one pass");
+        assert!(run(chunk, false) == alone, "{family}: prefill in chunks of {chunk} differs from one pass");
     }
-    assert!(run(usize::MAX, true) == alone, "among 15 others differs from alone");
-    assert!(run(8, true) == alone, "chunked among 15 others differs from alone");
+    assert!(run(usize::MAX, true) == alone, "{family}: among 15 others differs from alone");
+    assert!(run(8, true) == alone, "{family}: chunked among 15 others differs from alone");
 }
 
-/// Through the engine: 24 greedy requests, more than there are state slots (16), over a KV
+/// Through the engine, for each family: 24 greedy requests, more than there are state slots (16), over a KV
 /// pool small enough to preempt and a token budget that chunks prefills, give each request's
 /// tokens alone; at the end every state slot and block is free again.
 #[test]
 fn the_engine_batches_preempts_and_returns_every_slot() {
+    for family in ["mamba2", "granite_hybrid"] {
+        engine_run(family);
+    }
+}
+
+fn engine_run(family: &str) {
     use std::sync::Arc;
     use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
     use weft::engine::{ContinuousBatchEngine, EngineConfig};
     use weft::sampling::{GpuSampler, SamplingParams};
 
     let Some(f) = factory() else { return };
-    let files = ModelFiles::open(&fixture("hf")).unwrap();
+    let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
     let engine = |num_blocks: usize, config: EngineConfig| {
         let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
         let tok = files.tokenizer.clone();
