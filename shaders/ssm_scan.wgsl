@@ -5,8 +5,10 @@
 //   dt      = softplus(dt_raw[t, h] + dt_bias[h])
 //   S[p, n] = S[p, n] · exp(dt · a[h]) + (dt · B[t, g, n]) · x[t, h, p]
 //   y[t, h, p] = Σ_n S[p, n] · C[t, g, n] + d[h] · x[t, h, p]
-// S starts from the slot, or from zero at position 0. A decode row is the one-token case; a
-// prefill chunk runs its rows in order, so chunked prefill at any boundary equals one pass.
+// S starts from a slot (the sequence's own, or a prefix snapshot being restored), or from zero
+// at position 0, and ends in the sequence's own slot (and in a snapshot slot when asked). A
+// decode row is the one-token case; a prefill chunk runs its rows in order, so chunked prefill
+// at any boundary equals one pass.
 //
 // Bindings (group 0)
 //   0 params   uniform     Params  mirrors gpu::kernels::ssm::ScanParams
@@ -15,7 +17,8 @@
 //   3 a        read        f32 (heads): -exp(A_log)
 //   4 d        read        f32 (heads)
 //   5 dt_bias  read        f32 (heads)
-//   6 seqs     read        u32 (num_seqs, 4): first row, rows, state slot, start position
+//   6 seqs     read        u32 (num_seqs, 6): first row, rows, own slot, start position,
+//                                slot read from, snapshot slot written (0xffffffff: none)
 //   7 state    read_write  f32 (slots, heads, head_dim, state_size)
 //   8 y        read_write  f32 (tokens, heads · head_dim)
 // Workgroup: 64 invocations, one (head, channel) pair of one sequence each; the pair's
@@ -35,6 +38,9 @@ struct Params {
 const WG: u32 = 64u;
 // The largest state_size the registers hold (Mamba2 and Granite 4.0-H use 128).
 const MAX_STATE: u32 = 128u;
+// Columns of the seqs table, and its "no slot" entry.
+const SEQ_COLS: u32 = 6u;
+const NO_SLOT: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> xbc: array<f32>;
@@ -63,15 +69,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n_state = params.state_size;
     let row_width = inner + 2u * params.groups * n_state;
     let s = gid.y;
-    let first_row = seqs[4u * s];
-    let num_rows = seqs[4u * s + 1u];
-    let slot = seqs[4u * s + 2u];
-    let fresh = seqs[4u * s + 3u] == 0u;
-    let state_base = (slot * inner + hp) * n_state;
+    let first_row = seqs[SEQ_COLS * s];
+    let num_rows = seqs[SEQ_COLS * s + 1u];
+    let slot = seqs[SEQ_COLS * s + 2u];
+    let fresh = seqs[SEQ_COLS * s + 3u] == 0u;
+    let read_slot = seqs[SEQ_COLS * s + 4u];
+    let save_slot = seqs[SEQ_COLS * s + 5u];
 
     var st: array<f32, MAX_STATE>;
     for (var n = 0u; n < n_state; n++) {
-        st[n] = select(state[state_base + n], 0.0, fresh);
+        st[n] = select(state[(read_slot * inner + hp) * n_state + n], 0.0, fresh);
     }
     let a_h = a[h];
     let d_h = d[h];
@@ -91,6 +98,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         y[row * inner + hp] = acc + d_h * xv;
     }
     for (var n = 0u; n < n_state; n++) {
-        state[state_base + n] = st[n];
+        state[(slot * inner + hp) * n_state + n] = st[n];
+        if (save_slot != NO_SLOT) {
+            state[(save_slot * inner + hp) * n_state + n] = st[n];
+        }
     }
 }

@@ -44,6 +44,12 @@ pub struct SeqStep {
     /// state is read from it and the state after `tokens` written back; at `start_pos == 0`
     /// it starts from zero, whatever the slot held before.
     pub state_slot: Option<u32>,
+    /// A prefix-state snapshot slot to start from instead of `state_slot` (the state at
+    /// `start_pos`, restored on a prefix-cache hit).
+    pub state_restore: Option<u32>,
+    /// A snapshot slot that also receives the state after `tokens` (the end of a prompt's full
+    /// blocks, for the prefix cache).
+    pub state_save: Option<u32>,
 }
 
 impl SeqStep {
@@ -155,7 +161,17 @@ mod tests {
     use super::*;
 
     fn seq(tokens: Vec<u32>, num_logits: usize) -> SeqStep {
-        SeqStep { id: 1, tokens, start_pos: 10, block_table: vec![0], num_logits, sampling: None, state_slot: None }
+        SeqStep {
+            id: 1,
+            tokens,
+            start_pos: 10,
+            block_table: vec![0],
+            num_logits,
+            sampling: None,
+            state_slot: None,
+            state_restore: None,
+            state_save: None,
+        }
     }
 
     fn samples(tokens: &[u32]) -> Vec<Sampled> {

@@ -405,7 +405,7 @@ fn the_seed_constructors_check_their_parts() {
 
     // A state manager for a model without recurrent layers is refused.
     let (config, t, s, e, tf) = parts();
-    let slots = RecurrentStateConfig { num_slots: 4, slot_size_bytes: 1024 };
+    let slots = RecurrentStateConfig { num_slots: 4, num_snapshot_slots: 0, slot_size_bytes: 1024 };
     let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
         config,
         t,

@@ -42,6 +42,8 @@ fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize)
         num_logits,
         sampling: None,
         state_slot: None,
+        state_restore: None,
+        state_save: None,
     }
 }
 

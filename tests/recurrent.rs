@@ -65,6 +65,8 @@ fn step(slot: u32, tokens: &[u32], start_pos: usize, num_logits: usize) -> SeqSt
         num_logits,
         sampling: None,
         state_slot: Some(slot),
+        state_restore: None,
+        state_save: None,
     }
 }
 
@@ -252,4 +254,57 @@ fn engine_run(family: &str) {
     let warm = f.context().creations();
     run(&e);
     assert_eq!(f.context().creations(), warm, "warm steps of a recurrent model created GPU objects");
+}
+
+/// A prefix-state hit equals a cold run: requests sharing a long system prompt restore the
+/// state snapshotted at a block boundary inside it (and, in the hybrid, reuse its KV blocks),
+/// and generate exactly what an engine without the prefix cache generates.
+#[test]
+fn a_prefix_state_hit_equals_a_cold_run() {
+    for family in ["mamba2", "granite_hybrid"] {
+        prefix_hit(family);
+    }
+}
+
+fn prefix_hit(family: &str) {
+    use std::sync::Arc;
+    use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+    use weft::engine::{ContinuousBatchEngine, EngineConfig};
+    use weft::sampling::{GpuSampler, SamplingParams};
+
+    let Some(f) = factory() else { return };
+    let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
+    let engine = |enable_prefix_cache: bool| {
+        let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 256 }).unwrap();
+        let tok = files.tokenizer.clone();
+        let config = EngineConfig { enable_prefix_cache, max_num_batched_tokens: 24, ..Default::default() };
+        ContinuousBatchEngine::new_plan_runtime(config, tok, Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone()))
+            .unwrap()
+    };
+    let system = "the state of a sequence is carried from one token to the next; a selective scan keeps it. ";
+    let requests: Vec<InferenceRequest> = ["what is a state?", "and a scan", "tokens, one by one", "why?"]
+        .iter()
+        .map(|question| {
+            let params = GenerationParams {
+                sampling: SamplingParams::greedy(),
+                max_tokens: Some(6),
+                ignore_eos: true,
+                ..Default::default()
+            };
+            InferenceRequest::new(Prompt::Text(format!("{system}{question}")), params)
+        })
+        .collect();
+    let cold = engine(false);
+    let want: Vec<Vec<u32>> =
+        requests.iter().map(|r| weft::rt::block_on(cold.infer(r.clone())).unwrap().token_ids).collect();
+    let warm = engine(true);
+    assert!(warm.config().enable_prefix_cache, "{family}: snapshots keep the prefix cache on");
+    for (i, r) in requests.iter().enumerate() {
+        let got = weft::rt::block_on(warm.infer(r.clone())).unwrap().token_ids;
+        assert_eq!(got, want[i], "{family}: request {i} after a prefix-state hit");
+    }
+    let stats = warm.prefix_cache_stats();
+    assert_eq!(stats.state_hits, 3, "{family}: every request after the first restores a snapshot ({stats:?})");
+    assert!(stats.hits >= 3 * 4, "{family}: and reuses at least one interval of blocks");
+    assert_eq!(warm.state_usage().unwrap().used_slots, 0);
 }

@@ -165,8 +165,10 @@ impl ContinuousBatchEngine {
             },
             kv_cache,
         );
-        // The scheduler turns the prefix cache off for recurrent models; say so in the config.
-        let enable_prefix_cache = config.enable_prefix_cache && state.is_none();
+        // The scheduler turns the prefix cache off for recurrent models without state
+        // snapshots; say so in the config.
+        let enable_prefix_cache =
+            config.enable_prefix_cache && state.as_ref().is_none_or(|s| s.config().num_snapshot_slots > 0);
         if let Some(state) = state {
             scheduler = scheduler.with_recurrent_state(state);
         }

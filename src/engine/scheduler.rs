@@ -33,7 +33,9 @@
 //! readmitted.
 //! **Invariant:** for a model with recurrent layers, every running sequence holds exactly one
 //! state slot: admission takes KV blocks and a slot together or neither, and finish and
-//! preemption return both.
+//! preemption return both. With the prefix cache and snapshot slots, a prefill chunk stops at
+//! the end of the prompt's full blocks, where the state is snapshotted beside those blocks; a
+//! later sequence with the same prefix restores it and starts there.
 //! **Invariant:** a sequence never receives more than `max_tokens` tokens: drafts are cut so
 //! that a fully accepted run still fits.
 
@@ -42,6 +44,23 @@ use std::collections::{HashMap, VecDeque};
 use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
 use crate::step::{SeqStep, StepBatch};
+
+/// Recurrent states are snapshotted for the prefix cache every this many blocks of a prompt
+/// (and at the end of its full blocks): often enough that a shared prefix finds one near its
+/// end, rarely enough that prefill chunks stay long.
+const SNAPSHOT_INTERVAL_BLOCKS: usize = 4;
+
+/// The next position after `start` where a recurrent sequence's state is snapshotted (when
+/// `snapshots` are kept): every `SNAPSHOT_INTERVAL_BLOCKS` blocks, so a shared system prompt
+/// has one even when the prompts it begins differ, and at the end of the prompt's full blocks.
+fn next_snapshot(snapshots: bool, block_size: usize, num_prompt_tokens: usize, start: usize) -> Option<usize> {
+    let full_end = num_prompt_tokens / block_size * block_size;
+    if !snapshots || start >= full_end {
+        return None;
+    }
+    let interval = SNAPSHOT_INTERVAL_BLOCKS * block_size;
+    Some(((start / interval + 1) * interval).min(full_end))
+}
 
 /// Limits of one step and of one sequence.
 #[derive(Clone, Debug)]
@@ -96,6 +115,8 @@ struct Sequence {
     /// Position just past the last chunk scheduled: where the recurrent state stands once the
     /// executor ran it.
     scheduled_end: usize,
+    /// A prefix-state snapshot to start the next chunk from (set at admission on a hit).
+    restore_from: Option<u32>,
 }
 
 impl Sequence {
@@ -116,6 +137,8 @@ pub struct ContinuousBatchScheduler {
     kv: KvCacheManager,
     /// State slots, for models with recurrent layers.
     state: Option<RecurrentStateManager>,
+    /// Recurrent states are snapshotted for the prefix cache.
+    snapshots: bool,
     req_to_seq: HashMap<SeqId, Sequence>,
     /// Highest priority first; within a priority, preempted sequences before new ones, then
     /// arrival order.
@@ -132,6 +155,7 @@ impl ContinuousBatchScheduler {
             config,
             kv,
             state: None,
+            snapshots: false,
             req_to_seq: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -140,13 +164,24 @@ impl ContinuousBatchScheduler {
         }
     }
 
-    /// The same scheduler admitting against `state`'s slots as well as KV blocks. The prefix
-    /// cache is switched off: a cached KV block says nothing about the recurrent state at its
-    /// end, and state snapshots are not kept yet, so a hit could not skip any computation.
+    /// The same scheduler admitting against `state`'s slots as well as KV blocks. With snapshot
+    /// slots the prefix cache keeps states beside its blocks; without, it is switched off: a
+    /// cached KV block says nothing about the recurrent state at its end, so a hit could not
+    /// skip any computation.
     pub fn with_recurrent_state(mut self, state: RecurrentStateManager) -> Self {
-        self.kv.disable_prefix_cache();
+        if state.config().num_snapshot_slots == 0 {
+            self.kv.disable_prefix_cache();
+        }
+        self.snapshots = self.kv.prefix_cache_enabled();
+        self.kv.set_state_snapshot_slots(state.snapshot_slots());
         self.state = Some(state);
         self
+    }
+
+    /// The next position after `start` where a recurrent sequence's state is snapshotted, when
+    /// snapshots are kept (see [`next_snapshot`]).
+    fn next_snapshot(&self, num_prompt_tokens: usize, start: usize) -> Option<usize> {
+        next_snapshot(self.snapshots, self.kv.block_size(), num_prompt_tokens, start)
     }
 
     /// Queue a request. Refused, naming the field at fault, when its id is already present, the
@@ -221,6 +256,7 @@ impl ContinuousBatchScheduler {
             admitted_at: 0,
             drafts: Vec::new(),
             scheduled_end: 0,
+            restore_from: None,
         };
         // Behind every waiting sequence of the same or higher priority.
         self.enqueue(req.id, |p| p < priority);
@@ -246,6 +282,7 @@ impl ContinuousBatchScheduler {
         let mut req_index = 0;
         while req_index < self.running.len() && token_budget > 0 {
             let id = self.running[req_index];
+            let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
             let Some(seq) = self.req_to_seq.get_mut(&id) else {
                 // Unreachable: running ids are always known; drop it rather than loop.
                 self.running.remove(req_index);
@@ -264,7 +301,11 @@ impl ContinuousBatchScheduler {
                 // cannot be rolled back. Start over from position 0, where it starts from zero.
                 seq.num_computed_tokens = 0;
             }
-            let num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            let mut num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, seq.num_computed_tokens) {
+                // The chunk stops where the state is snapshotted.
+                num_known = num_known.min(end - seq.num_computed_tokens);
+            }
             // Drafts ride along only on a decode, and only as many as the budget, max_tokens
             // (a fully accepted run must fit) and the context allow.
             // Not with recurrent state: a rejected draft would stay in the state.
@@ -316,14 +357,27 @@ impl ContinuousBatchScheduler {
                     break;
                 }
                 // All known tokens at once (a recompute includes the generated ones), so a
-                // chunked prefill never runs out of blocks halfway.
-                let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                // chunked prefill never runs out of blocks halfway. A recurrent sequence reuses
+                // cached blocks only up to a state snapshot, which it restores.
+                let (num_cached_tokens, restore_from) = if self.state.is_some() {
+                    let Some(hit) = self.kv.allocate_restoring(id, &seq.tokens) else { break };
+                    hit
+                } else {
+                    let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                    (num_cached_tokens, None)
+                };
                 if let Some(state) = &mut self.state {
                     // Cannot fail: a slot was free and the sequence held none (it was waiting).
                     state.take(id);
                 }
                 seq.num_computed_tokens = num_cached_tokens;
-                let num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                seq.restore_from = restore_from;
+                let mut num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
+                if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, num_cached_tokens) {
+                    // The chunk stops where the state is snapshotted.
+                    num_new_tokens = num_new_tokens.min(end - num_cached_tokens);
+                }
                 self.admission_clock += 1;
                 seq.admitted_at = self.admission_clock;
                 self.waiting.pop_front();
@@ -335,10 +389,19 @@ impl ContinuousBatchScheduler {
 
         let mut batch = StepBatch { preempted, ..Default::default() };
         for (id, num_new_tokens, num_drafted) in req_to_num_new_tokens {
+            let next_snapshot =
+                self.req_to_seq.get(&id).and_then(|s| self.next_snapshot(s.num_prompt_tokens, s.num_computed_tokens));
             let Some(seq) = self.req_to_seq.get_mut(&id) else { continue };
             let start_pos = seq.num_computed_tokens;
             let known_end = start_pos + num_new_tokens - num_drafted;
             seq.scheduled_end = known_end;
+            // A restore is good for the chunk right after admission only.
+            let state_restore = seq.restore_from.take().filter(|_| start_pos > 0);
+            let state_save = match next_snapshot {
+                Some(end) if known_end == end => self.kv.reserve_snapshot(id, end / self.kv.block_size() - 1),
+                _ => None,
+            };
+            let Some(seq) = self.req_to_seq.get(&id) else { continue };
             let mut tokens = seq.tokens[start_pos..known_end].to_vec();
             tokens.extend_from_slice(&seq.drafts[..num_drafted]);
             let num_logits = if known_end == seq.tokens.len() { num_drafted + 1 } else { 0 };
@@ -350,6 +413,8 @@ impl ContinuousBatchScheduler {
                 num_logits,
                 sampling: None,
                 state_slot: self.state.as_ref().and_then(|state| state.slot(id)),
+                state_restore,
+                state_save,
             });
             batch.num_batched_tokens += num_new_tokens;
         }
@@ -550,7 +615,9 @@ mod tests {
                 block_table: vec![0, 1],
                 num_logits: 1,
                 sampling: None,
-                state_slot: None
+                state_slot: None,
+                state_restore: None,
+                state_save: None
             }
         );
         assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));
@@ -891,13 +958,20 @@ mod tests {
                     self.slots.insert(slot, (token, s.start_pos + i));
                 }
                 if let Some(state_slot) = s.state_slot {
-                    let state = self.states.entry(state_slot).or_default();
+                    // A restore starts from the snapshot; a save copies the state after the chunk.
+                    let mut state =
+                        self.states.get(&s.state_restore.unwrap_or(state_slot)).cloned().unwrap_or_default();
                     if s.start_pos == 0 {
                         state.clear();
                     }
                     assert_eq!(state.len(), s.start_pos, "seq {}'s state is not at its start position", s.id);
                     assert_eq!(s.num_logits, usize::from(s.num_logits > 0), "drafts with recurrent state");
                     state.extend_from_slice(&s.tokens);
+                    if let Some(save) = s.state_save {
+                        assert_eq!(state.len() % self.block_size, 0, "a snapshot off a block boundary");
+                        self.states.insert(save, state.clone());
+                    }
+                    self.states.insert(state_slot, state.clone());
                     let row = if s.num_logits > 0 { vec![next_token(state.iter().copied())] } else { vec![] };
                     samples.push(row);
                     continue;
@@ -942,6 +1016,8 @@ mod tests {
         req_to_tokens: HashMap<SeqId, Vec<u32>>,
         stats: SchedulerStats,
         num_prefix_hits: u64,
+        /// Admissions that restored a recurrent-state snapshot.
+        num_state_hits: u64,
         /// Drafted tokens scheduled, and accepted.
         num_drafted: usize,
         num_accepted: usize,
@@ -1041,6 +1117,7 @@ mod tests {
             req_to_tokens,
             stats: sched.stats(),
             num_prefix_hits: sched.kv().prefix_cache_stats().hits,
+            num_state_hits: sched.kv().prefix_cache_stats().state_hits,
             num_drafted,
             num_accepted,
         }
@@ -1204,7 +1281,41 @@ mod tests {
     }
 
     fn state_slots(num_slots: usize) -> RecurrentStateManager {
-        RecurrentStateManager::new(crate::kv::RecurrentStateConfig { num_slots, slot_size_bytes: 1024 })
+        with_snapshots(num_slots, 0)
+    }
+
+    fn with_snapshots(num_slots: usize, num_snapshot_slots: usize) -> RecurrentStateManager {
+        RecurrentStateManager::new(crate::kv::RecurrentStateConfig {
+            num_slots,
+            num_snapshot_slots,
+            slot_size_bytes: 1024,
+        })
+    }
+
+    /// With snapshot slots (fewer than the prefixes' blocks, so they are taken back from the
+    /// least recently used) the shared prefixes' states are restored instead of recomputed, and
+    /// every request still gets the tokens of an unconstrained run without snapshots: the fake
+    /// model checks each restored state is the sequence's own prefix.
+    #[test]
+    fn recurrent_prefix_states_are_restored_and_change_nothing() {
+        let arrivals = arrivals();
+        let (config, kv) = unconstrained();
+        let reference = simulate(&arrivals, config.clone(), kv, Some(state_slots(32)), None);
+        for (num_slots, num_snapshots, num_blocks, max_num_batched_tokens) in
+            [(8, 16, 4096, 64), (6, 2, 40, 16), (3, 1, 30, 7)]
+        {
+            let run = simulate(
+                &arrivals,
+                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                KvCacheManager::new(num_blocks, 4, true),
+                Some(with_snapshots(num_slots, num_snapshots)),
+                None,
+            );
+            assert!(run.num_state_hits > 0, "{num_snapshots} snapshots: the shared prefixes were meant to hit");
+            for (id, tokens) in &reference.req_to_tokens {
+                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_snapshots} snapshots");
+            }
+        }
     }
 
     /// A recurrent model under too few slots, too few blocks and a small budget (preemption,
@@ -1233,15 +1344,16 @@ mod tests {
     }
 
     /// Random arrivals, steps, cancellations (of waiting and running sequences) and outputs
-    /// that are never applied, over few blocks and fewer state slots than sequences: after
-    /// every operation each running sequence holds one slot, and at the end every slot and
-    /// block is back.
+    /// that are never applied, over few blocks, fewer state slots than sequences and two
+    /// snapshot slots: after every operation each running sequence holds one slot and every
+    /// snapshot slot is free, pending or cached once (`check_invariants`), and at the end every
+    /// slot and block is back.
     #[test]
     fn random_operations_return_every_state_slot_and_block() {
         for seed in 0..4u64 {
             let mut rng = crate::sampling::SamplerRng::new(seed);
             let mut sched = ContinuousBatchScheduler::new(config(5, 12), KvCacheManager::new(12, 2, true))
-                .with_recurrent_state(state_slots(3));
+                .with_recurrent_state(with_snapshots(3, 2));
             let mut next_id: SeqId = 0;
             let (mut num_admitted_blocked_by_slots, mut num_cancelled) = (0, 0);
             for _ in 0..3000 {
@@ -1283,6 +1395,7 @@ mod tests {
                 sched.check_state_slots();
             }
             assert!(num_admitted_blocked_by_slots > 0 && num_cancelled > 0 && sched.stats().preemptions > 0);
+            assert!(sched.kv().prefix_cache_stats().state_hits > 0, "snapshots were meant to be restored");
             for id in 0..next_id {
                 sched.finish(id);
             }

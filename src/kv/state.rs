@@ -14,6 +14,10 @@
 //! old contents are never cleared here: the executor starts a sequence's state from zero at
 //! position 0, so a reused slot needs no work.
 //!
+//! Beyond the live slots the pool has snapshot slots (ids `num_slots..`): copies of a state at
+//! the end of a prompt's full blocks, which the prefix cache (`KvCacheManager`) owns beside the
+//! KV blocks of the same prefix and evicts with them.
+//!
 //! Every slot is either used (by exactly one sequence) or free: `used + free == total` always.
 //! **Invariant:** this module imports no wgpu, async runtime or web-sys: plain data, like the
 //! KV manager beside it. No method panics; an unknown sequence id is a no-op.
@@ -25,7 +29,10 @@ use crate::kv::SeqId;
 /// The shape of the executor's state pool: how many slots and how big each is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecurrentStateConfig {
+    /// Live slots: one per running sequence.
     pub num_slots: usize,
+    /// Prefix-state snapshot slots after them (0: no prefix reuse for recurrent state).
+    pub num_snapshot_slots: usize,
     /// Bytes of one slot over all recurrent layers (conv window plus SSM state, f32).
     pub slot_size_bytes: usize,
 }
@@ -81,6 +88,12 @@ impl RecurrentStateManager {
 
     pub fn config(&self) -> RecurrentStateConfig {
         self.config
+    }
+
+    /// The snapshot slots' ids, after the live ones.
+    pub fn snapshot_slots(&self) -> std::ops::Range<u32> {
+        let first = self.config.num_slots as u32;
+        first..first.saturating_add(self.config.num_snapshot_slots.min(u32::MAX as usize) as u32)
     }
 
     /// Bytes of state one sequence needs.
@@ -147,7 +160,7 @@ mod tests {
     use super::*;
 
     fn manager(num_slots: usize) -> RecurrentStateManager {
-        RecurrentStateManager::new(RecurrentStateConfig { num_slots, slot_size_bytes: 64 })
+        RecurrentStateManager::new(RecurrentStateConfig { num_slots, num_snapshot_slots: 0, slot_size_bytes: 64 })
     }
 
     #[test]

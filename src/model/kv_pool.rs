@@ -26,8 +26,8 @@ pub struct KvPool {
 /// Every recurrent layer's state over all slots, indexed by model layer.
 pub struct StatePool {
     config: RecurrentStateConfig,
-    conv: Vec<Option<GpuTensor>>, // per layer: (slots, conv_kernel - 1, conv_channels) F32
-    ssm: Vec<Option<GpuTensor>>,  // per layer: (slots, heads, head_dim, state_size) F32
+    conv: Vec<Option<GpuTensor>>, // per layer: (slots + snapshots, conv_kernel - 1, conv_channels) F32
+    ssm: Vec<Option<GpuTensor>>,  // per layer: (slots + snapshots, heads, head_dim, state_size) F32
 }
 
 impl StatePool {
@@ -42,12 +42,14 @@ impl StatePool {
 
 impl KvPool {
     /// KV for `model`'s attention layers in `config`'s blocks, and `num_state_slots` state
-    /// slots for its recurrent layers (none for a model without them).
+    /// slots plus `num_snapshot_slots` prefix-state snapshot slots for its recurrent layers (none
+    /// for a model without them).
     pub fn new(
         factory: &GpuTensorFactory,
         config: KvCacheConfig,
         model: &ModelConfig,
         num_state_slots: usize,
+        num_snapshot_slots: usize,
     ) -> Result<KvPool> {
         let shape = [config.num_blocks * config.block_size, model.num_kv_heads, model.head_dim];
         let mut k = Vec::with_capacity(model.num_layers);
@@ -61,15 +63,17 @@ impl KvPool {
             Some(ssm) => {
                 let (mut conv, mut states) = (Vec::new(), Vec::new());
                 let mut num_recurrent = 0;
+                let rows = num_state_slots + num_snapshot_slots;
                 for layer in 0..model.num_layers {
                     let recurrent = model.is_recurrent(layer);
                     num_recurrent += usize::from(recurrent);
                     let zeros = |shape: &[usize]| recurrent.then(|| factory.zeros(shape, DType::F32)).transpose();
-                    conv.push(zeros(&[num_state_slots, ssm.conv_kernel - 1, ssm.conv_channels()])?);
-                    states.push(zeros(&[num_state_slots, ssm.num_heads, ssm.head_dim, ssm.state_size])?);
+                    conv.push(zeros(&[rows, ssm.conv_kernel - 1, ssm.conv_channels()])?);
+                    states.push(zeros(&[rows, ssm.num_heads, ssm.head_dim, ssm.state_size])?);
                 }
                 let config = RecurrentStateConfig {
                     num_slots: num_state_slots,
+                    num_snapshot_slots,
                     slot_size_bytes: num_recurrent * ssm.layer_state_bytes(),
                 };
                 Some(StatePool { config, conv, ssm: states })

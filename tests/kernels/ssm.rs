@@ -4,7 +4,9 @@
 //! contents; a sequence gives the same bits alone or batched, and chunked or in one pass.
 
 use weft::DType;
-use weft::gpu::kernels::ssm::{ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan};
+use weft::gpu::kernels::ssm::{
+    NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan,
+};
 use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
@@ -22,22 +24,32 @@ const STATE: usize = INNER * 16;
 const DT_OFFSET: usize = 3;
 const DT_STRIDE: usize = 9;
 
-/// One sequence of a test step: its rows, its slot and its start position.
+/// One sequence of a test step: its rows, its slot and its start position; `read` is a slot
+/// to start from instead of its own (a snapshot restored), `save` one that also receives its
+/// final state.
 #[derive(Clone, Copy)]
 struct Seq {
     num_rows: usize,
     slot: usize,
     start_pos: usize,
+    read: Option<usize>,
+    save: Option<usize>,
+}
+
+const fn seq(num_rows: usize, slot: usize, start_pos: usize) -> Seq {
+    Seq { num_rows, slot, start_pos, read: None, save: None }
 }
 
 fn seq_table(f: &GpuTensorFactory, seqs: &[Seq]) -> GpuTensor {
     let mut table = Vec::new();
     let mut row = 0;
     for s in seqs {
-        table.extend([row as u32, s.num_rows as u32, s.slot as u32, s.start_pos as u32]);
+        let read = s.read.unwrap_or(s.slot) as u32;
+        let save = s.save.map_or(NO_SLOT, |slot| slot as u32);
+        table.extend([row as u32, s.num_rows as u32, s.slot as u32, s.start_pos as u32, read, save]);
         row += s.num_rows;
     }
-    f.upload_u32(&[seqs.len(), 4], &table).unwrap()
+    f.upload_u32(&[seqs.len(), SEQ_STATE_COLS], &table).unwrap()
 }
 
 /// The slice of `all` (rows of `width`) belonging to sequence `i`.
@@ -108,11 +120,7 @@ fn gpu_scan(
 /// Three sequences over four slots: a decode continuing slot 2, a prefill from position 0 over
 /// slot 0's stale contents, a chunk continuing slot 3.
 fn mixed_step() -> Vec<Seq> {
-    vec![
-        Seq { num_rows: 1, slot: 2, start_pos: 9 },
-        Seq { num_rows: 11, slot: 0, start_pos: 0 },
-        Seq { num_rows: 5, slot: 3, start_pos: 4 },
-    ]
+    vec![seq(1, 2, 9), seq(11, 0, 0), seq(5, 3, 4)]
 }
 
 /// Tolerance: each output is one f64-exact sum of KERNEL + 1 products rounded in f32 (a few u
@@ -194,7 +202,7 @@ fn chunked_and_batched_equal_one_pass_alone_bit_for_bit() {
     let dt = random(n * DT_STRIDE, 45, 3.0);
     let p = scan_params();
     let conv_slot = (KERNEL - 1) * CHANNELS;
-    let alone = [Seq { num_rows: n, slot: 0, start_pos: 0 }];
+    let alone = [seq(n, 0, 0)];
     let (conv_y, conv_state) = gpu_conv(f, &alone, &x, &w, &bias, &vec![0.0; conv_slot]);
     let (scan_y, scan_state) = gpu_scan(f, &alone, &xbc, &dt, &p, &vec![0.0; STATE]);
 
@@ -202,7 +210,7 @@ fn chunked_and_batched_equal_one_pass_alone_bit_for_bit() {
     let (mut cy, mut cs, mut sy, mut ss) = (Vec::new(), vec![7.0; conv_slot], Vec::new(), vec![7.0; STATE]);
     let mut start = 0;
     for len in [5, 1, 7] {
-        let chunk = [Seq { num_rows: len, slot: 0, start_pos: start }];
+        let chunk = [seq(len, 0, start)];
         let (y, s) = gpu_conv(f, &chunk, &x[start * X_STRIDE..(start + len) * X_STRIDE], &w, &bias, &cs);
         cy.extend(y);
         cs = s;
@@ -222,11 +230,7 @@ fn chunked_and_batched_equal_one_pass_alone_bit_for_bit() {
     assert!(sy == scan_y && ss == scan_state, "scan: chunked differs from one pass");
 
     // Among others: the same sequence in slot 2, second of three.
-    let others = [
-        Seq { num_rows: 3, slot: 0, start_pos: 0 },
-        Seq { num_rows: n, slot: 2, start_pos: 0 },
-        Seq { num_rows: 1, slot: 1, start_pos: 6 },
-    ];
+    let others = [seq(3, 0, 0), seq(n, 2, 0), seq(1, 1, 6)];
     let pad = |v: &[f32], width: usize, seed: u64| {
         let mut all = random(3 * width, seed, 1.0);
         all.extend_from_slice(v);
@@ -272,7 +276,7 @@ fn gated_rms_norm_matches_cpu() {
 fn bad_shapes_are_errors() {
     let Some(f) = gpu() else { return };
     let t = |shape: &[usize]| f.zeros(shape, DType::F32).unwrap();
-    let table = f.upload_u32(&[1, 4], &[0, 1, 0, 0]).unwrap();
+    let table = f.upload_u32(&[1, SEQ_STATE_COLS], &[0, 1, 0, 0, 0, NO_SLOT]).unwrap();
     let s = SeqStates { seqs: &table, num_seqs: 1 };
     let err =
         ssm_conv(ctx(f), &mut Recording::new(), &t(&[1, 8]), 4, &t(&[8, 4]), &t(&[8]), &s, &t(&[1, 3, 8]), &t(&[1, 8]))
@@ -299,4 +303,41 @@ fn bad_shapes_are_errors() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("state size 256"), "{err}");
+}
+
+/// A prefix-state restore and snapshot: a chunk continuing from snapshot slot 3 (not its own
+/// slot 0) and also saving its final state to slot 2 gives the CPU's numbers from slot 3's
+/// state; slots 0 and 2 end equal, and the snapshot read stays as it was.
+#[test]
+fn a_chunk_restores_from_one_slot_and_saves_to_another() {
+    let Some(f) = gpu() else { return };
+    let restore = [Seq { read: Some(3), save: Some(2), ..seq(6, 0, 8) }];
+    let x = random(6 * X_STRIDE, 81, 2.0);
+    let w = random(CHANNELS * KERNEL, 82, 1.0);
+    let bias = random(CHANNELS, 83, 0.5);
+    let slot_len = (KERNEL - 1) * CHANNELS;
+    let conv_before = random(4 * slot_len, 84, 2.0);
+    let (y, conv_after) = gpu_conv(f, &restore, &x, &w, &bias, &conv_before);
+    let u: Vec<f32> = x.chunks(X_STRIDE).flat_map(|r| r[X_OFFSET..X_OFFSET + CHANNELS].to_vec()).collect();
+    let mut window = conv_before[3 * slot_len..4 * slot_len].to_vec();
+    let want = weft::cpu::ssm::conv1d_silu(&u, &w, &bias, KERNEL, &mut window);
+    assert_close("ssm_conv restored", &y, &want, |j| 40.0 * U * f64::from(want[j].abs().max(1.0)));
+    assert!(conv_after[..slot_len] == window[..] && conv_after[2 * slot_len..3 * slot_len] == window[..]);
+    assert!(conv_after[3 * slot_len..] == conv_before[3 * slot_len..], "the snapshot read is unchanged");
+
+    let xbc = random(6 * XBC, 85, 1.0);
+    let dt = random(6 * DT_STRIDE, 86, 3.0);
+    let p = scan_params();
+    let state_before = random(4 * STATE, 87, 1.0);
+    let (y, state_after) = gpu_scan(f, &restore, &xbc, &dt, &p, &state_before);
+    let dims = weft::cpu::ssm::ScanDims { num_heads: 4, head_dim: 8, state_size: 16, num_groups: 2 };
+    let dt_raw: Vec<f32> = dt.chunks(DT_STRIDE).flat_map(|r| r[DT_OFFSET..DT_OFFSET + 4].to_vec()).collect();
+    let mut st = state_before[3 * STATE..].to_vec();
+    let want = weft::cpu::ssm::ssm_scan(dims, &xbc, &dt_raw, &p.a, &p.d, &p.dt_bias, &mut st);
+    assert_close("ssm_scan restored", &y, &want, |j| 1e-4 * f64::from(want[j].abs() + 1.0));
+    assert!(state_after[..STATE] == state_after[2 * STATE..3 * STATE], "own slot and snapshot differ");
+    assert_close("ssm_scan saved state", &state_after[2 * STATE..3 * STATE], &st, |j| {
+        1e-4 * f64::from(st[j].abs() + 1.0)
+    });
+    assert!(state_after[3 * STATE..] == state_before[3 * STATE..], "the snapshot read is unchanged");
 }

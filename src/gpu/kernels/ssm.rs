@@ -19,9 +19,16 @@ const WORKGROUP: usize = 64;
 pub const MAX_CONV_KERNEL: usize = 8;
 pub const MAX_STATE_SIZE: usize = 128;
 
+/// Columns of the [`SeqStates`] table.
+pub const SEQ_STATE_COLS: usize = 6;
+/// The table's entry for "no snapshot slot".
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// Which rows of a step belong to which sequence, and where its state lives: `seqs`
-/// (num_seqs, 4) U32 holds, per sequence, its first row, its number of rows, its state slot and
-/// its start position (0: the state starts from zero).
+/// (num_seqs, 6) U32 holds, per sequence, its first row, its number of rows, its own state slot,
+/// its start position (0: the state starts from zero), the slot its state is read from (its own,
+/// or a prefix snapshot being restored) and a snapshot slot its final state is also written to
+/// ([`NO_SLOT`]: none).
 pub struct SeqStates<'a> {
     pub seqs: &'a GpuTensor,
     pub num_seqs: usize,
@@ -41,13 +48,13 @@ fn columns(op: &'static str, name: &str, t: &GpuTensor, rows: usize, offset: usi
 }
 
 fn seq_table(op: &'static str, s: &SeqStates<'_>) -> Result<u32> {
-    expect(op, "seqs", s.seqs, DType::U32, &[Some(s.num_seqs), Some(4)])?;
+    expect(op, "seqs", s.seqs, DType::U32, &[Some(s.num_seqs), Some(SEQ_STATE_COLS)])?;
     u32_of(op, "num_seqs", s.num_seqs)
 }
 
 /// Record `y[t, c] = silu(bias[c] + Σ_j weight[c, j] · u[t - kernel + 1 + j, c])` with
 /// `u[t, c] = x[t, x_offset + c]`, continuing each sequence's window from `conv_state` (slots,
-/// kernel - 1, channels) and leaving its last kernel - 1 inputs there. x (tokens, _) F32,
+/// kernel - 1, channels) and leaving its last kernel - 1 inputs there (see [`SeqStates`]). x (tokens, _) F32,
 /// weight (channels, kernel) F32, bias (channels) F32, y (tokens, channels) F32.
 #[allow(clippy::too_many_arguments)]
 pub fn ssm_conv(
