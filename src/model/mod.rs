@@ -12,5 +12,6 @@ pub mod kv_pool;
 pub mod layers;
 pub mod load;
 pub mod sampler;
+pub mod synthetic;
 pub mod tiny;
 pub mod weights;

@@ -28,6 +28,11 @@ commands:
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
   bench-engine    print the engine's tokens/s with the default model at several concurrencies
                   [--concurrency 1,4,16,32] [--prompt-len 16] [--gen-len 16]
+  bench-recurrent print decode step time by context for a Mamba2 and a Llama shape of similar
+                  size (random weights), and tokens/s at 1 and 16 sequences
+                  [--shapes mamba2-130m,llama-135m] [--contexts 64,512,2048] [--dtype q8_0]
+  make-model      write a random-weight model of a real shape as GGUF
+                  --shape mamba2-130m|mamba2-370m|llama-135m [--dtype q8_0|q4_0|f32] --out FILE
   help            this text
 ";
 
@@ -45,6 +50,8 @@ fn main() -> ExitCode {
         Some("test-web") => fetch_model().and_then(|()| web::test_web()),
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
         Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
+        Some("bench-recurrent") => bench(&["--bench", "recurrent"], &args[1..]),
+        Some("make-model") => make_model(&args[1..]),
         Some("help") | None => {
             print!("{HELP}");
             Ok(())
@@ -180,6 +187,12 @@ fn test_server_python() -> Result {
         Some(5) => Err("pytest collected no tests in tests/server (exit status 5)".into()),
         _ => Err(format!("the server tests in tests/server failed ({status})")),
     }
+}
+
+fn make_model(args: &[String]) -> Result {
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "--quiet", "--example", "make_model", "--"]).args(args);
+    run(cmd)
 }
 
 fn bench(which: &[&str], args: &[String]) -> Result {
