@@ -308,3 +308,25 @@ fn prefix_hit(family: &str) {
     assert!(stats.hits >= 3 * 4, "{family}: and reuses at least one interval of blocks");
     assert_eq!(warm.state_usage().unwrap().used_slots, 0);
 }
+
+/// The builder sizes the state slots from its state memory: half running, half snapshots, and
+/// says so when not even one slot fits.
+#[test]
+fn the_builder_sizes_state_slots_from_memory() {
+    let Some(f) = factory() else { return };
+    let path = fixture("mamba2", "hf");
+    // 2 layers of (3 · (128 + 2 · 2 · 16) conv + 8 · 16 · 16 state) f32 = 20992 bytes a slot.
+    let slot_bytes = 2 * (3 * (128 + 64) + 8 * 16 * 16) * 4;
+    let builder = weft::EngineBuilder::from_model(&path).unwrap().state_memory_bytes(5 * slot_bytes);
+    let engine = builder.build_on(f.context().clone()).unwrap();
+    let usage = engine.state_usage().unwrap();
+    assert_eq!((usage.total_slots, usage.slot_size_bytes), (3, slot_bytes));
+    let err = weft::EngineBuilder::from_model(&path)
+        .unwrap()
+        .state_memory_bytes(slot_bytes - 1)
+        .build_on(f.context().clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("hold no recurrent-state slot"), "{err}");
+}

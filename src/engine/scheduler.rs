@@ -298,8 +298,10 @@ impl ContinuousBatchScheduler {
             if self.state.is_some() && seq.scheduled_end != seq.num_computed_tokens {
                 // The last step's output was never applied, but the executor may have run it:
                 // the state in the slot can be past the computed tokens, and a recurrent state
-                // cannot be rolled back. Start over from position 0, where it starts from zero.
+                // cannot be rolled back. Start over from position 0, where it starts from zero;
+                // a snapshot that step was to save may hold anything.
                 seq.num_computed_tokens = 0;
+                self.kv.cancel_snapshot(id);
             }
             let mut num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
             if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, seq.num_computed_tokens) {

@@ -302,6 +302,14 @@ impl KvCacheManager {
         Some((num_hashed_blocks * self.block_size, snapshot))
     }
 
+    /// Give back `seq`'s pending snapshot slot, if any: the step meant to fill it may not have
+    /// run (its output was never applied), so its contents cannot be trusted.
+    pub fn cancel_snapshot(&mut self, seq: SeqId) {
+        if let Some((_, slot)) = self.seq_to_blocks.get_mut(&seq).and_then(|s| s.pending_snapshot.take()) {
+            self.free_snapshot_slots.push(slot);
+        }
+    }
+
     /// A snapshot slot for the state `seq` will have at the end of its block `block_index` (the
     /// step computing up to there writes it), attached to that block's cache entry once the
     /// block is registered. A free slot, else the one of the least recently used cache-only

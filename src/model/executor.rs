@@ -200,7 +200,19 @@ impl GpuExecutor {
     /// `model` with a KV pool of `kv`'s shape (and, for recurrent layers, [`NUM_STATE_SLOTS`]
     /// state slots), made on `factory`'s device.
     pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {
-        let pool = KvPool::new(&factory, kv, model.config(), NUM_STATE_SLOTS, NUM_STATE_SNAPSHOTS)?;
+        Self::with_state_slots(factory, model, kv, NUM_STATE_SLOTS, NUM_STATE_SNAPSHOTS)
+    }
+
+    /// [`new`](Self::new) with `num_slots` recurrent-state slots and `num_snapshots` snapshot
+    /// slots (for a model with recurrent layers; at least one slot is made).
+    pub fn with_state_slots(
+        factory: GpuTensorFactory,
+        model: Box<dyn Architecture>,
+        kv: KvCacheConfig,
+        num_slots: usize,
+        num_snapshots: usize,
+    ) -> Result<Self> {
+        let pool = KvPool::new(&factory, kv, model.config(), num_slots.max(1), num_snapshots)?;
         Ok(GpuExecutor {
             factory,
             model,
