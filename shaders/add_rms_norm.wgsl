@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // add_rms_norm: the residual connection and the next norm in one pass:
-//   x[r, i] += delta[r, i];  y[r, i] = x[r, i] / sqrt(mean(x[r, :]²) + eps) * weight[i].
-// Bit for bit what `add` then `rms_norm` compute (the same additions, the same reduction).
+//   x[r, i] += delta[r, i] * delta_scale;  y[r, i] = x[r, i] / sqrt(mean(x[r, :]²) + eps) * weight[i].
+// With delta_scale 1 (all but Granite's residual multiplier), bit for bit what `add` then
+// `rms_norm` compute (the same additions, the same reduction).
 //
 // Bindings (group 0)
-//   0 params  uniform     Params         mirrors gpu::kernels::reduce::RmsNormParams
+//   0 params  uniform     Params         mirrors gpu::kernels::reduce::AddRmsNormParams
 //   1 x       read_write  f32 (rows, n)  the residual stream, updated in place
 //   2 delta   read        f32 (rows, n)
 //   3 weight  read        f32 (n)
@@ -16,6 +17,7 @@ struct Params {
     rows: u32,
     n: u32,
     eps: f32,
+    delta_scale: f32,
 }
 
 const WG: u32 = 64u;
@@ -33,7 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let base = wid.x * params.n;
     var s = 0.0;
     for (var i = lid; i < params.n; i += WG) {
-        let v = x[base + i] + delta[base + i];
+        let v = x[base + i] + delta[base + i] * params.delta_scale;
         x[base + i] = v;
         s += v * v;
     }

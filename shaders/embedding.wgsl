@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// embedding: out[t, :] = table[ids[t], :], decoding the table's weight format (also used to
-// gather rows of f32 activations).
+// embedding: out[t, :] = table[ids[t], :] * scale, decoding the table's weight format (also
+// used to gather rows of f32 activations, with scale 1, which changes no bit).
 //
 // Bindings (group 0)
 //   0 params  uniform        Params                      mirrors gpu::kernels::embedding::Params
@@ -23,6 +23,7 @@ struct Params {
     first_row: u32,
     part_rows: u32,
     w_base: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -41,7 +42,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let blk = w_block_at(params.w_base + row * params.row_bytes, b);
     let base = t * k + b * 32u;
     for (var j = 0u; j < 8u; j++) {
-        let v = blk.dm.x * blk.q[j] + blk.dm.y;
+        let v = (blk.dm.x * blk.q[j] + blk.dm.y) * params.scale;
         out[base + 4u * j] = v.x;
         out[base + 4u * j + 1u] = v.y;
         out[base + 4u * j + 2u] = v.z;

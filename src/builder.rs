@@ -24,6 +24,7 @@ pub struct EngineBuilder {
     files: ModelFiles,
     config: EngineConfig,
     kv_memory_bytes: usize,
+    state_memory_bytes: usize,
     block_size: usize,
     gpu: GpuOptions,
     progress: Option<rt::BoxProgress>,
@@ -48,6 +49,7 @@ impl EngineBuilder {
             files,
             config: EngineConfig::default(),
             kv_memory_bytes: 256 << 20,
+            state_memory_bytes: 512 << 20,
             block_size: 16,
             gpu: GpuOptions::default(),
             progress: None,
@@ -75,6 +77,15 @@ impl EngineBuilder {
     /// GPU memory for the KV cache (default 256 MiB), clamped to what the model's context needs.
     pub fn kv_memory_bytes(mut self, bytes: usize) -> Self {
         self.kv_memory_bytes = bytes;
+        self
+    }
+
+    /// GPU memory for the recurrent-state slots of a state-space or hybrid model (default 512
+    /// MiB): half for running sequences (at most `max_num_seqs`), half for the prefix cache's
+    /// state snapshots. A Mamba2-370M sequence's state takes about 52 MiB, a small model's a
+    /// few hundred KiB.
+    pub fn state_memory_bytes(mut self, bytes: usize) -> Self {
+        self.state_memory_bytes = bytes;
         self
     }
 
@@ -119,8 +130,15 @@ impl EngineBuilder {
     pub fn build_on(self, ctx: Arc<GpuContext>) -> Result<ContinuousBatchEngine> {
         let factory = GpuTensorFactory::new(ctx);
         let c = &self.files.config;
-        let kv =
-            KvCacheConfig::for_memory(self.kv_memory_bytes, self.block_size, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        // Only attention layers hold KV (none in a pure state-space model).
+        let num_kv_layers = c.num_attention_layers();
+        let kv = KvCacheConfig::for_memory(
+            self.kv_memory_bytes,
+            self.block_size,
+            num_kv_layers,
+            c.num_kv_heads,
+            c.head_dim,
+        )?;
         // One layer's K (or V) must fit one binding.
         let per_layer = kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * 4;
         if per_layer as u64 > factory.context().max_binding_bytes() {
@@ -131,11 +149,28 @@ impl EngineBuilder {
             )));
         }
         let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
+        let (num_slots, num_snapshots) = match c.ssm {
+            Some(ssm) => {
+                let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
+                let slot_bytes = num_recurrent * ssm.layer_state_bytes();
+                let num_fitting = self.state_memory_bytes / slot_bytes.max(1);
+                if num_fitting == 0 {
+                    return Err(WeftError::Unsupported(format!(
+                        "{} bytes of state memory hold no recurrent-state slot; one takes {slot_bytes} bytes",
+                        self.state_memory_bytes
+                    )));
+                }
+                let num_slots = num_fitting.div_ceil(2).min(self.config.max_num_seqs.max(1));
+                (num_slots, (num_fitting - num_slots).min(num_slots))
+            }
+            None => (0, 0),
+        };
         let mut target_layers = 0;
-        let mut exec = self.files.executor_with_progress(&factory, kv, &mut |done, total| {
-            target_layers = total;
-            progress(done, total)
-        })?;
+        let mut exec =
+            self.files.executor_with_state_slots(&factory, kv, num_slots, num_snapshots, &mut |done, total| {
+                target_layers = total;
+                progress(done, total)
+            })?;
         let sampler = Arc::new(GpuSampler);
         let Some(spec) = self.speculation else {
             return ContinuousBatchEngine::new_plan_runtime(

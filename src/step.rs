@@ -24,12 +24,12 @@
 //! exactly `num_logits` samples.
 
 use crate::error::Result;
-use crate::kv::{KvCacheConfig, SeqId};
+use crate::kv::{KvCacheConfig, RecurrentStateConfig, SeqId};
 use crate::rt::BoxFuture;
 use crate::sampling::{SampleSpec, Sampled};
 
 /// One sequence's share of a step.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SeqStep {
     pub id: SeqId,
     /// The tokens to run, at positions `start_pos..start_pos + tokens.len()`: known tokens whose
@@ -43,6 +43,16 @@ pub struct SeqStep {
     pub num_logits: usize,
     /// How to sample each row; set by the engine for every sequence with `num_logits > 0`.
     pub sampling: Option<SampleSpec>,
+    /// The recurrent-state slot the sequence holds (models with state-space layers only). The
+    /// state is read from it and the state after `tokens` written back; at `start_pos == 0`
+    /// it starts from zero, whatever the slot held before.
+    pub state_slot: Option<u32>,
+    /// A prefix-state snapshot slot to start from instead of `state_slot` (the state at
+    /// `start_pos`, restored on a prefix-cache hit).
+    pub state_restore: Option<u32>,
+    /// A snapshot slot that also receives the state after `tokens` (the end of a prompt's full
+    /// blocks, for the prefix cache).
+    pub state_save: Option<u32>,
 }
 
 impl SeqStep {
@@ -150,6 +160,11 @@ pub trait ModelExecutor: Send + Sync {
     /// Positions a sequence may reach.
     fn max_context(&self) -> usize;
     fn kv_config(&self) -> KvCacheConfig;
+    /// The state-slot pool behind `SeqStep::state_slot`; `None` for a model without
+    /// recurrent layers.
+    fn state_config(&self) -> Option<RecurrentStateConfig> {
+        None
+    }
     /// Prove the device still answers (a small round trip); for health checks.
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
     /// Time every kernel of the next steps on the GPU (slower: one pass per dispatch), or stop.
@@ -167,7 +182,17 @@ mod tests {
     use super::*;
 
     fn seq(tokens: Vec<u32>, num_logits: usize) -> SeqStep {
-        SeqStep { id: 1, tokens, start_pos: 10, block_table: vec![0], num_logits, sampling: None }
+        SeqStep {
+            id: 1,
+            tokens,
+            start_pos: 10,
+            block_table: vec![0],
+            num_logits,
+            sampling: None,
+            state_slot: None,
+            state_restore: None,
+            state_save: None,
+        }
     }
 
     fn samples(tokens: &[u32]) -> Vec<Sampled> {

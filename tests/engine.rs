@@ -346,7 +346,7 @@ fn chat_prompts_use_the_model_template() {
 #[test]
 fn the_seed_constructors_check_their_parts() {
     use weft::engine::{RecurrentStateManager, SpeculationConfig};
-    use weft::kv::KvCacheManager;
+    use weft::kv::{KvCacheManager, RecurrentStateConfig};
     let Some(f) = factory() else { return };
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
@@ -401,13 +401,9 @@ fn the_seed_constructors_check_their_parts() {
     .unwrap();
     assert_eq!(drafting.speculation().map(|c| c.num_speculative_tokens), Some(4));
 
-    struct Mamba;
-    impl RecurrentStateManager for Mamba {
-        fn state_bytes_per_sequence(&self) -> usize {
-            1024
-        }
-    }
+    // A state manager for a model without recurrent layers is refused.
     let (config, t, s, e, tf) = parts();
+    let slots = RecurrentStateConfig { num_slots: 4, num_snapshot_slots: 0, slot_size_bytes: 1024 };
     let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
         config,
         t,
@@ -417,12 +413,54 @@ fn the_seed_constructors_check_their_parts() {
         tf,
         None,
         None,
-        Some(Arc::new(Mamba)),
+        Some(RecurrentStateManager::new(slots)),
     )
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("recurrent state"), "{err}");
+    assert!(err.contains("no recurrent layers"), "{err}");
+
+    // A model with recurrent layers: speculation is refused with the reason, a manager of
+    // another size is refused, and without one the engine makes its own and reports its slots.
+    let (config, t, s, e, tf) = parts();
+    let recurrent: Arc<dyn weft::step::ModelExecutor> = Arc::new(WithStateSlots(e, slots));
+    let err = ContinuousBatchEngine::new_with_speculation(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        recurrent.clone(),
+        tf,
+        Some(recurrent.clone()),
+        Some(SpeculationConfig { num_speculative_tokens: 2, ..Default::default() }),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("speculative decoding is not supported for recurrent models yet"), "{err}");
+    let (config, t, s, _, tf) = parts();
+    let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
+        config,
+        t,
+        s,
+        KvCacheManager::new(32, 4, true),
+        recurrent.clone(),
+        tf,
+        None,
+        None,
+        Some(RecurrentStateManager::new(RecurrentStateConfig { num_slots: 8, ..slots })),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("8 slots of 1024 bytes but the executor's pool has 4 slots of 1024"), "{err}");
+    let (config, t, s, _, tf) = parts();
+    let engine = ContinuousBatchEngine::new_plan_runtime(config, t, s, recurrent, tf).unwrap();
+    assert!(!engine.config().enable_prefix_cache, "a KV prefix hit cannot restore a recurrent state");
+    let usage = engine.state_usage().unwrap();
+    assert_eq!((usage.total_slots, usage.free_slots), (4, 4));
+    let snapshot = weft::engine::api::InferenceEngine::admission_snapshot(&engine);
+    assert_eq!(snapshot.available_state_slots, Some(4));
 
     // Neither: a working engine, equal to new_plan_runtime's.
     let (config, t, s, e, tf) = parts();
@@ -442,6 +480,33 @@ fn the_seed_constructors_check_their_parts() {
     let b = weft::rt::block_on(self::engine(&f, 32, EngineConfig::default()).infer(greedy("seed api", 5))).unwrap();
     assert_eq!(a.token_ids, b.token_ids);
     assert!(weft::rt::block_on(weft::engine::api::InferenceEngine::health_check(&engine)).healthy);
+}
+
+/// An executor that claims a recurrent-state pool: enough to test the engine's construction.
+struct WithStateSlots(Arc<dyn weft::step::ModelExecutor>, weft::kv::RecurrentStateConfig);
+
+impl weft::step::ModelExecutor for WithStateSlots {
+    fn execute<'a>(
+        &'a self,
+        batch: &'a weft::step::StepBatch,
+    ) -> weft::rt::BoxFuture<'a, weft::Result<weft::step::StepOutput>> {
+        self.0.execute(batch)
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn max_context(&self) -> usize {
+        self.0.max_context()
+    }
+    fn kv_config(&self) -> KvCacheConfig {
+        self.0.kv_config()
+    }
+    fn state_config(&self) -> Option<weft::kv::RecurrentStateConfig> {
+        Some(self.1)
+    }
+    fn health_check(&self) -> weft::rt::BoxFuture<'_, weft::Result<()>> {
+        self.0.health_check()
+    }
 }
 
 /// DESIGN.md principle 2: nothing is created in a warm step. The first run of a workload grows

@@ -34,7 +34,17 @@ fn executor(f: &GpuTensorFactory, config: &ModelConfig, gguf: &GgufFile) -> GpuE
 
 /// A sequence's share of a step, sampling from its last `num_logits` tokens.
 fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize) -> SeqStep {
-    SeqStep { id: 0, tokens: tokens.to_vec(), start_pos, block_table: block_table.to_vec(), num_logits, sampling: None }
+    SeqStep {
+        id: 0,
+        tokens: tokens.to_vec(),
+        start_pos,
+        block_table: block_table.to_vec(),
+        num_logits,
+        sampling: None,
+        state_slot: None,
+        state_restore: None,
+        state_save: None,
+    }
 }
 
 fn batch(seqs: Vec<SeqStep>) -> StepBatch {

@@ -78,7 +78,7 @@ fn check_model(name: &str, file: &str) {
                 start_pos: 0,
                 block_table: (next - n as u32..next).collect(),
                 num_logits: 1,
-                sampling: None,
+                ..Default::default()
             }
         })
         .collect();

@@ -100,6 +100,9 @@ fn logits_and_greedy_tokens_match_transformers() {
             block_table: t.clone(),
             num_logits: 1,
             sampling: None,
+            state_slot: None,
+            state_restore: None,
+            state_save: None,
         })
         .collect();
     let mut batch = StepBatch { seqs, ..Default::default() };

@@ -327,7 +327,7 @@ fn logits(exec: &GpuExecutor, prompts: &[Vec<u32>]) -> Vec<Vec<f32>> {
         .map(|(i, p)| {
             let blocks = p.len().div_ceil(4);
             let block_table = (i * 8..i * 8 + blocks).map(|b| b as u32).collect();
-            SeqStep { id: i as u64, tokens: p.clone(), start_pos: 0, block_table, num_logits: 1, sampling: None }
+            SeqStep { id: i as u64, tokens: p.clone(), block_table, num_logits: 1, ..Default::default() }
         })
         .collect();
     weft::rt::block_on(exec.logits(&StepBatch { seqs, ..Default::default() })).unwrap()

@@ -258,7 +258,13 @@ mod tests {
             waiting: 2,
             preemptions: 1,
             kv: KvUsage { total_blocks: 10, used_blocks: 4, cached_blocks: 1, free_blocks: 5 },
-            prefix_cache: PrefixCacheStats { hits: 2, misses: 1, evictions: 0, cached_blocks: 1, queried_tokens: 50 },
+            prefix_cache: PrefixCacheStats {
+                hits: 2,
+                misses: 1,
+                cached_blocks: 1,
+                queried_tokens: 50,
+                ..Default::default()
+            },
             block_size: 16,
             enable_prefix_cache: true,
             now_seconds: 1.5e9,

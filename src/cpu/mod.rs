@@ -6,6 +6,7 @@
 
 pub mod gemma3;
 pub mod llama;
+pub mod ssm;
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.
 pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {

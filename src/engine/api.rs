@@ -5,7 +5,7 @@ use crate::engine::metrics::EngineMetrics;
 use crate::engine::request::{InferenceRequest, InferenceResponse, StreamChunk};
 use crate::engine::{ContinuousBatchEngine, EngineConfig};
 use crate::error::Result;
-use crate::kv::{KvUsage, PrefixCacheStats};
+use crate::kv::{KvUsage, PrefixCacheStats, StateUsage};
 use crate::rt::{BoxFuture, BoxStream};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub enum EngineStatus {
 pub struct CacheMetrics {
     pub kv: KvUsage,
     pub prefix: PrefixCacheStats,
+    /// Recurrent-state slots; `None` for a model without recurrent layers.
+    pub state: Option<StateUsage>,
 }
 
 /// What admission control sees: limits and current occupancy.
@@ -35,6 +37,8 @@ pub struct AdmissionSnapshot {
     pub decoding: usize,
     /// Blocks a new sequence could get now (free plus evictable cached).
     pub available_blocks: usize,
+    /// State slots a new sequence could get now; `None` for a model without recurrent layers.
+    pub available_state_slots: Option<usize>,
 }
 
 /// LoRA adapter counters; no executor serves adapters yet, so engines report `None`.
@@ -92,7 +96,7 @@ impl InferenceEngine for ContinuousBatchEngine {
     }
 
     fn cache_metrics_snapshot(&self) -> CacheMetrics {
-        CacheMetrics { kv: self.kv_usage(), prefix: self.prefix_cache_stats() }
+        CacheMetrics { kv: self.kv_usage(), prefix: self.prefix_cache_stats(), state: self.state_usage() }
     }
 
     fn admission_snapshot(&self) -> AdmissionSnapshot {
@@ -108,6 +112,7 @@ impl InferenceEngine for ContinuousBatchEngine {
             prefilling: s.prefilling,
             decoding: s.decoding,
             available_blocks: kv.free_blocks + kv.cached_blocks,
+            available_state_slots: self.state_usage().map(|u| u.free_slots),
         }
     }
 

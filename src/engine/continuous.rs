@@ -38,18 +38,16 @@ use crate::engine::spec::{Drafter, SpeculationConfig, Speculator};
 use crate::engine::stop::StopMatcher;
 use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
-use crate::kv::{KvCacheManager, SeqId};
+use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
 use crate::sampling::{Sampled, Sampler, SamplingParams, TokenMask};
 use crate::step::{ModelExecutor, StepBatch, accepted_len};
 use crate::tensor::TensorFactory;
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
-/// Per-sequence recurrent state of state-space and hybrid models (Mamba-style layers), the
-/// counterpart of the KV cache. No executor runs such models yet.
-pub trait RecurrentStateManager: Send + Sync {
-    /// Bytes of state one sequence needs.
-    fn state_bytes_per_sequence(&self) -> usize;
-}
+/// Why speculation and recurrent layers do not mix yet: a rejected drafted token would stay in
+/// the state, and rolling it back needs per-position state checkpoints, which are not kept.
+const RECURRENT_SPECULATION: &str = "speculative decoding is not supported for recurrent models yet \
+     (a rejected draft cannot be rolled out of a state-space layer's state)";
 
 /// Limits of the engine: the scheduler's limits and whether the prefix cache is on.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +108,7 @@ impl ContinuousBatchEngine {
     /// executor's block pool. (The seed API's scheduler argument is `config`: its limits are
     /// the scheduler's.) `tensor_factory` is the factory the executor's device was opened with,
     /// kept for callers that want tensors on the same device ([`tensor_factory`](Self::tensor_factory)).
+    /// A model with recurrent layers gets a state manager sized to the executor's slot pool.
     pub fn new(
         config: EngineConfig,
         tokenizer: Arc<dyn Tokenizer>,
@@ -117,6 +116,19 @@ impl ContinuousBatchEngine {
         kv_cache: KvCacheManager,
         model_executor: Arc<dyn ModelExecutor>,
         tensor_factory: Arc<dyn TensorFactory>,
+    ) -> Result<Self> {
+        Self::assemble(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory, None)
+    }
+
+    /// The one place parts are checked against the executor and put together.
+    fn assemble(
+        config: EngineConfig,
+        tokenizer: Arc<dyn Tokenizer>,
+        sampler: Arc<dyn Sampler>,
+        kv_cache: KvCacheManager,
+        model_executor: Arc<dyn ModelExecutor>,
+        tensor_factory: Arc<dyn TensorFactory>,
+        recurrent_state_manager: Option<RecurrentStateManager>,
     ) -> Result<Self> {
         let pool = model_executor.kv_config();
         let usage = kv_cache.usage();
@@ -132,8 +144,25 @@ impl ContinuousBatchEngine {
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
             return Err(WeftError::Unsupported("max_num_seqs and max_num_batched_tokens must be at least 1".into()));
         }
+        let state = match (recurrent_state_manager, model_executor.state_config()) {
+            (None, None) => None,
+            (None, Some(pool)) => Some(RecurrentStateManager::new(pool)),
+            (Some(_), None) => {
+                return Err(WeftError::Unsupported(
+                    "a recurrent-state manager was given, but the executor's model has no recurrent layers".into(),
+                ));
+            }
+            (Some(manager), Some(pool)) if manager.config() != pool => {
+                let ours = manager.config();
+                return Err(WeftError::Unsupported(format!(
+                    "the recurrent-state manager has {} slots of {} bytes but the executor's pool has {} slots of {}",
+                    ours.num_slots, ours.slot_size_bytes, pool.num_slots, pool.slot_size_bytes
+                )));
+            }
+            (Some(manager), Some(_)) => Some(manager),
+        };
         let max_model_len = config.max_model_len.min(model_executor.max_context());
-        let scheduler = ContinuousBatchScheduler::new(
+        let mut scheduler = ContinuousBatchScheduler::new(
             SchedulerConfig {
                 max_num_seqs: config.max_num_seqs,
                 max_num_batched_tokens: config.max_num_batched_tokens,
@@ -141,7 +170,14 @@ impl ContinuousBatchEngine {
             },
             kv_cache,
         );
-        let config = EngineConfig { max_model_len, ..config };
+        // The scheduler turns the prefix cache off for recurrent models without state
+        // snapshots; say so in the config.
+        let enable_prefix_cache =
+            config.enable_prefix_cache && state.as_ref().is_none_or(|s| s.config().num_snapshot_slots > 0);
+        if let Some(state) = state {
+            scheduler = scheduler.with_recurrent_state(state);
+        }
+        let config = EngineConfig { max_model_len, enable_prefix_cache, ..config };
         Ok(ContinuousBatchEngine {
             inner: Arc::new(Inner {
                 config,
@@ -173,6 +209,7 @@ impl ContinuousBatchEngine {
     /// block tables address both), and sampled requests speculate only when the two share a
     /// draft-distribution store (`ModelExecutor::draft_store`). Prompt lookup
     /// (`Drafter::PromptLookup`) takes the config alone.
+    /// A model with recurrent layers refuses speculation (see `RECURRENT_SPECULATION`).
     #[allow(clippy::too_many_arguments)]
     pub fn new_with_speculation(
         config: EngineConfig,
@@ -184,6 +221,9 @@ impl ContinuousBatchEngine {
         draft_executor: Option<Arc<dyn ModelExecutor>>,
         spec_config: Option<SpeculationConfig>,
     ) -> Result<Self> {
+        if (draft_executor.is_some() || spec_config.is_some()) && model_executor.state_config().is_some() {
+            return Err(WeftError::Unsupported(RECURRENT_SPECULATION.into()));
+        }
         let spec = match (draft_executor.is_some(), spec_config) {
             (false, None) => return Self::new(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory),
             (true, None) => {
@@ -219,7 +259,9 @@ impl ContinuousBatchEngine {
     }
 
     /// [`new_with_speculation`](Self::new_with_speculation) plus a recurrent-state manager (for
-    /// state-space / hybrid models). No executor runs such models yet: giving one is an error.
+    /// state-space / hybrid models), which must describe the executor's slot pool; `None` makes
+    /// one sized to the pool when the model has recurrent layers. Speculation with recurrent
+    /// state is refused.
     #[allow(clippy::too_many_arguments)]
     pub fn new_with_speculation_and_recurrent_state_manager(
         config: EngineConfig,
@@ -230,27 +272,28 @@ impl ContinuousBatchEngine {
         tensor_factory: Arc<dyn TensorFactory>,
         draft_executor: Option<Arc<dyn ModelExecutor>>,
         spec_config: Option<SpeculationConfig>,
-        recurrent_state_manager: Option<Arc<dyn RecurrentStateManager>>,
+        recurrent_state_manager: Option<RecurrentStateManager>,
     ) -> Result<Self> {
-        if recurrent_state_manager.is_some() {
-            return Err(WeftError::Unsupported(
-                "recurrent state (state-space models) is not supported by this executor yet".into(),
-            ));
+        let Some(manager) = recurrent_state_manager else {
+            return Self::new_with_speculation(
+                config,
+                tokenizer,
+                sampler,
+                kv_cache,
+                model_executor,
+                tensor_factory,
+                draft_executor,
+                spec_config,
+            );
+        };
+        if draft_executor.is_some() || spec_config.is_some() {
+            return Err(WeftError::Unsupported(RECURRENT_SPECULATION.into()));
         }
-        Self::new_with_speculation(
-            config,
-            tokenizer,
-            sampler,
-            kv_cache,
-            model_executor,
-            tensor_factory,
-            draft_executor,
-            spec_config,
-        )
+        Self::assemble(config, tokenizer, sampler, kv_cache, model_executor, tensor_factory, Some(manager))
     }
 
-    /// An engine whose KV manager is created and owned inside, sized to the executor's block
-    /// pool: the common case.
+    /// An engine whose KV manager (and, for recurrent layers, state manager) is created and
+    /// owned inside, sized to the executor's pools: the common case.
     pub fn new_plan_runtime(
         config: EngineConfig,
         tokenizer: Arc<dyn Tokenizer>,
@@ -632,6 +675,11 @@ impl ContinuousBatchEngine {
     /// Blocks in use, cached and free right now.
     pub fn kv_usage(&self) -> crate::kv::KvUsage {
         self.state().scheduler.kv().usage()
+    }
+
+    /// State slots in use and free right now; `None` for a model without recurrent layers.
+    pub fn state_usage(&self) -> Option<crate::kv::StateUsage> {
+        self.state().scheduler.recurrent_state().map(RecurrentStateManager::usage)
     }
 
     /// The steps run since the last call (at most the latest `MAX_STEP_RECORDS`), oldest first.

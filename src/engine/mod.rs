@@ -15,6 +15,7 @@ pub mod spec;
 pub mod stop;
 mod stream;
 
-pub use continuous::{ContinuousBatchEngine, EngineConfig, RecurrentStateManager};
+pub use crate::kv::RecurrentStateManager;
+pub use continuous::{ContinuousBatchEngine, EngineConfig};
 pub use spec::{Drafter, SpeculationConfig, SpeculativeDecodingConfig};
 pub use stream::collect_response;

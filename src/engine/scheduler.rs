@@ -28,16 +28,39 @@
 //! holds more than `max_num_batched_tokens` tokens or `max_num_seqs` sequences.
 //! **Invariant:** the scheduler never finishes a sequence: the engine calls `finish`. It only
 //! stops scheduling a sequence that has generated `max_tokens` tokens.
-//! **Invariant:** preemption is explicit and logged: a preempted sequence loses its blocks and
-//! its computed count but keeps its tokens, and is recomputed when readmitted.
+//! **Invariant:** preemption is explicit and logged: a preempted sequence loses its blocks (and
+//! its recurrent-state slot) and its computed count but keeps its tokens, and is recomputed when
+//! readmitted.
+//! **Invariant:** for a model with recurrent layers, every running sequence holds exactly one
+//! state slot: admission takes KV blocks and a slot together or neither, and finish and
+//! preemption return both. With the prefix cache and snapshot slots, a prefill chunk stops at
+//! the end of the prompt's full blocks, where the state is snapshotted beside those blocks; a
+//! later sequence with the same prefix restores it and starts there.
 //! **Invariant:** a sequence never receives more than `max_tokens` tokens: drafts are cut so
 //! that a fully accepted run still fits.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::error::{Result, WeftError};
-use crate::kv::{KvCacheManager, SeqId};
+use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
 use crate::step::{SeqStep, StepBatch};
+
+/// Recurrent states are snapshotted for the prefix cache every this many blocks of a prompt
+/// (and at the end of its full blocks): often enough that a shared prefix finds one near its
+/// end, rarely enough that prefill chunks stay long.
+const SNAPSHOT_INTERVAL_BLOCKS: usize = 4;
+
+/// The next position after `start` where a recurrent sequence's state is snapshotted (when
+/// `snapshots` are kept): every `SNAPSHOT_INTERVAL_BLOCKS` blocks, so a shared system prompt
+/// has one even when the prompts it begins differ, and at the end of the prompt's full blocks.
+fn next_snapshot(snapshots: bool, block_size: usize, num_prompt_tokens: usize, start: usize) -> Option<usize> {
+    let full_end = num_prompt_tokens / block_size * block_size;
+    if !snapshots || start >= full_end {
+        return None;
+    }
+    let interval = SNAPSHOT_INTERVAL_BLOCKS * block_size;
+    Some(((start / interval + 1) * interval).min(full_end))
+}
 
 /// Limits of one step and of one sequence.
 #[derive(Clone, Debug)]
@@ -89,6 +112,11 @@ struct Sequence {
     admitted_at: u64,
     /// Tokens proposed for the next step to verify (drafts); consumed by `schedule`.
     drafts: Vec<u32>,
+    /// Position just past the last chunk scheduled: where the recurrent state stands once the
+    /// executor ran it.
+    scheduled_end: usize,
+    /// A prefix-state snapshot to start the next chunk from (set at admission on a hit).
+    restore_from: Option<u32>,
 }
 
 impl Sequence {
@@ -107,6 +135,10 @@ impl Sequence {
 pub struct ContinuousBatchScheduler {
     config: SchedulerConfig,
     kv: KvCacheManager,
+    /// State slots, for models with recurrent layers.
+    state: Option<RecurrentStateManager>,
+    /// Recurrent states are snapshotted for the prefix cache.
+    snapshots: bool,
     req_to_seq: HashMap<SeqId, Sequence>,
     /// Highest priority first; within a priority, preempted sequences before new ones, then
     /// arrival order.
@@ -122,12 +154,34 @@ impl ContinuousBatchScheduler {
         ContinuousBatchScheduler {
             config,
             kv,
+            state: None,
+            snapshots: false,
             req_to_seq: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
             admission_clock: 0,
         }
+    }
+
+    /// The same scheduler admitting against `state`'s slots as well as KV blocks. With snapshot
+    /// slots the prefix cache keeps states beside its blocks; without, it is switched off: a
+    /// cached KV block says nothing about the recurrent state at its end, so a hit could not
+    /// skip any computation.
+    pub fn with_recurrent_state(mut self, state: RecurrentStateManager) -> Self {
+        if state.config().num_snapshot_slots == 0 {
+            self.kv.disable_prefix_cache();
+        }
+        self.snapshots = self.kv.prefix_cache_enabled();
+        self.kv.set_state_snapshot_slots(state.snapshot_slots());
+        self.state = Some(state);
+        self
+    }
+
+    /// The next position after `start` where a recurrent sequence's state is snapshotted, when
+    /// snapshots are kept (see [`next_snapshot`]).
+    fn next_snapshot(&self, num_prompt_tokens: usize, start: usize) -> Option<usize> {
+        next_snapshot(self.snapshots, self.kv.block_size(), num_prompt_tokens, start)
     }
 
     /// Queue a request. Refused, naming the field at fault, when its id is already present, the
@@ -201,6 +255,8 @@ impl ContinuousBatchScheduler {
             priority: req.priority,
             admitted_at: 0,
             drafts: Vec::new(),
+            scheduled_end: 0,
+            restore_from: None,
         };
         // Behind every waiting sequence of the same or higher priority.
         self.enqueue(req.id, |p| p < priority);
@@ -215,7 +271,7 @@ impl ContinuousBatchScheduler {
     /// running sequence (the most recently admitted among equals, possibly the one asking) is
     /// preempted until the grow succeeds or the asker itself was preempted. Then, only if
     /// nobody was preempted, waiting sequences are admitted in queue order while sequences and
-    /// budget remain, stopping at the first whose blocks are not available.
+    /// budget remain, stopping at the first whose blocks (or state slot) are not available.
     pub fn schedule(&mut self) -> StepBatch {
         let mut token_budget = self.config.max_num_batched_tokens;
         // (id, num_new_tokens, num_drafted) in scheduling order; drafted tokens are part of
@@ -226,6 +282,7 @@ impl ContinuousBatchScheduler {
         let mut req_index = 0;
         while req_index < self.running.len() && token_budget > 0 {
             let id = self.running[req_index];
+            let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
             let Some(seq) = self.req_to_seq.get_mut(&id) else {
                 // Unreachable: running ids are always known; drop it rather than loop.
                 self.running.remove(req_index);
@@ -238,11 +295,24 @@ impl ContinuousBatchScheduler {
             // A step always computes at least one token. If the runner never returned the last
             // sample, recompute the last token (same token, same slot) to get its logit again.
             seq.num_computed_tokens = seq.num_computed_tokens.min(seq.tokens.len() - 1);
-            let num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            if self.state.is_some() && seq.scheduled_end != seq.num_computed_tokens {
+                // The last step's output was never applied, but the executor may have run it:
+                // the state in the slot can be past the computed tokens, and a recurrent state
+                // cannot be rolled back. Start over from position 0, where it starts from zero;
+                // a snapshot that step was to save may hold anything.
+                seq.num_computed_tokens = 0;
+                self.kv.cancel_snapshot(id);
+            }
+            let mut num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, seq.num_computed_tokens) {
+                // The chunk stops where the state is snapshotted.
+                num_known = num_known.min(end - seq.num_computed_tokens);
+            }
             // Drafts ride along only on a decode, and only as many as the budget, max_tokens
             // (a fully accepted run must fit) and the context allow.
+            // Not with recurrent state: a rejected draft would stay in the state.
             let mut num_drafted = 0;
-            if num_known == 1 && seq.num_computed_tokens + 1 == seq.tokens.len() {
+            if num_known == 1 && seq.num_computed_tokens + 1 == seq.tokens.len() && self.state.is_none() {
                 let room_in_output = seq.max_tokens - seq.num_generated() - 1;
                 let room_in_context = self.config.max_model_len.saturating_sub(seq.tokens.len());
                 num_drafted = seq.drafts.len().min(token_budget - num_known).min(room_in_output).min(room_in_context);
@@ -285,11 +355,31 @@ impl ContinuousBatchScheduler {
                     self.waiting.pop_front();
                     continue;
                 };
+                if self.state.as_ref().is_some_and(|state| state.num_free_slots() == 0) {
+                    break;
+                }
                 // All known tokens at once (a recompute includes the generated ones), so a
-                // chunked prefill never runs out of blocks halfway.
-                let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                // chunked prefill never runs out of blocks halfway. A recurrent sequence reuses
+                // cached blocks only up to a state snapshot, which it restores.
+                let (num_cached_tokens, restore_from) = if self.state.is_some() {
+                    let Some(hit) = self.kv.allocate_restoring(id, &seq.tokens) else { break };
+                    hit
+                } else {
+                    let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                    (num_cached_tokens, None)
+                };
+                if let Some(state) = &mut self.state {
+                    // Cannot fail: a slot was free and the sequence held none (it was waiting).
+                    state.take(id);
+                }
                 seq.num_computed_tokens = num_cached_tokens;
-                let num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                seq.restore_from = restore_from;
+                let mut num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
+                if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, num_cached_tokens) {
+                    // The chunk stops where the state is snapshotted.
+                    num_new_tokens = num_new_tokens.min(end - num_cached_tokens);
+                }
                 self.admission_clock += 1;
                 seq.admitted_at = self.admission_clock;
                 self.waiting.pop_front();
@@ -301,9 +391,19 @@ impl ContinuousBatchScheduler {
 
         let mut batch = StepBatch { preempted, ..Default::default() };
         for (id, num_new_tokens, num_drafted) in req_to_num_new_tokens {
-            let Some(seq) = self.req_to_seq.get(&id) else { continue };
+            let next_snapshot =
+                self.req_to_seq.get(&id).and_then(|s| self.next_snapshot(s.num_prompt_tokens, s.num_computed_tokens));
+            let Some(seq) = self.req_to_seq.get_mut(&id) else { continue };
             let start_pos = seq.num_computed_tokens;
             let known_end = start_pos + num_new_tokens - num_drafted;
+            seq.scheduled_end = known_end;
+            // A restore is good for the chunk right after admission only.
+            let state_restore = seq.restore_from.take().filter(|_| start_pos > 0);
+            let state_save = match next_snapshot {
+                Some(end) if known_end == end => self.kv.reserve_snapshot(id, end / self.kv.block_size() - 1),
+                _ => None,
+            };
+            let Some(seq) = self.req_to_seq.get(&id) else { continue };
             let mut tokens = seq.tokens[start_pos..known_end].to_vec();
             tokens.extend_from_slice(&seq.drafts[..num_drafted]);
             let num_logits = if known_end == seq.tokens.len() { num_drafted + 1 } else { 0 };
@@ -314,6 +414,9 @@ impl ContinuousBatchScheduler {
                 block_table: self.kv.block_table(id).to_vec(),
                 num_logits,
                 sampling: None,
+                state_slot: self.state.as_ref().and_then(|state| state.slot(id)),
+                state_restore,
+                state_save,
             });
             batch.num_batched_tokens += num_new_tokens;
         }
@@ -369,7 +472,7 @@ impl ContinuousBatchScheduler {
     }
 
     /// The engine is done with `id` (stop, EOS, max_tokens, cancelled): forget it and free its
-    /// blocks. Unknown ids are a no-op.
+    /// blocks and state slot. Unknown ids are a no-op.
     pub fn finish(&mut self, id: SeqId) {
         if self.req_to_seq.remove(&id).is_none() {
             return;
@@ -377,6 +480,9 @@ impl ContinuousBatchScheduler {
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         self.kv.free(id);
+        if let Some(state) = &mut self.state {
+            state.free(id);
+        }
     }
 
     /// Prompt plus generated tokens so far.
@@ -422,6 +528,11 @@ impl ContinuousBatchScheduler {
         &self.kv
     }
 
+    /// The state slots, for a model with recurrent layers.
+    pub fn recurrent_state(&self) -> Option<&RecurrentStateManager> {
+        self.state.as_ref()
+    }
+
     /// Index in `running` of the sequence to preempt: lowest priority, then most recently
     /// admitted. Sequences that are done are skipped: they free their blocks as soon as the
     /// engine finishes them, and recomputing one would sample past `max_tokens`.
@@ -434,10 +545,13 @@ impl ContinuousBatchScheduler {
             .map(|(i, _)| i)
     }
 
-    /// Free `id`'s blocks and send it back to the front of its priority in the waiting queue;
+    /// Free `id`'s blocks and state slot and send it back to the front of its priority in the waiting queue;
     /// its tokens stay, so the readmission recomputes prompt and generated tokens in one go.
     fn preempt(&mut self, id: SeqId) {
         self.kv.free(id);
+        if let Some(state) = &mut self.state {
+            state.free(id);
+        }
         self.num_preemptions += 1;
         let Some(seq) = self.req_to_seq.get_mut(&id) else { return };
         seq.num_computed_tokens = 0;
@@ -504,7 +618,17 @@ mod tests {
         assert_eq!(ids(&out), vec![1, 2]);
         assert_eq!(
             out.seqs[0],
-            SeqStep { id: 1, tokens: vec![100], start_pos: 5, block_table: vec![0, 1], num_logits: 1, sampling: None }
+            SeqStep {
+                id: 1,
+                tokens: vec![100],
+                start_pos: 5,
+                block_table: vec![0, 1],
+                num_logits: 1,
+                sampling: None,
+                state_slot: None,
+                state_restore: None,
+                state_save: None
+            }
         );
         assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));
         assert_eq!(out.num_batched_tokens, 7);
@@ -824,10 +948,15 @@ mod tests {
     /// row, a hash of the sequence's history up to that row read back through the block table. A
     /// wrong block table, a wrongly shared prefix block, a wrong start position or a rolled-back
     /// draft whose slot is read later changes the tokens.
+    /// With recurrent state it also keeps, per state slot, the tokens the slot has absorbed
+    /// (cleared at position 0) and samples from those instead, so a wrong slot, a slot shared by
+    /// two live sequences or a state that ran ahead of the computed tokens changes the tokens.
     struct FakeModel {
         block_size: usize,
         /// slot -> (token, position)
         slots: HashMap<usize, (u32, usize)>,
+        /// state slot -> the tokens absorbed into it
+        states: HashMap<u32, Vec<u32>>,
     }
 
     const VOCAB: u64 = 50;
@@ -852,6 +981,25 @@ mod tests {
                 for (i, &token) in s.tokens.iter().enumerate() {
                     let slot = self.slot(&s.block_table, s.start_pos + i);
                     self.slots.insert(slot, (token, s.start_pos + i));
+                }
+                if let Some(state_slot) = s.state_slot {
+                    // A restore starts from the snapshot; a save copies the state after the chunk.
+                    let mut state =
+                        self.states.get(&s.state_restore.unwrap_or(state_slot)).cloned().unwrap_or_default();
+                    if s.start_pos == 0 {
+                        state.clear();
+                    }
+                    assert_eq!(state.len(), s.start_pos, "seq {}'s state is not at its start position", s.id);
+                    assert_eq!(s.num_logits, usize::from(s.num_logits > 0), "drafts with recurrent state");
+                    state.extend_from_slice(&s.tokens);
+                    if let Some(save) = s.state_save {
+                        assert_eq!(state.len() % self.block_size, 0, "a snapshot off a block boundary");
+                        self.states.insert(save, state.clone());
+                    }
+                    self.states.insert(state_slot, state.clone());
+                    let row = if s.num_logits > 0 { vec![next_token(state.iter().copied())] } else { vec![] };
+                    samples.push(row);
+                    continue;
                 }
                 let rows = (s.end_pos() - s.num_logits..s.end_pos()).map(|last| {
                     next_token((0..=last).map(|pos| {
@@ -893,6 +1041,8 @@ mod tests {
         req_to_tokens: HashMap<SeqId, Vec<u32>>,
         stats: SchedulerStats,
         num_prefix_hits: u64,
+        /// Admissions that restored a recurrent-state snapshot.
+        num_state_hits: u64,
         /// Drafted tokens scheduled, and accepted.
         num_drafted: usize,
         num_accepted: usize,
@@ -905,10 +1055,14 @@ mod tests {
         arrivals: &[(usize, SchedRequest)],
         config: SchedulerConfig,
         kv: KvCacheManager,
+        state: Option<RecurrentStateManager>,
         mut drafter: Option<FakeDrafter>,
     ) -> RunResult {
-        let mut model = FakeModel { block_size: kv.block_size(), slots: HashMap::new() };
+        let mut model = FakeModel { block_size: kv.block_size(), slots: HashMap::new(), states: HashMap::new() };
         let mut sched = ContinuousBatchScheduler::new(config.clone(), kv);
+        if let Some(state) = state {
+            sched = sched.with_recurrent_state(state);
+        }
         let last_arrival = arrivals.iter().map(|(step, _)| *step).max().unwrap_or(0);
         let max_tokens: HashMap<SeqId, usize> = arrivals.iter().map(|(_, r)| (r.id, r.max_tokens)).collect();
         let (mut req_to_tokens, mut num_drafted, mut num_accepted) = (HashMap::new(), 0, 0);
@@ -967,6 +1121,7 @@ mod tests {
                 .collect();
             sched.update_from_output(&out, &accepted);
             sched.kv.check_invariants();
+            sched.check_state_slots();
             for (s, kept) in out.seqs.iter().zip(&accepted) {
                 let done = kept.last() == Some(&EOS) || sched.num_generated(s.id) == Some(max_tokens[&s.id]);
                 if !kept.is_empty() && done {
@@ -982,10 +1137,12 @@ mod tests {
         }
         sched.kv.check_invariants();
         assert_eq!(sched.kv().usage().used_blocks, 0);
+        assert!(sched.recurrent_state().is_none_or(|state| state.usage().used_slots == 0));
         RunResult {
             req_to_tokens,
             stats: sched.stats(),
             num_prefix_hits: sched.kv().prefix_cache_stats().hits,
+            num_state_hits: sched.kv().prefix_cache_stats().state_hits,
             num_drafted,
             num_accepted,
         }
@@ -1020,7 +1177,7 @@ mod tests {
     fn preempted_sequences_resume_and_match_an_unconstrained_run() {
         let arrivals = arrivals();
         let (config, kv) = unconstrained();
-        let reference = simulate(&arrivals, config, kv, None);
+        let reference = simulate(&arrivals, config, kv, None, None);
         assert_eq!(reference.stats.preemptions, 0);
         assert_eq!(reference.req_to_tokens.len(), arrivals.len());
 
@@ -1031,6 +1188,7 @@ mod tests {
                 &arrivals,
                 SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
                 KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
+                None,
                 None,
             );
             assert!(constrained.stats.preemptions > 0, "{num_blocks} blocks: the pool was meant to run out");
@@ -1050,7 +1208,7 @@ mod tests {
     fn drafted_tokens_are_verified_kept_or_rolled_back() {
         let arrivals = arrivals();
         let (config, kv) = unconstrained();
-        let reference = simulate(&arrivals, config, kv, None);
+        let reference = simulate(&arrivals, config, kv, None, None);
         for (num_blocks, max_num_batched_tokens, enable_prefix_cache) in
             [(4096, 4096, false), (20, 16, true), (24, 32, false), (40, 7, true)]
         {
@@ -1059,6 +1217,7 @@ mod tests {
                 &arrivals,
                 SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
                 KvCacheManager::new(num_blocks, 4, enable_prefix_cache),
+                None,
                 Some(drafter),
             );
             assert!(
@@ -1130,6 +1289,146 @@ mod tests {
         sched2.kv.check_invariants();
     }
 
+    impl ContinuousBatchScheduler {
+        /// Every running sequence holds exactly one state slot, nobody else holds one, and the
+        /// slot pool adds up.
+        fn check_state_slots(&self) {
+            let Some(state) = &self.state else { return };
+            state.check_invariants();
+            for &id in &self.running {
+                assert!(state.slot(id).is_some(), "running seq {id} holds no state slot");
+            }
+            for &id in &self.waiting {
+                assert!(state.slot(id).is_none(), "waiting seq {id} holds a state slot");
+            }
+            assert_eq!(state.usage().used_slots, self.running.len());
+        }
+    }
+
+    fn state_slots(num_slots: usize) -> RecurrentStateManager {
+        with_snapshots(num_slots, 0)
+    }
+
+    fn with_snapshots(num_slots: usize, num_snapshot_slots: usize) -> RecurrentStateManager {
+        RecurrentStateManager::new(crate::kv::RecurrentStateConfig {
+            num_slots,
+            num_snapshot_slots,
+            slot_size_bytes: 1024,
+        })
+    }
+
+    /// With snapshot slots (fewer than the prefixes' blocks, so they are taken back from the
+    /// least recently used) the shared prefixes' states are restored instead of recomputed, and
+    /// every request still gets the tokens of an unconstrained run without snapshots: the fake
+    /// model checks each restored state is the sequence's own prefix.
+    #[test]
+    fn recurrent_prefix_states_are_restored_and_change_nothing() {
+        let arrivals = arrivals();
+        let (config, kv) = unconstrained();
+        let reference = simulate(&arrivals, config.clone(), kv, Some(state_slots(32)), None);
+        for (num_slots, num_snapshots, num_blocks, max_num_batched_tokens) in
+            [(8, 16, 4096, 64), (6, 2, 40, 16), (3, 1, 30, 7)]
+        {
+            let run = simulate(
+                &arrivals,
+                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                KvCacheManager::new(num_blocks, 4, true),
+                Some(with_snapshots(num_slots, num_snapshots)),
+                None,
+            );
+            assert!(run.num_state_hits > 0, "{num_snapshots} snapshots: the shared prefixes were meant to hit");
+            for (id, tokens) in &reference.req_to_tokens {
+                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_snapshots} snapshots");
+            }
+        }
+    }
+
+    /// A recurrent model under too few slots, too few blocks and a small budget (preemption,
+    /// chunked prefill, the prefix cache asked for but switched off) gives the tokens of an
+    /// unconstrained run; drafts proposed are never scheduled. The fake model checks that each
+    /// state slot is at the chunk's start position.
+    #[test]
+    fn recurrent_sequences_take_a_slot_each_and_match_an_unconstrained_run() {
+        let arrivals = arrivals();
+        let (config, kv) = unconstrained();
+        let reference = simulate(&arrivals, config.clone(), kv, Some(state_slots(32)), None);
+        for (num_slots, num_blocks, max_num_batched_tokens) in [(3, 4096, 64), (6, 24, 16), (2, 40, 7)] {
+            let drafter = FakeDrafter { rng: crate::sampling::SamplerRng::new(num_slots as u64) };
+            let run = simulate(
+                &arrivals,
+                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                KvCacheManager::new(num_blocks, 4, true),
+                Some(state_slots(num_slots)),
+                Some(drafter),
+            );
+            assert_eq!((run.num_prefix_hits, run.num_drafted), (0, 0));
+            for (id, tokens) in &reference.req_to_tokens {
+                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_slots} slots");
+            }
+        }
+    }
+
+    /// Random arrivals, steps, cancellations (of waiting and running sequences) and outputs
+    /// that are never applied, over few blocks, fewer state slots than sequences and two
+    /// snapshot slots: after every operation each running sequence holds one slot and every
+    /// snapshot slot is free, pending or cached once (`check_invariants`), and at the end every
+    /// slot and block is back.
+    #[test]
+    fn random_operations_return_every_state_slot_and_block() {
+        for seed in 0..4u64 {
+            let mut rng = crate::sampling::SamplerRng::new(seed);
+            let mut sched = ContinuousBatchScheduler::new(config(5, 12), KvCacheManager::new(12, 2, true))
+                .with_recurrent_state(with_snapshots(3, 2));
+            let mut next_id: SeqId = 0;
+            let (mut num_admitted_blocked_by_slots, mut num_cancelled) = (0, 0);
+            for _ in 0..3000 {
+                match rng.below(8) {
+                    0..=1 => {
+                        let prompt: Vec<u32> = (0..1 + rng.below(6)).map(|_| rng.below(4) as u32).collect();
+                        sched.add_request(request(next_id, prompt, 1 + rng.below(8), rng.below(2) as i32)).unwrap();
+                        next_id += 1;
+                    }
+                    2 => {
+                        let id = rng.below(next_id as usize + 1) as SeqId;
+                        num_cancelled += u64::from(sched.req_to_seq.contains_key(&id));
+                        sched.finish(id);
+                    }
+                    _ => {
+                        let had_waiting = !sched.waiting.is_empty();
+                        let out = sched.schedule();
+                        let slots: Vec<u32> = out.seqs.iter().map(|s| s.state_slot.unwrap()).collect();
+                        assert_eq!(slots.iter().collect::<HashSet<_>>().len(), slots.len(), "a slot shared");
+                        if had_waiting && sched.state.as_ref().unwrap().num_free_slots() == 0 {
+                            num_admitted_blocked_by_slots += 1;
+                        }
+                        // Now and then the runner's output is lost.
+                        if rng.below(10) > 0 {
+                            run_step(&mut sched, &out, 1 + rng.below(3) as u32);
+                        }
+                        let done: Vec<SeqId> = out
+                            .seqs
+                            .iter()
+                            .filter(|s| sched.req_to_seq.get(&s.id).is_some_and(Sequence::is_done))
+                            .map(|s| s.id)
+                            .collect();
+                        for id in done {
+                            sched.finish(id);
+                        }
+                    }
+                }
+                sched.kv.check_invariants();
+                sched.check_state_slots();
+            }
+            assert!(num_admitted_blocked_by_slots > 0 && num_cancelled > 0 && sched.stats().preemptions > 0);
+            assert!(sched.kv().prefix_cache_stats().state_hits > 0, "snapshots were meant to be restored");
+            for id in 0..next_id {
+                sched.finish(id);
+            }
+            assert_eq!(sched.kv().usage().used_blocks, 0);
+            assert_eq!(sched.recurrent_state().unwrap().usage().free_slots, 3);
+        }
+    }
+
     /// The scheduler and the KV manager are pure logic: no GPU, async runtime or browser API
     /// in their code (comments may name them).
     #[test]
@@ -1138,6 +1437,7 @@ mod tests {
         let sources = [
             ("src/engine/scheduler.rs", include_str!("scheduler.rs")),
             ("src/kv/manager.rs", include_str!("../kv/manager.rs")),
+            ("src/kv/state.rs", include_str!("../kv/state.rs")),
         ];
         for (path, source) in sources {
             for (number, line) in source.lines().enumerate() {

@@ -305,7 +305,17 @@ impl DraftJob {
                 let num_logits = usize::from(d.num_drafts > 0);
                 let sampling = (num_logits > 0).then(|| d.row_spec(sampler, &drafts[i]));
                 let block_table = d.block_table.clone();
-                batch.seqs.push(SeqStep { id: d.id, tokens, start_pos, block_table, num_logits, sampling });
+                batch.seqs.push(SeqStep {
+                    id: d.id,
+                    tokens,
+                    start_pos,
+                    block_table,
+                    num_logits,
+                    sampling,
+                    state_slot: None,
+                    state_restore: None,
+                    state_save: None,
+                });
                 members.push(i);
             }
             if batch.seqs.is_empty() {
@@ -616,6 +626,9 @@ mod tests {
                 block_table: vec![0, 1],
                 num_logits: 4,
                 sampling: None,
+                state_slot: None,
+                state_restore: None,
+                state_save: None,
             }],
             preempted: vec![],
             num_batched_tokens: 4,

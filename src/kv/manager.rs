@@ -29,6 +29,11 @@
 //! block stores its tokens and the identity (id and generation) of the cached block before it,
 //! and a lookup compares both, so two different prefixes never share a block even if their
 //! hashes collide.
+//! **Invariant:** a recurrent-state snapshot slot (prefix reuse for state-space layers) is free,
+//! pending for exactly one sequence (taken when its chunk reaching the end of its prompt's full
+//! blocks is scheduled), or attached to exactly one cache entry, and goes back to the free list
+//! when that entry is evicted; a sequence restores a snapshot only together with the KV blocks
+//! of the same prefix.
 //! No method panics on any input; an unknown sequence id is a no-op (or an empty answer).
 
 use std::collections::{BTreeSet, HashMap};
@@ -50,6 +55,10 @@ pub struct PrefixCacheStats {
     pub cached_blocks: usize,
     /// Tokens of the sequences looked up at admission, all of them (vLLM's prefix-cache queries).
     pub queried_tokens: u64,
+    /// Admissions of recurrent sequences that restored a prefix-state snapshot.
+    pub state_hits: u64,
+    /// Admissions of recurrent sequences that found none and start from zero.
+    pub state_misses: u64,
 }
 
 /// Where the pool's blocks are; `total_blocks == used_blocks + cached_blocks + free_blocks`.
@@ -92,6 +101,8 @@ struct CacheEntry {
     parent: Option<BlockRef>,
     /// (block_size,) the token ids whose K/V the block holds.
     tokens: Box<[u32]>,
+    /// The recurrent-state snapshot taken at the end of this block, if any.
+    snapshot: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -118,6 +129,9 @@ struct SeqBlocks {
     chain: Option<(u64, BlockRef)>,
     /// The cached block the chain goes through was evicted: nothing later is findable anyway.
     chain_broken: bool,
+    /// A snapshot slot receiving the state at the end of block `.0`, attached to that block's
+    /// cache entry when the block is registered.
+    pending_snapshot: Option<(usize, u32)>,
 }
 
 /// Paged KV blocks with reference counts and a prefix cache. See the module docs.
@@ -139,6 +153,8 @@ pub struct KvCacheManager {
     stats: PrefixCacheStats,
     /// The block hash; a seam so tests can force collisions.
     hasher: fn(u64, &[u32]) -> u64,
+    /// Recurrent-state snapshot slots no entry or sequence holds.
+    free_snapshot_slots: Vec<u32>,
 }
 
 impl KvCacheManager {
@@ -158,7 +174,26 @@ impl KvCacheManager {
             clock: 0,
             stats: PrefixCacheStats::default(),
             hasher: hash_block_tokens,
+            free_snapshot_slots: Vec::new(),
         }
+    }
+
+    /// Keep recurrent-state snapshots in `slots` beside the cached blocks (before any sequence
+    /// is admitted): the prefix cache then serves recurrent models too.
+    pub fn set_state_snapshot_slots(&mut self, slots: impl IntoIterator<Item = u32>) {
+        self.free_snapshot_slots = slots.into_iter().collect();
+        // Handed out from the lowest id.
+        self.free_snapshot_slots.reverse();
+    }
+
+    /// Stop finding and registering cached blocks (before any sequence is admitted; a model
+    /// whose recurrent state a KV hit cannot restore asks for this).
+    pub fn disable_prefix_cache(&mut self) {
+        self.enable_prefix_cache = false;
+    }
+
+    pub fn prefix_cache_enabled(&self) -> bool {
+        self.enable_prefix_cache
     }
 
     pub fn block_size(&self) -> usize {
@@ -190,16 +225,39 @@ impl KvCacheManager {
     /// Returns the number of tokens already computed (a multiple of `block_size`), or `None`,
     /// with nothing changed, when the blocks are not available or `seq` is already live.
     pub fn allocate(&mut self, seq: SeqId, tokens: &[u32]) -> Option<usize> {
+        self.allocate_inner(seq, tokens, false).map(|(num_cached_tokens, _)| num_cached_tokens)
+    }
+
+    /// [`allocate`](Self::allocate) for a sequence with recurrent state: the reused run of cached
+    /// blocks ends at the last one holding a state snapshot (a KV hit past it could not skip
+    /// the recurrent layers' work), and that snapshot is returned with the number of computed
+    /// tokens; `(0, None)` without one.
+    pub fn allocate_restoring(&mut self, seq: SeqId, tokens: &[u32]) -> Option<(usize, Option<u32>)> {
+        self.allocate_inner(seq, tokens, true)
+    }
+
+    fn allocate_inner(&mut self, seq: SeqId, tokens: &[u32], restoring: bool) -> Option<(usize, Option<u32>)> {
         if self.seq_to_blocks.contains_key(&seq) {
             return None;
         }
         let num_blocks = tokens.len().div_ceil(self.block_size);
         let max_cached_blocks = tokens.len().saturating_sub(1) / self.block_size;
-        let (hit_block_ids, chain) = if self.enable_prefix_cache {
+        let (mut hit_block_ids, mut chain) = if self.enable_prefix_cache {
             self.find_cached_prefix(tokens, max_cached_blocks)
         } else {
             (Vec::new(), None)
         };
+        let mut snapshot = None;
+        if restoring {
+            let entry = |b: u32| self.blocks[b as usize].entry.as_ref();
+            let last = hit_block_ids.iter().rposition(|&b| entry(b).is_some_and(|e| e.snapshot.is_some()));
+            hit_block_ids.truncate(last.map_or(0, |i| i + 1));
+            chain = hit_block_ids.last().and_then(|&b| {
+                let e = entry(b)?;
+                snapshot = e.snapshot;
+                Some((e.hash, BlockRef { block_id: b, generation: self.blocks[b as usize].generation }))
+            });
+        }
         let num_new_blocks = num_blocks - hit_block_ids.len();
         // Hit blocks that sit in the evictable set are about to be taken, so they cannot also be
         // evicted to make room for this allocation.
@@ -213,6 +271,13 @@ impl KvCacheManager {
             self.stats.queried_tokens += tokens.len() as u64;
             self.stats.hits += hit_block_ids.len() as u64;
             self.stats.misses += (max_cached_blocks - hit_block_ids.len()) as u64;
+            if restoring {
+                if snapshot.is_some() {
+                    self.stats.state_hits += 1;
+                } else {
+                    self.stats.state_misses += 1;
+                }
+            }
         }
         for &block_id in &hit_block_ids {
             self.clock += 1;
@@ -230,8 +295,46 @@ impl KvCacheManager {
             let Some(block_id) = self.take_fresh_block() else { break };
             block_ids.push(block_id);
         }
-        self.seq_to_blocks.insert(seq, SeqBlocks { block_ids, num_hashed_blocks, chain, chain_broken: false });
-        Some(num_hashed_blocks * self.block_size)
+        self.seq_to_blocks.insert(
+            seq,
+            SeqBlocks { block_ids, num_hashed_blocks, chain, chain_broken: false, pending_snapshot: None },
+        );
+        Some((num_hashed_blocks * self.block_size, snapshot))
+    }
+
+    /// Give back `seq`'s pending snapshot slot, if any: the step meant to fill it may not have
+    /// run (its output was never applied), so its contents cannot be trusted.
+    pub fn cancel_snapshot(&mut self, seq: SeqId) {
+        if let Some((_, slot)) = self.seq_to_blocks.get_mut(&seq).and_then(|s| s.pending_snapshot.take()) {
+            self.free_snapshot_slots.push(slot);
+        }
+    }
+
+    /// A snapshot slot for the state `seq` will have at the end of its block `block_index` (the
+    /// step computing up to there writes it), attached to that block's cache entry once the
+    /// block is registered. A free slot, else the one of the least recently used cache-only
+    /// block holding a snapshot (the block itself stays cached). `None` when the cache is off,
+    /// no slot can be had, `seq` is unknown or already has one pending.
+    pub fn reserve_snapshot(&mut self, seq: SeqId, block_index: usize) -> Option<u32> {
+        if !self.enable_prefix_cache || self.seq_to_blocks.get(&seq).is_none_or(|s| s.pending_snapshot.is_some()) {
+            return None;
+        }
+        let slot = match self.free_snapshot_slots.pop() {
+            Some(slot) => slot,
+            None => {
+                let blocks = &mut self.blocks;
+                let (_, victim) = self
+                    .evictable
+                    .iter()
+                    .copied()
+                    .find(|&(_, b)| blocks[b as usize].entry.as_ref().is_some_and(|e| e.snapshot.is_some()))?;
+                blocks[victim as usize].entry.as_mut()?.snapshot.take()?
+            }
+        };
+        if let Some(s) = self.seq_to_blocks.get_mut(&seq) {
+            s.pending_snapshot = Some((block_index, slot));
+        }
+        Some(slot)
     }
 
     /// Make sure `seq` has blocks for `num_tokens` tokens in total (decode growth, or a longer
@@ -305,16 +408,30 @@ impl KvCacheManager {
                 match self.find_entry(hash, parent, block_tokens) {
                     Some(other_id) => (hash, other_id),
                     None => {
-                        let entry = CacheEntry { hash, parent, tokens: block_tokens.into() };
+                        let entry = CacheEntry { hash, parent, tokens: block_tokens.into(), snapshot: None };
                         self.blocks[own_id as usize].entry = Some(entry);
                         self.hash_to_block_ids.entry(hash).or_default().push(own_id);
                         (hash, own_id)
                     }
                 }
             };
+            if let Some((_, slot)) = s.pending_snapshot.take_if(|(i, _)| *i == index) {
+                // The snapshot belongs with the findable copy of the block; a copy that has one
+                // already keeps it.
+                match self.blocks[canonical as usize].entry.as_mut() {
+                    Some(entry) if entry.snapshot.is_none() => entry.snapshot = Some(slot),
+                    _ => self.free_snapshot_slots.push(slot),
+                }
+            }
             let generation = self.blocks[canonical as usize].generation;
             s.chain = Some((hash, BlockRef { block_id: canonical, generation }));
             s.num_hashed_blocks += 1;
+        }
+        if s.chain_broken || s.pending_snapshot.is_some_and(|(i, _)| i < s.num_hashed_blocks) {
+            // Its block will never be registered by this sequence.
+            if let Some((_, slot)) = s.pending_snapshot.take() {
+                self.free_snapshot_slots.push(slot);
+            }
         }
         self.seq_to_blocks.insert(seq, s);
     }
@@ -328,6 +445,9 @@ impl KvCacheManager {
     /// registered there (and the cache is on), else returns to the free list. Unknown: no-op.
     pub fn free(&mut self, seq: SeqId) {
         let Some(s) = self.seq_to_blocks.remove(&seq) else { return };
+        if let Some((_, slot)) = s.pending_snapshot {
+            self.free_snapshot_slots.push(slot);
+        }
         self.release(&s.block_ids);
     }
 
@@ -402,6 +522,9 @@ impl KvCacheManager {
     /// Drop `block_id`'s cache entry (its hash is no longer findable).
     fn unregister(&mut self, block_id: u32) {
         let Some(entry) = self.blocks[block_id as usize].entry.take() else { return };
+        if let Some(slot) = entry.snapshot {
+            self.free_snapshot_slots.push(slot);
+        }
         if let Some(ids) = self.hash_to_block_ids.get_mut(&entry.hash) {
             ids.retain(|&b| b != block_id);
             if ids.is_empty() {
@@ -456,6 +579,14 @@ impl KvCacheManager {
             }
         }
         assert_eq!(self.evictable.len() + self.free_block_ids.len() + num_used, num_blocks);
+        // Every snapshot slot is free, pending for one sequence, or in one entry.
+        let mut snapshot_slots: Vec<u32> = self.free_snapshot_slots.clone();
+        snapshot_slots.extend(self.seq_to_blocks.values().filter_map(|s| s.pending_snapshot.map(|(_, slot)| slot)));
+        snapshot_slots.extend(self.blocks.iter().filter_map(|b| b.entry.as_ref().and_then(|e| e.snapshot)));
+        let num_snapshot_slots = snapshot_slots.len();
+        snapshot_slots.sort_unstable();
+        snapshot_slots.dedup();
+        assert_eq!(snapshot_slots.len(), num_snapshot_slots, "a snapshot slot held twice");
         let usage = self.usage();
         let expected = KvUsage {
             total_blocks: num_blocks,
@@ -545,7 +676,7 @@ mod tests {
         // Seq 1 looked up 3 blocks and found none; seq 2 found all 3.
         assert_eq!(
             kv.prefix_cache_stats(),
-            PrefixCacheStats { hits: 3, misses: 3, evictions: 0, cached_blocks: 0, queried_tokens: 14 + 15 }
+            PrefixCacheStats { hits: 3, misses: 3, queried_tokens: 14 + 15, ..Default::default() }
         );
         let shared = kv.block_table(1)[..3].to_vec();
         for &block_id in &shared {
@@ -597,7 +728,7 @@ mod tests {
         assert_eq!(kv.allocate(2, &[3, 4, 7, 7, 0]), Some(0));
         assert_eq!(
             kv.prefix_cache_stats(),
-            PrefixCacheStats { hits: 0, misses: 4, evictions: 0, cached_blocks: 0, queried_tokens: 10 }
+            PrefixCacheStats { hits: 0, misses: 4, queried_tokens: 10, ..Default::default() }
         );
         kv.check_invariants();
     }

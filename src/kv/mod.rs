@@ -1,13 +1,16 @@
 //! Paged KV bookkeeping: which blocks each sequence holds, the prefix cache, and the pool's
-//! shape. Plain data: the GPU memory behind the blocks belongs to the executor
-//! (`model::kv_pool`), which only follows the tables.
+//! shape; beside it, the recurrent-state slots of state-space layers (`state`). Plain data: the
+//! GPU memory behind blocks and slots belongs to the executor (`model::kv_pool`), which only
+//! follows the tables.
 //!
-//! **Invariant:** this module is the single owner of KV capacity. Executors read block tables
-//! and write K/V into the slots those tables name; they never allocate or free blocks.
+//! **Invariant:** this module is the single owner of KV and state capacity. Executors read block
+//! tables and state slots and write into what they name; they never allocate or free either.
 //! **Invariant:** nothing here uses the GPU (a tidy test checks the imports).
 
 mod manager;
+mod state;
 pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats, SeqId};
+pub use state::{RecurrentStateConfig, RecurrentStateManager, StateUsage};
 
 use crate::error::{Result, WeftError};
 
@@ -34,6 +37,11 @@ impl KvCacheConfig {
         head_dim: usize,
     ) -> Result<Self> {
         let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim);
+        if per_block == 0 {
+            // No attention layers (a pure state-space model): blocks hold no memory, and only
+            // count positions. Enough for 2^20 of them.
+            return Ok(KvCacheConfig { block_size, num_blocks: (1usize << 20).div_ceil(block_size.max(1)) });
+        }
         let num_blocks = memory_bytes / per_block;
         if num_blocks == 0 {
             return Err(WeftError::Unsupported(format!(

@@ -48,6 +48,70 @@ pub struct ModelConfig {
     pub rope_local_theta: Option<f32>,
     /// Queries scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 (Gemma).
     pub query_pre_attn_scalar: Option<f32>,
+    /// The Mamba2 mixer's shape, for models with state-space layers (mamba2, granitehybrid).
+    pub ssm: Option<SsmConfig>,
+    /// Granite 4.0-H: which layers attend and the Granite multipliers.
+    pub hybrid: Option<HybridConfig>,
+}
+
+/// What a Granite 4.0-H hybrid adds (transformers' `GraniteMoeHybridConfig`, llama.cpp's
+/// `granitehybrid`): attention layers among Mamba2 ones, and four multipliers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HybridConfig {
+    /// The layers with attention (and a KV cache); every other layer is a Mamba2 layer.
+    pub attention_layers: Vec<usize>,
+    /// Attention layers rotate q and k (RoPE); Granite 4.0-H's do not (NoPE).
+    pub use_rope: bool,
+    /// x = embedding · embedding_multiplier.
+    pub embedding_multiplier: f32,
+    /// Each residual branch is scaled by this before it is added.
+    pub residual_multiplier: f32,
+    /// The attention scale (instead of 1/sqrt(head_dim)).
+    pub attention_multiplier: f32,
+    /// Logits are divided by this.
+    pub logits_scaling: f32,
+}
+
+/// The shape of a Mamba2 mixer (transformers' `Mamba2Config`, llama.cpp's `ssm.*` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsmConfig {
+    /// Width of the causal convolution (`d_conv`).
+    pub conv_kernel: usize,
+    /// State entries per head channel (`d_state`).
+    pub state_size: usize,
+    /// Groups sharing B and C (`n_groups`).
+    pub num_groups: usize,
+    pub num_heads: usize,
+    pub head_dim: usize,
+}
+
+impl SsmConfig {
+    /// `d_inner = num_heads · head_dim`: the width of x, z and y.
+    pub fn inner_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// The convolved channels: x, B and C.
+    pub fn conv_channels(&self) -> usize {
+        self.inner_size() + 2 * self.num_groups * self.state_size
+    }
+
+    /// The in-projection's output: z, x, B, C, dt side by side.
+    pub fn in_proj_size(&self) -> usize {
+        self.inner_size() + self.conv_channels() + self.num_heads
+    }
+
+    /// Bytes of one sequence's state in one layer (conv window and SSM state, f32).
+    pub fn layer_state_bytes(&self) -> usize {
+        crate::kv::RecurrentStateConfig::slot_size_bytes(
+            1,
+            self.conv_kernel,
+            self.conv_channels(),
+            self.num_heads,
+            self.head_dim,
+            self.state_size,
+        )
+    }
 }
 
 fn missing(file: &str, key: &str) -> WeftError {
@@ -67,6 +131,19 @@ impl ModelConfig {
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
         };
         let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
+        let ssm = if gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
+            // llama.cpp's time_step_rank of a Mamba2 is its head count.
+            let num_heads = int("ssm.time_step_rank")?;
+            Some(SsmConfig {
+                conv_kernel: int("ssm.conv_kernel")?,
+                state_size: int("ssm.state_size")?,
+                num_groups: int("ssm.group_count").unwrap_or(1),
+                num_heads,
+                head_dim: int("ssm.inner_size")? / num_heads.max(1),
+            })
+        } else {
+            None
+        };
         let hidden_size = int("embedding_length")?;
         let num_heads = int("attention.head_count")?;
         let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
@@ -84,13 +161,33 @@ impl ModelConfig {
         } else {
             None
         };
+        // A hybrid lists each layer's KV heads: 0 marks a Mamba2 layer.
+        let kv_heads_per_layer = gguf.get_i64_array(&format!("{arch}.attention.head_count_kv"));
+        let hybrid = match (&kv_heads_per_layer, arch.as_str()) {
+            (Some(per_layer), "granitehybrid") => Some(HybridConfig {
+                attention_layers: (0..per_layer.len()).filter(|&i| per_layer[i] > 0).collect(),
+                // llama.cpp writes whether a hybrid uses RoPE as rope.scaling.finetuned.
+                use_rope: gguf.get_bool(&format!("{arch}.rope.scaling.finetuned")).unwrap_or(false),
+                embedding_multiplier: float("embedding_scale").unwrap_or(1.0),
+                residual_multiplier: float("residual_scale").unwrap_or(1.0),
+                attention_multiplier: float("attention.scale").unwrap_or(1.0),
+                logits_scaling: float("logit_scale").unwrap_or(1.0),
+            }),
+            _ => None,
+        };
+        let num_kv_heads = match &kv_heads_per_layer {
+            Some(per_layer) => per_layer.iter().copied().max().unwrap_or(0).max(0) as usize,
+            None => int("attention.head_count_kv").unwrap_or(num_heads),
+        };
+        // A dense Granite hybrid's MLP is its "shared expert".
+        let intermediate_size = int("expert_shared_feed_forward_length").or_else(|_| int("feed_forward_length"))?;
         let config = ModelConfig {
             vocab_size,
             hidden_size,
-            intermediate_size: int("feed_forward_length")?,
+            intermediate_size,
             num_layers: int("block_count")?,
             num_heads,
-            num_kv_heads: int("attention.head_count_kv").unwrap_or(num_heads),
+            num_kv_heads,
             head_dim,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
@@ -105,6 +202,8 @@ impl ModelConfig {
             sliding_window_pattern: (arch == "gemma3").then_some(6),
             rope_local_theta: (arch == "gemma3").then_some(10000.0),
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
+            ssm,
+            hybrid,
             architecture: arch,
         };
         config.check(file)?;
@@ -127,6 +226,12 @@ impl ModelConfig {
         }
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let float = |key: &str| v[key].as_f64().map(|x| x as f32);
+        if arch == "mamba2" {
+            return Self::mamba2_from_hf(file, &v);
+        }
+        if arch == "granitemoehybrid" {
+            return Self::granite_hybrid_from_hf(file, &v);
+        }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
         let rope_scaling = match &v["rope_scaling"] {
@@ -178,13 +283,162 @@ impl ModelConfig {
             sliding_window_pattern: None,
             rope_local_theta: None,
             query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: None,
             architecture: arch,
         };
         config.check(file)?;
         Ok(config)
     }
 
+    /// transformers' `GraniteMoeHybridConfig`, dense variants (no routed experts).
+    fn granite_hybrid_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let float = |key: &str, default: f32| v[key].as_f64().map_or(default, |x| x as f32);
+        if v["num_local_experts"].as_u64().unwrap_or(0) > 0 {
+            return Err(WeftError::model(
+                file,
+                "Granite 4.0-H with routed experts (num_local_experts > 0) is not supported yet; its dense variants are",
+            ));
+        }
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let num_layers = int("num_hidden_layers")?;
+        let layer_types: Vec<&str> = match v["layer_types"].as_array() {
+            Some(types) => types.iter().map(|t| t.as_str().unwrap_or("")).collect(),
+            None => vec!["linear_attention"; num_layers],
+        };
+        let mamba_heads = int("mamba_n_heads")?;
+        let expand = v["mamba_expand"].as_u64().unwrap_or(2) as usize;
+        // "auto": the inner size split over the heads.
+        let mamba_head_dim =
+            v["mamba_d_head"].as_u64().map_or(expand * hidden_size / mamba_heads.max(1), |d| d as usize);
+        let rope_theta = v["rope_parameters"]["rope_theta"].as_f64().or_else(|| v["rope_theta"].as_f64());
+        let config = ModelConfig {
+            architecture: "granitemoehybrid".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: int("shared_intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim: hidden_size / num_heads.max(1),
+            rms_norm_eps: float("rms_norm_eps", 1e-6),
+            rope_theta: rope_theta.unwrap_or(10000.0) as f32,
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(4096),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(false),
+            sliding_window: None,
+            qk_norm: false,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            ssm: Some(SsmConfig {
+                conv_kernel: int("mamba_d_conv")?,
+                state_size: int("mamba_d_state")?,
+                num_groups: v["mamba_n_groups"].as_u64().unwrap_or(1) as usize,
+                num_heads: mamba_heads,
+                head_dim: mamba_head_dim,
+            }),
+            hybrid: Some(HybridConfig {
+                // "attention" in published checkpoints, "full_attention" as transformers 5 writes it.
+                attention_layers: (0..num_layers)
+                    .filter(|&i| matches!(layer_types.get(i), Some(&"attention" | &"full_attention")))
+                    .collect(),
+                use_rope: v["position_embedding_type"].as_str() == Some("rope"),
+                embedding_multiplier: float("embedding_multiplier", 1.0),
+                residual_multiplier: float("residual_multiplier", 1.0),
+                attention_multiplier: float("attention_multiplier", 1.0),
+                logits_scaling: float("logits_scaling", 1.0),
+            }),
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Mamba2Config`: no attention, no MLP; the mixer's shape.
+    fn mamba2_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let hidden_size = int("hidden_size")?;
+        let expand = v["expand"].as_u64().unwrap_or(2) as usize;
+        let num_heads = int("num_heads")?;
+        let head_dim = int("head_dim")?;
+        if num_heads * head_dim != expand * hidden_size {
+            return Err(WeftError::model(
+                file,
+                format!(
+                    "num_heads {num_heads} · head_dim {head_dim} must equal expand {expand} · hidden_size {hidden_size}"
+                ),
+            ));
+        }
+        let config = ModelConfig {
+            architecture: "mamba2".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: 0,
+            num_layers: int("num_hidden_layers")?,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            rms_norm_eps: v["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32,
+            rope_theta: 0.0,
+            rope_scaling: None,
+            // No positions: the state carries the context, however long.
+            max_position_embeddings: 1 << 20,
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            attention_bias: false,
+            sliding_window: None,
+            qk_norm: false,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            hybrid: None,
+            ssm: Some(SsmConfig {
+                conv_kernel: int("conv_kernel")?,
+                state_size: int("state_size")?,
+                num_groups: v["n_groups"].as_u64().unwrap_or(1) as usize,
+                num_heads,
+                head_dim,
+            }),
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// Whether layer `layer` is a state-space (Mamba2) layer rather than attention.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        self.ssm.is_some() && !self.hybrid.as_ref().is_some_and(|h| h.attention_layers.contains(&layer))
+    }
+
+    /// Layers with attention (and so a KV cache).
+    pub fn num_attention_layers(&self) -> usize {
+        (0..self.num_layers).filter(|&i| !self.is_recurrent(i)).count()
+    }
+
     fn check(&self, file: &str) -> Result<()> {
+        if let Some(ssm) = &self.ssm {
+            let ok = ssm.num_heads > 0
+                && ssm.head_dim > 0
+                && ssm.num_groups > 0
+                && ssm.num_heads % ssm.num_groups == 0
+                && ssm.inner_size() % ssm.num_groups == 0
+                && (2..=crate::gpu::kernels::ssm::MAX_CONV_KERNEL).contains(&ssm.conv_kernel)
+                && (1..=crate::gpu::kernels::ssm::MAX_STATE_SIZE).contains(&ssm.state_size);
+            if !ok {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "unsupported state-space shape: {ssm:?} (weft needs heads a multiple of groups, a conv kernel of 2 to {} and a state size of 1 to {})",
+                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL,
+                        crate::gpu::kernels::ssm::MAX_STATE_SIZE
+                    ),
+                ));
+            }
+            if self.num_attention_layers() == 0 {
+                return Ok(());
+            }
+        }
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
             && self.num_heads.is_multiple_of(self.num_kv_heads)
@@ -291,6 +545,8 @@ mod tests {
             sliding_window_pattern: None,
             rope_local_theta: None,
             query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: None,
         };
         let got = config.inv_freq();
         let want = [

@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use web_time::Instant;
 
 use crate::error::{Result, WeftError};
+use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, RecurrentStateConfig};
 use crate::model::arch::Architecture;
 use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
@@ -29,6 +30,13 @@ use crate::quant::DType;
 use crate::rt::BoxFuture;
 use crate::step::{DraftStore, ModelExecutor, StepBatch, StepOutput, StepTimings};
 use crate::tensor::TensorFactory;
+
+/// State slots of an executor for a model with recurrent layers: each holds one sequence's
+/// whole state (for a small model a few hundred KiB, for Mamba2-370M about 50 MiB), and the
+/// scheduler admits no more sequences than there are slots.
+pub const NUM_STATE_SLOTS: usize = 16;
+/// Prefix-state snapshot slots beside them (the prefix cache's states), as many.
+pub const NUM_STATE_SNAPSHOTS: usize = 16;
 
 /// The wgpu executor of a model.
 pub struct GpuExecutor {
@@ -85,6 +93,7 @@ struct Workspace {
     slots: GpuTensor,        // (tokens, 1) U32
     block_tables: GpuTensor, // (table entries, 1) U32
     logit_rows: GpuTensor,   // (logits, 1) U32
+    seq_states: GpuTensor,   // (seqs, 6) U32: kernels::ssm::SeqStates' table
     acts: Activations,
     logits: GpuTensor, // (logits, vocab) F32
     sampler: SamplerBuffers,
@@ -102,6 +111,7 @@ impl Workspace {
             slots: u32s(&[capacity.tokens, 1])?,
             block_tables: u32s(&[capacity.table_entries, 1])?,
             logit_rows: u32s(&[capacity.logits, 1])?,
+            seq_states: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
             acts: Activations::new(factory, c, capacity.tokens, capacity.logits)?,
             logits: factory.zeros(&[capacity.logits, c.vocab_size], DType::F32)?,
             sampler: SamplerBuffers::new(
@@ -123,6 +133,9 @@ struct HostInputs {
     tables: Vec<u32>,
     max_blocks: usize,
     logit_rows: Vec<u32>,
+    /// (seqs, 6): first row, rows, state slot (0 without one), start position, slot read from,
+    /// snapshot slot written.
+    seq_states: Vec<u32>,
     sampler: SamplerInputs,
 }
 
@@ -138,9 +151,14 @@ impl HostInputs {
             tables: vec![0u32; batch.seqs.len() * max_blocks],
             max_blocks,
             logit_rows: Vec::with_capacity(batch.num_logits()),
+            seq_states: Vec::with_capacity(SEQ_STATE_COLS * batch.seqs.len()),
             sampler: SamplerInputs::of(batch),
         };
         for (s, seq) in batch.seqs.iter().enumerate() {
+            let (first_row, num_rows) = (inputs.ids.len() as u32, seq.tokens.len() as u32);
+            let slot = seq.state_slot.unwrap_or(0);
+            let (read, save) = (seq.state_restore.unwrap_or(slot), seq.state_save.unwrap_or(NO_SLOT));
+            inputs.seq_states.extend([first_row, num_rows, slot, seq.start_pos as u32, read, save]);
             inputs.tables[s * max_blocks..s * max_blocks + seq.block_table.len()].copy_from_slice(&seq.block_table);
             for (i, &token) in seq.tokens.iter().enumerate() {
                 let pos = seq.start_pos + i;
@@ -191,10 +209,22 @@ struct StepArena {
 }
 
 impl GpuExecutor {
-    /// `model` with a KV pool of `kv`'s shape, made on `factory`'s device.
+    /// `model` with a KV pool of `kv`'s shape (and, for recurrent layers, [`NUM_STATE_SLOTS`]
+    /// state slots), made on `factory`'s device.
     pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {
-        let c = model.config();
-        let pool = KvPool::new(&factory, kv, c.num_layers, c.num_kv_heads, c.head_dim)?;
+        Self::with_state_slots(factory, model, kv, NUM_STATE_SLOTS, NUM_STATE_SNAPSHOTS)
+    }
+
+    /// [`new`](Self::new) with `num_slots` recurrent-state slots and `num_snapshots` snapshot
+    /// slots (for a model with recurrent layers; at least one slot is made).
+    pub fn with_state_slots(
+        factory: GpuTensorFactory,
+        model: Box<dyn Architecture>,
+        kv: KvCacheConfig,
+        num_slots: usize,
+        num_snapshots: usize,
+    ) -> Result<Self> {
+        let pool = KvPool::new(&factory, kv, model.config(), num_slots.max(1), num_snapshots)?;
         Ok(GpuExecutor {
             factory,
             model,
@@ -260,6 +290,11 @@ impl GpuExecutor {
             debug_assert!(seq.end_pos() <= self.max_context());
             debug_assert!(seq.block_table.len() * kv.block_size >= seq.end_pos());
             debug_assert!(seq.block_table.iter().all(|&b| (b as usize) < kv.num_blocks));
+            let (slots, snapshots) = self.kv.state_config().map_or((0, 0), |s| (s.num_slots, s.num_snapshot_slots));
+            debug_assert!(seq.state_slot.is_none_or(|slot| (slot as usize) < slots));
+            let snapshot = |s: Option<u32>| s.is_none_or(|s| (slots..slots + snapshots).contains(&(s as usize)));
+            debug_assert!(snapshot(seq.state_restore) && snapshot(seq.state_save));
+            debug_assert_eq!(seq.state_slot.is_some(), slots > 0, "a state slot exactly for recurrent models");
         }
     }
 
@@ -285,6 +320,7 @@ impl GpuExecutor {
         f.write(&ws.slots, bytemuck::cast_slice(&inputs.slots))?;
         f.write(&ws.block_tables, bytemuck::cast_slice(&inputs.tables))?;
         f.write(&ws.logit_rows, bytemuck::cast_slice(&inputs.logit_rows))?;
+        f.write(&ws.seq_states, bytemuck::cast_slice(&inputs.seq_states))?;
         let logits = view(&ws.logits, num_logits)?;
         let out = ws.sampler.out(num_logits)?;
         let shape = (inputs.shape(batch.seqs.len()), sample);
@@ -305,6 +341,7 @@ impl GpuExecutor {
             block_tables: &first(&ws.block_tables, inputs.tables.len())?
                 .reshape(&[batch.seqs.len(), inputs.max_blocks])?,
             logit_rows: &first(&ws.logit_rows, num_logits)?,
+            seq_states: SeqStates { seqs: &view(&ws.seq_states, batch.seqs.len())?, num_seqs: batch.seqs.len() },
         };
         let acts = ws.acts.view(num_tokens, num_logits)?;
         self.model.record_forward(self.ctx(), rec, &step_inputs, &acts, &self.kv, &logits)?;
@@ -396,6 +433,10 @@ impl ModelExecutor for GpuExecutor {
 
     fn kv_config(&self) -> KvCacheConfig {
         self.kv.config()
+    }
+
+    fn state_config(&self) -> Option<RecurrentStateConfig> {
+        self.kv.state_config()
     }
 
     fn health_check(&self) -> BoxFuture<'_, Result<()>> {

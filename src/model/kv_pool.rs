@@ -1,50 +1,114 @@
-//! The GPU memory behind the paged KV cache: one K and one V tensor per layer. `kv::` decides
-//! which blocks a sequence holds; the executor owns this pool and only follows the tables.
+//! The GPU memory behind the paged KV cache (one K and one V tensor per attention layer) and
+//! behind the recurrent-state slots of state-space layers (one conv-window and one SSM-state
+//! tensor per recurrent layer). `kv::` decides which blocks and slots a sequence holds; the
+//! executor owns this pool and only follows the tables.
 
-use crate::error::Result;
+use crate::error::{Result, WeftError};
 use crate::gpu::kernels::paged::PagedKv;
 use crate::gpu::{GpuTensor, GpuTensorFactory};
-use crate::kv::KvCacheConfig;
+use crate::kv::{KvCacheConfig, RecurrentStateConfig};
+use crate::model::config::ModelConfig;
+use crate::quant::DType;
+use crate::tensor::TensorFactory;
 
 /// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)
 /// F32 tensor per layer and side, so no binding grows with the layer count (buffers, or
 /// rgba32float textures on CPU drivers).
 pub struct KvPool {
     config: KvCacheConfig,
-    k: Vec<GpuTensor>,
-    v: Vec<GpuTensor>,
+    /// Per model layer; `None` for a recurrent layer.
+    k: Vec<Option<GpuTensor>>,
+    v: Vec<Option<GpuTensor>>,
+    /// The state slots, for a model with recurrent layers.
+    states: Option<StatePool>,
+}
+
+/// Every recurrent layer's state over all slots, indexed by model layer.
+pub struct StatePool {
+    config: RecurrentStateConfig,
+    conv: Vec<Option<GpuTensor>>, // per layer: (slots + snapshots, conv_kernel - 1, conv_channels) F32
+    ssm: Vec<Option<GpuTensor>>,  // per layer: (slots + snapshots, heads, head_dim, state_size) F32
+}
+
+impl StatePool {
+    /// Layer `layer`'s (conv window, SSM state) tensors; an error for an attention layer.
+    pub fn layer(&self, layer: usize) -> Result<(&GpuTensor, &GpuTensor)> {
+        match (self.conv.get(layer), self.ssm.get(layer)) {
+            (Some(Some(conv)), Some(Some(ssm))) => Ok((conv, ssm)),
+            _ => Err(WeftError::Unsupported(format!("layer {layer} has no recurrent state"))),
+        }
+    }
 }
 
 impl KvPool {
+    /// KV for `model`'s attention layers in `config`'s blocks, and `num_state_slots` state
+    /// slots plus `num_snapshot_slots` prefix-state snapshot slots for its recurrent layers (none
+    /// for a model without them).
     pub fn new(
         factory: &GpuTensorFactory,
         config: KvCacheConfig,
-        num_layers: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
+        model: &ModelConfig,
+        num_state_slots: usize,
+        num_snapshot_slots: usize,
     ) -> Result<KvPool> {
-        let shape = [config.num_blocks * config.block_size, num_kv_heads, head_dim];
-        let mut k = Vec::with_capacity(num_layers);
-        let mut v = Vec::with_capacity(num_layers);
-        for _ in 0..num_layers {
-            k.push(factory.kv_cache(&shape, None)?);
-            v.push(factory.kv_cache(&shape, None)?);
+        let shape = [config.num_blocks * config.block_size, model.num_kv_heads, model.head_dim];
+        let mut k = Vec::with_capacity(model.num_layers);
+        let mut v = Vec::with_capacity(model.num_layers);
+        for layer in 0..model.num_layers {
+            let attends = !model.is_recurrent(layer);
+            k.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
+            v.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
         }
-        Ok(KvPool { config, k, v })
+        let states = match model.ssm {
+            Some(ssm) => {
+                let (mut conv, mut states) = (Vec::new(), Vec::new());
+                let mut num_recurrent = 0;
+                let rows = num_state_slots + num_snapshot_slots;
+                for layer in 0..model.num_layers {
+                    let recurrent = model.is_recurrent(layer);
+                    num_recurrent += usize::from(recurrent);
+                    let zeros = |shape: &[usize]| recurrent.then(|| factory.zeros(shape, DType::F32)).transpose();
+                    conv.push(zeros(&[rows, ssm.conv_kernel - 1, ssm.conv_channels()])?);
+                    states.push(zeros(&[rows, ssm.num_heads, ssm.head_dim, ssm.state_size])?);
+                }
+                let config = RecurrentStateConfig {
+                    num_slots: num_state_slots,
+                    num_snapshot_slots,
+                    slot_size_bytes: num_recurrent * ssm.layer_state_bytes(),
+                };
+                Some(StatePool { config, conv, ssm: states })
+            }
+            None => None,
+        };
+        Ok(KvPool { config, k, v, states })
     }
 
     pub fn config(&self) -> KvCacheConfig {
         self.config
     }
 
-    /// Layer `layer`'s view of the cache for the attention kernels.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv {
-            k_cache: &self.k[layer],
-            v_cache: &self.v[layer],
+    /// The state-slot pool's shape; `None` for a model without recurrent layers.
+    pub fn state_config(&self) -> Option<RecurrentStateConfig> {
+        self.states.as_ref().map(|s| s.config)
+    }
+
+    /// The state slots, or an error for a model without recurrent layers.
+    pub fn states(&self) -> Result<&StatePool> {
+        self.states.as_ref().ok_or_else(|| WeftError::Unsupported("this model has no recurrent-state slots".into()))
+    }
+
+    /// Layer `layer`'s view of the cache for the attention kernels; an error for a recurrent
+    /// layer.
+    pub fn layer(&self, layer: usize) -> Result<PagedKv<'_>> {
+        let (Some(Some(k_cache)), Some(Some(v_cache))) = (self.k.get(layer), self.v.get(layer)) else {
+            return Err(WeftError::Unsupported(format!("layer {layer} has no KV cache")));
+        };
+        Ok(PagedKv {
+            k_cache,
+            v_cache,
             block_size: self.config.block_size,
             first_slot: 0,
             num_slots: self.config.num_blocks * self.config.block_size,
-        }
+        })
     }
 }

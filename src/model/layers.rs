@@ -1,8 +1,8 @@
 //! The building blocks architectures share, each recording its dispatches: a [`Linear`]
 //! projection (one or several weight matrices written side by side, optional bias),
-//! self-[`Attention`] over the paged KV cache with RoPE (and optional per-head q/k norms), and
-//! the gated [`Mlp`] (SwiGLU or GeGLU). An architecture
-//! file composes them top to bottom.
+//! self-[`Attention`] over the paged KV cache with RoPE (and optional per-head q/k norms), the
+//! gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2 [`SsmMixer`] over a sequence's
+//! recurrent-state slot. An architecture file composes them top to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
@@ -18,8 +18,10 @@ use crate::gpu::kernels::matmul::matmul_into;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
+use crate::gpu::kernels::ssm::{ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, SsmConfig};
+use crate::model::weights::{Checkpoint, Loader};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -51,6 +53,8 @@ pub struct StepInputs<'a> {
     pub slots: &'a GpuTensor,        // (num_tokens) U32: KV slot of each token
     pub block_tables: &'a GpuTensor, // (num_seqs, max_blocks_per_seq) U32
     pub logit_rows: &'a GpuTensor,   // (num_logits) U32: the tokens whose logits are sampled
+    /// Per sequence: first row, rows, state slot, start position (the recurrent kernels').
+    pub seq_states: SeqStates<'a>,
 }
 
 /// The activations of one step, shared by every layer (wgpu orders the dispatches that use
@@ -66,11 +70,32 @@ pub struct Activations {
     pub act: GpuTensor,     // (tokens, intermediate)
     pub rows: GpuTensor,    // (logit rows, hidden): the normalised rows the LM head reads
     pub normed: GpuTensor,  // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
+    /// A Mamba2 mixer's buffers, for models with state-space layers.
+    pub ssm: Option<SsmActivations>,
+}
+
+/// The buffers of a Mamba2 mixer.
+pub struct SsmActivations {
+    pub zxbcdt: GpuTensor, // (tokens, inner + conv_channels + heads): in_proj's z, xBC, dt
+    pub xbc: GpuTensor,    // (tokens, conv_channels): the convolved x, B, C
+    pub y: GpuTensor,      // (tokens, inner): the scan's output
+    pub yn: GpuTensor,     // (tokens, inner): gated and normalised
 }
 
 impl Activations {
     pub fn new(factory: &dyn TensorFactory, c: &ModelConfig, num_tokens: usize, num_logits: usize) -> Result<Self> {
-        let t = |cols: usize| factory.activations(&[num_tokens, cols]);
+        // A model without attention or MLP (a pure state-space one) still gets one-column
+        // buffers: the fields stay plain tensors, and nothing reads them.
+        let t = |cols: usize| factory.activations(&[num_tokens, cols.max(1)]);
+        let ssm = match &c.ssm {
+            Some(ssm) => Some(SsmActivations {
+                zxbcdt: t(ssm.in_proj_size())?,
+                xbc: t(ssm.conv_channels())?,
+                y: t(ssm.inner_size())?,
+                yn: t(ssm.inner_size())?,
+            }),
+            None => None,
+        };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -81,7 +106,15 @@ impl Activations {
             act: t(c.intermediate_size)?,
             rows: factory.activations(&[num_logits, c.hidden_size])?,
             normed: t(c.hidden_size)?,
+            ssm,
         })
+    }
+
+    /// The Mamba2 mixer's buffers, or an error for a model without state-space layers.
+    pub fn ssm(&self) -> Result<&SsmActivations> {
+        self.ssm
+            .as_ref()
+            .ok_or_else(|| crate::error::WeftError::Unsupported("this model has no state-space activations".into()))
     }
 
     /// The first `num_tokens` token rows and `num_logits` logit rows (no copy).
@@ -97,6 +130,10 @@ impl Activations {
             act: t(&self.act)?,
             rows: self.rows.slice_rows(0..num_logits)?,
             normed: t(&self.normed)?,
+            ssm: match &self.ssm {
+                Some(s) => Some(SsmActivations { zxbcdt: t(&s.zxbcdt)?, xbc: t(&s.xbc)?, y: t(&s.y)?, yn: t(&s.yn)? }),
+                None => None,
+            },
         })
     }
 }
@@ -172,5 +209,86 @@ impl Mlp {
             Gate::GeluTanh => gelu_mul(ctx, rec, &a.gate_up, &a.act)?,
         }
         self.down.forward(ctx, rec, &a.act, &a.proj)
+    }
+}
+
+/// A Mamba2 mixer: `a.proj = out_proj(gated_norm(scan(conv(xBC)), z))` with z, xBC, dt from
+/// `in_proj(a.xn)`, continuing each sequence's conv window and SSM state in its slot.
+pub struct SsmMixer {
+    pub shape: SsmConfig,
+    pub in_proj: Linear,        // (inner + conv_channels + heads, hidden)
+    pub conv_weight: GpuTensor, // (conv_channels, conv_kernel) F32
+    pub conv_bias: GpuTensor,   // (conv_channels)
+    pub a: GpuTensor,           // (heads): -exp(A_log)
+    pub d: GpuTensor,           // (heads)
+    pub dt_bias: GpuTensor,     // (heads)
+    pub norm: GpuTensor,        // (inner)
+    pub out_proj: Linear,       // (hidden, inner)
+}
+
+impl SsmMixer {
+    /// Layer `layer`'s mixer: GGUF names `blk.N.ssm_*` (llama.cpp's converter stores A as
+    /// `-exp(A_log)`), Hugging Face names `{hf_prefix}.in_proj.weight`, … (A as `A_log`).
+    pub fn load(w: &Loader<'_>, shape: SsmConfig, hidden: usize, layer: usize, hf_prefix: &str) -> Result<SsmMixer> {
+        let (inner, heads, channels) = (shape.inner_size(), shape.num_heads, shape.conv_channels());
+        let checkpoint = w.source.checkpoint();
+        let name = |gguf: &str, hf: &str| match checkpoint {
+            Checkpoint::Gguf => format!("blk.{layer}.{gguf}"),
+            Checkpoint::HuggingFace => format!("{hf_prefix}.{hf}"),
+        };
+        let f32s = |name: String, shape: &[usize]| -> Result<GpuTensor> {
+            w.factory.upload_f32(shape, &w.named_values(&name, shape.iter().product())?)
+        };
+        let mut a = w.named_values(&name("ssm_a", "A_log"), heads)?;
+        if checkpoint == Checkpoint::HuggingFace {
+            a.iter_mut().for_each(|v| *v = -v.exp());
+        }
+        let matrix = |name: String, shape: &[usize]| -> Result<Linear> {
+            Ok(Linear { weights: vec![w.named_matrix(&name, shape)?], bias: None })
+        };
+        Ok(SsmMixer {
+            shape,
+            in_proj: matrix(name("ssm_in.weight", "in_proj.weight"), &[shape.in_proj_size(), hidden])?,
+            conv_weight: f32s(name("ssm_conv1d.weight", "conv1d.weight"), &[channels, shape.conv_kernel])?,
+            conv_bias: f32s(name("ssm_conv1d.bias", "conv1d.bias"), &[channels])?,
+            a: w.factory.upload_f32(&[heads], &a)?,
+            d: f32s(name("ssm_d", "D"), &[heads])?,
+            dt_bias: f32s(name("ssm_dt.bias", "dt_bias"), &[heads])?,
+            norm: f32s(name("ssm_norm.weight", "norm.weight"), &[inner])?,
+            out_proj: matrix(name("ssm_out.weight", "out_proj.weight"), &[hidden, inner])?,
+        })
+    }
+
+    /// `a.proj = mixer(a.xn)`, reading and writing the slots' `conv_state` (slots, conv_kernel
+    /// - 1, conv_channels) and `ssm_state` (slots, heads, head_dim, state_size).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        a: &Activations,
+        inputs: &StepInputs<'_>,
+        conv_state: &GpuTensor,
+        ssm_state: &GpuTensor,
+        eps: f32,
+    ) -> Result<()> {
+        let s = self.shape;
+        let acts = a.ssm()?;
+        let (inner, channels) = (s.inner_size(), s.conv_channels());
+        // z, xBC, dt side by side.
+        self.in_proj.forward(ctx, rec, &a.xn, &acts.zxbcdt)?;
+        let (w, b, seqs) = (&self.conv_weight, &self.conv_bias, &inputs.seq_states);
+        ssm_conv(ctx, rec, &acts.zxbcdt, inner, w, b, seqs, conv_state, &acts.xbc)?;
+        let shape = ScanShape {
+            num_heads: s.num_heads,
+            head_dim: s.head_dim,
+            state_size: s.state_size,
+            num_groups: s.num_groups,
+        };
+        let weights = ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias };
+        let dt_offset = inner + channels;
+        ssm_scan(ctx, rec, shape, &acts.xbc, &acts.zxbcdt, dt_offset, &weights, seqs, ssm_state, &acts.y)?;
+        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
+        self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
     }
 }

@@ -197,6 +197,21 @@ impl ModelFiles {
         crate::model::executor::GpuExecutor::new(factory.clone(), self.architecture(factory, progress)?, kv)
     }
 
+    /// [`executor_with_progress`](Self::executor_with_progress) with `num_slots` recurrent-state
+    /// slots and `num_snapshots` prefix-state snapshot slots (used only by models with
+    /// recurrent layers).
+    pub fn executor_with_state_slots(
+        &self,
+        factory: &crate::gpu::GpuTensorFactory,
+        kv: crate::kv::KvCacheConfig,
+        num_slots: usize,
+        num_snapshots: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<crate::model::executor::GpuExecutor> {
+        let model = self.architecture(factory, progress)?;
+        crate::model::executor::GpuExecutor::with_state_slots(factory.clone(), model, kv, num_slots, num_snapshots)
+    }
+
     /// Upload the weights as the model's architecture (no KV pool, no executor).
     pub fn architecture(
         &self,

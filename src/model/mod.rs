@@ -15,5 +15,6 @@ pub mod layers;
 pub mod load;
 pub mod sampler;
 pub mod synthetic;
+pub mod synthetic_ssm;
 pub mod tiny;
 pub mod weights;

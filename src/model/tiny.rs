@@ -31,6 +31,8 @@ pub fn tiny_config() -> ModelConfig {
         sliding_window_pattern: None,
         rope_local_theta: None,
         query_pre_attn_scalar: None,
+        ssm: None,
+        hybrid: None,
     }
 }
 

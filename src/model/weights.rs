@@ -134,7 +134,10 @@ pub struct Loader<'a> {
 impl Loader<'_> {
     /// The host tensor `part` of `layer`, its shape checked; `None` if the checkpoint lacks it.
     fn host(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<(String, HostTensor<'_>)>> {
-        let name = tensor_name(self.source.checkpoint(), layer, part);
+        self.host_named(tensor_name(self.source.checkpoint(), layer, part), shape)
+    }
+
+    fn host_named(&self, name: String, shape: &[usize]) -> Result<Option<(String, HostTensor<'_>)>> {
         let Some(t) = self.source.get(&name)? else { return Ok(None) };
         if t.shape != shape {
             return Err(WeftError::model(
@@ -156,6 +159,39 @@ impl Loader<'_> {
     pub fn matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<GpuTensor> {
         let (name, t) = self.required_host(layer, part, shape)?;
         upload_matrix(self.source.file(), &name, &t, self.factory)
+    }
+
+    /// The tensor called `name`, a matrix of `shape` kept in the checkpoint's format (for
+    /// architectures whose names are not the Llama family's).
+    pub fn named_matrix(&self, name: &str, shape: &[usize]) -> Result<GpuTensor> {
+        let (name, t) = self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
+        upload_matrix(self.source.file(), &name, &t, self.factory)
+    }
+
+    /// The tensor called `name`, if present, as a matrix of `shape`.
+    pub fn optional_named_matrix(&self, name: &str, shape: &[usize]) -> Result<Option<GpuTensor>> {
+        match self.host_named(name.to_string(), shape)? {
+            Some((name, t)) => upload_matrix(self.source.file(), &name, &t, self.factory).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The values of the tensor called `name`, which must hold `len` of them in any shape
+    /// (checkpoints disagree on shapes such as (heads) or (heads, 1)), as F32.
+    pub fn named_values(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.source.get(name)?.ok_or_else(|| self.missing(name))?;
+        let num_elems: usize = t.shape.iter().product();
+        if num_elems != len {
+            return Err(WeftError::model(
+                self.source.file(),
+                format!("tensor {name} has shape {:?}, expected {len} elements", t.shape),
+            ));
+        }
+        float_values(self.source.file(), name, &t)
+    }
+
+    fn missing(&self, name: &str) -> WeftError {
+        WeftError::model(self.source.file(), format!("tensor {name} is missing"))
     }
 
     /// A norm weight or bias, as F32.

@@ -15,5 +15,6 @@ mod rope;
 mod sample;
 mod spec_sample;
 mod split;
+mod ssm;
 mod token_mask;
 mod wgsl;

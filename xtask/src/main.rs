@@ -45,9 +45,14 @@ commands:
                   --table: only regenerate bench/README.md from bench/results/
                   --device-check [--out DIR] [--budget 450] [--peer]: on a machine with an NVIDIA
                   GPU, the standard set on Vulkan for the default model and the 1B/8B shapes
+  bench-recurrent print decode step time by context for a Mamba2 and a Llama shape of similar
+                  size (random weights), and tokens/s at 1 and 16 sequences
+                  [--shapes mamba2-130m,llama-135m] [--contexts 64,512,2048] [--dtype q8_0]
   make-model      write a random-weight GGUF with a real model's shape and the default model's
                   vocabulary padded to its size: --shape llama-3.2-1b|llama-3.1-8b|qwen2.5-1.5b
-                  --quant q4_1|q8_0|f16 [--out models/synthetic/<shape>.<quant>.gguf] [--seed N]
+                  --quant q4_1|q8_0|f16 [--out models/synthetic/<shape>.<quant>.gguf] [--seed N];
+                  or a state-space shape with its own vocabulary: --shape mamba2-130m|mamba2-370m|
+                  llama-135m [--dtype q8_0|q4_0|f32] --out FILE
   help            this text
 ";
 
@@ -66,6 +71,7 @@ fn main() -> ExitCode {
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
         Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
         Some("bench") => bench::bench(&args[1..]),
+        Some("bench-recurrent") => bench(&["--bench", "recurrent"], &args[1..]),
         Some("make-model") => make_model(&args[1..]),
         Some("help") | None => {
             print!("{HELP}");
@@ -231,6 +237,13 @@ fn bench(which: &[&str], args: &[String]) -> Result {
 /// `cargo xtask make-model --shape S --quant Q [--out FILE] [--seed N]`: the `make_model` example
 /// in release, with the default model's vocabulary.
 fn make_model(args: &[String]) -> Result {
+    // The state-space shapes (and their Llama of similar size) come from `make_ssm_model`.
+    let ssm_shape = args.windows(2).any(|w| w[0] == "--shape" && (w[1].starts_with("mamba2") || w[1] == "llama-135m"));
+    if ssm_shape {
+        let mut cmd = cargo();
+        cmd.args(["run", "--release", "--quiet", "-p", "weft", "--example", "make_ssm_model", "--"]).args(args);
+        return run(cmd);
+    }
     let (mut shape, mut quant, mut out, mut seed) = (None, None, None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {

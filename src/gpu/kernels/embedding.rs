@@ -7,7 +7,15 @@ use crate::gpu::pipelines::WeightSource;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(Params { num_tokens: u32, k: u32, row_bytes: u32, first_row: u32, part_rows: u32, w_base: u32 });
+shader_params!(Params {
+    num_tokens: u32,
+    k: u32,
+    row_bytes: u32,
+    first_row: u32,
+    part_rows: u32,
+    w_base: u32,
+    scale: f32
+});
 
 /// Record `out[t] = table[ids[t]]`: table (rows, k) in any weight format with k a multiple of
 /// 32, ids (num_tokens) U32, out (num_tokens, k) F32.
@@ -17,6 +25,18 @@ pub fn embedding(
     table: &GpuTensor,
     ids: &GpuTensor,
     out: &GpuTensor,
+) -> Result<()> {
+    embedding_scaled(ctx, rec, table, ids, out, 1.0)
+}
+
+/// [`embedding`] times `scale` (Granite's embedding multiplier; a scale of 1 changes no bit).
+pub fn embedding_scaled(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    table: &GpuTensor,
+    ids: &GpuTensor,
+    out: &GpuTensor,
+    scale: f32,
 ) -> Result<()> {
     const OP: &str = "embedding";
     if !DType::WEIGHTS.contains(&table.dtype()) || table.shape().len() != 2 {
@@ -47,6 +67,7 @@ pub fn embedding(
             first_row: u32_of(OP, "row", part.rows.start)?,
             part_rows: u32_of(OP, "rows", part.num_rows())?,
             w_base: u32_of(OP, "table offset", part.base_bytes() as usize)?,
+            scale,
         };
         let grid = [(k / 32).div_ceil(64) as u32, params.num_tokens, 1];
         let resources = vec![ids_res.clone(), part.resource(ctx)?, out_res.clone()];

@@ -13,6 +13,7 @@ pub mod reduce;
 pub mod rope;
 pub mod sample;
 pub mod spec_sample;
+pub mod ssm;
 pub mod token_mask;
 
 use crate::error::{Result, WeftError};
@@ -54,7 +55,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<matmul::Params>("matmul", "Params"),
         entry::<embedding::Params>("embedding", "Params"),
         entry::<reduce::RmsNormParams>("rms_norm", "Params"),
-        entry::<reduce::RmsNormParams>("add_rms_norm", "Params"),
+        entry::<reduce::AddRmsNormParams>("add_rms_norm", "Params"),
         entry::<reduce::RowParams>("softmax", "Params"),
         entry::<reduce::RowParams>("argmax", "Params"),
         entry::<elementwise::SiluMulParams>("silu_mul", "Params"),
@@ -68,6 +69,9 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<penalize::Params>("penalize", "Params"),
         entry::<spec_sample::Params>("spec_sample", "Params"),
         entry::<token_mask::Params>("token_mask", "Params"),
+        entry::<ssm::ConvParams>("ssm_conv", "Params"),
+        entry::<ssm::ScanParams>("ssm_scan", "Params"),
+        entry::<ssm::GatedNormParams>("gated_rms_norm", "Params"),
     ]
 }
 

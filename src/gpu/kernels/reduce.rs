@@ -9,6 +9,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
 shader_params!(RmsNormParams { rows: u32, n: u32, eps: f32 });
+shader_params!(AddRmsNormParams { rows: u32, n: u32, eps: f32, delta_scale: f32 });
 shader_params!(RowParams { rows: u32, n: u32 });
 shader_params!(HeadNormParams { num_heads: u32, n: u32, row_stride: u32, eps: f32 });
 
@@ -84,12 +85,28 @@ pub fn add_rms_norm(
     y: &GpuTensor,
     eps: f32,
 ) -> Result<()> {
+    add_scaled_rms_norm(ctx, rec, x, delta, 1.0, weight, y, eps)
+}
+
+/// [`add_rms_norm`] with the residual branch scaled: `x += delta · delta_scale` (Granite's
+/// residual multiplier; a scale of 1 changes no bit).
+#[allow(clippy::too_many_arguments)]
+pub fn add_scaled_rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    delta: &GpuTensor,
+    delta_scale: f32,
+    weight: &GpuTensor,
+    y: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
     const OP: &str = "add_rms_norm";
     let (rows, n) = rows_of(OP, x)?;
     expect(OP, "delta", delta, DType::F32, &[Some(rows), Some(n)])?;
     expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
     expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
-    let params = RmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
+    let params = AddRmsNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps, delta_scale };
     let bindings = [
         x.single_part(OP)?.resource(ctx)?,
         delta.single_part(OP)?.resource(ctx)?,

@@ -147,7 +147,7 @@ impl Architecture for LlamaModel {
                 // The previous layer's residual connection, then this layer's first norm.
                 add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.attn_norm, &a.xn, eps)?;
             }
-            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i), &setup)?;
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup)?;
             add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.ffn_norm, &a.xn, eps)?;
             layer.mlp.forward(ctx, rec, a)?;
         }

@@ -6,10 +6,14 @@
 //! names in [`SUPPORTED`] and [`load`].
 
 mod gemma3;
+mod granite_hybrid;
 mod llama;
+mod mamba2;
 
 pub use gemma3::Gemma3Model;
+pub use granite_hybrid::GraniteHybridModel;
 pub use llama::LlamaModel;
+pub use mamba2::Mamba2Model;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -20,7 +24,8 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED: &[&str] =
+    &["llama", "mistral", "qwen2", "qwen3", "gemma3", "mamba2", "granitehybrid", "granitemoehybrid"];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -53,6 +58,10 @@ pub fn load(
     match config.architecture.as_str() {
         "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
+        "granitehybrid" | "granitemoehybrid" => {
+            Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
+        }
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

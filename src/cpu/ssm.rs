@@ -1,0 +1,102 @@
+//! Plain-loop CPU versions of the Mamba2 kernels (`shaders/ssm_*.wgsl`, `gated_rms_norm.wgsl`),
+//! one sequence at a time, following transformers' `modeling_mamba2.py` (its recurrent form:
+//! `causal_conv1d_update` and `mamba2_selective_state_update`). Sums are carried in f64.
+
+/// The causal depthwise convolution with SiLU, continuing `conv_state` (kernel - 1, channels),
+/// the inputs before `u`'s first row, and leaving the last kernel - 1 inputs there.
+/// u (num_rows, channels), weight (channels, kernel), bias (channels) -> (num_rows, channels).
+pub fn conv1d_silu(u: &[f32], weight: &[f32], bias: &[f32], kernel: usize, conv_state: &mut [f32]) -> Vec<f32> {
+    let channels = bias.len();
+    let num_rows = u.len() / channels;
+    // (num_past + num_rows, channels): the window then the new inputs.
+    let mut all = conv_state.to_vec();
+    all.extend_from_slice(u);
+    let mut y = vec![0.0; u.len()];
+    for t in 0..num_rows {
+        for c in 0..channels {
+            let mut acc = f64::from(bias[c]);
+            for j in 0..kernel {
+                acc += f64::from(weight[c * kernel + j]) * f64::from(all[(t + j) * channels + c]);
+            }
+            y[t * channels + c] = (acc / (1.0 + (-acc).exp())) as f32;
+        }
+    }
+    conv_state.copy_from_slice(&all[num_rows * channels..]);
+    y
+}
+
+/// Shapes of one Mamba2 scan.
+#[derive(Clone, Copy, Debug)]
+pub struct ScanDims {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub state_size: usize,
+    pub num_groups: usize,
+}
+
+/// The selective scan of one sequence, token by token from `state` (heads, head_dim,
+/// state_size), which it leaves after the last token. xbc (num_rows, heads · head_dim + 2 ·
+/// groups · state_size) holds x, B, C; dt_raw (num_rows, heads); a, d, dt_bias (heads).
+/// Returns y (num_rows, heads · head_dim).
+#[allow(clippy::too_many_arguments)]
+pub fn ssm_scan(
+    dims: ScanDims,
+    xbc: &[f32],
+    dt_raw: &[f32],
+    a: &[f32],
+    d: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+) -> Vec<f32> {
+    let ScanDims { num_heads, head_dim, state_size, num_groups } = dims;
+    let inner = num_heads * head_dim;
+    let width = inner + 2 * num_groups * state_size;
+    let num_rows = xbc.len() / width;
+    let mut y = vec![0.0; num_rows * inner];
+    for t in 0..num_rows {
+        let row = &xbc[t * width..(t + 1) * width];
+        for h in 0..num_heads {
+            let g = h / (num_heads / num_groups);
+            let v = f64::from(dt_raw[t * num_heads + h]) + f64::from(dt_bias[h]);
+            let step = if v > 20.0 { v } else { v.exp().ln_1p() };
+            let decay = (step * f64::from(a[h])).exp();
+            let b = &row[inner + g * state_size..inner + (g + 1) * state_size];
+            let c = &row[inner + (num_groups + g) * state_size..inner + (num_groups + g + 1) * state_size];
+            for p in 0..head_dim {
+                let x = f64::from(row[h * head_dim + p]);
+                let s = &mut state[(h * head_dim + p) * state_size..(h * head_dim + p + 1) * state_size];
+                let mut acc = 0.0f64;
+                for n in 0..state_size {
+                    let next = f64::from(s[n]) * decay + step * f64::from(b[n]) * x;
+                    s[n] = next as f32;
+                    acc += next * f64::from(c[n]);
+                }
+                y[t * inner + h * head_dim + p] = (acc + f64::from(d[h]) * x) as f32;
+            }
+        }
+    }
+    y
+}
+
+/// `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns;
+/// x and z (rows, weight.len()).
+pub fn gated_rms_norm(x: &[f32], z: &[f32], weight: &[f32], group_size: usize, eps: f32) -> Vec<f32> {
+    let v: Vec<f64> = x
+        .iter()
+        .zip(z)
+        .map(|(&x, &z)| {
+            let z = f64::from(z);
+            f64::from(x) * z / (1.0 + (-z).exp())
+        })
+        .collect();
+    let mut y = vec![0.0; x.len()];
+    for (g, group) in v.chunks(group_size).enumerate() {
+        let ms = group.iter().map(|v| v * v).sum::<f64>() / group_size as f64;
+        let scale = 1.0 / (ms + f64::from(eps)).sqrt();
+        for (i, v) in group.iter().enumerate() {
+            let col = (g * group_size + i) % weight.len();
+            y[g * group_size + i] = (v * scale * f64::from(weight[col])) as f32;
+        }
+    }
+    y
+}

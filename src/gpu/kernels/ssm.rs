@@ -1,0 +1,215 @@
+//! The kernels of Mamba2 (state-space) layers: the causal depthwise convolution over the
+//! conv window ([`ssm_conv`]), the selective-state scan ([`ssm_scan`]) and the gated,
+//! grouped RMSNorm ([`gated_rms_norm`]). The first two continue each sequence from its
+//! recurrent-state slot and leave the new state there; `seqs` says which rows are whose.
+
+use super::{expect, shader_params, u32_of};
+use crate::error::{Result, WeftError};
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::quant::DType;
+
+shader_params!(ConvParams { channels: u32, kernel: u32, x_stride: u32, x_offset: u32 });
+shader_params!(ScanParams { heads: u32, head_dim: u32, state_size: u32, groups: u32, dt_stride: u32, dt_offset: u32 });
+shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32, eps: f32 });
+
+/// Invocations per workgroup of the conv and scan kernels (their WGSL `WG`).
+const WORKGROUP: usize = 64;
+/// The longest conv kernel and the largest state the kernels hold in registers (WGSL
+/// `MAX_KERNEL`, `MAX_STATE`).
+pub const MAX_CONV_KERNEL: usize = 8;
+pub const MAX_STATE_SIZE: usize = 128;
+
+/// Columns of the [`SeqStates`] table.
+pub const SEQ_STATE_COLS: usize = 6;
+/// The table's entry for "no snapshot slot".
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// Which rows of a step belong to which sequence, and where its state lives: `seqs`
+/// (num_seqs, 6) U32 holds, per sequence, its first row, its number of rows, its own state slot,
+/// its start position (0: the state starts from zero), the slot its state is read from (its own,
+/// or a prefix snapshot being restored) and a snapshot slot its final state is also written to
+/// ([`NO_SLOT`]: none).
+pub struct SeqStates<'a> {
+    pub seqs: &'a GpuTensor,
+    pub num_seqs: usize,
+}
+
+/// Columns `offset..offset + width` of every row of `t`, checked to exist.
+fn columns(op: &'static str, name: &str, t: &GpuTensor, rows: usize, offset: usize, width: usize) -> Result<usize> {
+    expect(op, name, t, DType::F32, &[Some(rows), None])?;
+    let stride = t.shape()[1];
+    if offset + width > stride {
+        return Err(WeftError::shape(
+            op,
+            format!("{name} has {stride} columns; columns {offset}..{} were asked for", offset + width),
+        ));
+    }
+    Ok(stride)
+}
+
+fn seq_table(op: &'static str, s: &SeqStates<'_>) -> Result<u32> {
+    expect(op, "seqs", s.seqs, DType::U32, &[Some(s.num_seqs), Some(SEQ_STATE_COLS)])?;
+    u32_of(op, "num_seqs", s.num_seqs)
+}
+
+/// Record `y[t, c] = silu(bias[c] + Σ_j weight[c, j] · u[t - kernel + 1 + j, c])` with
+/// `u[t, c] = x[t, x_offset + c]`, continuing each sequence's window from `conv_state` (slots,
+/// kernel - 1, channels) and leaving its last kernel - 1 inputs there (see [`SeqStates`]). x (tokens, _) F32,
+/// weight (channels, kernel) F32, bias (channels) F32, y (tokens, channels) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn ssm_conv(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    x_offset: usize,
+    weight: &GpuTensor,
+    bias: &GpuTensor,
+    seqs: &SeqStates<'_>,
+    conv_state: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "ssm_conv";
+    expect(OP, "weight", weight, DType::F32, &[None, None])?;
+    let (channels, kernel) = (weight.shape()[0], weight.shape()[1]);
+    if !(2..=MAX_CONV_KERNEL).contains(&kernel) {
+        return Err(WeftError::shape(OP, format!("conv kernel {kernel}; 2 to {MAX_CONV_KERNEL} are supported")));
+    }
+    expect(OP, "y", y, DType::F32, &[None, Some(channels)])?;
+    let rows = y.shape()[0];
+    let x_stride = columns(OP, "x", x, rows, x_offset, channels)?;
+    expect(OP, "bias", bias, DType::F32, &[Some(channels)])?;
+    expect(OP, "conv_state", conv_state, DType::F32, &[None, Some(kernel - 1), Some(channels)])?;
+    let num_seqs = seq_table(OP, seqs)?;
+    let params = ConvParams {
+        channels: u32_of(OP, "channels", channels)?,
+        kernel: kernel as u32,
+        x_stride: u32_of(OP, "x_stride", x_stride)?,
+        x_offset: u32_of(OP, "x_offset", x_offset)?,
+    };
+    let bindings = [
+        x.single_part(OP)?.resource(ctx)?,
+        weight.single_part(OP)?.resource(ctx)?,
+        bias.single_part(OP)?.resource(ctx)?,
+        seqs.seqs.single_part(OP)?.resource(ctx)?,
+        conv_state.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let grid = [channels.div_ceil(WORKGROUP) as u32, num_seqs, 1];
+    ctx.dispatch(rec, ShaderVariant::plain("ssm_conv"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
+}
+
+/// The shape of a Mamba2 layer's scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScanShape {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub state_size: usize,
+    pub num_groups: usize,
+}
+
+/// Per-head parameters of the scan: a = -exp(A_log), d (the skip), dt_bias; each (heads) F32.
+pub struct ScanWeights<'a> {
+    pub a: &'a GpuTensor,
+    pub d: &'a GpuTensor,
+    pub dt_bias: &'a GpuTensor,
+}
+
+/// Record the selective scan (see `shaders/ssm_scan.wgsl`): xbc (tokens, heads · head_dim +
+/// 2 · groups · state_size) F32 holds x, B and C side by side; the raw dt of head h is
+/// `dt[t, dt_offset + h]`; the state (slots, heads, head_dim, state_size) F32 is continued per
+/// sequence; y (tokens, heads · head_dim) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn ssm_scan(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    shape: ScanShape,
+    xbc: &GpuTensor,
+    dt: &GpuTensor,
+    dt_offset: usize,
+    w: &ScanWeights<'_>,
+    seqs: &SeqStates<'_>,
+    state: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "ssm_scan";
+    let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
+    if state_size == 0 || state_size > MAX_STATE_SIZE || num_groups == 0 || num_heads % num_groups != 0 {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "state size {state_size} (1 to {MAX_STATE_SIZE} supported) with {num_heads} heads in {num_groups} groups"
+            ),
+        ));
+    }
+    let inner = num_heads * head_dim;
+    expect(OP, "y", y, DType::F32, &[None, Some(inner)])?;
+    let rows = y.shape()[0];
+    expect(OP, "xbc", xbc, DType::F32, &[Some(rows), Some(inner + 2 * num_groups * state_size)])?;
+    let dt_stride = columns(OP, "dt", dt, rows, dt_offset, num_heads)?;
+    for (name, t) in [("a", w.a), ("d", w.d), ("dt_bias", w.dt_bias)] {
+        expect(OP, name, t, DType::F32, &[Some(num_heads)])?;
+    }
+    expect(OP, "state", state, DType::F32, &[None, Some(num_heads), Some(head_dim), Some(state_size)])?;
+    let num_seqs = seq_table(OP, seqs)?;
+    let params = ScanParams {
+        heads: u32_of(OP, "heads", num_heads)?,
+        head_dim: u32_of(OP, "head_dim", head_dim)?,
+        state_size: state_size as u32,
+        groups: u32_of(OP, "groups", num_groups)?,
+        dt_stride: u32_of(OP, "dt_stride", dt_stride)?,
+        dt_offset: u32_of(OP, "dt_offset", dt_offset)?,
+    };
+    let bindings = [
+        xbc.single_part(OP)?.resource(ctx)?,
+        dt.single_part(OP)?.resource(ctx)?,
+        w.a.single_part(OP)?.resource(ctx)?,
+        w.d.single_part(OP)?.resource(ctx)?,
+        w.dt_bias.single_part(OP)?.resource(ctx)?,
+        seqs.seqs.single_part(OP)?.resource(ctx)?,
+        state.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let grid = [inner.div_ceil(WORKGROUP) as u32, num_seqs, 1];
+    ctx.dispatch(rec, ShaderVariant::plain("ssm_scan"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
+}
+
+/// Record `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns,
+/// with the gate read from `z[r, z_offset + i]`: x and y (rows, groups · group_size) F32, z
+/// (rows, _) F32, weight (groups · group_size) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    z: &GpuTensor,
+    z_offset: usize,
+    weight: &GpuTensor,
+    group_size: usize,
+    y: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "gated_rms_norm";
+    expect(OP, "x", x, DType::F32, &[None, None])?;
+    let (rows, width) = (x.shape()[0], x.shape()[1]);
+    if group_size == 0 || width % group_size != 0 {
+        return Err(WeftError::shape(OP, format!("{width} columns do not split into groups of {group_size}")));
+    }
+    let z_stride = columns(OP, "z", z, rows, z_offset, width)?;
+    expect(OP, "weight", weight, DType::F32, &[Some(width)])?;
+    expect(OP, "y", y, DType::F32, &[Some(rows), Some(width)])?;
+    let params = GatedNormParams {
+        rows: u32_of(OP, "rows", rows)?,
+        n: u32_of(OP, "group_size", group_size)?,
+        z_stride: u32_of(OP, "z_stride", z_stride)?,
+        z_offset: u32_of(OP, "z_offset", z_offset)?,
+        eps,
+    };
+    let bindings = [
+        x.single_part(OP)?.resource(ctx)?,
+        z.single_part(OP)?.resource(ctx)?,
+        weight.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let grid = [params.rows, (width / group_size) as u32, 1];
+    ctx.dispatch(rec, ShaderVariant::plain("gated_rms_norm"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
+}
