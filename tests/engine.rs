@@ -453,7 +453,10 @@ fn the_seed_constructors_check_their_parts() {
     .err()
     .unwrap()
     .to_string();
-    assert!(err.contains("8 slots of 1024 bytes but the executor's pool has 4 slots of 1024"), "{err}");
+    assert!(
+        err.contains("8 slots (and 0 snapshots) of 1024 bytes but the executor's pool has 4 slots (and 0 snapshots)"),
+        "{err}"
+    );
     let (config, t, s, _, tf) = parts();
     let engine = ContinuousBatchEngine::new_plan_runtime(config, t, s, recurrent, tf).unwrap();
     assert!(!engine.config().enable_prefix_cache, "a KV prefix hit cannot restore a recurrent state");

@@ -155,8 +155,13 @@ impl ContinuousBatchEngine {
             (Some(manager), Some(pool)) if manager.config() != pool => {
                 let ours = manager.config();
                 return Err(WeftError::Unsupported(format!(
-                    "the recurrent-state manager has {} slots of {} bytes but the executor's pool has {} slots of {}",
-                    ours.num_slots, ours.slot_size_bytes, pool.num_slots, pool.slot_size_bytes
+                    "the recurrent-state manager has {} slots (and {} snapshots) of {} bytes but the executor's pool has {} slots (and {} snapshots) of {}",
+                    ours.num_slots,
+                    ours.num_snapshot_slots,
+                    ours.slot_size_bytes,
+                    pool.num_slots,
+                    pool.num_snapshot_slots,
+                    pool.slot_size_bytes
                 )));
             }
             (Some(manager), Some(_)) => Some(manager),

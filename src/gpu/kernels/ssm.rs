@@ -15,7 +15,7 @@ shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32
 /// Invocations per workgroup of the conv and scan kernels (their WGSL `WG`).
 const WORKGROUP: usize = 64;
 /// The longest conv kernel and the largest state the kernels hold in registers (WGSL
-/// `MAX_KERNEL`, `MAX_STATE`).
+/// `MAX_KERNEL`, `MAX_STATE4` vec4s).
 pub const MAX_CONV_KERNEL: usize = 8;
 pub const MAX_STATE_SIZE: usize = 128;
 
@@ -133,11 +133,13 @@ pub fn ssm_scan(
 ) -> Result<()> {
     const OP: &str = "ssm_scan";
     let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
-    if state_size == 0 || state_size > MAX_STATE_SIZE || num_groups == 0 || num_heads % num_groups != 0 {
+    // The kernel reads states, B, C and x four at a time.
+    let fours = state_size % 4 == 0 && (num_heads * head_dim) % 4 == 0;
+    if !fours || state_size > MAX_STATE_SIZE || num_groups == 0 || num_heads % num_groups != 0 {
         return Err(WeftError::shape(
             OP,
             format!(
-                "state size {state_size} (1 to {MAX_STATE_SIZE} supported) with {num_heads} heads in {num_groups} groups"
+                "state size {state_size} (a multiple of 4 up to {MAX_STATE_SIZE} supported) with {num_heads} heads of {head_dim} in {num_groups} groups"
             ),
         ));
     }
