@@ -112,14 +112,14 @@ async fn norms_and_elementwise() {
     check("softmax", &run_and_read(&f, &rec, &xt).await, &weft::cpu::softmax(&x, n));
 
     let (gate, up) = (random_values(1000, 6, 4.0), random_values(1000, 7, 2.0));
-    let (g, u, o) = (
-        f.upload_f32(&[1000], &gate).unwrap(),
-        f.upload_f32(&[1000], &up).unwrap(),
-        f.zeros(&[1000], DType::F32).unwrap(),
-    );
+    // Four rows of 250: gate and up side by side in each row, as the fused projection writes them.
+    let gate_up: Vec<f32> =
+        (0..4).flat_map(|r| gate[r * 250..(r + 1) * 250].iter().chain(&up[r * 250..(r + 1) * 250]).copied()).collect();
+    let (gu, o) = (f.upload_f32(&[4, 500], &gate_up).unwrap(), f.zeros(&[4, 250], DType::F32).unwrap());
     let mut rec = Recording::new();
-    silu_mul(f.context(), &mut rec, &g, &u, &o).unwrap();
+    silu_mul(f.context(), &mut rec, &gu, &o).unwrap();
     check("silu_mul", &run_and_read(&f, &rec, &o).await, &weft::cpu::silu_mul(&gate, &up));
+    let (g, u) = (f.upload_f32(&[1000], &gate).unwrap(), f.upload_f32(&[1000], &up).unwrap());
 
     let mut rec = Recording::new();
     add(f.context(), &mut rec, &g, &u).unwrap();

@@ -9,13 +9,14 @@
 use wasm_bindgen_test::*;
 use weft::DType;
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
-use weft::kv::{KvCacheConfig, KvPool};
+use weft::kv::KvCacheConfig;
+use weft::model::arch;
 use weft::model::config::ModelConfig;
-use weft::model::executor::{GpuExecutor, SeqInput};
+use weft::model::executor::GpuExecutor;
 use weft::model::gguf::GgufFile;
-use weft::model::llama::LlamaModel;
 use weft::model::load::GgufWeights;
 use weft::model::tiny;
+use weft::step::{SeqStep, StepBatch};
 use weft::tensor::TensorFactory;
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
@@ -31,27 +32,22 @@ fn worst_error(got: &[f32], want: &[f32]) -> (f32, f32) {
 async fn compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType, num_blocks: usize) -> Vec<String> {
     let w = tiny::random_weights(config, 7, dtype);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
-    let model = LlamaModel::load(config.clone(), &GgufWeights { gguf: &gguf }, f).unwrap();
-    let kv = KvPool::new(
-        f,
-        KvCacheConfig { block_size: 4, num_blocks },
-        config.num_layers,
-        config.num_kv_heads,
-        config.head_dim,
-    )
-    .unwrap();
-    let exec = GpuExecutor::new(f.clone(), model, kv);
+    let loaded = ModelConfig::from_gguf(&gguf).unwrap();
+    let model = arch::load(loaded, &GgufWeights { gguf: &gguf }, f, &mut |_, _| {}).unwrap();
+    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
     let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
     let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
     let want_a = weft::cpu::llama::forward(config, &w, &a);
     let want_b = weft::cpu::llama::forward(config, &w, &b);
     let (table_a, table_b) = (vec![10, 3, 7], vec![20, 21]);
-    let seq = |tokens: &[u32], start: usize, table: &Vec<u32>| SeqInput {
+    let seq = |tokens: &[u32], start: usize, table: &Vec<u32>| SeqStep {
         tokens: tokens.to_vec(),
         start_pos: start,
         block_table: table.clone(),
-        sample: None,
+        num_logits: 1,
+        ..Default::default()
     };
+    let step = |seqs: Vec<SeqStep>| StepBatch { seqs, ..Default::default() };
     let mut failures = Vec::new();
     let mut check = |what: String, got: &[f32], want: &[f32]| {
         let (worst, scale) = worst_error(got, want);
@@ -59,10 +55,10 @@ async fn compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType, num_b
             failures.push(format!("{dtype} {what}: max error {worst} vs max |logit| {scale}"));
         }
     };
-    let out = exec.last_logits(&[seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)]).await.unwrap();
+    let out = exec.logits(&step(vec![seq(&a[..3], 0, &table_a), seq(&b[..5], 0, &table_b)])).await.unwrap();
     check("a[..3]".into(), &out[0], &want_a[2]);
     check("b[..5]".into(), &out[1], &want_b[4]);
-    let out = exec.last_logits(&[seq(&a[3..8], 3, &table_a), seq(&b[5..], 5, &table_b)]).await.unwrap();
+    let out = exec.logits(&step(vec![seq(&a[3..8], 3, &table_a), seq(&b[5..], 5, &table_b)])).await.unwrap();
     check("a[..8]".into(), &out[0], &want_a[7]);
     check("b[..6]".into(), &out[1], &want_b[5]);
     failures
