@@ -304,7 +304,7 @@ pub fn test_web() -> Result {
     cmd.env("CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER", &runner)
         .env("CHROMEDRIVER", &chromedriver)
         .env("WASM_BINDGEN_TEST_WEBDRIVER_JSON", root().join("web").join("webdriver.json"))
-        .env("WASM_BINDGEN_TEST_TIMEOUT", std::env::var("WASM_BINDGEN_TEST_TIMEOUT").unwrap_or_else(|_| "300".into()))
+        .env("WASM_BINDGEN_TEST_TIMEOUT", std::env::var("WASM_BINDGEN_TEST_TIMEOUT").unwrap_or_else(|_| "1200".into()))
         .env("WASM_BINDGEN_USE_BROWSER", "1");
     let wasm_result = run(cmd).map_err(|e| format!("the wasm-bindgen tests of weft-web failed: {e}"));
     lap("wasm-bindgen tests");
