@@ -63,6 +63,18 @@ impl EngineBuilder {
         &self.files.config
     }
 
+    /// The formats the model's weights (and its draft's) take on the GPU: what
+    /// [`GpuContext::compile_shaders`] compiles ahead.
+    pub fn weight_formats(&self) -> Vec<crate::quant::DType> {
+        let mut formats = self.files.weight_formats();
+        if let Some(draft) = &self.draft {
+            formats.extend(draft.weight_formats());
+            formats.sort_by_key(|d| crate::quant::DType::WEIGHTS.iter().position(|w| w == d));
+            formats.dedup();
+        }
+        formats
+    }
+
     /// Call `progress(layers uploaded, layers in all)` while the weights go to the GPU.
     pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + rt::MaybeSend + 'static) -> Self {
         self.progress = Some(Box::new(progress));

@@ -111,8 +111,11 @@ pub struct StepTimings {
     pub encode_s: f64,
     /// Handing it to the queue.
     pub submit_s: f64,
-    /// Waiting for the GPU and the readback.
+    /// Waiting for the GPU and the readback, `ahead_s` included.
     pub wait_s: f64,
+    /// Encoding the next step's commands while the GPU runs this one (overlapped with the GPU,
+    /// so not part of [`host_s`](Self::host_s)).
+    pub ahead_s: f64,
     /// Dispatches recorded.
     pub dispatches: usize,
     /// The GPU's time for the step's pass, where the adapter has timestamps.

@@ -443,7 +443,7 @@ fn profile(
         let med = |f: &dyn Fn(&StepRecord) -> f64| median(served.iter().map(f).collect()) * 1e3;
         println!("\nprofile: decode steps of {n} sequences ({} dispatches each)", served[0].timings.dispatches);
         println!(
-            "  host per step (median of {}): schedule {:.3} ms, record {:.3} ms, encode {:.3} ms, submit {:.3} ms = {:.3} ms; GPU {:.2} ms, wait {:.2} ms",
+            "  host per step (median of {}): schedule {:.3} ms, record {:.3} ms, encode {:.3} ms, submit {:.3} ms = {:.3} ms; GPU {:.2} ms, wait {:.2} ms (of which {:.3} ms encoding the next step ahead)",
             served.len(),
             med(&|s| s.timings.schedule_s),
             med(&|s| s.timings.record_s),
@@ -452,6 +452,7 @@ fn profile(
             med(&|s| s.timings.host_s()),
             med(&|s| s.timings.gpu_s.unwrap_or(0.0)),
             med(&|s| s.timings.wait_s),
+            med(&|s| s.timings.ahead_s),
         );
         let mut kernels: Vec<(String, f64)> = Vec::new();
         for s in &profiled {

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
 use crate::gpu::pipelines::PipelineCache;
+use crate::quant::DType;
 
 /// Choices made when opening the device. Environment variables are read too (see [`GpuContext::new`]).
 #[derive(Clone, Debug, Default)]
@@ -253,12 +254,15 @@ impl GpuContext {
         )
     }
 
-    /// Compile every shader variant now, one at a time, and name the first that the device
-    /// rejects. A browser compiles WGSL with its own compiler (stricter than naga in places),
-    /// so the web build does this while loading: the cost and any rejection come before the
-    /// first request instead of inside it. Returns how many variants there are.
-    pub async fn compile_all_shaders(&self) -> Result<usize> {
-        let variants = self.own_shader_variants();
+    /// Compile now, one at a time, every shader variant of this device's kernel family that
+    /// reads weights in one of `formats` (or none), and name the first that the device rejects.
+    /// A browser compiles WGSL with its own compiler (stricter than naga in places), so the web
+    /// build does this while loading, with the model's formats: the cost and any rejection come
+    /// before the first request instead of inside it. A variant left out still compiles when
+    /// first dispatched. Returns how many variants were compiled.
+    pub async fn compile_shaders(&self, formats: &[DType]) -> Result<usize> {
+        let variants: Vec<_> =
+            self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect();
         for &variant in &variants {
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
             self.pipelines.get(&self.device, variant)?;

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use crate::error::{Result, WeftError};
 use crate::gpu::GpuContext;
 use crate::gpu::pipelines::{BindingKind, Pipeline, ShaderVariant, X_WINDOW_BYTES};
+use crate::gpu::tensor::{PartStorage, Readback};
 
 /// What a dispatch binds at one binding: plain handles, so a bind group can be looked up by
 /// them (wgpu resources compare and hash by identity).
@@ -54,6 +55,18 @@ struct Arena {
     staging: Option<wgpu::Buffer>,
     /// Timestamps at the start and end of the pass, and the buffer they resolve into.
     timestamps: Option<(wgpu::QuerySet, wgpu::Buffer)>,
+    /// The recording encoded again while the GPU ran its last submission, ready for the next
+    /// one: a decode step shaped like the last submits it without encoding. Dropped whenever
+    /// the dispatches change.
+    ahead: Option<Ahead>,
+}
+
+/// A submission encoded ahead of time, and what it reads back.
+#[derive(Debug)]
+struct Ahead {
+    result: Vec<(PartStorage, u64, usize)>,
+    commands: wgpu::CommandBuffer,
+    readback: Readback,
 }
 
 /// Host time of one submission, in seconds.
@@ -63,8 +76,11 @@ pub struct SubmitTimes {
     pub encode_s: f64,
     /// `queue.submit`.
     pub submit_s: f64,
-    /// Waiting for the GPU (and the readback's mapping).
+    /// Waiting for the GPU (and the readback's mapping), `ahead_s` included.
     pub wait_s: f64,
+    /// Encoding the same recording again while the GPU runs this submission, for the next
+    /// (overlapped with the GPU: not on the step's critical path).
+    pub ahead_s: f64,
     /// The GPU's time for the pass, where the adapter has timestamps.
     pub gpu_s: Option<f64>,
 }
@@ -89,7 +105,9 @@ impl Recording {
     pub fn clear(&mut self) {
         self.dispatches.clear();
         self.params.clear();
-        self.arena().params_written = false;
+        let mut arena = self.arena();
+        arena.params_written = false;
+        arena.ahead = None;
     }
 
     pub fn len(&self) -> usize {
@@ -143,7 +161,10 @@ impl GpuContext {
         let params_offset = (rec.params.len() as u64).next_multiple_of(align);
         rec.params.resize(params_offset as usize, 0);
         rec.params.extend_from_slice(params);
-        rec.arena().params_written = false;
+        let mut arena = rec.arena();
+        arena.params_written = false;
+        arena.ahead = None;
+        drop(arena);
         let params_offset = u32::try_from(params_offset)
             .map_err(|_| WeftError::Unsupported("a recording's parameters outgrew 4 GiB".into()))?;
         rec.dispatches.push(Dispatch { variant, pipeline, resources, params_offset, window_offset, workgroups });
@@ -238,13 +259,14 @@ impl GpuContext {
     }
 
     /// Encode `recording` into `encoder`: one compute pass, or (profiling) one pass per dispatch
-    /// with timestamps written into `queries` at 2i and 2i + 1.
+    /// with timestamps written at 2i and 2i + 1 of `queries` taken as one sequence of sets of
+    /// `QUERY_SET_MAX_QUERIES`.
     fn encode_into(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         recording: &Recording,
         groups: &[wgpu::BindGroup],
-        queries: Option<&wgpu::QuerySet>,
+        queries: Option<&[wgpu::QuerySet]>,
     ) {
         self.encode_timed(encoder, recording, groups, queries, None)
     }
@@ -256,7 +278,7 @@ impl GpuContext {
         encoder: &mut wgpu::CommandEncoder,
         recording: &Recording,
         groups: &[wgpu::BindGroup],
-        queries: Option<&wgpu::QuerySet>,
+        queries: Option<&[wgpu::QuerySet]>,
         pass_queries: Option<&wgpu::QuerySet>,
     ) {
         let set = |pass: &mut wgpu::ComputePass<'_>, d: &Dispatch, group: &wgpu::BindGroup| {
@@ -278,14 +300,16 @@ impl GpuContext {
                     set(&mut pass, d, group);
                 }
             }
-            Some(query_set) => {
+            Some(sets) => {
+                let per_set = (wgpu::QUERY_SET_MAX_QUERIES / 2) as usize;
                 for (i, (d, group)) in recording.dispatches.iter().zip(groups).enumerate() {
+                    let at = 2 * (i % per_set) as u32;
                     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: Some("weft step (profiled)"),
                         timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                            query_set,
-                            beginning_of_pass_write_index: Some(2 * i as u32),
-                            end_of_pass_write_index: Some(2 * i as u32 + 1),
+                            query_set: &sets[i / per_set],
+                            beginning_of_pass_write_index: Some(at),
+                            end_of_pass_write_index: Some(at + 1),
                         }),
                     });
                     set(&mut pass, d, group);
@@ -315,6 +339,11 @@ impl GpuContext {
     }
 
     /// [`submit_and_read`](Self::submit_and_read), with where the host's time went.
+    ///
+    /// While the GPU runs the submission, the same recording is encoded again and kept: if the
+    /// next call submits the recording unchanged (a decode step shaped like this one; its
+    /// inputs and parameters are written into buffers, not into the commands), that command
+    /// buffer goes to the queue as it is, and encoding leaves the step's critical path.
     pub async fn submit_and_read_timed(
         &self,
         recording: &Recording,
@@ -322,12 +351,61 @@ impl GpuContext {
     ) -> Result<(Vec<u8>, SubmitTimes)> {
         let started = web_time::Instant::now();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let spans = GpuContext::readback_spans(result);
+        let ahead = recording.arena().ahead.take().filter(|a| a.result == spans);
+        let Ahead { commands, readback, .. } = match ahead {
+            Some(ahead) => ahead,
+            None => self.encode_with_readback(recording, result, spans.clone())?,
+        };
+        let encoded = web_time::Instant::now();
+        self.queue.submit([commands]);
+        let submitted = web_time::Instant::now();
+        let next = self.encode_with_readback(recording, result, spans)?;
+        let timestamps = recording.arena().timestamps.is_some();
+        let ahead_s = submitted.elapsed().as_secs_f64();
+        if let Some(error) = self.settle(scope.pop()).await? {
+            return Err(self.gpu_error(recording, error));
+        }
+        let mut gpu_s = None;
+        let result_bytes = self.readback_bytes(result).next_multiple_of(8);
+        let bytes = self
+            .finish_readback_with(readback, |view| {
+                if timestamps {
+                    let at = result_bytes as usize;
+                    let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[at..at + 16]);
+                    let seconds =
+                        ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9;
+                    gpu_s = Some(seconds);
+                }
+            })
+            .await?;
+        recording.arena().ahead = Some(next);
+        let times = SubmitTimes {
+            encode_s: (encoded - started).as_secs_f64(),
+            submit_s: (submitted - encoded).as_secs_f64(),
+            wait_s: submitted.elapsed().as_secs_f64(),
+            ahead_s,
+            gpu_s,
+        };
+        Ok((bytes, times))
+    }
+
+    /// Encode `recording` into a command buffer that then copies `result` (whose
+    /// [`readback_spans`](GpuContext::readback_spans) are `spans`) and the pass's timestamps
+    /// into the recording's staging buffer.
+    fn encode_with_readback(
+        &self,
+        recording: &Recording,
+        result: &crate::gpu::GpuTensor,
+        spans: Vec<(PartStorage, u64, usize)>,
+    ) -> Result<Ahead> {
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
+        let result_bytes = self.readback_bytes(result).next_multiple_of(8);
         let (staging, timestamps) = {
             let mut arena = recording.arena();
             // The result, then the pass's two timestamps (8-byte aligned).
-            let needed = self.readback_bytes(result).next_multiple_of(8) + 16;
+            let needed = result_bytes + 16;
             if arena.staging.as_ref().is_none_or(|s| s.size() < needed) {
                 let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
                 arena.staging = Some(self.create_buffer("readback", needed.next_power_of_two(), usage));
@@ -344,38 +422,12 @@ impl GpuContext {
             (arena.staging.clone().expect("made above"), arena.timestamps.clone())
         };
         self.encode_timed(&mut encoder, recording, &groups, None, timestamps.as_ref().map(|(set, _)| set));
-        let result_bytes = self.readback_bytes(result).next_multiple_of(8);
         if let Some((set, resolve)) = &timestamps {
             encoder.resolve_query_set(set, 0..2, resolve, 0);
             encoder.copy_buffer_to_buffer(resolve, 0, &staging, result_bytes, 16);
         }
-        let readback = self.encode_readback_into(&mut encoder, result, staging.clone());
-        let command_buffer = encoder.finish();
-        let encoded = web_time::Instant::now();
-        self.queue.submit([command_buffer]);
-        let submitted = web_time::Instant::now();
-        if let Some(error) = self.settle(scope.pop()).await? {
-            return Err(self.gpu_error(recording, error));
-        }
-        let mut gpu_s = None;
-        let bytes = self
-            .finish_readback_with(readback, |view| {
-                if timestamps.is_some() {
-                    let at = result_bytes as usize;
-                    let ticks: [u64; 2] = bytemuck::pod_read_unaligned(&view[at..at + 16]);
-                    let seconds =
-                        ticks[1].saturating_sub(ticks[0]) as f64 * f64::from(self.queue.get_timestamp_period()) * 1e-9;
-                    gpu_s = Some(seconds);
-                }
-            })
-            .await?;
-        let times = SubmitTimes {
-            encode_s: (encoded - started).as_secs_f64(),
-            submit_s: (submitted - encoded).as_secs_f64(),
-            wait_s: submitted.elapsed().as_secs_f64(),
-            gpu_s,
-        };
-        Ok((bytes, times))
+        let readback = self.encode_readback_into(&mut encoder, result, staging);
+        Ok(Ahead { result: spans, commands: encoder.finish(), readback })
     }
 
     /// Like [`submit`](Self::submit), and return each dispatch's GPU time in seconds, in
@@ -386,18 +438,18 @@ impl GpuContext {
             self.submit(recording).await?;
             return Ok(None);
         }
+        // One query set holds QUERY_SET_MAX_QUERIES timestamps; a long prefill step (thousands of
+        // dispatches on CPU drivers) takes several.
         let count = 2 * recording.dispatches.len() as u32;
-        if count > wgpu::QUERY_SET_MAX_QUERIES {
-            return Err(WeftError::Unsupported(format!(
-                "profiling {} dispatches needs more timestamps than one query set holds; profile a smaller step",
-                recording.dispatches.len()
-            )));
-        }
-        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("dispatch timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count,
-        });
+        let sets: Vec<wgpu::QuerySet> = (0..count.div_ceil(wgpu::QUERY_SET_MAX_QUERIES))
+            .map(|i| {
+                self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("dispatch timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (count - i * wgpu::QUERY_SET_MAX_QUERIES).min(wgpu::QUERY_SET_MAX_QUERIES),
+                })
+            })
+            .collect();
         let bytes = 8 * u64::from(count);
         let resolve =
             self.create_buffer("timestamps", bytes, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
@@ -409,8 +461,12 @@ impl GpuContext {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        self.encode_into(&mut encoder, recording, &groups, Some(&queries));
-        encoder.resolve_query_set(&queries, 0..count, &resolve, 0);
+        self.encode_into(&mut encoder, recording, &groups, Some(&sets));
+        for (i, set) in sets.iter().enumerate() {
+            let first = i as u32 * wgpu::QUERY_SET_MAX_QUERIES;
+            let n = (count - first).min(wgpu::QUERY_SET_MAX_QUERIES);
+            encoder.resolve_query_set(set, 0..n, &resolve, 8 * u64::from(first));
+        }
         encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
         self.queue.submit([encoder.finish()]);
         let (sender, receiver) = futures::channel::oneshot::channel();

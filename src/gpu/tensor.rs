@@ -26,7 +26,7 @@ pub const TEXTURE_WIDTH: u32 = 8192;
 const TEXTURE_ROW_BYTES: u64 = TEXTURE_WIDTH as u64 * 16;
 
 /// Where a part's bytes live.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum PartStorage {
     Buffer(wgpu::Buffer),
     /// An rgba32uint texture [`TEXTURE_WIDTH`] texels wide holding the bytes in order.
@@ -439,6 +439,7 @@ impl TensorFactory for GpuTensorFactory {
 
 /// A tensor's bytes on their way back to the CPU: copied into `staging` by an encoder, then
 /// mapped once the submission completes.
+#[derive(Debug)]
 pub(crate) struct Readback {
     staging: wgpu::Buffer,
     /// Per part: (bytes copied, bytes of padding before the part's first row, bytes wanted).
@@ -467,6 +468,12 @@ impl GpuContext {
     pub(crate) fn readback_bytes(&self, tensor: &GpuTensor) -> u64 {
         let spans = tensor.parts().iter().map(|p| copy_span(p, (p.rows.len() * tensor.row_bytes()) as u64).1);
         spans.sum::<u64>().max(4)
+    }
+
+    /// What a readback of `tensor` copies, part by part (storage, first byte, bytes): equal
+    /// spans encode equal copies.
+    pub(crate) fn readback_spans(tensor: &GpuTensor) -> Vec<(PartStorage, u64, usize)> {
+        tensor.parts().iter().map(|p| (p.storage.clone(), p.offset_bytes, p.rows.len() * tensor.row_bytes())).collect()
     }
 
     /// Record copies of every part of `tensor` into `staging` (at least

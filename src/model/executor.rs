@@ -401,7 +401,8 @@ impl GpuExecutor {
             return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
         }
         let (bytes, times) = self.ctx().submit_and_read_timed(&arena.rec, &out).await?;
-        (timings.encode_s, timings.submit_s, timings.wait_s) = (times.encode_s, times.submit_s, times.wait_s);
+        (timings.encode_s, timings.submit_s, timings.wait_s, timings.ahead_s) =
+            (times.encode_s, times.submit_s, times.wait_s, times.ahead_s);
         timings.gpu_s = times.gpu_s;
         Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) })
     }

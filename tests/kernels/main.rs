@@ -10,6 +10,7 @@ mod embedding;
 mod invariance;
 mod matmul;
 mod paged;
+mod recording;
 mod reduce;
 mod rope;
 mod sample;

@@ -183,8 +183,9 @@ impl WebEngine {
         });
         let ctx = GpuContext::new(GpuOptions::default()).await.map_err(js)?;
         // Before the weights go up: a shader the browser rejects fails the load at once, and
-        // the first request does not wait for the compiler.
-        ctx.compile_all_shaders().await.map_err(js)?;
+        // the first request does not wait for the compiler. Only the model's weight formats:
+        // SwiftShader takes about half a second per variant, and there are hundreds.
+        ctx.compile_shaders(&builder.weight_formats()).await.map_err(js)?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
