@@ -31,25 +31,19 @@ struct Params {
     vocab: u32,
 }
 
-const WG: u32 = 256u;
 const OUT_STRIDE: u32 = 42u; // sample.wgsl's 2 + 2 * MAX_TOP
 const SPEC: u32 = 12u;
 const KEEP: u32 = 1u;
 const VERIFY: u32 = 2u;
-const BISECT_STEPS: u32 = 30u;
 const NONE: u32 = 0xffffffffu;
-// -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
-const NEG_MAX: f32 = -3.4028234663852886e38;
-const POS_MAX: f32 = 3.4028234663852886e38;
+
+#include shared/sample_filter.wgsl
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> spec: array<u32>;
 @group(0) @binding(3) var<storage, read_write> probs: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
-
-var<workgroup> sh_f: array<f32, WG>;
-var<workgroup> sh_u: array<u32, WG>;
 
 // The row being worked on (the same in every invocation of a workgroup).
 var<private> base: u32;       // first logit of the row
@@ -59,61 +53,6 @@ var<private> inv_t: f32;
 var<private> tau: f32;        // kept: (logit - max) · inv_t >= tau
 var<private> total: f32;      // sum of exp over the kept tokens
 var<private> greedy_token: u32; // the argmax when the temperature is 0, else NONE
-
-fn sum_all(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    sh_f[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            sh_f[lid] += sh_f[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return sh_f[0];
-}
-
-fn max_all(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    sh_f[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            sh_f[lid] = max(sh_f[lid], sh_f[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    return sh_f[0];
-}
-
-// The first index holding the row's largest logit (sample.wgsl's greedy pick).
-fn argmax(lid: u32, first: u32, last: u32) -> u32 {
-    var best_v = NEG_MAX;
-    var best_i = NONE;
-    for (var i = first; i < last; i++) {
-        let v = logits[base + i];
-        if (v > best_v || (v == best_v && i < best_i)) {
-            best_v = v;
-            best_i = i;
-        }
-    }
-    workgroupBarrier();
-    sh_f[lid] = best_v;
-    sh_u[lid] = best_i;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            let v = sh_f[lid + stride];
-            let i = sh_u[lid + stride];
-            if (v > sh_f[lid] || (v == sh_f[lid] && i < sh_u[lid])) {
-                sh_f[lid] = v;
-                sh_u[lid] = i;
-            }
-        }
-        workgroupBarrier();
-    }
-    return workgroupUniformLoad(&sh_u[0]);
-}
 
 // p(i): the filtered, normalised target (or draft) probability of token i.
 fn p_of(i: u32) -> f32 {
@@ -233,59 +172,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     tau = 0.0;
     total = 1.0;
     if (temperature <= 0.0) {
-        greedy_token = argmax(lid, first, last);
+        greedy_token = argmax_below(lid, base, first, last, POS_MAX, 0u);
     } else {
         inv_t = 1.0 / temperature;
-        var local_low = 0.0;
-        for (var i = first; i < last; i++) {
-            local_low = min(local_low, (logits[base + i] - row_max) * inv_t);
-        }
-        let lowest = -max_all(lid, -local_low);
-        tau = lowest;
-        if (top_k > 0u && top_k < vocab) {
-            var lo = lowest;
-            var hi = 1.0;
-            for (var step = 0u; step < BISECT_STEPS; step++) {
-                let mid = 0.5 * (lo + hi);
-                var n = 0.0;
-                for (var i = first; i < last; i++) {
-                    n += select(0.0, 1.0, (logits[base + i] - row_max) * inv_t >= mid);
-                }
-                if (sum_all(lid, n) >= f32(top_k)) {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
-            }
-            tau = lo;
-        }
-        if (top_p < 1.0) {
-            var mass = 0.0;
-            for (var i = first; i < last; i++) {
-                let s = (logits[base + i] - row_max) * inv_t;
-                mass += select(0.0, exp(s), s >= tau);
-            }
-            let need = top_p * sum_all(lid, mass);
-            var lo = tau;
-            var hi = 1.0;
-            for (var step = 0u; step < BISECT_STEPS; step++) {
-                let mid = 0.5 * (lo + hi);
-                var part = 0.0;
-                for (var i = first; i < last; i++) {
-                    let s = (logits[base + i] - row_max) * inv_t;
-                    part += select(0.0, exp(s), s >= mid);
-                }
-                if (sum_all(lid, part) >= need) {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
-            }
-            tau = lo;
-        }
-        if (min_p > 0.0) {
-            tau = max(tau, log(min_p));
-        }
+        tau = filter_threshold(lid, base, first, last, vocab, row_max, inv_t, top_k, top_p, min_p);
         var kept = 0.0;
         for (var i = first; i < last; i++) {
             let s = (logits[base + i] - row_max) * inv_t;

@@ -6,6 +6,8 @@
 const W_SUPER_BYTES: u32 = 176u;
 const W_HAS_MIN: bool = true;
 
+#include shared/k_scales.wgsl
+
 struct WBlock {
     dm: vec2<f32>,
     q: array<vec4<f32>, 8>,
@@ -25,16 +27,8 @@ fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let h1 = wload4a(i + 8u);
     let q0 = wload4a(i + 12u + 8u * (j >> 1u));
     let q1 = wload4a(i + 16u + 8u * (j >> 1u));
-    let sh = 8u * (j & 3u);
-    let a = (h.y >> sh) & 255u;
-    let bb = (h.z >> sh) & 255u;
-    let c = (h.w >> sh) & 255u;
-    let hi = j >= 4u;
-    let sc = select(a & 63u, (c & 15u) | ((a >> 6u) << 4u), hi);
-    let m = select(bb & 63u, (c >> 4u) | ((bb >> 6u) << 4u), hi);
-    let dd = unpack2x16float(h.x);
     let s = 4u * (j & 1u);
-    return WBlock(vec2<f32>(dd.x * f32(sc), -(dd.y * f32(m))), array<vec4<f32>, 8>(
+    return WBlock(k_scale_min(h, j), array<vec4<f32>, 8>(
         q5(q0.x, s, h0.x, j), q5(q0.y, s, h0.y, j), q5(q0.z, s, h0.z, j), q5(q0.w, s, h0.w, j),
         q5(q1.x, s, h1.x, j), q5(q1.y, s, h1.y, j), q5(q1.z, s, h1.z, j), q5(q1.w, s, h1.w, j)));
 }

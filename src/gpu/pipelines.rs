@@ -58,6 +58,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q8_k.wgsl", include_str!("../../shaders/formats/q8_k.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
     ("shared/block_words.wgsl", include_str!("../../shaders/shared/block_words.wgsl")),
+    ("shared/k_scales.wgsl", include_str!("../../shaders/shared/k_scales.wgsl")),
+    ("shared/sample_filter.wgsl", include_str!("../../shaders/shared/sample_filter.wgsl")),
     ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
     ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
