@@ -435,8 +435,11 @@ fn profile(
         let served = decodes(engine.take_step_records());
         engine.set_profiling(true);
         traces(engine, requests(n, shape, vocab, serial))?;
-        let profiled = decodes(engine.take_step_records());
+        let all_profiled = engine.take_step_records();
         engine.set_profiling(false);
+        let prefills: Vec<StepRecord> =
+            all_profiled.iter().filter(|s| s.num_tokens > s.num_seqs && s.num_logits > 0).cloned().collect();
+        let profiled = decodes(all_profiled);
         if served.is_empty() || profiled.is_empty() {
             continue;
         }
@@ -454,25 +457,38 @@ fn profile(
             med(&|s| s.timings.wait_s),
             med(&|s| s.timings.ahead_s),
         );
-        let mut kernels: Vec<(String, f64)> = Vec::new();
-        for s in &profiled {
-            for (name, t) in &s.timings.kernels {
-                match kernels.iter_mut().find(|(k, _)| k == name) {
-                    Some((_, total)) => *total += t,
-                    None => kernels.push((name.clone(), *t)),
-                }
-            }
-        }
-        kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let steps = profiled.len() as f64;
-        let gpu: f64 = kernels.iter().map(|(_, t)| t).sum::<f64>() / steps * 1e3;
-        println!("  GPU {gpu:.2} ms per step with every dispatch timed ({} steps), by kernel:", profiled.len());
-        for (name, t) in &kernels {
-            let ms = t / steps * 1e3;
-            println!("    {ms:9.3} ms  {:5.1}%  {name}", 100.0 * ms / gpu.max(1e-12));
+        print_kernels(&profiled);
+        // The prompts' last chunks (the ones that sample): where prefill time goes.
+        if let Some(first) = prefills.first() {
+            println!(
+                "profile: prefill steps ending {n} prompts of {} tokens ({} tokens, {} dispatches in the first)",
+                shape.prompt_len, first.num_tokens, first.timings.dispatches
+            );
+            print_kernels(&prefills);
         }
     }
     Ok(())
+}
+
+/// GPU time per step by kernel, over profiled `steps`, largest first.
+fn print_kernels(steps: &[StepRecord]) {
+    let mut kernels: Vec<(String, f64)> = Vec::new();
+    for s in steps {
+        for (name, t) in &s.timings.kernels {
+            match kernels.iter_mut().find(|(k, _)| k == name) {
+                Some((_, total)) => *total += t,
+                None => kernels.push((name.clone(), *t)),
+            }
+        }
+    }
+    kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let count = steps.len() as f64;
+    let gpu: f64 = kernels.iter().map(|(_, t)| t).sum::<f64>() / count * 1e3;
+    println!("  GPU {gpu:.2} ms per step with every dispatch timed ({} steps), by kernel:", steps.len());
+    for (name, t) in &kernels {
+        let ms = t / count * 1e3;
+        println!("    {ms:9.3} ms  {:5.1}%  {name}", 100.0 * ms / gpu.max(1e-12));
+    }
 }
 
 /// Prompt tokens per second of a lone request: its prompt over its time to first token.
