@@ -228,6 +228,12 @@ const TINY_MAX_TOKENS: usize = 12;
 const MODEL_PROMPTS: [&str; 4] =
     ["What is the capital of France?", "Write a haiku about the sea.", "List three colors.", "Why is the sky blue?"];
 const MODEL_MAX_TOKENS: usize = 8;
+/// A real model of another architecture, picked as a local file on the page: Gemma 3 (its
+/// GGUF has no chat template, so raw completions), a few tokens (SwiftShader runs its 262k
+/// vocabulary's LM head at about a token a second).
+const FILE_MODEL: &str = "gemma-3-270m";
+const FILE_MODEL_PROMPTS: [&str; 2] = ["The capital of France is", "def fibonacci(n):"];
+const FILE_MODEL_MAX_TOKENS: usize = 3;
 
 /// `cargo xtask test-web`
 pub fn test_web() -> Result {
@@ -262,10 +268,14 @@ pub fn test_web() -> Result {
     run(native)?;
     let weft = target_dir().join("release").join(format!("weft{}", std::env::consts::EXE_SUFFIX));
     let model = root().join(MODEL_FILE);
+    let file_model_spec = crate::model_spec(FILE_MODEL)?;
+    crate::fetch(file_model_spec)?;
+    let file_model = root().join("models").join(file_model_spec.file);
     let expected = format!(
-        "{{\n  \"tiny\": {},\n  \"smollm2\": {}\n}}\n",
-        references(&weft, &tiny, "/test/tiny.gguf", &TINY_PROMPTS, TINY_MAX_TOKENS)?,
-        references(&weft, &model, &format!("/models/{MODEL_NAME}"), &MODEL_PROMPTS, MODEL_MAX_TOKENS)?,
+        "{{\n  \"tiny\": {},\n  \"smollm2\": {},\n  \"file\": {}\n}}\n",
+        references(&weft, &tiny, "/test/tiny.gguf", &TINY_PROMPTS, TINY_MAX_TOKENS, true)?,
+        references(&weft, &model, &format!("/models/{MODEL_NAME}"), &MODEL_PROMPTS, MODEL_MAX_TOKENS, true)?,
+        references(&weft, &file_model, "", &FILE_MODEL_PROMPTS, FILE_MODEL_MAX_TOKENS, false)?,
     );
     let expected_path = out_dir.join("expected.json");
     std::fs::write(&expected_path, &expected).map_err(|e| e.to_string())?;
@@ -312,12 +322,16 @@ pub fn test_web() -> Result {
     node_result.and(wasm_result)
 }
 
-/// `weft generate --chat --temperature 0` on each prompt: the text the page must show, as JSON.
-fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens: usize) -> Result<String> {
+/// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must
+/// show, as JSON.
+fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens: usize, chat: bool) -> Result<String> {
     let mut outputs = Vec::new();
     for prompt in prompts {
         let mut cmd = Command::new(weft);
-        cmd.arg("generate").arg("--model").arg(model).args(["--prompt", prompt, "--chat", "--temperature", "0"]);
+        cmd.arg("generate").arg("--model").arg(model).args(["--prompt", prompt, "--temperature", "0"]);
+        if chat {
+            cmd.arg("--chat");
+        }
         cmd.args(["--max-tokens", &max_tokens.to_string()]);
         let out = with_gpu_env(cmd).output().map_err(|e| format!("running {}: {e}", weft.display()))?;
         if !out.status.success() {
