@@ -1,28 +1,13 @@
-//! The default model against outside truth: fixtures written by `tools/make_fixtures.py` from
-//! Hugging Face transformers running the exactly-dequantized GGUF in f32.
-//!
-//! - Prompt tokenization equals the reference ids; chat prompts render to the reference text.
-//! - The last prompt position's top-20 logits agree within 1e-3. weft computes in f32 as the
-//!   reference does but sums in another order over 30 layers; on lavapipe the largest difference
-//!   is 3e-5 (printed by the test). Other drivers round exp and fused multiply-adds differently,
-//!   so the bound leaves a 30x margin, while a wrong layer, position or rounding scheme moves
-//!   logits by 0.1 or more.
-//! - 32 greedy tokens equal the reference; a divergence is tolerated only right after a step
-//!   whose reference top-1/top-2 margin is below 0.01 (a near-tie either engine may break
-//!   either way), after which that prompt is no longer compared.
-//!
-//! All 11 prompts run as one batch: one prefill step, then 31 decode steps.
+//! The default model beyond its fidelity (which tests/real_models.rs checks with the other real
+//! models): the one-line builder and the engine traits, a second tokenizer fixture, and the
+//! weight formats the browser compiles for.
 
 use std::path::Path;
 
 use serde_json::Value;
-use weft::gpu::{GpuOptions, GpuTensorFactory};
-use weft::kv::KvCacheConfig;
 use weft::model::load::ModelFiles;
 use weft::sampling::SamplingParams;
-use weft::sampling::{RowDraw, SampleSpec};
-use weft::step::{ModelExecutor, SeqStep, StepBatch};
-use weft::tokenizer::{ChatMessage, Tokenizer};
+use weft::tokenizer::Tokenizer;
 
 const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -48,116 +33,6 @@ fn fixtures() -> Vec<Value> {
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-#[test]
-fn prompts_tokenize_and_render_like_the_reference() {
-    let Some(files) = model() else { return };
-    let tok = files.tokenizer.clone();
-    for p in fixtures() {
-        let name = p["name"].as_str().unwrap();
-        let text = p["text"].as_str().unwrap();
-        if p["kind"] == "chat" {
-            let messages: Vec<ChatMessage> = serde_json::from_value(p["messages"].clone()).unwrap();
-            let rendered = tok.chat_template().unwrap().render(&messages, true).unwrap();
-            assert_eq!(rendered, text, "{name}: chat template");
-        }
-        let got = tok.encode(text, p["add_special_tokens"].as_bool().unwrap()).unwrap();
-        assert_eq!(got, ids(&p["prompt_ids"]), "{name}: prompt ids");
-    }
-}
-
-#[test]
-fn logits_and_greedy_tokens_match_transformers() {
-    let Some(files) = model() else { return };
-    let prompts = fixtures();
-    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
-    let factory = GpuTensorFactory::new(ctx);
-    const BLOCK: usize = 16;
-    const STEPS: usize = 32;
-    let blocks_per_seq: Vec<usize> =
-        prompts.iter().map(|p| (p["prompt_ids"].as_array().unwrap().len() + STEPS).div_ceil(BLOCK)).collect();
-    let exec =
-        files.executor(&factory, KvCacheConfig { block_size: BLOCK, num_blocks: blocks_per_seq.iter().sum() }).unwrap();
-    // Consecutive blocks for each sequence.
-    let mut next_block = 0u32;
-    let tables: Vec<Vec<u32>> = blocks_per_seq
-        .iter()
-        .map(|&n| {
-            next_block += n as u32;
-            (next_block - n as u32..next_block).collect()
-        })
-        .collect();
-
-    // Prefill every prompt in one step and compare the last position's logits.
-    let seqs = prompts
-        .iter()
-        .zip(&tables)
-        .map(|(p, t)| SeqStep {
-            id: 0,
-            tokens: ids(&p["prompt_ids"]),
-            start_pos: 0,
-            block_table: t.clone(),
-            num_logits: 1,
-            sampling: None,
-            state_slot: None,
-            state_restore: None,
-            state_save: None,
-        })
-        .collect();
-    let mut batch = StepBatch { seqs, ..Default::default() };
-    let started = std::time::Instant::now();
-    let logits = weft::rt::block_on(exec.logits(&batch)).unwrap();
-    eprintln!("prefill of {} tokens: {:.1} s", batch.num_batched_tokens(), started.elapsed().as_secs_f64());
-    let mut worst = 0f32;
-    for (p, l) in prompts.iter().zip(&logits) {
-        for pair in p["last_logits_top"].as_array().unwrap() {
-            let (id, want) = (pair[0].as_u64().unwrap() as usize, pair[1].as_f64().unwrap() as f32);
-            let err = (l[id] - want).abs();
-            worst = worst.max(err);
-            assert!(err <= 1e-3, "{}: logit of {id}: weft {} vs transformers {want}", p["name"], l[id]);
-        }
-    }
-    eprintln!("largest top-20 logit difference: {worst:.5}");
-
-    // Greedy decoding: step 0's token is the argmax of those logits, then 31 GPU-sampled steps.
-    let mut generated: Vec<Vec<u32>> = logits.iter().map(|l| vec![weft::cpu::argmax(l, l.len())[0]]).collect();
-    let greedy = SampleSpec { params: SamplingParams::greedy(), rows: vec![RowDraw::default()] };
-    let started = std::time::Instant::now();
-    for _ in 1..STEPS {
-        for (seq, tokens_so_far) in batch.seqs.iter_mut().zip(&generated) {
-            seq.start_pos += seq.tokens.len();
-            seq.tokens = vec![*tokens_so_far.last().unwrap()];
-            seq.sampling = Some(greedy.clone());
-        }
-        let out = weft::rt::block_on(exec.execute(&batch)).unwrap();
-        for (tokens_so_far, s) in generated.iter_mut().zip(out.samples) {
-            tokens_so_far.push(s[0].token);
-        }
-    }
-    eprintln!("{} decode steps of {} sequences: {:.1} s", STEPS - 1, batch.seqs.len(), started.elapsed().as_secs_f64());
-    let mut near_ties = 0;
-    for (p, got) in prompts.iter().zip(&generated) {
-        let want = ids(&p["greedy_ids"]);
-        let margins: Vec<f64> = p["greedy_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-        if let Some(step) = (0..STEPS).find(|&i| got[i] != want[i]) {
-            assert!(
-                margins[step] < 0.01,
-                "{}: token {step} is {} but transformers gives {} with a margin of {} (text so far {:?})",
-                p["name"],
-                got[step],
-                want[step],
-                margins[step],
-                files.tokenizer.decode(&got[..step], false).unwrap()
-            );
-            near_ties += 1;
-        }
-    }
-    eprintln!(
-        "greedy: {} of {} prompts identical for all {STEPS} tokens, {near_ties} diverged at a near-tie",
-        prompts.len() - near_ties,
-        prompts.len()
-    );
 }
 
 /// The one-line builder and the engine traits, on the default model: the engine's greedy
