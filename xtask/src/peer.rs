@@ -66,12 +66,18 @@ fn python_of(venv: &Path) -> PathBuf {
     if cfg!(windows) { venv.join("Scripts").join("python.exe") } else { venv.join("bin").join("python") }
 }
 
-/// The venv's python when its llama-cpp-python is the pinned release built for `kind`.
+/// The venv's python when its llama-cpp-python is the pinned release built for `kind`: judged
+/// by whether ggml's Vulkan backend library was built, not by `llama_supports_gpu_offload`,
+/// which also needs a visible device (ggml hides CPU-type ones such as lavapipe unless
+/// `GGML_VK_VISIBLE_DEVICES` names them).
 pub fn ready(kind: PeerKind) -> Option<PathBuf> {
     let python = python_of(&peer_dir().join(kind.dir_name()));
-    let want_gpu = if kind == PeerKind::Vulkan { "True" } else { "False" };
+    let want_vulkan = if kind == PeerKind::Vulkan { "True" } else { "False" };
     let check = format!(
-        "import sys, llama_cpp as L\nsys.exit(0 if L.__version__ == '{LLAMA_CPP_PYTHON_VERSION}' and str(bool(L.llama_supports_gpu_offload())) == '{want_gpu}' else 1)"
+        "import os, sys, llama_cpp as L\n\
+         lib = os.path.join(os.path.dirname(L.__file__), 'lib')\n\
+         vulkan = any(n.startswith('libggml-vulkan') for n in os.listdir(lib))\n\
+         sys.exit(0 if L.__version__ == '{LLAMA_CPP_PYTHON_VERSION}' and vulkan == {want_vulkan} else 1)"
     );
     let ok = Command::new(&python).args(["-c", &check]).output().is_ok_and(|o| o.status.success());
     ok.then_some(python)
