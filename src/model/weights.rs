@@ -44,6 +44,10 @@ pub enum Part {
     /// Gemma's norms of the attention and MLP outputs, before each residual add.
     PostAttnNorm,
     PostFfnNorm,
+    /// Phi-3's fused projections: q, k and v stacked by rows; gate and up stacked by rows
+    /// (llama.cpp keeps the name `ffn_up` for the stack).
+    Qkv,
+    GateUp,
 }
 
 /// The checkpoint's name of a tensor: `layer = None` for the embedding (`Part::Q` stands in),
@@ -81,6 +85,8 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 KNorm => "attn_k_norm.weight",
                 PostAttnNorm => "post_attention_norm.weight",
                 PostFfnNorm => "post_ffw_norm.weight",
+                Qkv => "attn_qkv.weight",
+                GateUp => "ffn_up.weight",
             };
             format!("blk.{i}.{name}")
         }
@@ -103,6 +109,8 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 // Gemma's names (weft loads Gemma from GGUF files only so far).
                 PostAttnNorm => "post_attention_norm.weight",
                 PostFfnNorm => "post_feedforward_layernorm.weight",
+                Qkv => "self_attn.qkv_proj.weight",
+                GateUp => "mlp.gate_up_proj.weight",
             };
             format!("model.layers.{i}.{name}")
         }
