@@ -244,10 +244,16 @@ impl ModelConfig {
         let v: Value =
             serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
+        if arch == "gemma3_text" {
+            return Self::gemma3_from_hf(file, &v);
+        }
         if arch.starts_with("gemma") {
             return Err(WeftError::model(
                 file,
-                format!("{arch} runs from GGUF files only so far (its Hugging Face norms are stored as w, not 1 + w)"),
+                format!(
+                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's text model \
+                     (model_type gemma3_text) there, and Gemma 3 GGUF files"
+                ),
             ));
         }
         if !SUPPORTED.contains(&arch.as_str()) {
@@ -342,6 +348,71 @@ impl ModelConfig {
             hybrid: None,
             architecture: arch,
         };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Gemma3TextConfig`: sliding-window layers interleaved with global ones
+    /// (one in six), a RoPE base for each kind, GeGLU with tanh GELU, no soft-capping.
+    fn gemma3_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let num_layers = int("num_hidden_layers")?;
+        let refuse = |detail: String| Err(WeftError::model(file, detail));
+        for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if !v[key].is_null() {
+                return refuse(format!("{key} is set; weft runs Gemma 3, which has none"));
+            }
+        }
+        if let Some(act) = v["hidden_activation"].as_str().filter(|a| *a != "gelu_pytorch_tanh") {
+            return refuse(format!("hidden_activation {act:?}; weft runs Gemma 3's gelu_pytorch_tanh"));
+        }
+        // weft interleaves as Gemma 3 does: layer i attends globally when (i + 1) % 6 == 0.
+        const PATTERN: usize = 6;
+        if let Some(types) = v["layer_types"].as_array() {
+            let expected =
+                |i: usize| if (i + 1).is_multiple_of(PATTERN) { "full_attention" } else { "sliding_attention" };
+            if types.len() != num_layers || types.iter().enumerate().any(|(i, t)| t.as_str() != Some(expected(i))) {
+                return refuse("layer_types is not Gemma 3's five sliding-window layers per global one".into());
+            }
+        }
+        // transformers 5: rope_parameters per layer kind; older: rope_theta, rope_local_base_freq.
+        let theta = |kind: &str, old_key: &str, default: f64| {
+            v["rope_parameters"][kind]["rope_theta"].as_f64().or_else(|| v[old_key].as_f64()).unwrap_or(default) as f32
+        };
+        for kind in ["full_attention", "sliding_attention"] {
+            if let Some(t) = v["rope_parameters"][kind]["rope_type"].as_str().filter(|t| *t != "default") {
+                return refuse(format!("rope_parameters.{kind}.rope_type {t:?} is not supported for Gemma 3"));
+            }
+        }
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let head_dim = int("head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        let config = ModelConfig {
+            architecture: "gemma3".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: int("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_theta: theta("full_attention", "rope_theta", 1e6),
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(32768),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(true),
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(false),
+            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+            qk_norm: true,
+            sliding_window_pattern: Some(PATTERN),
+            rope_local_theta: Some(theta("sliding_attention", "rope_local_base_freq", 10000.0)),
+            query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(head_dim as f64) as f32),
+            ssm: None,
+            hybrid: None,
+        };
+        if config.attention_bias {
+            return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
+        }
         config.check(file)?;
         Ok(config)
     }
@@ -654,6 +725,24 @@ mod tests {
             let rel = (f64::from(got[i]) - w).abs() / w;
             assert!(rel < 1e-6, "inv_freq[{i}] = {} vs {w}", got[i]);
         }
+    }
+
+    /// A Gemma 3 directory weft would run wrongly is refused, naming what differs.
+    #[test]
+    fn gemma3_hf_configs_weft_cannot_run_are_refused() {
+        let base = r#"{"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+            "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 10, "sliding_window": 8"#;
+        let config = ModelConfig::from_hf_json("config.json", &format!("{base}}}")).unwrap();
+        assert_eq!((config.architecture.as_str(), config.sliding_window_pattern), ("gemma3", Some(6)));
+        let capped = ModelConfig::from_hf_json("config.json", &format!(r#"{base}, "final_logit_softcapping": 30.0}}"#));
+        assert!(capped.unwrap_err().to_string().contains("final_logit_softcapping"));
+        let types = ModelConfig::from_hf_json(
+            "config.json",
+            &format!(r#"{base}, "layer_types": ["full_attention", "sliding_attention"]}}"#),
+        );
+        assert!(types.unwrap_err().to_string().contains("layer_types"));
+        let gemma2 = ModelConfig::from_hf_json("config.json", r#"{"model_type": "gemma2"}"#);
+        assert!(gemma2.unwrap_err().to_string().contains("gemma3_text"));
     }
 
     #[test]

@@ -1,20 +1,25 @@
-//! Phi-3 against outside truth: `tests/fixtures/phi3/` holds a tiny random-weight
-//! `Phi3ForCausalLM` with LongRoPE (original context 32, context 128) written by
-//! `tools/make_phi3_fixtures.py` — its Hugging Face directory, the GGUF llama.cpp's
-//! `convert_hf_to_gguf.py` made of it (fused `attn_qkv`, gate and up stacked in `ffn_up`,
-//! `rope_factors_short` / `rope_factors_long`, `rope.scaling.attn_factor`) — with transformers'
-//! logits, greedy tokens and rendered chat template.
+//! Attention models against outside truth, from tiny random-weight transformers models written
+//! by tools (each with transformers' logits and greedy tokens):
+//!
+//! - `tests/fixtures/phi3/` (`tools/make_phi3_fixtures.py`): a `Phi3ForCausalLM` with LongRoPE
+//!   (original context 32, context 128) — its Hugging Face directory and the GGUF llama.cpp's
+//!   `convert_hf_to_gguf.py` made of it (fused `attn_qkv`, gate and up stacked in `ffn_up`,
+//!   `rope_factors_short` / `rope_factors_long`, `rope.scaling.attn_factor`) — and the chat
+//!   template transformers rendered.
+//! - `tests/fixtures/gemma3/` (`tools/make_gemma3_fixtures.py`): a `Gemma3ForCausalLM` as a
+//!   Hugging Face directory (norms stored as w, used as 1 + w; five sliding-window layers of
+//!   window 8, then a global one, each kind with its RoPE base; query_pre_attn_scalar 24).
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
-//! weft picks them by the context it serves, as llama.cpp does. So the two short prompts (at
+//! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
 //! most 29 positions) run on a model opened for a 32-position context (short factors), the
 //! 33-token prompt on the full 128 (long factors): each checkpoint is held to transformers
 //! under both factor sets, and the attention factor applies to both.
 //!
-//! - The last prompt position's logits agree within 1e-4: both run f32 over 2 layers of width
-//!   64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the wrong
-//!   factor set, a missing attention factor or a swapped gate/up half moves logits by 1e-2 or
-//!   more.
+//! - The last prompt position's logits agree within 1e-4: both run f32 over a few layers of
+//!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
+//!   wrong factor set, a missing attention factor, a swapped gate/up half or a norm without its
+//!   1 + w moves logits by 1e-2 or more.
 //! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
@@ -35,11 +40,16 @@ const BLOCK: usize = 16;
 const ORIGINAL_CONTEXT: usize = 32;
 
 fn fixture(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/phi3").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path)
+}
+
+/// `family`'s expected.json.
+fn expected_of(family: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(&format!("{family}/expected.json"))).unwrap()).unwrap()
 }
 
 fn expected() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap()
+    expected_of("phi3")
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
@@ -71,12 +81,9 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
 }
 
-/// The prompts of the fixture that stay on one side of the original context, run on `path`
-/// opened for `context` positions: prefilled together, then 11 decode steps together.
-fn fidelity(f: &GpuTensorFactory, path: &str, context: usize) {
-    let mut files = ModelFiles::open(&fixture(path)).unwrap();
-    files.config.max_position_embeddings = context;
-    let exec = files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+/// Phi-3's prompts that stay on one side of the original context, run on `path` opened for
+/// `context` positions.
+fn phi3_fidelity(f: &GpuTensorFactory, path: &str, context: usize) {
     let long = context > ORIGINAL_CONTEXT;
     let prompts: Vec<Value> = expected()["prompts"]
         .as_array()
@@ -85,8 +92,19 @@ fn fidelity(f: &GpuTensorFactory, path: &str, context: usize) {
         .filter(|p| (p["prompt_ids"].as_array().unwrap().len() > ORIGINAL_CONTEXT) == long)
         .cloned()
         .collect();
-    assert!(!prompts.is_empty());
     let name = format!("phi3/{path} ({} factors)", if long { "long" } else { "short" });
+    fidelity(f, &format!("phi3/{path}"), Some(context), &prompts, &name);
+}
+
+/// `prompts` run on `path` (opened for `context` positions when given): prefilled together,
+/// then 11 decode steps together.
+fn fidelity(f: &GpuTensorFactory, path: &str, context: Option<usize>, prompts: &[Value], name: &str) {
+    let mut files = ModelFiles::open(&fixture(path)).unwrap();
+    if let Some(context) = context {
+        files.config.max_position_embeddings = context;
+    }
+    let exec = files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+    assert!(!prompts.is_empty());
     let seqs = prompts.iter().enumerate().map(|(i, p)| step(i, &u32s(&p["prompt_ids"]), 0)).collect();
     let mut last = logits(&exec, seqs);
     let mut worst = 0f32;
@@ -122,26 +140,33 @@ fn factory() -> Option<GpuTensorFactory> {
 }
 
 #[test]
-fn llama_cpp_gguf_matches_transformers_with_short_and_long_factors() {
+fn gemma3_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "model.gguf", ORIGINAL_CONTEXT);
-    fidelity(&f, "model.gguf", 128);
+    let prompts = expected_of("gemma3")["prompts"].as_array().unwrap().clone();
+    fidelity(&f, "gemma3/hf", None, &prompts, "gemma3/hf");
 }
 
 #[test]
-fn hf_directory_matches_transformers_with_short_and_long_factors() {
+fn phi3_llama_cpp_gguf_matches_transformers_with_short_and_long_factors() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "hf", ORIGINAL_CONTEXT);
-    fidelity(&f, "hf", 128);
+    phi3_fidelity(&f, "model.gguf", ORIGINAL_CONTEXT);
+    phi3_fidelity(&f, "model.gguf", 128);
+}
+
+#[test]
+fn phi3_hf_directory_matches_transformers_with_short_and_long_factors() {
+    let Some(f) = factory() else { return };
+    phi3_fidelity(&f, "hf", ORIGINAL_CONTEXT);
+    phi3_fidelity(&f, "hf", 128);
 }
 
 /// The factor set matters at this size: a short prompt on a model opened for the full context
 /// (long factors) is far from transformers' short-factor logits, so the fidelity tests above
 /// tell the two sets apart.
 #[test]
-fn the_wrong_factor_set_is_visible() {
+fn phi3_wrong_factor_set_is_visible() {
     let Some(f) = factory() else { return };
-    let files = ModelFiles::open(&fixture("model.gguf")).unwrap();
+    let files = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap();
     let exec = files.executor(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
     let p = &expected()["prompts"][1];
     let got = logits(&exec, vec![step(0, &u32s(&p["prompt_ids"]), 0)]).remove(0);
@@ -152,9 +177,9 @@ fn the_wrong_factor_set_is_visible() {
 /// Both checkpoints describe the same LongRoPE: the GGUF's factor tensors and attention factor
 /// are config.json's factors and transformers' default sqrt(1 + ln 4 / ln 32).
 #[test]
-fn both_checkpoints_read_the_same_longrope() {
-    let gguf = ModelFiles::open(&fixture("model.gguf")).unwrap().config;
-    let hf = ModelFiles::open(&fixture("hf")).unwrap().config;
+fn phi3_checkpoints_read_the_same_longrope() {
+    let gguf = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("phi3/hf")).unwrap().config;
     let Some(RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor }) =
         &gguf.rope_scaling
     else {
@@ -176,8 +201,8 @@ fn both_checkpoints_read_the_same_longrope() {
 
 /// The chat template the GGUF carries renders as transformers renders Phi-3's.
 #[test]
-fn the_gguf_chat_template_renders_as_transformers_does() {
-    let files = ModelFiles::open(&fixture("model.gguf")).unwrap();
+fn phi3_gguf_chat_template_renders_as_transformers_does() {
+    let files = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap();
     let chat = &expected()["chat"];
     let messages: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
     let rendered = files.tokenizer.chat_template().unwrap().render(&messages, true).unwrap();
