@@ -17,6 +17,20 @@ pub enum RopeScaling {
     Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
     /// Per-frequency divisors, as GGUF stores Llama 3 scaling (`rope_freqs.weight`).
     FreqFactors(Vec<f32>),
+    /// Phi-3's LongRoPE: per-frequency divisors for contexts up to the original one (`short`)
+    /// and beyond it (`long`), and cos/sin multiplied by `attention_factor`. A model serving
+    /// more than `original_max_position_embeddings` positions uses the long factors for every
+    /// position, as llama.cpp decides per context (transformers switches per forward pass once
+    /// a position passes the original context; the two agree whenever a sequence stays on one
+    /// side of it).
+    LongRope { short: Vec<f32>, long: Vec<f32>, original_max_position_embeddings: usize, attention_factor: f32 },
+}
+
+/// LongRoPE's default attention factor (transformers' and llama.cpp's converter's):
+/// sqrt(1 + ln(scale) / ln(original)) for scale = context / original > 1, else 1.
+pub fn longrope_attention_factor(context: usize, original: usize) -> f32 {
+    let scale = context as f64 / original as f64;
+    if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (original as f64).ln()).sqrt() as f32 }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -156,6 +170,21 @@ impl ModelConfig {
             Some(RopeScaling::FreqFactors(
                 bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             ))
+        } else if let (Some(short), Some(long)) =
+            (gguf.tensor("rope_factors_short.weight"), gguf.tensor("rope_factors_long.weight"))
+        {
+            let values = |t| -> Vec<f32> {
+                gguf.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+            };
+            let original = int("rope.scaling.original_context_length")?;
+            let context = int("context_length")?;
+            Some(RopeScaling::LongRope {
+                short: values(short),
+                long: values(long),
+                original_max_position_embeddings: original,
+                attention_factor: float("rope.scaling.attn_factor")
+                    .unwrap_or_else(|| longrope_attention_factor(context, original)),
+            })
         } else if gguf.get_str(&format!("{arch}.rope.scaling.type")) == Some("linear") {
             Some(RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) })
         } else {
@@ -215,10 +244,16 @@ impl ModelConfig {
         let v: Value =
             serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
+        if arch == "gemma3_text" {
+            return Self::gemma3_from_hf(file, &v);
+        }
         if arch.starts_with("gemma") {
             return Err(WeftError::model(
                 file,
-                format!("{arch} runs from GGUF files only so far (its Hugging Face norms are stored as w, not 1 + w)"),
+                format!(
+                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's text model \
+                     (model_type gemma3_text) there, and Gemma 3 GGUF files"
+                ),
             ));
         }
         if !SUPPORTED.contains(&arch.as_str()) {
@@ -234,7 +269,12 @@ impl ModelConfig {
         }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
-        let rope_scaling = match &v["rope_scaling"] {
+        // transformers 5 writes `rope_parameters` (with rope_theta inside); older configs
+        // `rope_scaling` and a top-level rope_theta.
+        let scaling = if v["rope_scaling"].is_object() { &v["rope_scaling"] } else { &v["rope_parameters"] };
+        let rope_theta = float("rope_theta").or_else(|| v["rope_parameters"]["rope_theta"].as_f64().map(|x| x as f32));
+        let max_position_embeddings = int("max_position_embeddings").unwrap_or(4096);
+        let rope_scaling = match scaling {
             Value::Object(s) => {
                 let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("");
                 let f = |key: &str| s.get(key).and_then(Value::as_f64).map(|x| x as f32);
@@ -249,11 +289,32 @@ impl ModelConfig {
                             .and_then(Value::as_u64)
                             .unwrap_or(8192) as usize,
                     }),
-                    "default" => None,
+                    "longrope" | "su" => {
+                        let factors = |key: &str| -> Result<Vec<f32>> {
+                            s.get(key)
+                                .and_then(Value::as_array)
+                                .and_then(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect())
+                                .ok_or_else(|| missing(file, &format!("rope_scaling.{key}")))
+                        };
+                        let original = s
+                            .get("original_max_position_embeddings")
+                            .and_then(Value::as_u64)
+                            .or_else(|| v["original_max_position_embeddings"].as_u64())
+                            .ok_or_else(|| missing(file, "original_max_position_embeddings"))?
+                            as usize;
+                        Some(RopeScaling::LongRope {
+                            short: factors("short_factor")?,
+                            long: factors("long_factor")?,
+                            original_max_position_embeddings: original,
+                            attention_factor: f("attention_factor")
+                                .unwrap_or_else(|| longrope_attention_factor(max_position_embeddings, original)),
+                        })
+                    }
+                    "default" | "" => None,
                     other => {
                         return Err(WeftError::model(
                             file,
-                            format!("rope_scaling type {other:?} is not supported (linear, llama3 are)"),
+                            format!("rope_scaling type {other:?} is not supported (linear, llama3, longrope are)"),
                         ));
                     }
                 }
@@ -269,9 +330,9 @@ impl ModelConfig {
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
             head_dim: int("head_dim").unwrap_or(hidden_size / num_heads.max(1)),
             rms_norm_eps: float("rms_norm_eps").unwrap_or(1e-6),
-            rope_theta: float("rope_theta").unwrap_or(10000.0),
+            rope_theta: rope_theta.unwrap_or(10000.0),
             rope_scaling,
-            max_position_embeddings: int("max_position_embeddings").unwrap_or(4096),
+            max_position_embeddings,
             tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
             attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
             sliding_window: if arch == "mistral" || v["use_sliding_window"].as_bool() == Some(true) {
@@ -287,6 +348,71 @@ impl ModelConfig {
             hybrid: None,
             architecture: arch,
         };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Gemma3TextConfig`: sliding-window layers interleaved with global ones
+    /// (one in six), a RoPE base for each kind, GeGLU with tanh GELU, no soft-capping.
+    fn gemma3_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let num_layers = int("num_hidden_layers")?;
+        let refuse = |detail: String| Err(WeftError::model(file, detail));
+        for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if !v[key].is_null() {
+                return refuse(format!("{key} is set; weft runs Gemma 3, which has none"));
+            }
+        }
+        if let Some(act) = v["hidden_activation"].as_str().filter(|a| *a != "gelu_pytorch_tanh") {
+            return refuse(format!("hidden_activation {act:?}; weft runs Gemma 3's gelu_pytorch_tanh"));
+        }
+        // weft interleaves as Gemma 3 does: layer i attends globally when (i + 1) % 6 == 0.
+        const PATTERN: usize = 6;
+        if let Some(types) = v["layer_types"].as_array() {
+            let expected =
+                |i: usize| if (i + 1).is_multiple_of(PATTERN) { "full_attention" } else { "sliding_attention" };
+            if types.len() != num_layers || types.iter().enumerate().any(|(i, t)| t.as_str() != Some(expected(i))) {
+                return refuse("layer_types is not Gemma 3's five sliding-window layers per global one".into());
+            }
+        }
+        // transformers 5: rope_parameters per layer kind; older: rope_theta, rope_local_base_freq.
+        let theta = |kind: &str, old_key: &str, default: f64| {
+            v["rope_parameters"][kind]["rope_theta"].as_f64().or_else(|| v[old_key].as_f64()).unwrap_or(default) as f32
+        };
+        for kind in ["full_attention", "sliding_attention"] {
+            if let Some(t) = v["rope_parameters"][kind]["rope_type"].as_str().filter(|t| *t != "default") {
+                return refuse(format!("rope_parameters.{kind}.rope_type {t:?} is not supported for Gemma 3"));
+            }
+        }
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let head_dim = int("head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        let config = ModelConfig {
+            architecture: "gemma3".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: int("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim,
+            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_theta: theta("full_attention", "rope_theta", 1e6),
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(32768),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(true),
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(false),
+            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+            qk_norm: true,
+            sliding_window_pattern: Some(PATTERN),
+            rope_local_theta: Some(theta("sliding_attention", "rope_local_base_freq", 10000.0)),
+            query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(head_dim as f64) as f32),
+            ssm: None,
+            hybrid: None,
+        };
+        if config.attention_bias {
+            return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
+        }
         config.check(file)?;
         Ok(config)
     }
@@ -417,6 +543,19 @@ impl ModelConfig {
     }
 
     fn check(&self, file: &str) -> Result<()> {
+        if let Some(RopeScaling::LongRope { short, long, .. }) = &self.rope_scaling {
+            if short.len() != self.head_dim / 2 || long.len() != self.head_dim / 2 {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "LongRoPE needs head_dim / 2 = {} short and long factors; found {} and {}",
+                        self.head_dim / 2,
+                        short.len(),
+                        long.len()
+                    ),
+                ));
+            }
+        }
         if let Some(ssm) = &self.ssm {
             let ok = ssm.num_heads > 0
                 && ssm.head_dim > 0
@@ -470,20 +609,41 @@ impl ModelConfig {
         self.sliding_window.is_some() && self.sliding_window_pattern.is_none_or(|n| !(layer + 1).is_multiple_of(n))
     }
 
-    /// RoPE inverse frequencies after scaling, computed in f32 as transformers does.
+    /// RoPE inverse frequencies after scaling, computed in f32 as transformers does, for a
+    /// model serving `max_position_embeddings` positions.
     pub fn inv_freq(&self) -> Vec<f32> {
-        self.inv_freq_with_base(self.rope_theta)
+        self.inv_freq_for_context(self.max_position_embeddings)
+    }
+
+    /// [`inv_freq`](Self::inv_freq) for a model serving `context` positions (LongRoPE's
+    /// factors depend on it).
+    pub fn inv_freq_for_context(&self, context: usize) -> Vec<f32> {
+        self.inv_freq_with_base(self.rope_theta, context)
     }
 
     /// [`inv_freq`](Self::inv_freq) of the sliding-window layers (their own base, if any).
     pub fn local_inv_freq(&self) -> Vec<f32> {
-        self.inv_freq_with_base(self.rope_local_theta.unwrap_or(self.rope_theta))
+        self.inv_freq_with_base(self.rope_local_theta.unwrap_or(self.rope_theta), self.max_position_embeddings)
     }
 
-    fn inv_freq_with_base(&self, theta: f32) -> Vec<f32> {
+    /// What RoPE's cos and sin are multiplied by (LongRoPE's attention factor; else 1).
+    pub fn rope_attention_factor(&self) -> f32 {
+        match &self.rope_scaling {
+            Some(RopeScaling::LongRope { attention_factor, .. }) => *attention_factor,
+            _ => 1.0,
+        }
+    }
+
+    fn inv_freq_with_base(&self, theta: f32, context: usize) -> Vec<f32> {
         let base = crate::gpu::kernels::rope::inv_freq(self.head_dim, theta);
         match &self.rope_scaling {
             None => base,
+            Some(RopeScaling::LongRope { short, long, original_max_position_embeddings, .. }) => {
+                let factors = if context > *original_max_position_embeddings { long } else { short };
+                // transformers: 1 / (factor · theta^(2i/d)), in f32.
+                let exponent = |i: usize| (2 * i) as f32 / self.head_dim as f32;
+                factors.iter().enumerate().map(|(i, d)| 1.0 / (d * theta.powf(exponent(i)))).collect()
+            }
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
             Some(RopeScaling::FreqFactors(div)) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
             Some(RopeScaling::Llama3 {
@@ -565,6 +725,24 @@ mod tests {
             let rel = (f64::from(got[i]) - w).abs() / w;
             assert!(rel < 1e-6, "inv_freq[{i}] = {} vs {w}", got[i]);
         }
+    }
+
+    /// A Gemma 3 directory weft would run wrongly is refused, naming what differs.
+    #[test]
+    fn gemma3_hf_configs_weft_cannot_run_are_refused() {
+        let base = r#"{"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+            "intermediate_size": 96, "num_hidden_layers": 2, "vocab_size": 10, "sliding_window": 8"#;
+        let config = ModelConfig::from_hf_json("config.json", &format!("{base}}}")).unwrap();
+        assert_eq!((config.architecture.as_str(), config.sliding_window_pattern), ("gemma3", Some(6)));
+        let capped = ModelConfig::from_hf_json("config.json", &format!(r#"{base}, "final_logit_softcapping": 30.0}}"#));
+        assert!(capped.unwrap_err().to_string().contains("final_logit_softcapping"));
+        let types = ModelConfig::from_hf_json(
+            "config.json",
+            &format!(r#"{base}, "layer_types": ["full_attention", "sliding_attention"]}}"#),
+        );
+        assert!(types.unwrap_err().to_string().contains("layer_types"));
+        let gemma2 = ModelConfig::from_hf_json("config.json", r#"{"model_type": "gemma2"}"#);
+        assert!(gemma2.unwrap_err().to_string().contains("gemma3_text"));
     }
 
     #[test]

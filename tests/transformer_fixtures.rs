@@ -1,0 +1,210 @@
+//! Attention models against outside truth, from tiny random-weight transformers models written
+//! by tools (each with transformers' logits and greedy tokens):
+//!
+//! - `tests/fixtures/phi3/` (`tools/make_phi3_fixtures.py`): a `Phi3ForCausalLM` with LongRoPE
+//!   (original context 32, context 128) — its Hugging Face directory and the GGUF llama.cpp's
+//!   `convert_hf_to_gguf.py` made of it (fused `attn_qkv`, gate and up stacked in `ffn_up`,
+//!   `rope_factors_short` / `rope_factors_long`, `rope.scaling.attn_factor`) — and the chat
+//!   template transformers rendered.
+//! - `tests/fixtures/gemma3/` (`tools/make_gemma3_fixtures.py`): a `Gemma3ForCausalLM` as a
+//!   Hugging Face directory (norms stored as w, used as 1 + w; five sliding-window layers of
+//!   window 8, then a global one, each kind with its RoPE base; query_pre_attn_scalar 24).
+//!
+//! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
+//! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
+//! most 29 positions) run on a model opened for a 32-position context (short factors), the
+//! 33-token prompt on the full 128 (long factors): each checkpoint is held to transformers
+//! under both factor sets, and the attention factor applies to both.
+//!
+//! - The last prompt position's logits agree within 1e-4: both run f32 over a few layers of
+//!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
+//!   wrong factor set, a missing attention factor, a swapped gate/up half or a norm without its
+//!   1 + w moves logits by 1e-2 or more.
+//! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
+//!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
+//!   longer compared.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use weft::gpu::{GpuOptions, GpuTensorFactory};
+use weft::kv::KvCacheConfig;
+use weft::model::config::RopeScaling;
+use weft::model::executor::GpuExecutor;
+use weft::model::load::ModelFiles;
+use weft::step::{SeqStep, StepBatch};
+use weft::tokenizer::{ChatMessage, Tokenizer};
+
+const BLOCK: usize = 16;
+/// The fixture's original (pre-LongRoPE) context.
+const ORIGINAL_CONTEXT: usize = 32;
+
+fn fixture(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(path)
+}
+
+/// `family`'s expected.json.
+fn expected_of(family: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(&format!("{family}/expected.json"))).unwrap()).unwrap()
+}
+
+fn expected() -> Value {
+    expected_of("phi3")
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Sequence `i`'s step: `tokens` at `start_pos`, in its own run of 16 blocks.
+fn step(i: usize, tokens: &[u32], start_pos: usize) -> SeqStep {
+    let num_blocks = (start_pos + tokens.len()).div_ceil(BLOCK);
+    SeqStep {
+        id: i as u64,
+        tokens: tokens.to_vec(),
+        start_pos,
+        block_table: (0..num_blocks as u32).map(|b| i as u32 * 16 + b).collect(),
+        num_logits: 1,
+        ..Default::default()
+    }
+}
+
+fn logits(exec: &GpuExecutor, seqs: Vec<SeqStep>) -> Vec<Vec<f32>> {
+    weft::rt::block_on(exec.logits(&StepBatch { seqs, ..Default::default() })).unwrap()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
+}
+
+/// Phi-3's prompts that stay on one side of the original context, run on `path` opened for
+/// `context` positions.
+fn phi3_fidelity(f: &GpuTensorFactory, path: &str, context: usize) {
+    let long = context > ORIGINAL_CONTEXT;
+    let prompts: Vec<Value> = expected()["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| (p["prompt_ids"].as_array().unwrap().len() > ORIGINAL_CONTEXT) == long)
+        .cloned()
+        .collect();
+    let name = format!("phi3/{path} ({} factors)", if long { "long" } else { "short" });
+    fidelity(f, &format!("phi3/{path}"), Some(context), &prompts, &name);
+}
+
+/// `prompts` run on `path` (opened for `context` positions when given): prefilled together,
+/// then 11 decode steps together.
+fn fidelity(f: &GpuTensorFactory, path: &str, context: Option<usize>, prompts: &[Value], name: &str) {
+    let mut files = ModelFiles::open(&fixture(path)).unwrap();
+    if let Some(context) = context {
+        files.config.max_position_embeddings = context;
+    }
+    let exec = files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+    assert!(!prompts.is_empty());
+    let seqs = prompts.iter().enumerate().map(|(i, p)| step(i, &u32s(&p["prompt_ids"]), 0)).collect();
+    let mut last = logits(&exec, seqs);
+    let mut worst = 0f32;
+    for (p, got) in prompts.iter().zip(&last) {
+        let want = f32s(&p["last_logits"]);
+        assert_eq!(got.len(), want.len());
+        let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        worst = worst.max(diff);
+        assert!(diff < 1e-4, "{name}: last-position logits differ by {diff}");
+    }
+    eprintln!("{name}: largest last-position logit difference {worst:e}");
+    let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|p| u32s(&p["prompt_ids"])).collect();
+    let mut live = vec![true; prompts.len()];
+    for n in 0..12 {
+        for (i, p) in prompts.iter().enumerate() {
+            let got = argmax(&last[i]);
+            let want = u32s(&p["greedy_ids"])[n];
+            if live[i] && got != want {
+                let margin = f32s(&p["greedy_margins"])[n];
+                assert!(margin < 1e-3, "{name}: prompt {i} greedy token {n} is {got}, transformers says {want}");
+                eprintln!("{name}: prompt {i} diverges at a near-tie (margin {margin}) at token {n}");
+                live[i] = false;
+            }
+            tokens[i].push(got);
+        }
+        let seqs = tokens.iter().enumerate().map(|(i, t)| step(i, &t[t.len() - 1..], t.len() - 1)).collect();
+        last = logits(&exec, seqs);
+    }
+}
+
+fn factory() -> Option<GpuTensorFactory> {
+    weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
+}
+
+#[test]
+fn gemma3_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    let prompts = expected_of("gemma3")["prompts"].as_array().unwrap().clone();
+    fidelity(&f, "gemma3/hf", None, &prompts, "gemma3/hf");
+}
+
+#[test]
+fn phi3_llama_cpp_gguf_matches_transformers_with_short_and_long_factors() {
+    let Some(f) = factory() else { return };
+    phi3_fidelity(&f, "model.gguf", ORIGINAL_CONTEXT);
+    phi3_fidelity(&f, "model.gguf", 128);
+}
+
+#[test]
+fn phi3_hf_directory_matches_transformers_with_short_and_long_factors() {
+    let Some(f) = factory() else { return };
+    phi3_fidelity(&f, "hf", ORIGINAL_CONTEXT);
+    phi3_fidelity(&f, "hf", 128);
+}
+
+/// The factor set matters at this size: a short prompt on a model opened for the full context
+/// (long factors) is far from transformers' short-factor logits, so the fidelity tests above
+/// tell the two sets apart.
+#[test]
+fn phi3_wrong_factor_set_is_visible() {
+    let Some(f) = factory() else { return };
+    let files = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap();
+    let exec = files.executor(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+    let p = &expected()["prompts"][1];
+    let got = logits(&exec, vec![step(0, &u32s(&p["prompt_ids"]), 0)]).remove(0);
+    let diff = got.iter().zip(f32s(&p["last_logits"])).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(diff > 1e-2, "long factors on a short prompt differ by only {diff}");
+}
+
+/// Both checkpoints describe the same LongRoPE: the GGUF's factor tensors and attention factor
+/// are config.json's factors and transformers' default sqrt(1 + ln 4 / ln 32).
+#[test]
+fn phi3_checkpoints_read_the_same_longrope() {
+    let gguf = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("phi3/hf")).unwrap().config;
+    let Some(RopeScaling::LongRope { short, long, original_max_position_embeddings, attention_factor }) =
+        &gguf.rope_scaling
+    else {
+        panic!("the GGUF's LongRoPE was not read: {:?}", gguf.rope_scaling)
+    };
+    assert_eq!(*original_max_position_embeddings, ORIGINAL_CONTEXT);
+    assert_eq!(short[..3], [1.0, 1.5, 2.0]);
+    assert_eq!(long[..3], [2.0, 5.0, 8.0]);
+    let want = (1.0f64 + 4f64.ln() / 32f64.ln()).sqrt() as f32;
+    assert!((attention_factor - want).abs() < 1e-6, "{attention_factor} vs {want}");
+    let Some(RopeScaling::LongRope { attention_factor: hf_factor, .. }) = &hf.rope_scaling else {
+        panic!("config.json's LongRoPE was not read: {:?}", hf.rope_scaling)
+    };
+    assert!((hf_factor - want).abs() < 1e-6);
+    assert_eq!(gguf.inv_freq_for_context(32), hf.inv_freq_for_context(32));
+    assert_eq!(gguf.inv_freq_for_context(128), hf.inv_freq_for_context(128));
+    assert_ne!(gguf.inv_freq_for_context(32), gguf.inv_freq_for_context(128));
+}
+
+/// The chat template the GGUF carries renders as transformers renders Phi-3's.
+#[test]
+fn phi3_gguf_chat_template_renders_as_transformers_does() {
+    let files = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap();
+    let chat = &expected()["chat"];
+    let messages: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
+    let rendered = files.tokenizer.chat_template().unwrap().render(&messages, true).unwrap();
+    assert_eq!(rendered, chat["text"].as_str().unwrap());
+}
