@@ -4,10 +4,16 @@
 //! with their own robustness rules.
 //!
 //! Tolerance: logits agree within 1e-4 · max|logit|, as natively (see tests/model.rs for why).
+//!
+//! A recurrent model too: the tiny dense Granite 4.0-H of `tests/fixtures/granite_hybrid/`
+//! (Mamba2 and attention layers; made by transformers, converted by llama.cpp) serves four
+//! streams at once and gives transformers' greedy tokens, as the native tests/recurrent.rs does.
 #![cfg(target_arch = "wasm32")]
 
+use futures::StreamExt;
+use serde_json::Value;
 use wasm_bindgen_test::*;
-use weft::DType;
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::arch;
@@ -16,8 +22,10 @@ use weft::model::executor::GpuExecutor;
 use weft::model::gguf::GgufFile;
 use weft::model::load::GgufWeights;
 use weft::model::tiny;
+use weft::sampling::SamplingParams;
 use weft::step::{SeqStep, StepBatch};
 use weft::tensor::TensorFactory;
+use weft::{DType, EngineBuilder};
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
@@ -94,4 +102,50 @@ async fn split_weights_match_the_cpu() {
         failures.extend(compare(&f, &c, dtype, 64).await);
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Four greedy streams at once through the engine (its loop a task of this worker): the
+/// fixture's three prompts and the first again, all in one step's batch from the start; each
+/// gives the 12 tokens transformers chose (native lavapipe gives them too; every margin
+/// between the best and second logit is above 9e-4, the logits agree within 1e-6).
+#[wasm_bindgen_test]
+async fn a_hybrid_recurrent_model_streams_four_at_once_like_native() {
+    let fixture: Value =
+        serde_json::from_str(include_str!("../../tests/fixtures/granite_hybrid/expected.json")).unwrap();
+    let gguf = include_bytes!("../../tests/fixtures/granite_hybrid/model.gguf").to_vec();
+    let engine = EngineBuilder::from_gguf_bytes("granite_hybrid.gguf", gguf)
+        .unwrap()
+        .kv_memory_bytes(1 << 20)
+        .state_memory_bytes(1 << 20)
+        .build()
+        .await
+        .unwrap();
+    engine.start_loop().unwrap();
+    let prompts = fixture["prompts"].as_array().unwrap();
+    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let cases: Vec<&Value> = prompts.iter().chain(prompts.first()).collect();
+    let streams: Vec<_> = cases
+        .iter()
+        .map(|p| {
+            let params = GenerationParams {
+                sampling: SamplingParams::greedy(),
+                max_tokens: Some(12),
+                ignore_eos: true,
+                ..Default::default()
+            };
+            engine.infer_stream(InferenceRequest::new(Prompt::Tokens(ids(&p["prompt_ids"])), params)).unwrap()
+        })
+        .collect();
+    let got = futures::future::join_all(streams.into_iter().map(|s| {
+        s.fold(Vec::new(), |mut tokens: Vec<u32>, chunk| async move {
+            tokens.extend(chunk.unwrap().token_ids);
+            tokens
+        })
+    }))
+    .await;
+    for (i, (tokens, p)) in got.iter().zip(&cases).enumerate() {
+        assert_eq!(*tokens, ids(&p["greedy_ids"]), "stream {i}");
+    }
+    assert_eq!(engine.state_usage().unwrap().used_slots, 0, "every state slot is back");
+    engine.shutdown();
 }
