@@ -427,31 +427,35 @@ async function main() {
       return `pane states ${panes.map((p) => p.state).join(', ')} (${othersRunning} others were running at the stop); ${panes.map((p) => p.output.length).join(', ')} characters`;
     });
 
-    await test('a local Gemma 3 file: loads, and answers as weft generate does', async () => {
-      const spec = EXPECTED.file;
-      const context = await browser.newContext();
-      const { page, errors } = await newPage(context, 'gemma');
-      await page.goto(`${base}/index.html`);
-      await waitState(page, 'idle', 2 * MINUTE);
-      await page.setInputFiles('#model-file', spec.model);
-      await page.check('#src-file');
-      const t0 = Date.now();
-      await page.click('#load');
-      await waitState(page, 'ready', 10 * MINUTE);
-      const loadSeconds = (Date.now() - t0) / 1000;
-      const info = await page.textContent('#model-info');
-      check(/gemma3/i.test(info), `#model-info does not show a Gemma 3 model: ${show(info)}`);
-      const t1 = Date.now();
-      const texts = await page.evaluate(({ prompts, maxTokens }) => Promise.all(prompts.map((prompt) =>
-        window.weftDemo.engine.completions.create({ prompt, max_tokens: maxTokens, temperature: 0 })
-          .then((r) => r.choices[0].text))), { prompts: spec.prompts, maxTokens: spec.maxTokens });
-      const runSeconds = (Date.now() - t1) / 1000;
-      const problems = texts.flatMap((t, i) => t === spec.outputs[i] ? [] : [`${show(spec.prompts[i])}: browser ${show(t)} != native ${show(spec.outputs[i])}`]);
-      check(problems.length === 0, problems.join('\n'));
-      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
-      await context.close();
-      return `load ${loadSeconds.toFixed(1)} s; ${texts.length} prompts at once, ${spec.maxTokens} tokens each, in ${runSeconds.toFixed(1)} s: ${texts.map(show).join(', ')}`;
-    });
+    for (const spec of EXPECTED.files) {
+      const file = path.basename(spec.model);
+      await test(`a local ${file}: loads, and ${spec.chat ? 'answers chat prompts' : 'completes text'} as weft generate does`, async () => {
+        const context = await browser.newContext();
+        const { page, errors } = await newPage(context, file);
+        await page.goto(`${base}/index.html`);
+        await waitState(page, 'idle', 2 * MINUTE);
+        await page.setInputFiles('#model-file', spec.model);
+        await page.check('#src-file');
+        const t0 = Date.now();
+        await page.click('#load');
+        await waitState(page, 'ready', 10 * MINUTE);
+        const loadSeconds = (Date.now() - t0) / 1000;
+        const info = await page.textContent('#model-info');
+        check(info.includes(file), `#model-info does not name the picked file: ${show(info)}`);
+        const t1 = Date.now();
+        const texts = await page.evaluate(({ prompts, maxTokens, chat }) => Promise.all(prompts.map((prompt) => chat
+          ? window.weftDemo.engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0 })
+            .then((r) => r.choices[0].message.content)
+          : window.weftDemo.engine.completions.create({ prompt, max_tokens: maxTokens, temperature: 0 })
+            .then((r) => r.choices[0].text))), { prompts: spec.prompts, maxTokens: spec.maxTokens, chat: spec.chat });
+        const runSeconds = (Date.now() - t1) / 1000;
+        const problems = texts.flatMap((t, i) => t === spec.outputs[i] ? [] : [`${show(spec.prompts[i])}: browser ${show(t)} != native ${show(spec.outputs[i])}`]);
+        check(problems.length === 0, problems.join('\n'));
+        check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        await context.close();
+        return `load ${loadSeconds.toFixed(1)} s; ${texts.length} prompt(s) at once, ${spec.maxTokens} tokens each, in ${runSeconds.toFixed(1)} s: ${texts.map(show).join(', ')}`;
+      });
+    }
   } finally {
     await browser.close();
   }

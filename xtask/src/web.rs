@@ -228,11 +228,13 @@ const TINY_MAX_TOKENS: usize = 12;
 const MODEL_PROMPTS: [&str; 4] =
     ["What is the capital of France?", "Write a haiku about the sea.", "List three colors.", "Why is the sky blue?"];
 const MODEL_MAX_TOKENS: usize = 8;
-/// A real model of another architecture, picked as a local file on the page: Gemma 3 (its
-/// GGUF has no chat template, so raw completions), a few tokens (SwiftShader runs its 262k
-/// vocabulary's LM head at about a token a second).
-const FILE_MODEL: &str = "gemma-3-270m";
-const FILE_MODEL_PROMPTS: [&str; 2] = ["The capital of France is", "def fibonacci(n):"];
+/// Real models of other architectures, picked as local files on the page, a few tokens each
+/// (SwiftShader runs them at about a token a second): Gemma 3, a base model whose GGUF has no
+/// chat template (raw completions), and Qwen2.5-Coder 0.5B answering chat prompts.
+const FILE_MODELS: [(&str, bool, &[&str]); 2] = [
+    ("gemma-3-270m", false, &["The capital of France is", "def fibonacci(n):"]),
+    ("qwen2.5-coder-0.5b-instruct", true, &["Write a Python function that adds two numbers."]),
+];
 const FILE_MODEL_MAX_TOKENS: usize = 3;
 
 /// `cargo xtask test-web`
@@ -268,14 +270,20 @@ pub fn test_web() -> Result {
     run(native)?;
     let weft = target_dir().join("release").join(format!("weft{}", std::env::consts::EXE_SUFFIX));
     let model = root().join(MODEL_FILE);
-    let file_model_spec = crate::model_spec(FILE_MODEL)?;
-    crate::fetch(file_model_spec)?;
-    let file_model = root().join("models").join(file_model_spec.file);
+    let mut file_models = Vec::new();
+    for (name, chat, prompts) in FILE_MODELS {
+        let spec = crate::model_spec(name)?;
+        crate::fetch(spec)?;
+        let path = root().join("models").join(spec.file);
+        let entry = references(&weft, &path, "", prompts, FILE_MODEL_MAX_TOKENS, chat)?;
+        // The page sends chat models' prompts as chat messages.
+        file_models.push(format!("{}, \"chat\": {chat}}}", entry.strip_suffix('}').unwrap_or(&entry)));
+    }
     let expected = format!(
-        "{{\n  \"tiny\": {},\n  \"smollm2\": {},\n  \"file\": {}\n}}\n",
+        "{{\n  \"tiny\": {},\n  \"smollm2\": {},\n  \"files\": [{}]\n}}\n",
         references(&weft, &tiny, "/test/tiny.gguf", &TINY_PROMPTS, TINY_MAX_TOKENS, true)?,
         references(&weft, &model, &format!("/models/{MODEL_NAME}"), &MODEL_PROMPTS, MODEL_MAX_TOKENS, true)?,
-        references(&weft, &file_model, "", &FILE_MODEL_PROMPTS, FILE_MODEL_MAX_TOKENS, false)?,
+        file_models.join(", "),
     );
     let expected_path = out_dir.join("expected.json");
     std::fs::write(&expected_path, &expected).map_err(|e| e.to_string())?;
