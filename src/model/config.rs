@@ -563,16 +563,15 @@ impl ModelConfig {
                 && ssm.num_heads % ssm.num_groups == 0
                 && ssm.inner_size() % ssm.num_groups == 0
                 && (2..=crate::gpu::kernels::ssm::MAX_CONV_KERNEL).contains(&ssm.conv_kernel)
-                && (1..=crate::gpu::kernels::ssm::MAX_STATE_SIZE).contains(&ssm.state_size)
+                && ssm.state_size > 0
                 && ssm.state_size % 4 == 0
-                && ssm.inner_size() % 4 == 0;
+                && ssm.head_dim % 4 == 0;
             if !ok {
                 return Err(WeftError::model(
                     file,
                     format!(
-                        "unsupported state-space shape: {ssm:?} (weft needs heads a multiple of groups, a conv kernel of 2 to {}, a state size that is a multiple of 4 up to {} and an inner size that is a multiple of 4)",
-                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL,
-                        crate::gpu::kernels::ssm::MAX_STATE_SIZE
+                        "unsupported state-space shape: {ssm:?} (weft needs heads a multiple of groups, a conv kernel of 2 to {}, and a state size and head size that are multiples of 4)",
+                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL
                     ),
                 ));
             }

@@ -288,21 +288,22 @@ fn bad_shapes_are_errors() {
     assert!(err.to_string().contains("conv kernel 9; 2 to 8 are supported"), "{err}");
     let (a, d, b) = (t(&[4]), t(&[4]), t(&[4]));
     let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
-    let big = ScanShape { state_size: 256, ..SHAPE };
+    // An invocation runs four channels of one head: a head of 6 channels is refused.
+    let odd = ScanShape { head_dim: 6, ..SHAPE };
     let err = ssm_scan(
         ctx(f),
         &mut Recording::new(),
-        big,
+        odd,
         &t(&[1, XBC]),
         &t(&[1, 4]),
         0,
         &w,
         &s,
-        &t(&[1, 4, 8, 256]),
+        &t(&[1, 4, 6, 16]),
         &t(&[1, INNER]),
     )
     .unwrap_err();
-    assert!(err.to_string().contains("state size 256"), "{err}");
+    assert!(err.to_string().contains("head size 6"), "{err}");
 }
 
 /// A prefix-state restore and snapshot: a chunk continuing from snapshot slot 3 (not its own

@@ -14,10 +14,8 @@ shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32
 
 /// Invocations per workgroup of the conv and scan kernels (their WGSL `WG`).
 const WORKGROUP: usize = 64;
-/// The longest conv kernel and the largest state the kernels hold in registers (WGSL
-/// `MAX_KERNEL`, `MAX_STATE4` vec4s).
+/// The longest conv kernel (its window is held in registers; WGSL `MAX_KERNEL`).
 pub const MAX_CONV_KERNEL: usize = 8;
-pub const MAX_STATE_SIZE: usize = 128;
 
 /// Columns of the [`SeqStates`] table.
 pub const SEQ_STATE_COLS: usize = 6;
@@ -133,13 +131,14 @@ pub fn ssm_scan(
 ) -> Result<()> {
     const OP: &str = "ssm_scan";
     let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
-    // The kernel reads states, B, C and x four at a time.
-    let fours = state_size % 4 == 0 && (num_heads * head_dim) % 4 == 0;
-    if !fours || state_size > MAX_STATE_SIZE || num_groups == 0 || num_heads % num_groups != 0 {
+    // The kernel reads states, B, C and x four at a time, and runs four channels of one head
+    // per invocation.
+    let fours = state_size % 4 == 0 && head_dim % 4 == 0;
+    if !fours || state_size == 0 || num_groups == 0 || num_heads % num_groups != 0 {
         return Err(WeftError::shape(
             OP,
             format!(
-                "state size {state_size} (a multiple of 4 up to {MAX_STATE_SIZE} supported) with {num_heads} heads of {head_dim} in {num_groups} groups"
+                "state size {state_size} and head size {head_dim} (multiples of 4 supported) with {num_heads} heads in {num_groups} groups"
             ),
         ));
     }
@@ -171,7 +170,7 @@ pub fn ssm_scan(
         state.single_part(OP)?.resource(ctx)?,
         y.single_part(OP)?.resource(ctx)?,
     ];
-    let grid = [inner.div_ceil(WORKGROUP) as u32, num_seqs, 1];
+    let grid = [(inner / 4).div_ceil(WORKGROUP) as u32, num_seqs, 1];
     ctx.dispatch(rec, ShaderVariant::plain("ssm_scan"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
 }
 
