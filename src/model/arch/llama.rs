@@ -35,25 +35,35 @@ use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
 /// One block. Phi-3 (`phi3.rs`) loads its fused checkpoints into the same layers.
-pub(super) struct Layer {
-    pub(super) attn_norm: GpuTensor, // (hidden)
-    pub(super) attention: Attention,
-    pub(super) ffn_norm: GpuTensor, // (hidden)
-    pub(super) mlp: Mlp,
+struct Layer {
+    attn_norm: GpuTensor, // (hidden)
+    attention: Attention,
+    ffn_norm: GpuTensor, // (hidden)
+    mlp: Mlp,
 }
 
 pub struct LlamaModel {
-    pub(super) config: ModelConfig,
-    pub(super) embed: GpuTensor, // (vocab, hidden)
-    pub(super) layers: Vec<Layer>,
-    pub(super) norm: GpuTensor,            // (hidden)
-    pub(super) lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
-    pub(super) cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
-    pub(super) pairing: RopePairing,
+    config: ModelConfig,
+    embed: GpuTensor, // (vocab, hidden)
+    layers: Vec<Layer>,
+    norm: GpuTensor,            // (hidden)
+    lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
+    cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
+    pairing: RopePairing,
 }
 
 /// Positions the RoPE table covers at most (a 32k × 64 × 2 f32 table is 16 MiB).
-pub(super) const MAX_TABLE_POSITIONS: usize = 32768;
+const MAX_TABLE_POSITIONS: usize = 32768;
+
+/// How a checkpoint stores a layer's input projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Projections {
+    /// q, k and v, and gate and up, as separate matrices (Llama, Mistral, Qwen).
+    Separate,
+    /// One qkv matrix (q, k, v rows stacked) and one gate-up matrix (gate rows, then up rows),
+    /// the row orders `Attention` and `Mlp` read (Phi-3).
+    Fused,
+}
 
 impl LlamaModel {
     /// Upload every weight of `config`'s model from `source`, calling `progress(layers done,
@@ -64,19 +74,37 @@ impl LlamaModel {
         factory: &dyn TensorFactory,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<LlamaModel> {
+        Self::load_projections(config, source, factory, progress, Projections::Separate)
+    }
+
+    /// [`load`](Self::load) from a checkpoint whose projections are stored as `projections`.
+    pub(super) fn load_projections(
+        config: ModelConfig,
+        source: &dyn WeightSource,
+        factory: &dyn TensorFactory,
+        progress: &mut dyn FnMut(usize, usize),
+        projections: Projections,
+    ) -> Result<LlamaModel> {
         let c = &config;
         let (hidden, q_rows, kv_rows) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let w = Loader { source, factory };
-        let qkv = [(Part::Q, q_rows), (Part::K, kv_rows), (Part::V, kv_rows)];
         let qkv_bias = c.attention_bias.then_some(&[Part::QBias, Part::KBias, Part::VBias][..]);
         let inter = c.intermediate_size;
+        // Each as (checkpoint part, rows) side by side.
+        let (qkv, gate_up): (&[_], &[_]) = match projections {
+            Projections::Separate => (
+                &[(Part::Q, q_rows), (Part::K, kv_rows), (Part::V, kv_rows)],
+                &[(Part::Gate, inter), (Part::Up, inter)],
+            ),
+            Projections::Fused => (&[(Part::Qkv, q_rows + 2 * kv_rows)], &[(Part::GateUp, 2 * inter)]),
+        };
         let mut layers = Vec::with_capacity(c.num_layers);
         progress(0, c.num_layers);
         for i in 0..c.num_layers {
             layers.push(Layer {
                 attn_norm: w.vector(Some(i), Part::AttnNorm, hidden)?,
                 attention: Attention {
-                    qkv: w.linear(i, &qkv, qkv_bias, hidden)?,
+                    qkv: w.linear(i, qkv, qkv_bias, hidden)?,
                     o: w.linear(i, &[(Part::O, hidden)], None, q_rows)?,
                     qk_norm: if c.qk_norm {
                         Some(QkNorm {
@@ -90,7 +118,7 @@ impl LlamaModel {
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 mlp: Mlp {
-                    gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
+                    gate_up: w.linear(i, gate_up, None, hidden)?,
                     down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
                     gate: Gate::Silu,
                 },
@@ -101,10 +129,18 @@ impl LlamaModel {
         let norm = w.vector(None, Part::AttnNorm, hidden)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(w.matrix(None, Part::O, &[c.vocab_size, hidden])?) };
+        // The context served (the table's length) picks LongRoPE's factors; its attention factor
+        // scales cos and sin (1 for every other RoPE).
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &cos_sin_table(&c.inv_freq(), positions))?;
+        let attention_factor = c.rope_attention_factor();
+        let table: Vec<f32> = cos_sin_table(&c.inv_freq_for_context(positions), positions)
+            .into_iter()
+            .map(|v| v * attention_factor)
+            .collect();
+        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &table)?;
         let pairing = match (source.checkpoint(), c.architecture.as_str()) {
-            // llama.cpp permutes q/k only for the llama architecture; Qwen2 GGUFs keep HF's order.
+            // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
+            // HF's order.
             (Checkpoint::Gguf, "llama" | "mistral") => RopePairing::Interleaved,
             _ => RopePairing::Neox,
         };
