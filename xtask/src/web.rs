@@ -275,9 +275,7 @@ pub fn test_web() -> Result {
         let spec = crate::model_spec(name)?;
         crate::fetch(spec)?;
         let path = root().join("models").join(spec.file);
-        let entry = references(&weft, &path, "", prompts, FILE_MODEL_MAX_TOKENS, chat)?;
-        // The page sends chat models' prompts as chat messages.
-        file_models.push(format!("{}, \"chat\": {chat}}}", entry.strip_suffix('}').unwrap_or(&entry)));
+        file_models.push(references(&weft, &path, "", prompts, FILE_MODEL_MAX_TOKENS, chat)?);
     }
     let expected = format!(
         "{{\n  \"tiny\": {},\n  \"smollm2\": {},\n  \"files\": [{}]\n}}\n",
@@ -331,7 +329,7 @@ pub fn test_web() -> Result {
 }
 
 /// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must
-/// show, as JSON.
+/// show, as JSON (with `chat`: the page sends chat models' prompts as chat messages).
 fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens: usize, chat: bool) -> Result<String> {
     let mut outputs = Vec::new();
     for prompt in prompts {
@@ -354,7 +352,7 @@ fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens
     }
     let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(", ");
     Ok(format!(
-        "{{\"model\": {}, \"url\": {}, \"maxTokens\": {max_tokens}, \"prompts\": [{}], \"outputs\": [{}]}}",
+        "{{\"model\": {}, \"url\": {}, \"maxTokens\": {max_tokens}, \"chat\": {chat}, \"prompts\": [{}], \"outputs\": [{}]}}",
         json_string(&model.to_string_lossy()),
         json_string(url),
         list(&mut prompts.iter().map(|p| json_string(p))),
