@@ -11,10 +11,11 @@
 //   2 w       weight_source  raw bytes of one part   as matmul.wgsl
 //   3 y       read_write     f32 (y_row0 + m, n_total)
 // Tile constants: TN weight rows (output columns) per workgroup, TM rows of x (lavapipe: TN =
-//   32, TM = 1 for m <= 2; TN = 16, TM = 4 otherwise; WG is unused and fixed at 8).
+//   32, TM = 1 for m <= 2; TN = 16 and TM = 4 below m = 8, TM = 8 from there; WG is unused and
+//   fixed at 8).
 // Workgroup: 8 invocations; lane g owns blocks b = g, g + 8, g + 16, ... of the TN weight rows
 //   wid.x*TN .. + TN and the TM rows wid.y*TM .. + TM. Workgroup memory: 8 * TN * TM floats
-//   (<= 512 here, 2 KiB). One barrier.
+//   (<= 1024 here, 4 KiB). One barrier.
 // Grid: (ceil(n_part / TN), ceil(m / TM), 1) (one dispatch per uniform x window as in cols).
 // Requires k % 32 == 0.
 // Batch invariance: for each output, partial p_g = fold over its blocks b = g mod 8 in

@@ -86,10 +86,19 @@ impl EngineBuilder {
         self
     }
 
-    /// GPU memory for the KV cache (default 256 MiB), clamped to what the model's context needs.
+    /// GPU memory for the KV cache (default 256 MiB), in whole blocks of 16 tokens.
     pub fn kv_memory_bytes(mut self, bytes: usize) -> Self {
         self.kv_memory_bytes = bytes;
         self
+    }
+
+    /// The KV memory that holds `num_seqs` sequences of `tokens` tokens each at once (whole
+    /// blocks per sequence), for [`kv_memory_bytes`](Self::kv_memory_bytes): what a run of
+    /// known shape needs and no more. Zero for a model without attention layers.
+    pub fn kv_memory_for(&self, num_seqs: usize, tokens: usize) -> usize {
+        let c = &self.files.config;
+        let block = KvCacheConfig::block_bytes(self.block_size, c.num_attention_layers(), c.num_kv_heads, c.head_dim);
+        num_seqs * tokens.div_ceil(self.block_size) * block
     }
 
     /// GPU memory for the recurrent-state slots of a state-space or hybrid model (default 512

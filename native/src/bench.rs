@@ -44,7 +44,8 @@ pub struct Options {
     pub prompt_len: Vec<usize>,
     pub gen_len: usize,
     pub repeats: usize,
-    pub kv_memory_bytes: usize,
+    /// None: room for every request of the largest level at once.
+    pub kv_memory_bytes: Option<usize>,
     pub json: bool,
     pub profile: bool,
     /// Fraction of each run's requests generated under a JSON schema.
@@ -347,7 +348,15 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     };
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
     let builder = opts.speculation.apply(EngineBuilder::from_model(&path)?)?;
-    let builder = builder.config(config).kv_memory_bytes(opts.kv_memory_bytes);
+    // By default the pool holds every request of the largest level at once (as the peer's
+    // context does): no preemption, and memory figures comparable with other engines. Chat
+    // and copy prompts are only about --prompt-len long; a block more covers drafted tokens.
+    let tokens = match opts.task {
+        Task::Random => max_p + opts.gen_len,
+        _ => (max_p + opts.gen_len) * 5 / 4,
+    } + 16;
+    let kv_bytes = opts.kv_memory_bytes.unwrap_or_else(|| builder.kv_memory_for(max_c, tokens));
+    let builder = builder.config(config).kv_memory_bytes(kv_bytes);
     let engine = builder.build_on(ctx.clone())?;
     engine.start_loop()?;
     let vocab = engine.tokenizer().vocab_size();

@@ -114,10 +114,10 @@ enum Command {
         /// Tokens to generate per request.
         #[arg(long, default_value_t = 128)]
         gen_len: usize,
-        /// GPU memory for the KV cache in-process, e.g. 512MiB or 1GiB (enough for every
-        /// request of the largest level at once avoids preemption).
-        #[arg(long, default_value = "1GiB", value_parser = serve::parse_size, conflicts_with = "url")]
-        kv_memory: usize,
+        /// GPU memory for the KV cache in-process, e.g. 512MiB or 1GiB [default: room for
+        /// every request of the largest level at once, so nothing is preempted]
+        #[arg(long, value_parser = serve::parse_size, conflicts_with = "url")]
+        kv_memory: Option<usize>,
         /// Run each configuration this many times and report medians.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
