@@ -3,7 +3,10 @@
 // KV cache. One kernel serves decode (one token per sequence) and prefill chunks that start at
 // any position: token t of sequence s at position p attends to positions [first, p] of s, where
 // first = 0, or p + 1 - window with a sliding window. The chunk's own K/V are written first
-// (rope_kv_write).
+// (rope_kv_write). Split-K: with params.split_min > 0, a token with more than split_min
+// positions has them shared among up to SPLITS workgroups (shared/attention_splits.wgsl, grid
+// z); each leaves its partial state in `partials` and attention_merge joins them. A token with
+// one split is finished here, exactly as without splitting.
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
@@ -13,15 +16,20 @@
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
 //   5 token_info    read        u32 (num_tokens, 2)     (sequence index, position) per token
 //   6 out           read_write  vec4 (num_tokens, num_heads · HD / 4)
+//   7 partials      read_write  vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): per split
+//                               (running max, sum, 0, 0) then the unnormalised weighted V sum;
+//                               unused (any size) when split_min is 0
 // HD (the head size) is a compile-time constant, so q and the running output are HD/4 vec4
 // registers: llvmpipe keeps dynamically indexed private arrays in per-lane scratch memory.
-// Workgroup: WG = 8 invocations per (head, token). Lane j takes positions first + j, first + j
-// + 8, … with its own online softmax (running max, sum, weighted V); scores are vec4 fma chains
-// folded (x + y) + (z + w). The 8 partial states are merged in lane order through workgroup
-// memory, so the result depends only on the token's own keys: batch invariant.
-// Grid: (num_heads, num_tokens, 1).
+// Workgroup: WG = 8 invocations per (head, token, split). Lane j takes positions start + j,
+// start + j + 8, … of its split with its own online softmax (running max, sum, weighted V);
+// scores are vec4 fma chains folded (x + y) + (z + w). The 8 partial states are merged in lane
+// order through workgroup memory, so the result depends only on the token's own keys: batch
+// invariant.
+// Grid: (num_heads, num_tokens, 1), or (num_heads, num_tokens, SPLITS) when splitting.
 
 #include kv_read
+#include shared/attention_splits.wgsl
 
 struct Params {
     num_tokens: u32,
@@ -34,19 +42,19 @@ struct Params {
     window: u32,
     scale: f32,
     q_stride: u32,
+    split_min: u32,
 }
 
 const WG: u32 = 8u;
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
-// -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.
-const NEG_MAX: f32 = -3.4028234663852886e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(5) var<storage, read> token_info: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
 
 var<workgroup> sh_max: array<f32, WG>;
 var<workgroup> sh_sum: array<f32, WG>;
@@ -56,8 +64,16 @@ var<workgroup> sh_acc: array<vec4<f32>, WG * HV>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let head = wid.x;
     let t = wid.y;
+    let split = wid.z;
     let seq = token_info[2u * t];
     let pos = token_info[2u * t + 1u];
+    let first = first_position(pos, params.window);
+    let parts = split_layout(pos + 1u - first, params.split_min);
+    // A workgroup past the token's last split walks no positions (no early return: the
+    // barrier below must be reached by the whole workgroup) and writes nothing.
+    let in_range = split < parts.y;
+    let start = first + split * parts.x;
+    let stop = select(start, min(pos + 1u, start + parts.x), in_range);
     let kv_head = head / (params.num_heads / params.num_kv_heads);
     let kv_stride = params.num_kv_heads * HV;
     let q_base = t * (params.q_stride / 4u) + head * HV;
@@ -65,17 +81,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var d = 0u; d < HV; d++) {
         qv[d] = q[q_base + d] * params.scale;
     }
-    var first = 0u;
-    if (params.window > 0u && pos + 1u > params.window) {
-        first = pos + 1u - params.window;
-    }
     var run_max = NEG_MAX;
     var run_sum = 0.0;
     var acc: array<vec4<f32>, HV>;
     for (var d = 0u; d < HV; d++) {
         acc[d] = vec4<f32>(0.0);
     }
-    for (var p = first + lid; p <= pos; p += WG) {
+    for (var p = start + lid; p < stop; p += WG) {
         let block = block_tables[seq * params.max_blocks_per_seq + p / params.block_size];
         let slot = block * params.block_size + p % params.block_size;
         let base = params.cache_offset + slot * kv_stride + kv_head * HV;
@@ -108,11 +120,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         total_sum += sh_sum[j] * exp(sh_max[j] - total_max);
     }
     let out_base = (t * params.num_heads + head) * HV;
+    let part_base = ((t * params.num_heads + head) * SPLITS + split) * (HV + 1u);
+    if (!in_range) {
+        return;
+    }
+    if (parts.y > 1u && lid == 0u) {
+        partials[part_base] = vec4<f32>(total_max, total_sum, 0.0, 0.0);
+    }
     for (var d = lid; d < HV; d += WG) {
         var o = vec4<f32>(0.0);
         for (var j = 0u; j < WG; j++) {
             o += sh_acc[j * HV + d] * exp(sh_max[j] - total_max);
         }
-        out[out_base + d] = o / total_sum;
+        if (parts.y == 1u) {
+            out[out_base + d] = o / total_sum;
+        } else {
+            partials[part_base + 1u + d] = o;
+        }
     }
 }

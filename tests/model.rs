@@ -351,3 +351,29 @@ fn broken_hugging_face_directories_name_the_problem() {
     assert!(err.contains("config.json: not valid JSON"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Split-K attention (the baseline family's, for GPUs) through the whole forward pass: a
+/// 700-token prompt, whose attention takes 3 splits per head, then two decode steps, against
+/// the CPU model. Same tolerance as above: joining 3 splits adds a few roundings.
+#[test]
+fn long_contexts_with_split_attention_match_cpu() {
+    use weft::gpu::KernelFamily;
+    let options = GpuOptions { kernels: Some(KernelFamily::Baseline), ..Default::default() };
+    let Some(f) = weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new) else { return };
+    assert!(f.context().kernel_family().splits_attention());
+    let config = tiny::tiny_config();
+    let w = tiny::random_weights(&config, 13, DType::F32);
+    let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::F32)).unwrap();
+    let model = arch::load(config.clone(), &GgufWeights { gguf: &gguf }, &f, &mut |_, _| {}).unwrap();
+    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: 16, num_blocks: 48 }).unwrap();
+    let tokens: Vec<u32> = (0..702u32).map(|i| (i * 37 + i / 7) % 256).collect();
+    let want = weft::cpu::llama::forward(&config, &w, &tokens);
+    // Physical blocks in reverse, so logical and physical never line up.
+    let table: Vec<u32> = (0..44u32).rev().collect();
+    let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens[..700], 0, &table, 1)]))).unwrap();
+    close("700-token prompt", &out[0], &want[699]);
+    for p in 700..702 {
+        let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens[p..=p], p, &table, 1)]))).unwrap();
+        close(&format!("decode at {p}"), &out[0], &want[p]);
+    }
+}

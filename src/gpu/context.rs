@@ -48,6 +48,13 @@ impl KernelFamily {
             KernelFamily::Cpu => "cpu",
         }
     }
+
+    /// Whether attention shares a long context among workgroups (split-K). A GPU's decode
+    /// step has too few (head, sequence) pairs to fill it; a CPU driver's two to sixteen
+    /// threads are filled already, and a second pass would only add work.
+    pub fn splits_attention(self) -> bool {
+        self == KernelFamily::Baseline
+    }
 }
 
 /// How many GPU objects a context has created: a warm engine step creates none.

@@ -112,7 +112,13 @@ impl Workspace {
             block_tables: u32s(&[capacity.table_entries, 1])?,
             logit_rows: u32s(&[capacity.logits, 1])?,
             seq_states: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
-            acts: Activations::new(factory, c, capacity.tokens, capacity.logits)?,
+            acts: Activations::new(
+                factory,
+                c,
+                capacity.tokens,
+                capacity.logits,
+                factory.context().kernel_family().splits_attention(),
+            )?,
             logits: factory.zeros(&[capacity.logits, c.vocab_size], DType::F32)?,
             sampler: SamplerBuffers::new(
                 factory,

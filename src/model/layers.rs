@@ -15,7 +15,7 @@
 use crate::error::Result;
 use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
 use crate::gpu::kernels::matmul::matmul_into;
-use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
+use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::kernels::ssm::{ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan};
@@ -61,15 +61,16 @@ pub struct StepInputs<'a> {
 /// them). Made once for the most tokens a step may hold and viewed at each step's size, so the
 /// same buffers (and bind groups) serve every step.
 pub struct Activations {
-    pub x: GpuTensor,       // (tokens, hidden): the residual stream
-    pub xn: GpuTensor,      // (tokens, hidden): normalised x
-    pub qkv: GpuTensor,     // (tokens, (heads + 2 · kv_heads) · head_dim)
-    pub attn: GpuTensor,    // (tokens, heads · head_dim)
-    pub proj: GpuTensor,    // (tokens, hidden): o_proj / down_proj output
-    pub gate_up: GpuTensor, // (tokens, 2 · intermediate)
-    pub act: GpuTensor,     // (tokens, intermediate)
-    pub rows: GpuTensor,    // (logit rows, hidden): the normalised rows the LM head reads
-    pub normed: GpuTensor,  // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
+    pub x: GpuTensor,             // (tokens, hidden): the residual stream
+    pub xn: GpuTensor,            // (tokens, hidden): normalised x
+    pub qkv: GpuTensor,           // (tokens, (heads + 2 · kv_heads) · head_dim)
+    pub attn: GpuTensor,          // (tokens, heads · head_dim)
+    pub attn_partials: GpuTensor, // (tokens, kernels::paged::attention_partials_cols): split-K attention's
+    pub proj: GpuTensor,          // (tokens, hidden): o_proj / down_proj output
+    pub gate_up: GpuTensor,       // (tokens, 2 · intermediate)
+    pub act: GpuTensor,           // (tokens, intermediate)
+    pub rows: GpuTensor,          // (logit rows, hidden): the normalised rows the LM head reads
+    pub normed: GpuTensor,        // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
     /// A Mamba2 mixer's buffers, for models with state-space layers.
     pub ssm: Option<SsmActivations>,
 }
@@ -83,7 +84,15 @@ pub struct SsmActivations {
 }
 
 impl Activations {
-    pub fn new(factory: &dyn TensorFactory, c: &ModelConfig, num_tokens: usize, num_logits: usize) -> Result<Self> {
+    /// `split_attention`: room for split-K attention's partial results (see
+    /// [`KernelFamily::splits_attention`](crate::gpu::KernelFamily::splits_attention)).
+    pub fn new(
+        factory: &dyn TensorFactory,
+        c: &ModelConfig,
+        num_tokens: usize,
+        num_logits: usize,
+        split_attention: bool,
+    ) -> Result<Self> {
         // A model without attention or MLP (a pure state-space one) still gets one-column
         // buffers: the fields stay plain tensors, and nothing reads them.
         let t = |cols: usize| factory.activations(&[num_tokens, cols.max(1)]);
@@ -101,6 +110,7 @@ impl Activations {
             xn: t(c.hidden_size)?,
             qkv: t((c.num_heads + 2 * c.num_kv_heads) * c.head_dim)?,
             attn: t(c.num_heads * c.head_dim)?,
+            attn_partials: t(attention_partials_cols(split_attention, c.num_heads, c.head_dim))?,
             proj: t(c.hidden_size)?,
             gate_up: t(2 * c.intermediate_size)?,
             act: t(c.intermediate_size)?,
@@ -125,6 +135,7 @@ impl Activations {
             xn: t(&self.xn)?,
             qkv: t(&self.qkv)?,
             attn: t(&self.attn)?,
+            attn_partials: t(&self.attn_partials)?,
             proj: t(&self.proj)?,
             gate_up: t(&self.gate_up)?,
             act: t(&self.act)?,
@@ -180,7 +191,8 @@ impl Attention {
         }
         rope_kv_write(ctx, rec, &a.qkv, s.layout, inputs.positions, s.cos_sin, s.pairing, inputs.slots, cache)?;
         let (tables, info) = (inputs.block_tables, inputs.token_info);
-        paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, &a.attn, s.sliding_window, s.scale)?;
+        let (out, partials) = (&a.attn, &a.attn_partials);
+        paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, out, partials, s.sliding_window, s.scale)?;
         self.o.forward(ctx, rec, &a.attn, &a.proj)
     }
 }

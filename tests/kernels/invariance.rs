@@ -2,9 +2,9 @@
 //! computed alone or among other rows, for matmul in every format, RMSNorm and attention.
 
 use weft::DType;
-use weft::gpu::Recording;
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::reduce::rms_norm;
+use weft::gpu::{KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -61,12 +61,18 @@ fn rms_norm_rows_are_bit_identical_alone_and_in_a_batch() {
 
 #[test]
 fn attention_is_bit_identical_alone_and_in_a_batch() {
-    let Some(f) = gpu() else { return };
-    let filled = crate::paged::fill(f, &[5, 33, 70]);
-    let queries = [(0, 4), (1, 32), (2, 69), (2, 10)];
-    // Same seed: the batch's first query row equals the lone query's row.
-    let (_, batch) = crate::paged::attend(f, &filled, &queries, None, 11);
-    let (_, alone) = crate::paged::attend(f, &filled, &queries[..1], None, 11);
-    let row = alone.len();
-    assert!(alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    for family in [KernelFamily::Cpu, KernelFamily::Baseline] {
+        let Some(f) = gpu_with_family(family) else { return };
+        let split = family.splits_attention();
+        let filled = crate::paged::fill(f, &[5, 33, 70, 900]);
+        // The first query (a split one where splitting is on) alone and among others.
+        for queries in [[(0, 4), (1, 32), (2, 69), (2, 10)], [(3, 899), (1, 32), (3, 10), (2, 69)]] {
+            // Same seed: the batch's first query row equals the lone query's row.
+            let (_, batch) = crate::paged::attend(f, &filled, &queries, None, split, 11);
+            let (_, alone) = crate::paged::attend(f, &filled, &queries[..1], None, split, 11);
+            let row = alone.len();
+            let same = alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{family:?}: {:?} alone differs from in a batch", queries[0]);
+        }
+    }
 }

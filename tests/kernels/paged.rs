@@ -1,10 +1,10 @@
 //! Paged attention over scattered blocks equals plain attention over each sequence's keys, for
 //! decode tokens and prefill chunks that start mid-sequence, with and without a sliding window,
-//! on a layer that is not the first, with the queries read from a fused qkv row. (Writing the
-//! cache is `rope_kv_write`'s, tested in rope.rs.)
+//! on a layer that is not the first, with the queries read from a fused qkv row, in one pass or
+//! split-K over long contexts. (Writing the cache is `rope_kv_write`'s, tested in rope.rs.)
 
 use weft::DType;
-use weft::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention};
+use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::{GpuTensor, GpuTensorFactory, KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
@@ -80,12 +80,14 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
     }
 }
 
-/// Attention for the given (sequence, position) query tokens; returns (q, gpu output).
+/// Attention for the given (sequence, position) query tokens, with room for split-K partials
+/// or not; returns (q, gpu output).
 pub fn attend(
     f: &GpuTensorFactory,
     filled: &Filled,
     queries: &[(usize, usize)],
     window: Option<usize>,
+    split: bool,
     seed: u64,
 ) -> (Vec<f32>, Vec<f32>) {
     let n = queries.len();
@@ -102,32 +104,49 @@ pub fn attend(
     let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();
     let it = f.upload_u32(&[n, 2], &info).unwrap();
     let out = f.zeros(&[n, HEADS * HEAD_DIM], DType::F32).unwrap();
+    // Junk in the partials: a split must write before the merge reads.
+    let cols = attention_partials_cols(split, HEADS, HEAD_DIM);
+    let partials = f.upload_f32(&[n, cols], &random(n * cols, seed + 2, 1e3)).unwrap();
     let mut rec = Recording::new();
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &filled.cache(), &bt, &it, &out, window, scale).unwrap();
+    let cache = filled.cache();
+    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &cache, &bt, &it, &out, &partials, window, scale).unwrap();
     run(f, &rec);
     (q, read_f32(f, &out))
 }
 
 /// Tolerance: a score's f32 dot product errs by at most (head_dim + 2)·u·Σ|q·k|·scale, which is
 /// also the relative error it puts on that key's weight; exp adds up to 3 + 2·|score| ULP and
-/// the running sums about L/16 + 40 roundings. The output, a weighted mean of V rows, moves by
-/// at most twice the relative weight error times max|v|.
+/// the running sums about L/16 + 40 roundings (split-K joins at most 8 splits more: inside
+/// the 60 spare). The output, a weighted mean of V rows, moves by at most twice the relative
+/// weight error times max|v|.
 #[test]
 fn attention_matches_cpu_for_decode_and_prefill_chunks() {
     for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
         let Some(f) = gpu_with_family(family) else { return };
-        check_attention(f);
+        check_attention(f, family.splits_attention());
     }
 }
 
-fn check_attention(f: &GpuTensorFactory) {
-    let filled = fill(f, &[1, 17, 40, 100]);
+/// Contexts of 300 to 2100 positions take 2 to 8 splits (and one under a window of 8).
+#[test]
+fn split_attention_matches_cpu_over_long_contexts() {
+    let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
+    check_attention(f, true);
+}
+
+fn check_attention(f: &GpuTensorFactory, split: bool) {
+    let long = split.then_some(2100);
+    let lens: Vec<usize> = [1, 17, 40, 100].into_iter().chain(long).collect();
+    let filled = fill(f, &lens);
     assert_eq!(filled.k_cache.parts()[0].in_texture(), f.context().kernel_family() == KernelFamily::Cpu);
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
     queries.extend((30..40).map(|p| (2, p))); // a prefill chunk starting at position 30
-    for window in [None, Some(8)] {
-        let (q, got) = attend(f, &filled, &queries, window, 42);
+    if long.is_some() {
+        queries.extend([(4, 2099), (4, 300), (4, 256), (4, 700)]);
+    }
+    for window in [None, Some(8), Some(600)] {
+        let (q, got) = attend(f, &filled, &queries, window, split, 42);
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
         for (t, &(s, p)) in queries.iter().enumerate() {
             let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
@@ -160,7 +179,35 @@ fn attention_rejects_heads_that_do_not_group() {
     let bt = f.upload_u32(&[1, 1], &filled.tables).unwrap();
     let it = f.upload_u32(&[1, 2], &[0, 0]).unwrap();
     let out = f.zeros(&[1, 4 * HEAD_DIM], DType::F32).unwrap();
-    let err = paged_attention(ctx(f), &mut Recording::new(), &q, layout, &filled.cache(), &bt, &it, &out, None, 1.0)
+    let partials = f.zeros(&[1, 4], DType::F32).unwrap();
+    let cache = filled.cache();
+    let err = paged_attention(ctx(f), &mut Recording::new(), &q, layout, &cache, &bt, &it, &out, &partials, None, 1.0)
         .unwrap_err();
     assert!(err.to_string().contains("multiple of num_kv_heads"), "{err}");
+}
+
+#[test]
+fn attention_rejects_partials_of_another_shape() {
+    let Some(f) = gpu() else { return };
+    let filled = fill(f, &[4]);
+    let q = f.zeros(&[1, LAYOUT.row_stride()], DType::F32).unwrap();
+    let bt = f.upload_u32(&[1, 1], &filled.tables).unwrap();
+    let it = f.upload_u32(&[1, 2], &[0, 3]).unwrap();
+    let out = f.zeros(&[1, HEADS * HEAD_DIM], DType::F32).unwrap();
+    let partials = f.zeros(&[1, 8], DType::F32).unwrap();
+    let cache = filled.cache();
+    let err = paged_attention(ctx(f), &mut Recording::new(), &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0)
+        .unwrap_err();
+    assert!(err.to_string().contains("partials need"), "{err}");
+}
+
+/// A context that takes one split gives the same bits whether the kernel may split or not.
+#[test]
+fn short_contexts_are_untouched_by_splitting() {
+    let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
+    let filled = fill(f, &[100, 256]);
+    let queries = [(0, 99), (1, 255), (1, 40)];
+    let (_, split) = attend(f, &filled, &queries, None, true, 7);
+    let (_, whole) = attend(f, &filled, &queries, None, false, 7);
+    assert!(split.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
 }

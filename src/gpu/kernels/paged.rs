@@ -37,7 +37,23 @@ shader_params!(AttentionParams {
     window: u32,
     scale: f32,
     q_stride: u32,
+    split_min: u32,
 });
+shader_params!(MergeParams { num_heads: u32, head_dim: u32, window: u32, split_min: u32 });
+
+/// Split-K attention: the most workgroups one query token's context is shared among
+/// (`SPLITS` in shaders/shared/attention_splits.wgsl), and the fewest positions each takes.
+/// On a GPU a decode step has only heads × sequences workgroups of attention; splitting a long
+/// context fills the device. A token with at most `SPLIT_MIN_POSITIONS` positions is not split.
+pub const ATTENTION_SPLITS: usize = 8;
+pub const SPLIT_MIN_POSITIONS: usize = 256;
+
+/// Columns of the (tokens, _) F32 tensor [`paged_attention`] leaves split partial results in:
+/// with `split`, one (max, sum, 0, 0) and a head_dim-wide sum per head and split; without, 4
+/// (bound, never written).
+pub fn attention_partials_cols(split: bool, num_heads: usize, head_dim: usize) -> usize {
+    if split { num_heads * ATTENTION_SPLITS * (head_dim + 4) } else { 4 }
+}
 
 /// Largest head_dim attention is compiled for: its query and output live in HD/4 vec4
 /// registers per lane and its merge in 8 · HD floats of workgroup memory.
@@ -172,6 +188,9 @@ pub fn rope_kv_write(
 /// [`rope_kv_write`] left them) over the paged cache into out (num_tokens, num_heads · head_dim). block_tables (num_seqs, max_blocks_per_seq) U32 maps each sequence's
 /// logical blocks to physical ones; token_info (num_tokens, 2) U32 gives each query token's
 /// (sequence index, position). `window` limits attention to the last `window` positions.
+/// `partials` (num_tokens, [`attention_partials_cols`]) chooses split-K: with room for the
+/// splits, contexts over [`SPLIT_MIN_POSITIONS`] are shared among workgroups and joined by a
+/// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     ctx: &GpuContext,
@@ -182,6 +201,7 @@ pub fn paged_attention(
     block_tables: &GpuTensor,
     token_info: &GpuTensor,
     out: &GpuTensor,
+    partials: &GpuTensor,
     window: Option<usize>,
     scale: f32,
 ) -> Result<()> {
@@ -207,6 +227,19 @@ pub fn paged_attention(
     expect(OP, "out", out, DType::F32, &[Some(num_tokens), Some(num_heads * head_dim)])?;
     expect(OP, "block_tables", block_tables, DType::U32, &[None, None])?;
     expect(OP, "token_info", token_info, DType::U32, &[Some(num_tokens), Some(2)])?;
+    expect(OP, "partials", partials, DType::F32, &[Some(num_tokens), None])?;
+    let split = partials.shape()[1] == attention_partials_cols(true, num_heads, head_dim);
+    if !split && partials.shape()[1] != attention_partials_cols(false, num_heads, head_dim) {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "partials need {} columns to split contexts or 4 not to; got {}",
+                attention_partials_cols(true, num_heads, head_dim),
+                partials.shape()[1]
+            ),
+        ));
+    }
+    let split_min = if split { u32_of(OP, "split_min", SPLIT_MIN_POSITIONS)? } else { 0 };
     let params = AttentionParams {
         num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
         num_heads: u32_of(OP, "num_heads", num_heads)?,
@@ -218,6 +251,7 @@ pub fn paged_attention(
         window: u32_of(OP, "window", window.unwrap_or(0))?,
         scale,
         q_stride: u32_of(OP, "row stride", layout.row_stride())?,
+        split_min,
     };
     let bindings = [
         qkv.single_part(OP)?.resource(ctx)?,
@@ -226,9 +260,23 @@ pub fn paged_attention(
         block_tables.single_part(OP)?.resource(ctx)?,
         token_info.single_part(OP)?.resource(ctx)?,
         out.single_part(OP)?.resource(ctx)?,
+        partials.single_part(OP)?.resource(ctx)?,
     ];
     let variant = ShaderVariant::kv("paged_attention", cache.source(), u16::try_from(head_dim).unwrap_or(u16::MAX));
-    let grid = [params.num_heads, params.num_tokens, 1];
+    let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
+    let grid = [params.num_heads, params.num_tokens, splits];
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
+    if split {
+        let merge =
+            MergeParams { num_heads: params.num_heads, head_dim: params.head_dim, window: params.window, split_min };
+        let bindings = [
+            token_info.single_part(OP)?.resource(ctx)?,
+            partials.single_part(OP)?.resource(ctx)?,
+            out.single_part(OP)?.resource(ctx)?,
+        ];
+        let grid = [params.num_heads, params.num_tokens, 1];
+        let variant = ShaderVariant::plain("attention_merge");
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&merge), bindings.into(), None, grid)?;
+    }
     Ok(())
 }

@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// attention_merge: joins the partial softmax states that paged_attention left for the query
+// tokens whose context it split (shared/attention_splits.wgsl), in split order:
+//   M = max_j m_j,  S = Σ_j s_j · exp(m_j - M),  out = (Σ_j o_j · exp(m_j - M)) / S
+// where split j left its running max m_j, sum s_j and unnormalised weighted V sum o_j. Tokens
+// with one split were finished by paged_attention and are skipped.
+//
+// Bindings (group 0)
+//   0 params      uniform     Params  mirrors gpu::kernels::paged::MergeParams
+//   1 token_info  read        u32 (num_tokens, 2)  (sequence index, position) per token
+//   2 partials    read        vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): (m, s, 0, 0), o
+//   3 out         read_write  vec4 (num_tokens, num_heads · HD / 4)
+// Workgroup: 64 invocations per (head, token); invocation d joins output vec4 d (HD <= 256).
+// Grid: (num_heads, num_tokens, 1).
+
+#include shared/attention_splits.wgsl
+
+struct Params {
+    num_heads: u32,
+    head_dim: u32,
+    window: u32,
+    split_min: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> token_info: array<u32>;
+@group(0) @binding(2) var<storage, read> partials: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) d: u32) {
+    let head = wid.x;
+    let t = wid.y;
+    let hv = params.head_dim / 4u;
+    let pos = token_info[2u * t + 1u];
+    let splits = split_layout(pos + 1u - first_position(pos, params.window), params.split_min).y;
+    if (splits == 1u || d >= hv) {
+        return;
+    }
+    let base = (t * params.num_heads + head) * SPLITS * (hv + 1u);
+    var m = NEG_MAX;
+    for (var j = 0u; j < splits; j++) {
+        m = max(m, partials[base + j * (hv + 1u)].x);
+    }
+    var s = 0.0;
+    var o = vec4<f32>(0.0);
+    for (var j = 0u; j < splits; j++) {
+        let state = partials[base + j * (hv + 1u)];
+        let w = exp(state.x - m);
+        s += state.y * w;
+        o += partials[base + j * (hv + 1u) + 1u + d] * w;
+    }
+    out[(t * params.num_heads + head) * hv + d] = o / s;
+}
