@@ -191,10 +191,40 @@ fn sliding_window_matches_cpu() {
 #[test]
 fn a_sequence_alone_and_in_a_batch_gives_identical_bits_and_tokens() {
     let Some(f) = factory() else { return };
+    alone_and_in_a_batch(&f);
+}
+
+/// The families a GPU or a browser runs (the device's own runs everywhere above), each forced
+/// on this adapter: the forward pass against the CPU and batch invariance. The subgroup
+/// family needs subgroups of 8 or more lanes (lavapipe has them); elsewhere it is skipped.
+#[test]
+fn every_kernel_family_matches_cpu_and_is_batch_invariant() {
+    use weft::gpu::KernelFamily;
+    for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
+        let options = GpuOptions { kernels: Some(family), ..Default::default() };
+        let f = match weft::gpu::open_or_skip(options) {
+            Err(weft::WeftError::Unsupported(why)) if family == KernelFamily::Subgroup => {
+                eprintln!("skipping the subgroup family: {why}");
+                continue;
+            }
+            other => match other.unwrap() {
+                Some(ctx) => GpuTensorFactory::new(ctx),
+                None => return,
+            },
+        };
+        assert_eq!(f.context().kernel_family(), family);
+        for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
+            run_and_compare(&f, &tiny::tiny_config(), dtype);
+        }
+        alone_and_in_a_batch(&f);
+    }
+}
+
+fn alone_and_in_a_batch(f: &GpuTensorFactory) {
     let config = tiny::tiny_config();
     let w = tiny::random_weights(&config, 3, DType::Q4_1);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::Q4_1)).unwrap();
-    let exec = executor(&f, &config, &gguf);
+    let exec = executor(f, &config, &gguf);
     let target = seq(&[9, 8, 7, 6, 5], 0, &[0, 1], 1);
     let alone = weft::rt::block_on(exec.logits(&batch(vec![target.clone()]))).unwrap();
     let others: Vec<SeqStep> = (0..6)

@@ -30,15 +30,21 @@ pub enum KernelFamily {
     /// activations in uniform windows, which such drivers load vectorized where they load
     /// storage buffers lane by lane; one 8-lane SIMD group per workgroup.
     Cpu,
+    /// GPUs with subgroups of one fixed size of at least 8 lanes: the baseline with matmuls
+    /// whose subgroup lanes share each weight row (coalesced reads, joined by `subgroupAdd`).
+    Subgroup,
 }
 
 impl KernelFamily {
-    /// `baseline` or `cpu` (what `WEFT_KERNELS` takes).
+    /// `baseline`, `cpu` or `subgroup` (what `WEFT_KERNELS` takes).
     pub fn parse(name: &str) -> Result<Self> {
         match name.trim().to_ascii_lowercase().as_str() {
             "baseline" => Ok(KernelFamily::Baseline),
             "cpu" => Ok(KernelFamily::Cpu),
-            other => Err(WeftError::Unsupported(format!("unknown kernel family {other:?}; use baseline or cpu"))),
+            "subgroup" => Ok(KernelFamily::Subgroup),
+            other => {
+                Err(WeftError::Unsupported(format!("unknown kernel family {other:?}; use baseline, cpu or subgroup")))
+            }
         }
     }
 
@@ -46,6 +52,23 @@ impl KernelFamily {
         match self {
             KernelFamily::Baseline => "baseline",
             KernelFamily::Cpu => "cpu",
+            KernelFamily::Subgroup => "subgroup",
+        }
+    }
+
+    /// The family an adapter runs unless told otherwise. Subgroup matmuls need one subgroup
+    /// size for every pipeline (a size chosen per pipeline would let one tensor's sums differ
+    /// between the batch sizes' tiles) and at least 8 lanes (8 weight rows per workgroup of 64).
+    fn default_for(device_type: wgpu::DeviceType, features: &GpuFeatures) -> Self {
+        if device_type == wgpu::DeviceType::Cpu {
+            KernelFamily::Cpu
+        } else if features.subgroups
+            && features.subgroup_min_size == features.subgroup_max_size
+            && features.subgroup_min_size >= 8
+        {
+            KernelFamily::Subgroup
+        } else {
+            KernelFamily::Baseline
         }
     }
 
@@ -53,7 +76,7 @@ impl KernelFamily {
     /// step has too few (head, sequence) pairs to fill it; a CPU driver's two to sixteen
     /// threads are filled already, and a second pass would only add work.
     pub fn splits_attention(self) -> bool {
-        self == KernelFamily::Baseline
+        self != KernelFamily::Cpu
     }
 }
 
@@ -169,9 +192,18 @@ impl GpuContext {
         let family = match (options.kernels, std::env::var("WEFT_KERNELS")) {
             (Some(family), _) => family,
             (None, Ok(name)) => KernelFamily::parse(&name)?,
-            (None, Err(_)) if info.device_type == wgpu::DeviceType::Cpu => KernelFamily::Cpu,
-            (None, Err(_)) => KernelFamily::Baseline,
+            (None, Err(_)) => KernelFamily::default_for(info.device_type, &features),
         };
+        if family == KernelFamily::Subgroup && !(features.subgroups && features.subgroup_min_size >= 8) {
+            return Err(WeftError::Unsupported(format!(
+                "the subgroup kernels need subgroups of at least 8 lanes; {} offers {} (sizes {}..={}); use \
+                 WEFT_KERNELS=baseline",
+                info.name,
+                if features.subgroups { "subgroups" } else { "no subgroups" },
+                features.subgroup_min_size,
+                features.subgroup_max_size
+            )));
+        }
         tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, kernels = family.name(), "GPU opened");
         Ok(Arc::new(GpuContext {
             device,
@@ -287,13 +319,16 @@ impl GpuContext {
     pub fn own_shader_variants(&self) -> Vec<crate::gpu::ShaderVariant> {
         use crate::gpu::pipelines::{KvSource, WeightSource, XSource};
         let cpu = self.family == KernelFamily::Cpu;
+        let subgroup = self.family == KernelFamily::Subgroup;
         let own = |v: &crate::gpu::ShaderVariant| {
             if v.weight.is_some() {
                 // CPU drivers also read activations (stored in buffers) as embedding tables.
                 return if cpu {
                     v.tile == [0; 3] || v.tile[0] == 8
                 } else {
-                    v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage && v.tile[0] != 8
+                    let matmul = if subgroup { "matmul_subgroup" } else { "matmul" };
+                    let ours = v.tile == [0; 3] || (v.kernel == matmul && v.tile[0] != 8);
+                    ours && v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage
                 };
             }
             let kv_kernel = v.kernel == "paged_attention" || v.kernel == "rope_kv_write";

@@ -30,6 +30,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("gated_rms_norm.wgsl", include_str!("../../shaders/gated_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("matmul_bsplit.wgsl", include_str!("../../shaders/matmul_bsplit.wgsl")),
+    ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
@@ -76,7 +77,10 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_bsplit", "embedding"];
+const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_bsplit", "matmul_subgroup", "embedding"];
+
+/// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
+pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
 
 /// Kernels that read or write the KV cache (compiled once per KV source).
 const KV_KERNELS: &[&str] = &["paged_attention", "rope_kv_write"];
@@ -205,6 +209,12 @@ pub(crate) fn split_rows_tile(m: usize) -> [u16; 3] {
     }
 }
 
+/// The tile of `matmul_subgroup` (the subgroup family): (64 lanes, 8 weight rows per
+/// workgroup, TM rows of x), TM as the columns matmul's.
+pub(crate) fn subgroup_tile(m: usize) -> [u16; 3] {
+    [64, 8, if m <= 2 { 1 } else { 4 }]
+}
+
 /// Every shader variant the library can compile.
 pub fn shader_variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
@@ -229,6 +239,12 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 let base = ShaderVariant::weights(kernel, dtype, source);
                 if kernel == "embedding" {
                     out.push(base);
+                    continue;
+                }
+                if kernel == "matmul_subgroup" {
+                    if source == WeightSource::Storage {
+                        out.extend([1, 4].map(|m| ShaderVariant { tile: subgroup_tile(m), ..base }));
+                    }
                     continue;
                 }
                 if kernel == "matmul_bsplit" {

@@ -11,7 +11,7 @@ use crate::common::*;
 
 fn check(dtype: DType) {
     for setup in setups().into_iter().filter(|s| !s.window_x) {
-        let Some(f) = setup.factory() else { return };
+        let Some(f) = setup.factory() else { continue };
         let widths: &[usize] = if dtype.block_elems() == 256 { &[256, 768] } else { &[32, 96, 576] };
         let tables =
             widths.iter().flat_map(|&k| [(k, false), (k, true)]).filter(|&(_, raw)| !raw || dtype.is_quantized());

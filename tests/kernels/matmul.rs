@@ -8,8 +8,8 @@
 //! standard bound, checked with a factor 2 for the in-block partial sums.
 
 use weft::DType;
-use weft::gpu::Recording;
 use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::{KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -22,8 +22,9 @@ const SHAPES: &[(usize, usize, usize)] =
 /// window holds.
 const SUPER_BLOCK_SHAPES: &[(usize, usize, usize)] = &[(1, 256, 1), (3, 768, 65), (17, 256, 130), (70, 1536, 9)];
 
-/// Every setup against the CPU, and every setup bit-identical to the first: all of them fold
-/// each output in the same fixed order, whatever the tile, source or family.
+/// Every setup against the CPU, and every setup bit-identical to the baseline: the baseline and
+/// CPU-driver families fold each output in the same fixed order, whatever the tile or source
+/// (the subgroup family folds in its own order, so only the CPU bound holds it).
 fn check(dtype: DType) {
     let shapes = if dtype.block_elems() == 256 { SUPER_BLOCK_SHAPES } else { SHAPES };
     for (case, &(m, k, n)) in shapes.iter().enumerate() {
@@ -32,7 +33,7 @@ fn check(dtype: DType) {
         let want = weft::cpu::matmul(&x, &w, m, k, n);
         let mut first: Option<Vec<f32>> = None;
         for setup in setups() {
-            let Some(f) = setup.factory() else { return };
+            let Some(f) = setup.factory() else { continue };
             let xt = setup.x(f, &[m, k], &x);
             let wt = setup.weights(f, &[n, k], dtype, &w_bytes);
             let yt = f.zeros(&[m, n], DType::F32).unwrap();
@@ -47,6 +48,7 @@ fn check(dtype: DType) {
                 2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
             });
             match &first {
+                _ if setup.family == KernelFamily::Subgroup => {}
                 None => first = Some(got),
                 Some(first) => {
                     assert!(
@@ -178,7 +180,7 @@ fn lm_head_matches_cpu_and_rows_do_not_depend_on_the_batch() {
         let (w_bytes, w) = weights(dtype, n * k, 32);
         let want = weft::cpu::matmul(&x, &w, m, k, n);
         for setup in setups() {
-            let Some(f) = setup.factory() else { return };
+            let Some(f) = setup.factory() else { continue };
             let wt = setup.weights(f, &[n, k], dtype, &w_bytes);
             let run_rows = |x: &[f32], rows: usize| {
                 let xt = setup.x(f, &[rows, k], x);

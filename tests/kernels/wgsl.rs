@@ -1,7 +1,8 @@
 //! Static checks of the shaders, no GPU needed: every variant parses and validates with naga for
 //! the portable baseline (no f16, no subgroups, <= 256 invocations, <= 16 KiB workgroup memory,
-//! <= 8 storage buffers), every params struct matches its Rust mirror, every file is embedded
-//! and starts with the header the style card asks for.
+//! <= 8 storage buffers; the subgroup family's own kernels may add subgroup arithmetic and
+//! nothing else), every params struct matches its Rust mirror, every file is embedded and
+//! starts with the header the style card asks for.
 
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -17,10 +18,21 @@ fn every_shader_validates_for_the_baseline_profile() {
     for variant in variants {
         let module = parse(variant);
         // unpack2x16float is core WGSL; naga lists it as a capability only because some old
-        // GL/D3D targets lack it. Nothing else (no f16 type, no subgroups) is allowed.
-        Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32)
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{variant} fails baseline validation: {e:?}"));
+        // GL/D3D targets lack it. Nothing else (no f16 type, no subgroups) is allowed, except
+        // subgroup arithmetic in the kernels only the subgroup family dispatches.
+        let subgroup = weft::gpu::SUBGROUP_KERNELS.contains(&variant.kernel);
+        let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        if subgroup {
+            caps |= Capabilities::SUBGROUP;
+        }
+        let mut validator = Validator::new(ValidationFlags::all(), caps);
+        if subgroup {
+            use naga::valid::{ShaderStages, SubgroupOperationSet};
+            validator
+                .subgroup_stages(ShaderStages::COMPUTE)
+                .subgroup_operations(SubgroupOperationSet::BASIC | SubgroupOperationSet::ARITHMETIC);
+        }
+        validator.validate(&module).unwrap_or_else(|e| panic!("{variant} fails baseline validation: {e:?}"));
         let [entry] = &module.entry_points[..] else { panic!("{variant}: expected one entry point") };
         let invocations: u32 = entry.workgroup_size.iter().product();
         assert!(invocations <= 256, "{variant}: {invocations} invocations per workgroup");
@@ -115,7 +127,8 @@ fn nested_vars_are_initialized() {
 #[test]
 fn every_shader_compiles_on_the_device() {
     let mut compiled = std::collections::HashSet::new();
-    for family in [weft::gpu::KernelFamily::Baseline, weft::gpu::KernelFamily::Cpu] {
+    use weft::gpu::KernelFamily;
+    for family in [KernelFamily::Baseline, KernelFamily::Cpu, KernelFamily::Subgroup] {
         let Some(f) = crate::common::gpu_with_family(family) else { return };
         let n = weft::rt::block_on(f.context().compile_shaders(&weft::quant::DType::WEIGHTS)).unwrap();
         assert_eq!(n, f.context().own_shader_variants().len());
