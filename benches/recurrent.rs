@@ -1,11 +1,15 @@
 //! `cargo xtask bench-recurrent [--shapes mamba2-130m,llama-135m] [--contexts 64,512,2048]
 //! [--dtype q8_0]`: decode step time against context length for a Mamba2 shape and a Llama
-//! shape of similar size (random weights, `model::synthetic`), and aggregate decode tokens/s
-//! at 1 and 16 sequences. A benchmark, not a test: it prints a table.
+//! shape of similar size (random weights, `model::synthetic`), aggregate decode tokens/s at 1
+//! and 16 sequences, and the prefill speed of one 512-token prompt. A recurrent shape is run
+//! twice, side by side: its prefill scanned token by token, and in the executor's chunks (the
+//! SSD form). A benchmark, not a test: it prints a table.
 //!
 //! For each context, one sequence is prefilled to that length (chunks of 512 tokens), then 8
 //! decode steps are timed; the median is reported. A recurrent model's step reads a fixed-size
-//! state whatever the context; an attention model's reads every cached position.
+//! state whatever the context; an attention model's reads every cached position. Prefill is
+//! 512 tokens over the median of 3 one-step prefills (after one to warm up). `--profile` also
+//! prints that prefill's GPU time by kernel (timestamp queries), for each way of scanning.
 
 use std::time::Instant;
 
@@ -86,6 +90,36 @@ fn decode_step_seconds(
     Ok(times[times.len() / 2])
 }
 
+/// Tokens/s of a lone 512-token prefill in one step: the median of 3, after a warm-up.
+fn prefill_tok_s(exec: &GpuExecutor, blocks_per_seq: usize) -> weft::Result<f64> {
+    const PROMPT: usize = 512;
+    let tokens: Vec<u32> = (0..PROMPT).map(|t| 300 + ((t * 31) % 40000) as u32).collect();
+    let mut times = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        run(exec, vec![step(exec, 0, &tokens, 0, blocks_per_seq)])?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    let mut times = times.split_off(1);
+    times.sort_by(f64::total_cmp);
+    Ok(PROMPT as f64 / times[times.len() / 2])
+}
+
+/// The GPU time by kernel of one 512-token prefill step (largest first), where the adapter
+/// has timestamps.
+fn prefill_profile(exec: &GpuExecutor, blocks_per_seq: usize) -> weft::Result<Vec<(String, f64)>> {
+    use weft::step::ModelExecutor;
+    let tokens: Vec<u32> = (0..512).map(|t| 300 + ((t * 31) % 40000) as u32).collect();
+    exec.set_profiling(true);
+    let out = weft::rt::block_on(
+        exec.execute(&StepBatch { seqs: vec![step(exec, 0, &tokens, 0, blocks_per_seq)], ..Default::default() }),
+    );
+    exec.set_profiling(false);
+    let mut kernels = out?.timings.kernels;
+    kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(kernels)
+}
+
 fn main() -> weft::Result<()> {
     let shapes: Vec<String> = list("--shapes", "mamba2-130m,llama-135m");
     let contexts: Vec<usize> = list("--contexts", "64,512,2048");
@@ -96,24 +130,42 @@ fn main() -> weft::Result<()> {
     };
     let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default())? else { return Ok(()) };
     let f = GpuTensorFactory::new(ctx);
-    let max_context = contexts.iter().copied().max().unwrap_or(64) + DECODE_STEPS;
+    let max_context = contexts.iter().copied().max().unwrap_or(64).max(512) + DECODE_STEPS;
     let blocks_per_seq = max_context.div_ceil(BLOCK);
     println!("weft decode step time by context, random weights in {dtype}, median of {DECODE_STEPS} steps\n");
     print!("{:>12}", "shape");
     for c in &contexts {
         print!(" {:>12}", format!("ctx {c} ms"));
     }
-    println!(" {:>14} {:>14}", "1 seq tok/s", "16 seqs tok/s");
+    println!(" {:>14} {:>14} {:>18}  scan", "1 seq tok/s", "16 seqs tok/s", "prefill 512 tok/s");
     for shape in &shapes {
         let files = ModelFiles::from_gguf_bytes(shape, weft::model::synthetic_ssm::gguf_bytes(shape, dtype)?)?;
-        let exec = files.executor(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 16 * blocks_per_seq })?;
-        print!("{shape:>12}");
-        for &c in &contexts {
-            print!(" {:>12.1}", decode_step_seconds(&exec, 1, c, blocks_per_seq)? * 1e3);
+        let recurrent = files.config.ssm.is_some();
+        let scans = if recurrent { vec![None, Some(weft::model::executor::SCAN_CHUNK_ROWS)] } else { vec![None] };
+        for scan in scans {
+            let kv = KvCacheConfig { block_size: BLOCK, num_blocks: 16 * blocks_per_seq };
+            let exec = files.executor(&f, kv)?.with_scan_chunk(scan)?;
+            print!("{shape:>12}");
+            for &c in &contexts {
+                print!(" {:>12.1}", decode_step_seconds(&exec, 1, c, blocks_per_seq)? * 1e3);
+            }
+            let one = 1.0 / decode_step_seconds(&exec, 1, 64, blocks_per_seq)?;
+            let sixteen = 16.0 / decode_step_seconds(&exec, 16, 64, blocks_per_seq)?;
+            let prefill = prefill_tok_s(&exec, blocks_per_seq)?;
+            let how = match (recurrent, scan) {
+                (false, _) => "-".to_string(),
+                (true, None) => "token by token".to_string(),
+                (true, Some(q)) => format!("chunks of {q}"),
+            };
+            println!(" {one:>14.1} {sixteen:>14.1} {prefill:>18.1}  {how}");
+            if std::env::args().any(|a| a == "--profile") {
+                let kernels = prefill_profile(&exec, blocks_per_seq)?;
+                let total: f64 = kernels.iter().map(|k| k.1).sum();
+                for (name, secs) in kernels.iter().take(12) {
+                    println!("    {name:<40} {:>9.1} ms {:>5.1}%", secs * 1e3, 100.0 * secs / total);
+                }
+            }
         }
-        let one = 1.0 / decode_step_seconds(&exec, 1, 64, blocks_per_seq)?;
-        let sixteen = 16.0 / decode_step_seconds(&exec, 16, 64, blocks_per_seq)?;
-        println!(" {one:>14.1} {sixteen:>14.1}");
     }
     Ok(())
 }

@@ -55,10 +55,7 @@ const NO_SLOT: u32 = 0xffffffffu;
 @group(0) @binding(7) var<storage, read_write> state: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> y: array<vec4<f32>>;
 
-// softplus as torch computes it: linear above 20.
-fn softplus(v: f32) -> f32 {
-    return select(log(1.0 + exp(v)), v, v > 20.0);
-}
+#include shared/softplus.wgsl
 
 // One channel's state quad after a token: s · decay + (step · B) · x.
 fn update(s: vec4<f32>, decay: f32, step_b: vec4<f32>, xv: f32) -> vec4<f32> {

@@ -30,6 +30,8 @@ pub struct EngineBuilder {
     progress: Option<rt::BoxProgress>,
     speculation: Option<SpeculationConfig>,
     draft: Option<ModelFiles>,
+    /// Rows per chunk of recurrent layers' chunked scan; `None` here: the executor's default.
+    scan_chunk: Option<Option<usize>>,
 }
 
 impl EngineBuilder {
@@ -55,6 +57,7 @@ impl EngineBuilder {
             progress: None,
             speculation: None,
             draft: None,
+            scan_chunk: None,
         }
     }
 
@@ -107,6 +110,15 @@ impl EngineBuilder {
     /// few hundred KiB.
     pub fn state_memory_bytes(mut self, bytes: usize) -> Self {
         self.state_memory_bytes = bytes;
+        self
+    }
+
+    /// How recurrent layers scan a prefill: whole chunks of `rows` positions in the SSD form
+    /// and the rest token by token, or (`None`) token by token only. The default is chunks of
+    /// [`SCAN_CHUNK_ROWS`](crate::model::executor::SCAN_CHUNK_ROWS) on GPUs and token by token
+    /// on CPU drivers, whichever measured faster there. Models without recurrent layers ignore it.
+    pub fn scan_chunk_rows(mut self, rows: Option<usize>) -> Self {
+        self.scan_chunk = Some(rows);
         self
     }
 
@@ -192,6 +204,9 @@ impl EngineBuilder {
                 target_layers = total;
                 progress(done, total)
             })?;
+        if let Some(rows) = self.scan_chunk {
+            exec = exec.with_scan_chunk(rows)?;
+        }
         let sampler = Arc::new(GpuSampler);
         let Some(spec) = self.speculation else {
             return ContinuousBatchEngine::new_plan_runtime(

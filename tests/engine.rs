@@ -403,7 +403,8 @@ fn the_seed_constructors_check_their_parts() {
 
     // A state manager for a model without recurrent layers is refused.
     let (config, t, s, e, tf) = parts();
-    let slots = RecurrentStateConfig { num_slots: 4, num_snapshot_slots: 0, slot_size_bytes: 1024 };
+    let slots =
+        RecurrentStateConfig { num_slots: 4, num_snapshot_slots: 0, slot_size_bytes: 1024, scan_chunk_tokens: 1 };
     let err = ContinuousBatchEngine::new_with_speculation_and_recurrent_state_manager(
         config,
         t,
@@ -454,7 +455,7 @@ fn the_seed_constructors_check_their_parts() {
     .unwrap()
     .to_string();
     assert!(
-        err.contains("8 slots (and 0 snapshots) of 1024 bytes but the executor's pool has 4 slots (and 0 snapshots)"),
+        err.contains("8 slots (and 0 snapshots) of 1024 bytes, scanned in chunks of 1 positions, but the executor's pool has 4 slots (and 0 snapshots)"),
         "{err}"
     );
     let (config, t, s, _, tf) = parts();

@@ -5,14 +5,16 @@
 //! llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers' logits and greedy tokens.
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
-//!   within 1e-4 for both checkpoints of both families; weft scans token by token and sums in
-//!   other orders, and on lavapipe the largest difference is about 1e-6 (printed), while a wrong
-//!   conv window, state, gate or multiplier moves logits by 1e-2 or more.
+//!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
+//!   with its own chunked scan (chunks of 4 here, so the short prompts hold several); both sum
+//!   in other orders, and on lavapipe the largest difference is about 1e-6 (printed), while a
+//!   wrong conv window, state, gate or multiplier moves logits by 1e-2 or more.
 //! - 12 greedy tokens (transformers' recurrent decode) are equal; a divergence is tolerated only
 //!   right after a step whose reference top-1/top-2 margin is below 1e-3 (a near-tie), after
 //!   which that prompt is no longer compared.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
-//!   of several sizes equals one pass, bit for bit.
+//!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
+//!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
 
 use std::path::{Path, PathBuf};
 
@@ -34,9 +36,13 @@ fn fixture(family: &str, path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(family).join(path)
 }
 
-fn executor(f: &GpuTensorFactory, family: &str, path: &str) -> GpuExecutor {
+/// How the executors here scan prefills: token by token, and in chunks of 4 positions (the
+/// default chunk of 64 is longer than these prompts).
+const SCANS: [Option<usize>; 2] = [None, Some(4)];
+
+fn executor(f: &GpuTensorFactory, family: &str, path: &str, scan: Option<usize>) -> GpuExecutor {
     let files = ModelFiles::open(&fixture(family, path)).unwrap();
-    files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 256 }).unwrap()
+    files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 256 }).unwrap().with_scan_chunk(scan).unwrap()
 }
 
 fn prompts(family: &str) -> Vec<Value> {
@@ -78,12 +84,19 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
 }
 
-/// Every prompt prefilled in one step, then 11 decode steps of all of them together.
+/// Every prompt prefilled in one step, then 11 decode steps of all of them together, scanned
+/// each way.
 fn fidelity(family: &str, path: &str) {
+    for scan in SCANS {
+        fidelity_of(family, path, scan);
+    }
+}
+
+fn fidelity_of(family: &str, path: &str, scan: Option<usize>) {
     let Some(f) = factory() else { return };
-    let exec = executor(&f, family, path);
+    let exec = executor(&f, family, path, scan);
     let prompts = prompts(family);
-    let path = format!("{family}/{path}");
+    let path = format!("{family}/{path} (scan chunks {scan:?})");
     let seqs: Vec<SeqStep> =
         prompts.iter().enumerate().map(|(i, p)| step(i as u32, &u32s(&p["prompt_ids"]), 0, 1)).collect();
     let mut last = logits(&exec, seqs);
@@ -141,13 +154,15 @@ fn granite_hybrid_llama_cpp_gguf_matches_transformers() {
 #[test]
 fn batch_and_chunk_invariance() {
     for family in ["mamba2", "granite_hybrid"] {
-        batch_and_chunk_invariance_of(family);
+        for scan in SCANS {
+            batch_and_chunk_invariance_of(family, scan);
+        }
     }
 }
 
-fn batch_and_chunk_invariance_of(family: &str) {
+fn batch_and_chunk_invariance_of(family: &str, scan: Option<usize>) {
     let Some(f) = factory() else { return };
-    let exec = executor(&f, family, "hf");
+    let exec = executor(&f, family, "hf", scan);
     let prompt = u32s(&prompts(family)[2]["prompt_ids"]);
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
         let mut out = Vec::new();
@@ -180,11 +195,22 @@ fn batch_and_chunk_invariance_of(family: &str) {
         out
     };
     let alone = run(usize::MAX, false);
+    let what = format!("{family} (scan chunks {scan:?})");
     for chunk in [1, 3, 8] {
-        assert!(run(chunk, false) == alone, "{family}: prefill in chunks of {chunk} differs from one pass");
+        let chunked = run(chunk, false);
+        if scan.is_none_or(|q| chunk % q == 0) {
+            assert!(chunked == alone, "{what}: prefill in chunks of {chunk} differs from one pass");
+        } else {
+            // Cuts inside a scan chunk scan its rows token by token instead: the same sums in
+            // another order.
+            for (got, want) in chunked.iter().zip(&alone) {
+                let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                assert!(diff < 1e-4, "{what}: prefill in chunks of {chunk} differs by {diff}");
+            }
+        }
     }
-    assert!(run(usize::MAX, true) == alone, "{family}: among 15 others differs from alone");
-    assert!(run(8, true) == alone, "{family}: chunked among 15 others differs from alone");
+    assert!(run(usize::MAX, true) == alone, "{what}: among 15 others differs from alone");
+    assert!(run(8, true) == alone, "{what}: chunked among 15 others differs from alone");
 }
 
 /// Through the engine, for each family: 24 greedy requests, more than there are state slots (16), over a KV
@@ -193,11 +219,13 @@ fn batch_and_chunk_invariance_of(family: &str) {
 #[test]
 fn the_engine_batches_preempts_and_returns_every_slot() {
     for family in ["mamba2", "granite_hybrid"] {
-        engine_run(family);
+        for scan in SCANS {
+            engine_run(family, scan);
+        }
     }
 }
 
-fn engine_run(family: &str) {
+fn engine_run(family: &str, scan: Option<usize>) {
     use std::sync::Arc;
     use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
     use weft::engine::{ContinuousBatchEngine, EngineConfig};
@@ -207,6 +235,7 @@ fn engine_run(family: &str) {
     let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
     let engine = |num_blocks: usize, config: EngineConfig| {
         let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
+        let exec = exec.with_scan_chunk(scan).unwrap();
         let tok = files.tokenizer.clone();
         ContinuousBatchEngine::new_plan_runtime(config, tok, Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone()))
             .unwrap()
@@ -236,7 +265,7 @@ fn engine_run(family: &str) {
     for (i, s) in streams.iter_mut().enumerate() {
         let chunks: Vec<_> = weft::rt::block_on(futures::StreamExt::collect::<Vec<_>>(s));
         let got: Vec<u32> = chunks.iter().flat_map(|c| c.as_ref().unwrap().token_ids.clone()).collect();
-        assert_eq!(got, want[i], "request {i}");
+        assert_eq!(got, want[i], "{family} (scan chunks {scan:?}): request {i}");
     }
     assert!(e.scheduler_stats().preemptions > 0, "the pool was meant to run out");
     assert_eq!(e.state_usage().unwrap().used_slots, 0);
@@ -262,11 +291,13 @@ fn engine_run(family: &str) {
 #[test]
 fn a_prefix_state_hit_equals_a_cold_run() {
     for family in ["mamba2", "granite_hybrid"] {
-        prefix_hit(family);
+        for scan in SCANS {
+            prefix_hit(family, scan);
+        }
     }
 }
 
-fn prefix_hit(family: &str) {
+fn prefix_hit(family: &str, scan: Option<usize>) {
     use std::sync::Arc;
     use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
     use weft::engine::{ContinuousBatchEngine, EngineConfig};
@@ -276,6 +307,7 @@ fn prefix_hit(family: &str) {
     let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
     let engine = |enable_prefix_cache: bool| {
         let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 256 }).unwrap();
+        let exec = exec.with_scan_chunk(scan).unwrap();
         let tok = files.tokenizer.clone();
         let config = EngineConfig { enable_prefix_cache, max_num_batched_tokens: 24, ..Default::default() };
         ContinuousBatchEngine::new_plan_runtime(config, tok, Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone()))
@@ -301,7 +333,7 @@ fn prefix_hit(family: &str) {
     assert!(warm.config().enable_prefix_cache, "{family}: snapshots keep the prefix cache on");
     for (i, r) in requests.iter().enumerate() {
         let got = weft::rt::block_on(warm.infer(r.clone())).unwrap().token_ids;
-        assert_eq!(got, want[i], "{family}: request {i} after a prefix-state hit");
+        assert_eq!(got, want[i], "{family} (scan chunks {scan:?}): request {i} after a prefix-state hit");
     }
     let stats = warm.prefix_cache_stats();
     assert_eq!(stats.state_hits, 3, "{family}: every request after the first restores a snapshot ({stats:?})");
@@ -329,4 +361,31 @@ fn the_builder_sizes_state_slots_from_memory() {
         .unwrap()
         .to_string();
     assert!(err.contains("hold no recurrent-state slot"), "{err}");
+}
+
+/// The scan chunk the executor uses is the one the scheduler learns (`state_config`): token by
+/// token by default on CPU drivers such as lavapipe, else what was asked; fewer than 2 rows a
+/// chunk is refused, through the executor and through the builder.
+#[test]
+fn the_scan_chunk_is_reported_and_checked() {
+    use weft::step::ModelExecutor;
+    let Some(f) = factory() else { return };
+    let files = ModelFiles::open(&fixture("mamba2", "hf")).unwrap();
+    let kv = KvCacheConfig { block_size: BLOCK, num_blocks: 16 };
+    let exec = files.executor(&f, kv).unwrap();
+    let cpu = f.context().kernel_family() == weft::gpu::KernelFamily::Cpu;
+    let default = if cpu { 1 } else { weft::model::executor::SCAN_CHUNK_ROWS };
+    assert_eq!(exec.state_config().unwrap().scan_chunk_tokens, default);
+    let exec = exec.with_scan_chunk(Some(8)).unwrap();
+    assert_eq!(exec.state_config().unwrap().scan_chunk_tokens, 8);
+    let err = exec.with_scan_chunk(Some(1)).err().unwrap().to_string();
+    assert!(err.contains("scan chunks of Some(1) rows; use at least 2, or none"), "{err}");
+    let err = weft::EngineBuilder::from_model(fixture("mamba2", "hf"))
+        .unwrap()
+        .scan_chunk_rows(Some(0))
+        .build_on(f.context().clone())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("use at least 2"), "{err}");
 }

@@ -155,13 +155,17 @@ impl ContinuousBatchEngine {
             (Some(manager), Some(pool)) if manager.config() != pool => {
                 let ours = manager.config();
                 return Err(WeftError::Unsupported(format!(
-                    "the recurrent-state manager has {} slots (and {} snapshots) of {} bytes but the executor's pool has {} slots (and {} snapshots) of {}",
+                    "the recurrent-state manager has {} slots (and {} snapshots) of {} bytes, scanned in chunks of {} \
+                     positions, but the executor's pool has {} slots (and {} snapshots) of {}, scanned in chunks of {}; \
+                     build the manager from the executor's state_config()",
                     ours.num_slots,
                     ours.num_snapshot_slots,
                     ours.slot_size_bytes,
+                    ours.scan_chunk_tokens,
                     pool.num_slots,
                     pool.num_snapshot_slots,
-                    pool.slot_size_bytes
+                    pool.slot_size_bytes,
+                    pool.scan_chunk_tokens,
                 )));
             }
             (Some(manager), Some(_)) => Some(manager),

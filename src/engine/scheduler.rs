@@ -35,7 +35,13 @@
 //! state slot: admission takes KV blocks and a slot together or neither, and finish and
 //! preemption return both. With the prefix cache and snapshot slots, a prefill chunk stops at
 //! the end of the prompt's full blocks, where the state is snapshotted beside those blocks; a
-//! later sequence with the same prefix restores it and starts there.
+//! later sequence with the same prefix restores it and starts there. Where the executor scans
+//! whole chunks of Q positions in one go (`RecurrentStateConfig::scan_chunk_tokens`), a
+//! recurrent prefill that the token budget cuts short is cut back to a multiple of Q (or
+//! inside the rows before its first multiple), a recompute stops at the end of the prompt, and
+//! generated tokens are recomputed fewer than Q at a time (as decodes, never as a chunk), so a
+//! sequence's chunks, hence its numbers, depend neither on its batch nor on a preemption
+//! (`model::scan_plan` has the executor's side).
 //! **Invariant:** a sequence never receives more than `max_tokens` tokens: drafts are cut so
 //! that a fully accepted run still fits.
 
@@ -60,6 +66,32 @@ fn next_snapshot(snapshots: bool, block_size: usize, num_prompt_tokens: usize, s
     }
     let interval = SNAPSHOT_INTERVAL_BLOCKS * block_size;
     Some(((start / interval + 1) * interval).min(full_end))
+}
+
+/// How many of the `num_known` tokens from `start` a recurrent sequence computes when
+/// `budget` tokens are left and the executor scans whole chunks of `q` positions: all that fit,
+/// but a cut the budget makes falls back to a multiple of `q`, unless it falls before the first
+/// one (those rows are scanned token by token whatever their cuts). 0: none this step.
+fn cut_for_scan(start: usize, num_known: usize, budget: usize, q: usize) -> usize {
+    if num_known <= budget || q <= 1 {
+        return num_known.min(budget);
+    }
+    let end = start + budget;
+    if end <= start.div_ceil(q) * q { budget } else { end / q * q - start }
+}
+
+/// The most tokens from `start` a recurrent sequence with `num_prompt_tokens` computes in one
+/// step, whatever the budget, with scan chunks of `q` positions: up to the end of the prompt,
+/// and generated tokens (recomputed after a preemption) fewer than `q` at a time, which the
+/// executor scans token by token as it did when they were decoded.
+fn recurrent_run(num_prompt_tokens: usize, start: usize, q: usize) -> usize {
+    if q <= 1 {
+        usize::MAX
+    } else if start < num_prompt_tokens {
+        num_prompt_tokens - start
+    } else {
+        q - 1
+    }
 }
 
 /// Limits of one step and of one sequence.
@@ -139,6 +171,9 @@ pub struct ContinuousBatchScheduler {
     state: Option<RecurrentStateManager>,
     /// Recurrent states are snapshotted for the prefix cache.
     snapshots: bool,
+    /// The executor's scan chunk that recurrent prefill cuts respect (1: none; also when the
+    /// token budget cannot hold a chunk, since no step then holds a whole one).
+    scan_chunk: usize,
     req_to_seq: HashMap<SeqId, Sequence>,
     /// Highest priority first; within a priority, preempted sequences before new ones, then
     /// arrival order.
@@ -156,6 +191,7 @@ impl ContinuousBatchScheduler {
             kv,
             state: None,
             snapshots: false,
+            scan_chunk: 1,
             req_to_seq: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -174,6 +210,8 @@ impl ContinuousBatchScheduler {
         }
         self.snapshots = self.kv.prefix_cache_enabled();
         self.kv.set_state_snapshot_slots(state.snapshot_slots());
+        let q = state.config().scan_chunk_tokens;
+        self.scan_chunk = if q <= self.config.max_num_batched_tokens { q.max(1) } else { 1 };
         self.state = Some(state);
         self
     }
@@ -303,10 +341,20 @@ impl ContinuousBatchScheduler {
                 seq.num_computed_tokens = 0;
                 self.kv.cancel_snapshot(id);
             }
-            let mut num_known = (seq.tokens.len() - seq.num_computed_tokens).min(token_budget);
+            let mut num_known = seq.tokens.len() - seq.num_computed_tokens;
             if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, seq.num_computed_tokens) {
                 // The chunk stops where the state is snapshotted.
                 num_known = num_known.min(end - seq.num_computed_tokens);
+            }
+            if self.state.is_some() {
+                num_known =
+                    num_known.min(recurrent_run(seq.num_prompt_tokens, seq.num_computed_tokens, self.scan_chunk));
+            }
+            let num_known = cut_for_scan(seq.num_computed_tokens, num_known, token_budget, self.scan_chunk);
+            if num_known == 0 {
+                // Too little budget left for a whole scan chunk: next step.
+                req_index += 1;
+                continue;
             }
             // Drafts ride along only on a decode, and only as many as the budget, max_tokens
             // (a fully accepted run must fit) and the context allow.
@@ -374,16 +422,27 @@ impl ContinuousBatchScheduler {
                 }
                 seq.num_computed_tokens = num_cached_tokens;
                 seq.restore_from = restore_from;
-                let mut num_new_tokens = (seq.tokens.len() - num_cached_tokens).min(token_budget);
+                let mut num_new_tokens = seq.tokens.len() - num_cached_tokens;
                 let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
                 if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, num_cached_tokens) {
                     // The chunk stops where the state is snapshotted.
                     num_new_tokens = num_new_tokens.min(end - num_cached_tokens);
                 }
+                if self.state.is_some() {
+                    num_new_tokens =
+                        num_new_tokens.min(recurrent_run(seq.num_prompt_tokens, num_cached_tokens, self.scan_chunk));
+                }
+                let num_new_tokens = cut_for_scan(num_cached_tokens, num_new_tokens, token_budget, self.scan_chunk);
                 self.admission_clock += 1;
                 seq.admitted_at = self.admission_clock;
                 self.waiting.pop_front();
                 self.running.push(id);
+                if num_new_tokens == 0 {
+                    // Admitted with its blocks and slot, but too little budget is left for a
+                    // whole scan chunk: it starts next step, where its computed tokens stand.
+                    seq.scheduled_end = num_cached_tokens;
+                    break;
+                }
                 req_to_num_new_tokens.push((id, num_new_tokens, 0));
                 token_budget -= num_new_tokens;
             }
@@ -953,10 +1012,14 @@ mod tests {
     /// two live sequences or a state that ran ahead of the computed tokens changes the tokens.
     struct FakeModel {
         block_size: usize,
+        /// The executor's scan chunk: a state remembers which of its tokens were scanned as part
+        /// of a whole chunk (as `model::scan_plan` decides) and samples from that too, so a cut
+        /// that changes a sequence's chunks changes its tokens.
+        scan_chunk: usize,
         /// slot -> (token, position)
         slots: HashMap<usize, (u32, usize)>,
-        /// state slot -> the tokens absorbed into it
-        states: HashMap<u32, Vec<u32>>,
+        /// state slot -> the tokens absorbed into it, each with whether it was chunked
+        states: HashMap<u32, Vec<(u32, bool)>>,
     }
 
     const VOCAB: u64 = 50;
@@ -991,13 +1054,18 @@ mod tests {
                     }
                     assert_eq!(state.len(), s.start_pos, "seq {}'s state is not at its start position", s.id);
                     assert_eq!(s.num_logits, usize::from(s.num_logits > 0), "drafts with recurrent state");
-                    state.extend_from_slice(&s.tokens);
+                    let (q, end) = (self.scan_chunk, s.end_pos());
+                    state.extend(s.tokens.iter().enumerate().map(|(i, &token)| {
+                        let chunk = (s.start_pos + i) / q * q;
+                        (token, q > 1 && chunk >= s.start_pos && chunk + q <= end)
+                    }));
                     if let Some(save) = s.state_save {
                         assert_eq!(state.len() % self.block_size, 0, "a snapshot off a block boundary");
                         self.states.insert(save, state.clone());
                     }
                     self.states.insert(state_slot, state.clone());
-                    let row = if s.num_logits > 0 { vec![next_token(state.iter().copied())] } else { vec![] };
+                    let history = state.iter().map(|&(token, chunked)| token + 1000 * u32::from(chunked));
+                    let row = if s.num_logits > 0 { vec![next_token(history)] } else { vec![] };
                     samples.push(row);
                     continue;
                 }
@@ -1058,7 +1126,9 @@ mod tests {
         state: Option<RecurrentStateManager>,
         mut drafter: Option<FakeDrafter>,
     ) -> RunResult {
-        let mut model = FakeModel { block_size: kv.block_size(), slots: HashMap::new(), states: HashMap::new() };
+        let scan_chunk = state.as_ref().map_or(1, |s| s.config().scan_chunk_tokens);
+        let mut model =
+            FakeModel { block_size: kv.block_size(), scan_chunk, slots: HashMap::new(), states: HashMap::new() };
         let mut sched = ContinuousBatchScheduler::new(config.clone(), kv);
         if let Some(state) = state {
             sched = sched.with_recurrent_state(state);
@@ -1305,40 +1375,54 @@ mod tests {
         }
     }
 
-    fn state_slots(num_slots: usize) -> RecurrentStateManager {
-        with_snapshots(num_slots, 0)
-    }
-
-    fn with_snapshots(num_slots: usize, num_snapshot_slots: usize) -> RecurrentStateManager {
+    fn with_snapshots(num_slots: usize, num_snapshot_slots: usize, scan_chunk_tokens: usize) -> RecurrentStateManager {
         RecurrentStateManager::new(crate::kv::RecurrentStateConfig {
             num_slots,
             num_snapshot_slots,
             slot_size_bytes: 1024,
+            scan_chunk_tokens,
         })
+    }
+
+    /// The unconstrained run a recurrent run with scan chunks of `q` and a budget of
+    /// `max_num_batched_tokens` must match: chunks of `q` where the budget holds one (else no
+    /// step can hold a whole chunk, and the model scans token by token).
+    fn unconstrained_reference(
+        arrivals: &[(usize, SchedRequest)],
+        q: usize,
+        max_num_batched_tokens: usize,
+    ) -> RunResult {
+        let (config, kv) = unconstrained();
+        let q = if q <= max_num_batched_tokens { q } else { 1 };
+        simulate(arrivals, config, kv, Some(with_snapshots(32, 0, q)), None)
     }
 
     /// With snapshot slots (fewer than the prefixes' blocks, so they are taken back from the
     /// least recently used) the shared prefixes' states are restored instead of recomputed, and
     /// every request still gets the tokens of an unconstrained run without snapshots: the fake
-    /// model checks each restored state is the sequence's own prefix.
+    /// model checks each restored state is the sequence's own prefix, and that its chunks are
+    /// those of the unconstrained run (scan chunks of 1, 4 and 8 positions; 8 does not fit a
+    /// budget of 7, where cuts are free again).
     #[test]
     fn recurrent_prefix_states_are_restored_and_change_nothing() {
         let arrivals = arrivals();
-        let (config, kv) = unconstrained();
-        let reference = simulate(&arrivals, config.clone(), kv, Some(state_slots(32)), None);
-        for (num_slots, num_snapshots, num_blocks, max_num_batched_tokens) in
-            [(8, 16, 4096, 64), (6, 2, 40, 16), (3, 1, 30, 7)]
-        {
-            let run = simulate(
-                &arrivals,
-                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
-                KvCacheManager::new(num_blocks, 4, true),
-                Some(with_snapshots(num_slots, num_snapshots)),
-                None,
-            );
-            assert!(run.num_state_hits > 0, "{num_snapshots} snapshots: the shared prefixes were meant to hit");
-            for (id, tokens) in &reference.req_to_tokens {
-                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_snapshots} snapshots");
+        for q in [1, 4, 8] {
+            for (num_slots, num_snapshots, num_blocks, max_num_batched_tokens) in
+                [(8, 16, 4096, 64), (6, 2, 40, 16), (3, 1, 30, 7)]
+            {
+                let reference = unconstrained_reference(&arrivals, q, max_num_batched_tokens);
+                let run = simulate(
+                    &arrivals,
+                    SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                    KvCacheManager::new(num_blocks, 4, true),
+                    Some(with_snapshots(num_slots, num_snapshots, q)),
+                    None,
+                );
+                assert!(run.num_state_hits > 0, "{num_snapshots} snapshots: the shared prefixes were meant to hit");
+                for (id, tokens) in &reference.req_to_tokens {
+                    let what = format!("request {id} with {num_snapshots} snapshots, scan chunk {q}");
+                    assert_eq!(run.req_to_tokens.get(id), Some(tokens), "{what}");
+                }
             }
         }
     }
@@ -1346,25 +1430,31 @@ mod tests {
     /// A recurrent model under too few slots, too few blocks and a small budget (preemption,
     /// chunked prefill, the prefix cache asked for but switched off) gives the tokens of an
     /// unconstrained run; drafts proposed are never scheduled. The fake model checks that each
-    /// state slot is at the chunk's start position.
+    /// state slot is at the chunk's start position and, with scan chunks of 4 and 8 positions,
+    /// that budget cuts and recomputes after preemption leave every chunk as it was.
     #[test]
     fn recurrent_sequences_take_a_slot_each_and_match_an_unconstrained_run() {
         let arrivals = arrivals();
-        let (config, kv) = unconstrained();
-        let reference = simulate(&arrivals, config.clone(), kv, Some(state_slots(32)), None);
-        for (num_slots, num_blocks, max_num_batched_tokens) in [(3, 4096, 64), (6, 24, 16), (2, 40, 7)] {
-            let drafter = FakeDrafter { rng: crate::sampling::SamplerRng::new(num_slots as u64) };
-            let run = simulate(
-                &arrivals,
-                SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
-                KvCacheManager::new(num_blocks, 4, true),
-                Some(state_slots(num_slots)),
-                Some(drafter),
-            );
-            assert_eq!((run.num_prefix_hits, run.num_drafted), (0, 0));
-            for (id, tokens) in &reference.req_to_tokens {
-                assert_eq!(run.req_to_tokens.get(id), Some(tokens), "request {id} with {num_slots} slots");
+        for q in [1, 4, 8] {
+            let mut num_preemptions = 0;
+            for (num_slots, num_blocks, max_num_batched_tokens) in [(3, 4096, 64), (6, 24, 16), (2, 40, 7)] {
+                let reference = unconstrained_reference(&arrivals, q, max_num_batched_tokens);
+                let drafter = FakeDrafter { rng: crate::sampling::SamplerRng::new(num_slots as u64) };
+                let run = simulate(
+                    &arrivals,
+                    SchedulerConfig { max_num_seqs: 6, max_num_batched_tokens, max_model_len: 1024 },
+                    KvCacheManager::new(num_blocks, 4, true),
+                    Some(with_snapshots(num_slots, 0, q)),
+                    Some(drafter),
+                );
+                assert_eq!((run.num_prefix_hits, run.num_drafted), (0, 0));
+                num_preemptions += run.stats.preemptions;
+                for (id, tokens) in &reference.req_to_tokens {
+                    let what = format!("request {id} with {num_slots} slots, scan chunk {q}");
+                    assert_eq!(run.req_to_tokens.get(id), Some(tokens), "{what}");
+                }
             }
+            assert!(num_preemptions > 0, "scan chunk {q}: the small pools were meant to preempt");
         }
     }
 
@@ -1378,7 +1468,7 @@ mod tests {
         for seed in 0..4u64 {
             let mut rng = crate::sampling::SamplerRng::new(seed);
             let mut sched = ContinuousBatchScheduler::new(config(5, 12), KvCacheManager::new(12, 2, true))
-                .with_recurrent_state(with_snapshots(3, 2));
+                .with_recurrent_state(with_snapshots(3, 2, 1 + seed as usize % 3));
             let mut next_id: SeqId = 0;
             let (mut num_admitted_blocked_by_slots, mut num_cancelled) = (0, 0);
             for _ in 0..3000 {

@@ -35,6 +35,10 @@ pub struct RecurrentStateConfig {
     pub num_snapshot_slots: usize,
     /// Bytes of one slot over all recurrent layers (conv window plus SSM state, f32).
     pub slot_size_bytes: usize,
+    /// The executor scans whole chunks of this many positions (aligned to multiples of it) in
+    /// one go and the rest token by token, so the scheduler cuts a prefill only where that
+    /// split stays the same (see `ContinuousBatchScheduler`); 1: anywhere.
+    pub scan_chunk_tokens: usize,
 }
 
 impl RecurrentStateConfig {
@@ -160,7 +164,12 @@ mod tests {
     use super::*;
 
     fn manager(num_slots: usize) -> RecurrentStateManager {
-        RecurrentStateManager::new(RecurrentStateConfig { num_slots, num_snapshot_slots: 0, slot_size_bytes: 64 })
+        RecurrentStateManager::new(RecurrentStateConfig {
+            num_slots,
+            num_snapshot_slots: 0,
+            slot_size_bytes: 64,
+            scan_chunk_tokens: 1,
+        })
     }
 
     #[test]

@@ -18,14 +18,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use web_time::Instant;
 
 use crate::error::{Result, WeftError};
-use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates};
+use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates, SsdChunks};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::{KvCacheConfig, RecurrentStateConfig};
 use crate::model::arch::Architecture;
 use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, StepInputs};
+use crate::model::layers::{Activations, ScanTables, StepInputs};
 use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
+use crate::model::scan_plan::ScanPlan;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
 use crate::step::{DraftStore, ModelExecutor, StepBatch, StepOutput, StepTimings};
@@ -37,6 +38,15 @@ use crate::tensor::TensorFactory;
 pub const NUM_STATE_SLOTS: usize = 16;
 /// Prefix-state snapshot slots beside them (the prefix cache's states), as many.
 pub const NUM_STATE_SNAPSHOTS: usize = 16;
+/// Rows per chunk of the chunked (SSD) scan of recurrent layers: whole chunks of a prefill are
+/// scanned in parallel over their rows, the rest token by token (see `model::scan_plan`).
+/// Equal to the prefix cache's snapshot interval at the default block size (4 blocks of 16),
+/// so snapshot boundaries are chunk boundaries. GPUs use it (a head's state is spread over
+/// head_dim · state_size / 4 invocations instead of head_dim / 4 walking every token); CPU
+/// drivers scan token by token, which measured faster there (lavapipe, Mamba2-130M, a
+/// 512-token prefill: 68 tokens/s token by token, 55 in chunks of 64; `cargo xtask
+/// bench-recurrent --profile`).
+pub const SCAN_CHUNK_ROWS: usize = 64;
 
 /// The wgpu executor of a model.
 pub struct GpuExecutor {
@@ -48,6 +58,8 @@ pub struct GpuExecutor {
     profiling: AtomicBool,
     /// Shared with a draft model (or its target) for speculative decoding of sampled requests.
     draft_distributions: Option<Arc<DraftDistributions>>,
+    /// Rows per chunk of recurrent layers' chunked scan; `None`: token by token only.
+    scan_chunk: Option<usize>,
 }
 
 /// The most a step may hold, for sizing the workspace.
@@ -94,15 +106,26 @@ struct Workspace {
     block_tables: GpuTensor, // (table entries, 1) U32
     logit_rows: GpuTensor,   // (logits, 1) U32
     seq_states: GpuTensor,   // (seqs, 6) U32: kernels::ssm::SeqStates' table
+    scan_before: GpuTensor,  // (seqs, 6) U32: ScanPlan::before
+    scan_after: GpuTensor,   // (seqs, 6) U32: ScanPlan::after
+    ssd_runs: GpuTensor,     // (seqs, 6) U32: ScanPlan::runs
+    ssd_chunks: GpuTensor,   // (tokens / scan chunk, 1) U32: ScanPlan::chunks
     acts: Activations,
     logits: GpuTensor, // (logits, vocab) F32
     sampler: SamplerBuffers,
 }
 
 impl Workspace {
-    fn new(factory: &GpuTensorFactory, model: &dyn Architecture, capacity: StepCapacity) -> Result<Self> {
+    fn new(
+        factory: &GpuTensorFactory,
+        model: &dyn Architecture,
+        capacity: StepCapacity,
+        scan_chunk: Option<usize>,
+    ) -> Result<Self> {
         let c = model.config();
         let u32s = |shape: &[usize]| factory.zeros(shape, DType::U32);
+        let scan_chunk = scan_chunk.filter(|_| c.ssm.is_some());
+        let max_chunks = scan_chunk.map_or(0, |q| capacity.tokens / q).max(1);
         Ok(Workspace {
             capacity,
             token_ids: u32s(&[capacity.tokens, 1])?,
@@ -112,12 +135,17 @@ impl Workspace {
             block_tables: u32s(&[capacity.table_entries, 1])?,
             logit_rows: u32s(&[capacity.logits, 1])?,
             seq_states: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
+            scan_before: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
+            scan_after: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
+            ssd_runs: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
+            ssd_chunks: u32s(&[max_chunks, 1])?,
             acts: Activations::new(
                 factory,
                 c,
                 capacity.tokens,
                 capacity.logits,
                 factory.context().kernel_family().splits_attention(),
+                scan_chunk,
             )?,
             logits: factory.zeros(&[capacity.logits, c.vocab_size], DType::F32)?,
             sampler: SamplerBuffers::new(
@@ -142,11 +170,13 @@ struct HostInputs {
     /// (seqs, 6): first row, rows, state slot (0 without one), start position, slot read from,
     /// snapshot slot written.
     seq_states: Vec<u32>,
+    /// How recurrent layers scan those rows (empty for models without them).
+    scan: ScanPlan,
     sampler: SamplerInputs,
 }
 
 impl HostInputs {
-    fn of(batch: &StepBatch, block_size: usize) -> Self {
+    fn of(batch: &StepBatch, block_size: usize, recurrent: bool, scan_chunk: Option<usize>) -> Self {
         let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
         let num_tokens = batch.num_batched_tokens();
         let mut inputs = HostInputs {
@@ -158,6 +188,7 @@ impl HostInputs {
             max_blocks,
             logit_rows: Vec::with_capacity(batch.num_logits()),
             seq_states: Vec::with_capacity(SEQ_STATE_COLS * batch.seqs.len()),
+            scan: ScanPlan::default(),
             sampler: SamplerInputs::of(batch),
         };
         for (s, seq) in batch.seqs.iter().enumerate() {
@@ -180,6 +211,9 @@ impl HostInputs {
             // Nothing is sampled this step (only prefill chunks): the LM head still needs a row.
             inputs.logit_rows.push(0);
         }
+        if recurrent {
+            inputs.scan = ScanPlan::of(&inputs.seq_states, scan_chunk);
+        }
         inputs
     }
 
@@ -197,13 +231,13 @@ impl HostInputs {
     fn shape(&self, num_seqs: usize) -> StepShape {
         let sampler = &self.sampler;
         let sampled = (sampler.num_entries(), sampler.num_spec_rows(), sampler.num_mask_rows());
-        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled)
+        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled, self.scan.shape())
     }
 }
 
-/// Tokens, sequences, blocks per sequence, logit rows, and (penalty entries, draft rows, masked
-/// rows).
-type StepShape = (usize, usize, usize, usize, (usize, usize, usize));
+/// Tokens, sequences, blocks per sequence, logit rows, (penalty entries, draft rows, masked
+/// rows), and the scans' (heads, chunks, runs, sequences after).
+type StepShape = (usize, usize, usize, usize, (usize, usize, usize), (usize, usize, usize, usize));
 
 /// The executor's state between steps.
 #[derive(Default)]
@@ -231,6 +265,8 @@ impl GpuExecutor {
         num_snapshots: usize,
     ) -> Result<Self> {
         let pool = KvPool::new(&factory, kv, model.config(), num_slots.max(1), num_snapshots)?;
+        let cpu_driver = factory.context().kernel_family() == crate::gpu::KernelFamily::Cpu;
+        let scan_chunk = (model.config().ssm.is_some() && !cpu_driver).then_some(SCAN_CHUNK_ROWS);
         Ok(GpuExecutor {
             factory,
             model,
@@ -238,7 +274,20 @@ impl GpuExecutor {
             arena: futures::lock::Mutex::new(StepArena::default()),
             profiling: AtomicBool::new(false),
             draft_distributions: None,
+            scan_chunk,
         })
+    }
+
+    /// Scan recurrent layers' prefill in chunks of `rows` rows (the SSD form; at least 2), or
+    /// token by token only (`None`). For a model with recurrent layers, before the first step;
+    /// the scheduler cuts prefills to match (`RecurrentStateConfig::scan_chunk_tokens`).
+    pub fn with_scan_chunk(mut self, rows: Option<usize>) -> Result<Self> {
+        if rows.is_some_and(|q| q < 2) {
+            return Err(WeftError::Unsupported(format!("scan chunks of {rows:?} rows; use at least 2, or none")));
+        }
+        self.scan_chunk = rows.filter(|_| self.model.config().ssm.is_some());
+        self.arena = futures::lock::Mutex::new(StepArena::default());
+        Ok(self)
     }
 
     /// Share `store` with a draft model (or its target): the draft keeps there the
@@ -281,7 +330,8 @@ impl GpuExecutor {
     fn ensure_workspace(&self, arena: &mut StepArena, need: &StepCapacity) -> Result<()> {
         let have = arena.ws.as_ref().map(|w| w.capacity).unwrap_or_default();
         if arena.ws.is_none() || !have.covers(need) {
-            arena.ws = Some(Workspace::new(&self.factory, self.model.as_ref(), have.grown_to(need))?);
+            let capacity = have.grown_to(need);
+            arena.ws = Some(Workspace::new(&self.factory, self.model.as_ref(), capacity, self.scan_chunk)?);
             arena.recorded = None;
         }
         Ok(())
@@ -309,7 +359,8 @@ impl GpuExecutor {
     /// logits and the sampler's output rows, viewed at the step's size.
     fn record(&self, arena: &mut StepArena, batch: &StepBatch, sample: bool) -> Result<(GpuTensor, GpuTensor)> {
         self.debug_check(batch);
-        let inputs = HostInputs::of(batch, self.kv.config().block_size);
+        let recurrent = self.kv.state_config().is_some();
+        let inputs = HostInputs::of(batch, self.kv.config().block_size, recurrent, self.scan_chunk);
         let store = self.draft_distributions.as_deref();
         sampler::check_draft_slots(&inputs.sampler, store)?;
         self.ensure_workspace(arena, &inputs.capacity(batch.seqs.len()))?;
@@ -327,6 +378,11 @@ impl GpuExecutor {
         f.write(&ws.block_tables, bytemuck::cast_slice(&inputs.tables))?;
         f.write(&ws.logit_rows, bytemuck::cast_slice(&inputs.logit_rows))?;
         f.write(&ws.seq_states, bytemuck::cast_slice(&inputs.seq_states))?;
+        let plan = &inputs.scan;
+        for (t, table) in [(&ws.scan_before, &plan.before), (&ws.scan_after, &plan.after), (&ws.ssd_runs, &plan.runs)] {
+            f.write(t, bytemuck::cast_slice(table))?;
+        }
+        f.write(&ws.ssd_chunks, bytemuck::cast_slice(&plan.chunks))?;
         let logits = view(&ws.logits, num_logits)?;
         let out = ws.sampler.out(num_logits)?;
         let shape = (inputs.shape(batch.seqs.len()), sample);
@@ -339,6 +395,7 @@ impl GpuExecutor {
         }
         rec.clear();
         *recorded = None;
+        let (num_before, num_chunks, num_runs, num_after) = plan.shape();
         let step_inputs = StepInputs {
             token_ids: &first(&ws.token_ids, num_tokens)?,
             positions: &first(&ws.positions, num_tokens)?,
@@ -348,6 +405,19 @@ impl GpuExecutor {
                 .reshape(&[batch.seqs.len(), inputs.max_blocks])?,
             logit_rows: &first(&ws.logit_rows, num_logits)?,
             seq_states: SeqStates { seqs: &view(&ws.seq_states, batch.seqs.len())?, num_seqs: batch.seqs.len() },
+            scan: ScanTables {
+                before: SeqStates { seqs: &view(&ws.scan_before, num_before)?, num_seqs: num_before },
+                ssd: match (self.scan_chunk, num_chunks) {
+                    (Some(q), 1..) => Some(SsdChunks {
+                        chunks: &first(&ws.ssd_chunks, num_chunks)?,
+                        num_chunks,
+                        rows_per_chunk: q,
+                        runs: SeqStates { seqs: &view(&ws.ssd_runs, num_runs)?, num_seqs: num_runs },
+                    }),
+                    _ => None,
+                },
+                after: SeqStates { seqs: &view(&ws.scan_after, num_after)?, num_seqs: num_after },
+            },
         };
         let acts = ws.acts.view(num_tokens, num_logits)?;
         self.model.record_forward(self.ctx(), rec, &step_inputs, &acts, &self.kv, &logits)?;
@@ -443,7 +513,8 @@ impl ModelExecutor for GpuExecutor {
     }
 
     fn state_config(&self) -> Option<RecurrentStateConfig> {
-        self.kv.state_config()
+        let scan_chunk_tokens = self.scan_chunk.unwrap_or(1);
+        self.kv.state_config().map(|c| RecurrentStateConfig { scan_chunk_tokens, ..c })
     }
 
     fn health_check(&self) -> BoxFuture<'_, Result<()>> {

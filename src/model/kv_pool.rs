@@ -75,6 +75,8 @@ impl KvPool {
                     num_slots: num_state_slots,
                     num_snapshot_slots,
                     slot_size_bytes: num_recurrent * ssm.layer_state_bytes(),
+                    // The executor reports its own scan chunk.
+                    scan_chunk_tokens: 1,
                 };
                 Some(StatePool { config, conv, ssm: states })
             }

@@ -18,7 +18,9 @@ use crate::gpu::kernels::matmul::matmul_into;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
-use crate::gpu::kernels::ssm::{ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan};
+use crate::gpu::kernels::ssm::{
+    ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
+};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::{ModelConfig, SsmConfig};
 use crate::model::weights::{Checkpoint, Loader};
@@ -55,6 +57,17 @@ pub struct StepInputs<'a> {
     pub logit_rows: &'a GpuTensor,   // (num_logits) U32: the tokens whose logits are sampled
     /// Per sequence: first row, rows, state slot, start position (the recurrent kernels').
     pub seq_states: SeqStates<'a>,
+    /// How the recurrent layers' scans split those rows (see `model::scan_plan`).
+    pub scan: ScanTables<'a>,
+}
+
+/// A step's recurrent rows as the scans take them (`model::scan_plan::ScanPlan` on the GPU):
+/// heads token by token, then whole chunks in the SSD form (none when the step has no whole
+/// chunk), then tails and decodes token by token.
+pub struct ScanTables<'a> {
+    pub before: SeqStates<'a>,
+    pub ssd: Option<SsdChunks<'a>>,
+    pub after: SeqStates<'a>,
 }
 
 /// The activations of one step, shared by every layer (wgpu orders the dispatches that use
@@ -81,17 +94,22 @@ pub struct SsmActivations {
     pub xbc: GpuTensor,    // (tokens, conv_channels): the convolved x, B, C
     pub y: GpuTensor,      // (tokens, inner): the scan's output
     pub yn: GpuTensor,     // (tokens, inner): gated and normalised
+    /// The chunked scan's scratch, for as many whole chunks as the step's tokens can hold
+    /// (`None` where the executor scans token by token only).
+    pub ssd: Option<SsdScratch>,
 }
 
 impl Activations {
     /// `split_attention`: room for split-K attention's partial results (see
-    /// [`KernelFamily::splits_attention`](crate::gpu::KernelFamily::splits_attention)).
+    /// [`KernelFamily::splits_attention`](crate::gpu::KernelFamily::splits_attention));
+    /// `scan_chunk`: the rows per chunk of the chunked scan, if the executor uses it.
     pub fn new(
         factory: &dyn TensorFactory,
         c: &ModelConfig,
         num_tokens: usize,
         num_logits: usize,
         split_attention: bool,
+        scan_chunk: Option<usize>,
     ) -> Result<Self> {
         // A model without attention or MLP (a pure state-space one) still gets one-column
         // buffers: the fields stay plain tensors, and nothing reads them.
@@ -102,6 +120,10 @@ impl Activations {
                 xbc: t(ssm.conv_channels())?,
                 y: t(ssm.inner_size())?,
                 yn: t(ssm.inner_size())?,
+                ssd: match scan_chunk {
+                    Some(q) => Some(SsdScratch::new(factory, scan_shape(ssm), num_tokens / q, q)?),
+                    None => None,
+                },
             }),
             None => None,
         };
@@ -142,7 +164,13 @@ impl Activations {
             rows: self.rows.slice_rows(0..num_logits)?,
             normed: t(&self.normed)?,
             ssm: match &self.ssm {
-                Some(s) => Some(SsmActivations { zxbcdt: t(&s.zxbcdt)?, xbc: t(&s.xbc)?, y: t(&s.y)?, yn: t(&s.yn)? }),
+                Some(s) => Some(SsmActivations {
+                    zxbcdt: t(&s.zxbcdt)?,
+                    xbc: t(&s.xbc)?,
+                    y: t(&s.y)?,
+                    yn: t(&s.yn)?,
+                    ssd: s.ssd.clone(),
+                }),
                 None => None,
             },
         })
@@ -224,6 +252,11 @@ impl Mlp {
     }
 }
 
+/// The scan kernels' view of a Mamba2 layer's shape.
+fn scan_shape(s: &SsmConfig) -> ScanShape {
+    ScanShape { num_heads: s.num_heads, head_dim: s.head_dim, state_size: s.state_size, num_groups: s.num_groups }
+}
+
 /// A Mamba2 mixer: `a.proj = out_proj(gated_norm(scan(conv(xBC)), z))` with z, xBC, dt from
 /// `in_proj(a.xn)`, continuing each sequence's conv window and SSM state in its slot.
 pub struct SsmMixer {
@@ -291,15 +324,23 @@ impl SsmMixer {
         self.in_proj.forward(ctx, rec, &a.xn, &acts.zxbcdt)?;
         let (w, b, seqs) = (&self.conv_weight, &self.conv_bias, &inputs.seq_states);
         ssm_conv(ctx, rec, &acts.zxbcdt, inner, w, b, seqs, conv_state, &acts.xbc)?;
-        let shape = ScanShape {
-            num_heads: s.num_heads,
-            head_dim: s.head_dim,
-            state_size: s.state_size,
-            num_groups: s.num_groups,
-        };
+        let shape = scan_shape(&s);
         let weights = ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias };
-        let dt_offset = inner + channels;
-        ssm_scan(ctx, rec, shape, &acts.xbc, &acts.zxbcdt, dt_offset, &weights, seqs, ssm_state, &acts.y)?;
+        let (dt, dt_offset) = (&acts.zxbcdt, inner + channels);
+        // Heads token by token, whole chunks in the SSD form, then tails and decodes.
+        let ScanTables { before, ssd, after } = &inputs.scan;
+        if before.num_seqs > 0 {
+            ssm_scan(ctx, rec, shape, &acts.xbc, dt, dt_offset, &weights, before, ssm_state, &acts.y)?;
+        }
+        if let Some(chunks) = ssd {
+            let scratch = acts.ssd.as_ref().ok_or_else(|| {
+                crate::error::WeftError::Unsupported("a chunked scan was planned without its scratch space".into())
+            })?;
+            ssd_scan(ctx, rec, shape, &acts.xbc, dt, dt_offset, &weights, chunks, scratch, ssm_state, &acts.y)?;
+        }
+        if after.num_seqs > 0 {
+            ssm_scan(ctx, rec, shape, &acts.xbc, dt, dt_offset, &weights, after, ssm_state, &acts.y)?;
+        }
         gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
         self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
     }

@@ -14,6 +14,7 @@ pub mod kv_pool;
 pub mod layers;
 pub mod load;
 pub mod sampler;
+pub mod scan_plan;
 pub mod synthetic;
 pub mod synthetic_ssm;
 pub mod tiny;

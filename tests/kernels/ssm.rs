@@ -5,7 +5,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::ssm::{
-    NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, gated_rms_norm, ssm_conv, ssm_scan,
+    NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan,
+    ssm_conv, ssm_scan,
 };
 use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
@@ -113,6 +114,50 @@ fn gpu_scan(
     let s = SeqStates { seqs: &table, num_seqs: seqs.len() };
     let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
     ssm_scan(ctx(f), &mut rec, SHAPE, &xt, &dtt, DT_OFFSET, &w, &s, &st, &yt).unwrap();
+    run(f, &rec);
+    (read_f32(f, &yt), read_f32(f, &st))
+}
+
+/// Run the chunked (SSD) scan over `seqs`, each `num_rows` a multiple of `q` and cut into
+/// chunks of `q` rows; (y, state). Rows keep their order, as in [`gpu_scan`].
+fn gpu_ssd(
+    f: &GpuTensorFactory,
+    seqs: &[Seq],
+    q: usize,
+    xbc: &[f32],
+    dt: &[f32],
+    p: &ScanParams,
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let rows = xbc.len() / XBC;
+    let xt = f.upload_f32(&[rows, XBC], xbc).unwrap();
+    let dtt = f.upload_f32(&[rows, DT_STRIDE], dt).unwrap();
+    let (a, d, b) =
+        (f.upload_f32(&[4], &p.a).unwrap(), f.upload_f32(&[4], &p.d).unwrap(), f.upload_f32(&[4], &p.dt_bias).unwrap());
+    let st = f.upload_f32(&[state.len() / STATE, 4, 8, 16], state).unwrap();
+    let yt = f.zeros(&[rows, INNER], DType::F32).unwrap();
+    let (mut firsts, mut runs, mut row) = (Vec::new(), Vec::new(), 0);
+    for s in seqs {
+        assert_eq!(s.num_rows % q, 0);
+        let (read, save) = (s.read.unwrap_or(s.slot) as u32, s.save.map_or(NO_SLOT, |slot| slot as u32));
+        let first_chunk = firsts.len() as u32;
+        firsts.extend((0..s.num_rows / q).map(|c| (row + c * q) as u32));
+        runs.extend([first_chunk, (s.num_rows / q) as u32, s.slot as u32, s.start_pos as u32, read, save]);
+        row += s.num_rows;
+    }
+    let chunks_t = f.upload_u32(&[firsts.len()], &firsts).unwrap();
+    let runs_t = f.upload_u32(&[seqs.len(), SEQ_STATE_COLS], &runs).unwrap();
+    let chunks = SsdChunks {
+        chunks: &chunks_t,
+        num_chunks: firsts.len(),
+        rows_per_chunk: q,
+        runs: SeqStates { seqs: &runs_t, num_seqs: seqs.len() },
+    };
+    // Room for one chunk more than asked, as a workspace sized for bigger steps has.
+    let scratch = SsdScratch::new(f, SHAPE, firsts.len() + 1, q).unwrap();
+    let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
+    let mut rec = Recording::new();
+    ssd_scan(ctx(f), &mut rec, SHAPE, &xt, &dtt, DT_OFFSET, &w, &chunks, &scratch, &st, &yt).unwrap();
     run(f, &rec);
     (read_f32(f, &yt), read_f32(f, &st))
 }
@@ -244,6 +289,48 @@ fn chunked_and_batched_equal_one_pass_alone_bit_for_bit() {
     );
     let (y, s) = gpu_scan(f, &others, &pad(&xbc, XBC, 60), &pad(&dt, DT_STRIDE, 62), &p, &random(3 * STATE, 64, 1.0));
     assert!(rows_of(&y, &others, 1, INNER) == scan_y && s[2 * STATE..] == scan_state[..], "scan: batched differs");
+}
+
+/// The chunked (SSD) scan against the CPU's token-by-token recurrence: three runs in one
+/// dispatch (three chunks from position 0 over a slot's stale contents; one chunk continuing
+/// a slot; two chunks restored from a snapshot slot and saved to another), chunks of 4 and of
+/// 8 rows. Tolerance as the token-by-token scan's: the SSD form regroups the same sums (state
+/// decays as exp(cs_t - cs_s) instead of products of per-step decays, a few ULP apart), so
+/// 1e-4 of the magnitudes involved covers it, while a wrong decay, a chunk read from the wrong
+/// state or an off-by-one in the causal sum moves values by whole percents.
+#[test]
+fn ssd_scan_matches_the_recurrence_and_leaves_the_states() {
+    let Some(f) = gpu() else { return };
+    for q in [4, 8] {
+        let seqs = [seq(3 * q, 0, 0), seq(q, 2, 9), Seq { read: Some(4), save: Some(1), ..seq(2 * q, 3, 2 * q) }];
+        let rows: usize = seqs.iter().map(|s| s.num_rows).sum();
+        let xbc = random(rows * XBC, 91, 1.0);
+        let dt = random(rows * DT_STRIDE, 92, 3.0);
+        let p = scan_params();
+        let state = random(5 * STATE, 93, 1.0);
+        let (y, new_state) = gpu_ssd(f, &seqs, q, &xbc, &dt, &p, &state);
+        let dims = weft::cpu::ssm::ScanDims { num_heads: 4, head_dim: 8, state_size: 16, num_groups: 2 };
+        for (i, s) in seqs.iter().enumerate() {
+            let dt_raw: Vec<f32> = rows_of(&dt, &seqs, i, DT_STRIDE)
+                .chunks(DT_STRIDE)
+                .flat_map(|r| r[DT_OFFSET..DT_OFFSET + 4].to_vec())
+                .collect();
+            let from = s.read.unwrap_or(s.slot);
+            let mut st =
+                if s.start_pos == 0 { vec![0.0; STATE] } else { state[from * STATE..(from + 1) * STATE].to_vec() };
+            let want =
+                weft::cpu::ssm::ssm_scan(dims, rows_of(&xbc, &seqs, i, XBC), &dt_raw, &p.a, &p.d, &p.dt_bias, &mut st);
+            let what = format!("ssd_scan q={q} run {i}");
+            assert_close(&what, rows_of(&y, &seqs, i, INNER), &want, |j| 1e-4 * f64::from(want[j].abs() + 1.0));
+            for slot in std::iter::once(s.slot).chain(s.save) {
+                let got = &new_state[slot * STATE..(slot + 1) * STATE];
+                assert_close(&format!("{what} state in slot {slot}"), got, &st, |j| {
+                    1e-4 * f64::from(st[j].abs() + 1.0)
+                });
+            }
+        }
+        assert!(new_state[4 * STATE..] == state[4 * STATE..], "the snapshot read is unchanged");
+    }
 }
 
 /// Tolerance as rms_norm's plus the gate: SiLU (exp to 19 ULP for |z| <= 8, a divide) and one

@@ -127,6 +127,64 @@ async fn norms_and_elementwise() {
     check("add", &run_and_read(&f, &rec, &g).await, &want);
 }
 
+/// The chunked (SSD) scan of Mamba2 layers against the CPU's token-by-token recurrence: one
+/// sequence of three chunks of 4 rows from position 0, then its state continued by a second
+/// dispatch of one chunk. Tolerance as above (the native test derives 1e-4 of |y| + 1).
+#[wasm_bindgen_test]
+async fn ssd_scan_matches_the_recurrence() {
+    use weft::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch};
+    let f = factory().await;
+    let shape = ScanShape { num_heads: 4, head_dim: 8, state_size: 16, num_groups: 2 };
+    let dims = weft::cpu::ssm::ScanDims { num_heads: 4, head_dim: 8, state_size: 16, num_groups: 2 };
+    let (q, inner, width, state_len) = (4usize, 32usize, 32 + 2 * 2 * 16, 32 * 16);
+    let a: Vec<f32> = random_values(4, 31, 1.0).iter().map(|v| -(v.abs() + 0.2)).collect();
+    let (d, bias) = (random_values(4, 32, 1.0), random_values(4, 33, 1.0));
+    let (at, dt_, bt) =
+        (f.upload_f32(&[4], &a).unwrap(), f.upload_f32(&[4], &d).unwrap(), f.upload_f32(&[4], &bias).unwrap());
+    let w = ScanWeights { a: &at, d: &dt_, dt_bias: &bt };
+    let state = f.zeros(&[1, 4, 8, 16], DType::F32).unwrap();
+    let scratch = SsdScratch::new(&f, shape, 3, q).unwrap();
+    let mut cpu_state = vec![0.0; state_len];
+    for (rows, start) in [(3 * q, 0), (q, 3 * q)] {
+        let xbc = random_values(rows * width, 40 + start as u64, 1.0);
+        let raw = random_values(rows * 4, 50 + start as u64, 3.0);
+        let (xt, rt, yt) = (
+            f.upload_f32(&[rows, width], &xbc).unwrap(),
+            f.upload_f32(&[rows, 4], &raw).unwrap(),
+            f.zeros(&[rows, inner], DType::F32).unwrap(),
+        );
+        let firsts: Vec<u32> = (0..rows / q).map(|c| (c * q) as u32).collect();
+        let chunks_t = f.upload_u32(&[firsts.len()], &firsts).unwrap();
+        let runs_t =
+            f.upload_u32(&[1, SEQ_STATE_COLS], &[0, firsts.len() as u32, 0, start as u32, 0, NO_SLOT]).unwrap();
+        let chunks = SsdChunks {
+            chunks: &chunks_t,
+            num_chunks: firsts.len(),
+            rows_per_chunk: q,
+            runs: SeqStates { seqs: &runs_t, num_seqs: 1 },
+        };
+        let mut rec = Recording::new();
+        weft::gpu::kernels::ssm::ssd_scan(
+            f.context(),
+            &mut rec,
+            shape,
+            &xt,
+            &rt,
+            0,
+            &w,
+            &chunks,
+            &scratch,
+            &state,
+            &yt,
+        )
+        .unwrap();
+        let got = run_and_read(&f, &rec, &yt).await;
+        let want = weft::cpu::ssm::ssm_scan(dims, &xbc, &raw, &a, &d, &bias, &mut cpu_state);
+        check(&format!("ssd_scan rows {start}.."), &got, &want);
+        check("ssd_scan state", &f.download_f32(&state).await.unwrap(), &cpu_state);
+    }
+}
+
 /// Every shader variant compiles with the browser's WGSL compiler (Tint), which rejects some
 /// things naga accepts (uniformity, literal ranges).
 #[wasm_bindgen_test]

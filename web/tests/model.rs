@@ -105,9 +105,10 @@ async fn split_weights_match_the_cpu() {
 }
 
 /// Four greedy streams at once through the engine (its loop a task of this worker): the
-/// fixture's three prompts and the first again, all in one step's batch from the start; each
-/// gives the 12 tokens transformers chose (native lavapipe gives them too; every margin
-/// between the best and second logit is above 9e-4, the logits agree within 1e-6).
+/// fixture's three prompts and the first again, all in one step's batch from the start, their
+/// prefills scanned in chunks of 4 (the SSD form; the default chunk is longer than these
+/// prompts); each gives the 12 tokens transformers chose (native lavapipe gives them too;
+/// every margin between the best and second logit is above 9e-4, the logits agree within 1e-6).
 #[wasm_bindgen_test]
 async fn a_hybrid_recurrent_model_streams_four_at_once_like_native() {
     let fixture: Value =
@@ -117,6 +118,7 @@ async fn a_hybrid_recurrent_model_streams_four_at_once_like_native() {
         .unwrap()
         .kv_memory_bytes(1 << 20)
         .state_memory_bytes(1 << 20)
+        .scan_chunk_rows(Some(4))
         .build()
         .await
         .unwrap();

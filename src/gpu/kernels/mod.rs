@@ -72,6 +72,11 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<token_mask::Params>("token_mask", "Params"),
         entry::<ssm::ConvParams>("ssm_conv", "Params"),
         entry::<ssm::ScanParams>("ssm_scan", "Params"),
+        entry::<ssm::SsdParams>("ssd_chunk_dt", "Params"),
+        entry::<ssm::SsdParams>("ssd_chunk_cb", "Params"),
+        entry::<ssm::SsdParams>("ssd_chunk_state", "Params"),
+        entry::<ssm::SsdParams>("ssd_state_pass", "Params"),
+        entry::<ssm::SsdParams>("ssd_chunk_scan", "Params"),
         entry::<ssm::GatedNormParams>("gated_rms_norm", "Params"),
     ]
 }

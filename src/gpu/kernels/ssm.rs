@@ -1,6 +1,7 @@
 //! The kernels of Mamba2 (state-space) layers: the causal depthwise convolution over the
-//! conv window ([`ssm_conv`]), the selective-state scan ([`ssm_scan`]) and the gated,
-//! grouped RMSNorm ([`gated_rms_norm`]). The first two continue each sequence from its
+//! conv window ([`ssm_conv`]), the selective-state scan token by token ([`ssm_scan`]) or by
+//! chunks of rows in its SSD form ([`ssd_scan`]), and the gated, grouped RMSNorm
+//! ([`gated_rms_norm`]). The convolution and the scans continue each sequence from its
 //! recurrent-state slot and leave the new state there; `seqs` says which rows are whose.
 
 use super::{expect, shader_params, u32_of};
@@ -10,6 +11,16 @@ use crate::quant::DType;
 
 shader_params!(ConvParams { channels: u32, kernel: u32, x_stride: u32, x_offset: u32 });
 shader_params!(ScanParams { heads: u32, head_dim: u32, state_size: u32, groups: u32, dt_stride: u32, dt_offset: u32 });
+shader_params!(SsdParams {
+    heads: u32,
+    head_dim: u32,
+    state_size: u32,
+    groups: u32,
+    q: u32,
+    num_chunks: u32,
+    dt_stride: u32,
+    dt_offset: u32,
+});
 shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32, eps: f32 });
 
 /// Invocations per workgroup of the conv and scan kernels (their WGSL `WG`).
@@ -131,26 +142,8 @@ pub fn ssm_scan(
 ) -> Result<()> {
     const OP: &str = "ssm_scan";
     let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
-    // The kernel reads states, B, C and x four at a time, and runs four channels of one head
-    // per invocation.
-    let fours = state_size % 4 == 0 && head_dim % 4 == 0;
-    if !fours || state_size == 0 || num_groups == 0 || num_heads % num_groups != 0 {
-        return Err(WeftError::shape(
-            OP,
-            format!(
-                "state size {state_size} and head size {head_dim} (multiples of 4 supported) with {num_heads} heads in {num_groups} groups"
-            ),
-        ));
-    }
+    let dt_stride = check_scan(OP, shape, xbc, dt, dt_offset, w, state, y)?;
     let inner = num_heads * head_dim;
-    expect(OP, "y", y, DType::F32, &[None, Some(inner)])?;
-    let rows = y.shape()[0];
-    expect(OP, "xbc", xbc, DType::F32, &[Some(rows), Some(inner + 2 * num_groups * state_size)])?;
-    let dt_stride = columns(OP, "dt", dt, rows, dt_offset, num_heads)?;
-    for (name, t) in [("a", w.a), ("d", w.d), ("dt_bias", w.dt_bias)] {
-        expect(OP, name, t, DType::F32, &[Some(num_heads)])?;
-    }
-    expect(OP, "state", state, DType::F32, &[None, Some(num_heads), Some(head_dim), Some(state_size)])?;
     let num_seqs = seq_table(OP, seqs)?;
     let params = ScanParams {
         heads: u32_of(OP, "heads", num_heads)?,
@@ -172,6 +165,169 @@ pub fn ssm_scan(
     ];
     let grid = [(inner / 4).div_ceil(WORKGROUP) as u32, num_seqs, 1];
     ctx.dispatch(rec, ShaderVariant::plain("ssm_scan"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
+}
+
+/// The checks both scans make of their operands; returns dt's row stride.
+#[allow(clippy::too_many_arguments)]
+fn check_scan(
+    op: &'static str,
+    shape: ScanShape,
+    xbc: &GpuTensor,
+    dt: &GpuTensor,
+    dt_offset: usize,
+    w: &ScanWeights<'_>,
+    state: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<usize> {
+    let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
+    // The kernels read states, B, C and x four at a time, and run four channels of one head
+    // per invocation.
+    let fours = state_size % 4 == 0 && head_dim % 4 == 0;
+    if !fours || state_size == 0 || num_groups == 0 || num_heads % num_groups != 0 {
+        return Err(WeftError::shape(
+            op,
+            format!(
+                "state size {state_size} and head size {head_dim} (multiples of 4 supported) with {num_heads} heads in {num_groups} groups"
+            ),
+        ));
+    }
+    let inner = num_heads * head_dim;
+    expect(op, "y", y, DType::F32, &[None, Some(inner)])?;
+    let rows = y.shape()[0];
+    expect(op, "xbc", xbc, DType::F32, &[Some(rows), Some(inner + 2 * num_groups * state_size)])?;
+    let dt_stride = columns(op, "dt", dt, rows, dt_offset, num_heads)?;
+    for (name, t) in [("a", w.a), ("d", w.d), ("dt_bias", w.dt_bias)] {
+        expect(op, name, t, DType::F32, &[Some(num_heads)])?;
+    }
+    expect(op, "state", state, DType::F32, &[None, Some(num_heads), Some(head_dim), Some(state_size)])?;
+    Ok(dt_stride)
+}
+
+/// The chunks of a step's chunked scan ([`ssd_scan`]). `chunks` (num_chunks) U32 holds each
+/// chunk's first row; a chunk is `rows_per_chunk` consecutive rows of one sequence. `runs` is
+/// a [`SeqStates`] table whose "first row" and "rows" columns count chunks instead: each run is
+/// consecutive chunks of one sequence, continuing the state it names and leaving it in its
+/// slot (and snapshot slot).
+pub struct SsdChunks<'a> {
+    pub chunks: &'a GpuTensor,
+    pub num_chunks: usize,
+    pub rows_per_chunk: usize,
+    pub runs: SeqStates<'a>,
+}
+
+/// The chunked scan's scratch space, for up to `chunks` chunks of `rows_per_chunk` rows:
+/// `dtcs` (chunks · heads · rows_per_chunk, 4) F32 each row's (dt, cumulative log decay, weight
+/// into the chunk's end state, 0), `m` (chunks · heads · rows_per_chunk², 1) F32 how each row
+/// reaches each later row of its chunk, `states` (chunks, heads, head_dim, state_size) F32 what
+/// each chunk adds to the state, then the state it starts from.
+#[derive(Clone, Debug)]
+pub struct SsdScratch {
+    pub dtcs: GpuTensor,
+    pub m: GpuTensor,
+    pub states: GpuTensor,
+}
+
+impl SsdScratch {
+    pub fn new(
+        factory: &dyn crate::tensor::TensorFactory,
+        shape: ScanShape,
+        chunks: usize,
+        rows_per_chunk: usize,
+    ) -> Result<Self> {
+        let ScanShape { num_heads, head_dim, state_size, .. } = shape;
+        let (chunks, q) = (chunks.max(1), rows_per_chunk);
+        Ok(SsdScratch {
+            dtcs: factory.zeros(&[chunks * num_heads * q, 4], DType::F32)?,
+            m: factory.zeros(&[chunks * num_heads * q * q, 1], DType::F32)?,
+            states: factory.zeros(&[chunks, num_heads, head_dim, state_size], DType::F32)?,
+        })
+    }
+}
+
+/// Record the selective scan over whole chunks of rows in its SSD form (see
+/// `shaders/ssd_chunk_*.wgsl` and `ssd_state_pass.wgsl`): the same result as [`ssm_scan`] over
+/// those rows, up to rounding, with operands as there. Five dispatches: each row's dt and
+/// decays, how each row reaches the later rows of its chunk (decayed C·B), each chunk's own
+/// contribution to the state, the states passed from chunk to chunk (ending in the runs'
+/// slots), and the outputs.
+#[allow(clippy::too_many_arguments)]
+pub fn ssd_scan(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    shape: ScanShape,
+    xbc: &GpuTensor,
+    dt: &GpuTensor,
+    dt_offset: usize,
+    w: &ScanWeights<'_>,
+    chunks: &SsdChunks<'_>,
+    scratch: &SsdScratch,
+    state: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "ssd_scan";
+    let ScanShape { num_heads, head_dim, state_size, num_groups } = shape;
+    let dt_stride = check_scan(OP, shape, xbc, dt, dt_offset, w, state, y)?;
+    let (num_chunks, q) = (chunks.num_chunks, chunks.rows_per_chunk);
+    if q < 2 {
+        return Err(WeftError::shape(OP, format!("chunks of {q} rows; at least 2")));
+    }
+    expect(OP, "chunks", chunks.chunks, DType::U32, &[Some(num_chunks)])?;
+    let num_runs = seq_table(OP, &chunks.runs)?;
+    expect(OP, "dtcs", &scratch.dtcs, DType::F32, &[None, Some(4)])?;
+    expect(OP, "m", &scratch.m, DType::F32, &[None, Some(1)])?;
+    expect(OP, "states", &scratch.states, DType::F32, &[None, Some(num_heads), Some(head_dim), Some(state_size)])?;
+    let room = [
+        scratch.dtcs.shape()[0] / (num_heads * q),
+        scratch.m.shape()[0] / (num_heads * q * q),
+        scratch.states.shape()[0],
+    ];
+    if room.iter().any(|&r| r < num_chunks) {
+        return Err(WeftError::shape(OP, format!("scratch for {room:?} chunks of {q} rows; {num_chunks} asked for")));
+    }
+    if num_chunks == 0 {
+        return Ok(());
+    }
+    let params = SsdParams {
+        heads: u32_of(OP, "heads", num_heads)?,
+        head_dim: u32_of(OP, "head_dim", head_dim)?,
+        state_size: u32_of(OP, "state_size", state_size)?,
+        groups: u32_of(OP, "groups", num_groups)?,
+        q: u32_of(OP, "rows_per_chunk", q)?,
+        num_chunks: u32_of(OP, "num_chunks", num_chunks)?,
+        dt_stride: u32_of(OP, "dt_stride", dt_stride)?,
+        dt_offset: u32_of(OP, "dt_offset", dt_offset)?,
+    };
+    let params = bytemuck::bytes_of(&params);
+    let r = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
+    let n = num_chunks as u32;
+    let quads = (num_heads * head_dim * state_size / 4).div_ceil(WORKGROUP) as u32;
+    let passes = [
+        (
+            "ssd_chunk_dt",
+            vec![r(dt)?, r(w.a)?, r(w.dt_bias)?, r(chunks.chunks)?, r(&scratch.dtcs)?],
+            [(num_chunks * num_heads).div_ceil(WORKGROUP) as u32, 1, 1],
+        ),
+        (
+            "ssd_chunk_cb",
+            vec![r(xbc)?, r(chunks.chunks)?, r(&scratch.dtcs)?, r(&scratch.m)?],
+            [(q * q).div_ceil(WORKGROUP) as u32, num_heads as u32, n],
+        ),
+        ("ssd_chunk_state", vec![r(xbc)?, r(chunks.chunks)?, r(&scratch.dtcs)?, r(&scratch.states)?], [quads, n, 1]),
+        (
+            "ssd_state_pass",
+            vec![r(chunks.runs.seqs)?, r(&scratch.dtcs)?, r(&scratch.states)?, r(state)?],
+            [quads, num_runs, 1],
+        ),
+        (
+            "ssd_chunk_scan",
+            vec![r(xbc)?, r(chunks.chunks)?, r(&scratch.dtcs)?, r(&scratch.m)?, r(&scratch.states)?, r(w.d)?, r(y)?],
+            [(q * head_dim / 4).div_ceil(WORKGROUP) as u32, num_heads as u32, n],
+        ),
+    ];
+    for (kernel, bindings, grid) in passes {
+        ctx.dispatch(rec, ShaderVariant::plain(kernel), params, bindings, None, grid)?;
+    }
+    Ok(())
 }
 
 /// Record `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns,
