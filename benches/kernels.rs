@@ -1,10 +1,13 @@
 //! `cargo xtask bench-kernels`: GFLOP/s and GB/s of matmul for every weight format at decode
-//! (M = 1) and batched (M = 16, 64) shapes. A benchmark, not a test: it prints a table.
+//! (M = 1) and batched (M = 16, 64) shapes, and of the default model's LM head (576 x 49152,
+//! the vocabulary). A benchmark, not a test: it prints a table.
 //!
-//! Each cell records the same matmul `reps` times in one submission (reps chosen so one run takes
-//! about 50 ms), times the pass with GPU timestamp queries where the adapter has them (wall clock
-//! otherwise), and reports the median of 5 runs. GB/s counts the bytes a matmul must move once:
-//! weights as stored, plus x and y in f32.
+//! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
+//! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
+//! in one submission (reps chosen so one run takes about 50 ms), times the pass with GPU
+//! timestamp queries where the adapter has them (wall clock otherwise), and reports the median
+//! of 5 runs. GB/s counts the bytes a matmul must move once: weights as stored, plus x and y in
+//! f32.
 
 use std::time::Instant;
 
@@ -14,7 +17,8 @@ use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
 const MS: [usize; 3] = [1, 16, 64];
-const KNS: [(usize, usize); 3] = [(576, 1536), (2048, 2048), (4096, 4096)];
+/// (k, n): the default model's MLP, two square layers, and its LM head.
+const KNS: [(usize, usize); 4] = [(576, 1536), (2048, 2048), (4096, 4096), (576, 49152)];
 const RUNS: usize = 5;
 const TARGET_SECONDS: f64 = 0.05;
 
@@ -35,9 +39,9 @@ fn main() -> weft::Result<()> {
             // Rows of the super-block formats are whole 256-element blocks.
             let k = k.next_multiple_of(dtype.block_elems());
             let w_values: Vec<f32> = (0..n * k).map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0).collect();
-            let w = factory.upload(&[n, k], dtype, &weft::quant::quantize(dtype, &w_values)?)?;
+            let w = factory.upload_weight(&[n, k], dtype, &weft::quant::quantize(dtype, &w_values)?)?;
             for m in MS {
-                let x = factory.upload_f32(&[m, k], &vec![0.5; m * k])?;
+                let x = factory.upload_activations(&[m, k], &vec![0.5; m * k])?;
                 let y = factory.zeros(&[m, n], DType::F32)?;
                 let record = |reps: usize| -> weft::Result<Recording> {
                     let mut rec = Recording::new();

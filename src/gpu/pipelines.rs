@@ -29,7 +29,6 @@ const SOURCES: &[(&str, &str)] = &[
     ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
     ("gated_rms_norm.wgsl", include_str!("../../shaders/gated_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
-    ("matmul_bsplit.wgsl", include_str!("../../shaders/matmul_bsplit.wgsl")),
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
@@ -84,7 +83,7 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_bsplit", "matmul_subgroup", "embedding"];
+const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_subgroup", "embedding"];
 
 /// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
@@ -206,16 +205,6 @@ pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
     if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
 }
 
-/// The tile of `matmul_bsplit` (CPU drivers only): (8 lanes, TN weight rows per workgroup, TM
-/// rows of x); measured on lavapipe (LM head at M = 16: TM = 8 7.8 GFLOP/s, TM = 4 6.6).
-pub(crate) fn split_rows_tile(m: usize) -> [u16; 3] {
-    match m {
-        0..=2 => [8, 32, 1],
-        3..=7 => [8, 16, 4],
-        _ => [8, 16, 8],
-    }
-}
-
 /// The tile of `matmul_subgroup` (the subgroup family): (64 lanes, 8 weight rows per
 /// workgroup, TM rows of x), TM as the columns matmul's.
 pub(crate) fn subgroup_tile(m: usize) -> [u16; 3] {
@@ -251,14 +240,6 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 if kernel == "matmul_subgroup" {
                     if source == WeightSource::Storage {
                         out.extend([1, 4].map(|m| ShaderVariant { tile: subgroup_tile(m), ..base }));
-                    }
-                    continue;
-                }
-                if kernel == "matmul_bsplit" {
-                    for m in [1, 4, 8] {
-                        for x_in in [XSource::Storage, XSource::Uniform] {
-                            out.push(ShaderVariant { tile: split_rows_tile(m), x_in, ..base });
-                        }
                     }
                     continue;
                 }

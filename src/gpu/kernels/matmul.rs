@@ -1,11 +1,11 @@
-//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl; shaders/matmul_bsplit.wgsl for
-//! the LM head on CPU drivers; shaders/matmul_subgroup.wgsl for everything in the subgroup
-//! family). One dispatch per weight part, and on CPU drivers one per 64 KiB window of activation
-//! rows.
+//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl; shaders/matmul_subgroup.wgsl
+//! in the subgroup family). One dispatch per weight part, and on CPU drivers one per 64 KiB
+//! window of activation rows. A family multiplies every tensor, the LM head included, the same
+//! way at every batch size, so a row's sums never depend on its batch.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, split_rows_tile, subgroup_tile};
+use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
 use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -23,15 +23,7 @@ shader_params!(Params {
 /// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
 /// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
-    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family(), false))
-}
-
-/// [`matmul`] for an LM head: a tall matrix read once per step, for every row of every batch
-/// size. On CPU drivers the lanes of a workgroup split each weight row between them
-/// (`matmul_bsplit.wgsl`), so they read contiguous memory; that sums in another fixed order,
-/// which is why a tensor is always multiplied one way or the other, never by batch size.
-pub fn lm_head(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
-    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family(), true))
+    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()))
 }
 
 /// How a matmul's lanes share the work.
@@ -39,19 +31,13 @@ pub fn lm_head(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTens
 enum Recipe {
     /// Each lane owns output columns (matmul.wgsl).
     Columns,
-    /// The lanes of a workgroup split each weight row's blocks (matmul_bsplit.wgsl).
-    SplitRows,
     /// The lanes of a subgroup split each weight row's blocks (matmul_subgroup.wgsl).
     Subgroup,
 }
 
 impl Recipe {
-    fn of(family: KernelFamily, lm_head: bool) -> Recipe {
-        match family {
-            KernelFamily::Subgroup => Recipe::Subgroup,
-            KernelFamily::Cpu if lm_head => Recipe::SplitRows,
-            _ => Recipe::Columns,
-        }
+    fn of(family: KernelFamily) -> Recipe {
+        if family == KernelFamily::Subgroup { Recipe::Subgroup } else { Recipe::Columns }
     }
 }
 
@@ -65,7 +51,7 @@ pub fn matmul_into(
     y: &GpuTensor,
     col: usize,
 ) -> Result<()> {
-    record(ctx, rec, x, w, y, col, false, Recipe::of(ctx.kernel_family(), false))
+    record(ctx, rec, x, w, y, col, false, Recipe::of(ctx.kernel_family()))
 }
 
 /// `exact`: y must have exactly w's n columns (else at least col + n).
@@ -105,11 +91,10 @@ fn record(
     for part in w.parts() {
         let (kernel, tile) = match recipe {
             Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows())),
-            Recipe::SplitRows => ("matmul_bsplit", split_rows_tile(m)),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
-        // A split-rows or subgroup workgroup covers TN rows of the weight; a columns one WG · TN.
+        // A subgroup workgroup covers TN rows of the weight; a columns one WG · TN.
         let cols_per_group = if recipe == Recipe::Columns { wg * tn } else { tn };
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
         let variant = ShaderVariant { tile, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };

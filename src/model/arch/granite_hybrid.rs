@@ -21,7 +21,7 @@
 
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::embedding::{embedding, embedding_scaled};
-use crate::gpu::kernels::matmul::lm_head;
+use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
@@ -188,6 +188,6 @@ impl Architecture for GraniteHybridModel {
         add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
-        lm_head(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
+        matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
     }
 }

@@ -22,7 +22,7 @@
 
 use crate::error::Result;
 use crate::gpu::kernels::embedding::embedding;
-use crate::gpu::kernels::matmul::lm_head;
+use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
@@ -191,6 +191,6 @@ impl Architecture for LlamaModel {
         add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
-        lm_head(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
+        matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
     }
 }
