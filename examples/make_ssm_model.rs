@@ -1,6 +1,6 @@
 //! Write a random-weight model of a realistic shape as a GGUF file (`weft::model::synthetic_ssm`):
-//! Mamba2 130M/370M or SmolLM2-135M's Llama shape, for benchmarks on real sizes without
-//! downloading weights (`cargo xtask make-model`).
+//! Mamba2 130M/370M, the Granite-4.0-H-1B hybrid or SmolLM2-135M's Llama shape, for benchmarks
+//! on real sizes without downloading weights (`cargo xtask make-model`).
 //!
 //! ```sh
 //! cargo run --release --example make_ssm_model -- --shape mamba2-370m [--dtype q8_0|q4_0|f32] --out mamba2-370m.gguf

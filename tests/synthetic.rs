@@ -64,3 +64,42 @@ fn synthetic_shapes_load_and_generate() {
         engine.shutdown();
     }
 }
+
+/// The Granite 4.0-H writer of `cargo xtask make-model --shape granite-4.0-h-1b`, shrunk:
+/// llama.cpp's `granitehybrid` layout loads (attention and Mamba2 layers where the shape says,
+/// no RoPE), generates with its prefill scanned in chunks, and returns every state slot.
+#[test]
+fn a_synthetic_granite_hybrid_loads_and_generates() {
+    use weft::model::synthetic_ssm::{GRANITE_4_0_H_1B, HybridShape, granite_hybrid_gguf};
+    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let shape = HybridShape {
+        hidden: 128,
+        num_layers: 4,
+        attention_layers: &[1, 3],
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 32,
+        ffn: 256,
+        vocab: 600,
+        ssm: weft::model::config::SsmConfig { num_heads: 4, ..GRANITE_4_0_H_1B.ssm },
+    };
+    let builder = EngineBuilder::from_gguf_bytes("granite.gguf", granite_hybrid_gguf(&shape, DType::Q8_0)).unwrap();
+    let c = builder.model_config();
+    let hybrid = c.hybrid.as_ref().unwrap();
+    assert_eq!((c.architecture.as_str(), c.num_layers, c.vocab_size), ("granitehybrid", 4, 600));
+    assert_eq!((hybrid.attention_layers.as_slice(), hybrid.use_rope), (&[1, 3][..], false));
+    let engine =
+        builder.kv_memory_bytes(4 << 20).state_memory_bytes(8 << 20).scan_chunk_rows(Some(8)).build_on(ctx).unwrap();
+    engine.start_loop().unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 % shape.vocab) as u32).collect();
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(5),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(prompt), params))).unwrap();
+    assert_eq!(response.usage.completion_tokens, 5);
+    assert_eq!(engine.state_usage().unwrap().used_slots, 0);
+    engine.shutdown();
+}

@@ -55,7 +55,7 @@ commands:
                   vocabulary padded to its size: --shape llama-3.2-1b|llama-3.1-8b|qwen2.5-1.5b
                   --quant q4_1|q8_0|f16 [--out models/synthetic/<shape>.<quant>.gguf] [--seed N];
                   or a state-space shape with its own vocabulary: --shape mamba2-130m|mamba2-370m|
-                  llama-135m [--dtype q8_0|q4_0|f32] --out FILE
+                  granite-4.0-h-1b|llama-135m [--dtype q8_0|q4_0|f32] --out FILE
   help            this text
 ";
 
@@ -243,7 +243,9 @@ fn bench(which: &[&str], args: &[String]) -> Result {
 /// in release, with the default model's vocabulary.
 fn make_model(args: &[String]) -> Result {
     // The state-space shapes (and their Llama of similar size) come from `make_ssm_model`.
-    let ssm_shape = args.windows(2).any(|w| w[0] == "--shape" && (w[1].starts_with("mamba2") || w[1] == "llama-135m"));
+    let ssm_shape = args.windows(2).any(|w| {
+        w[0] == "--shape" && (w[1].starts_with("mamba2") || w[1].starts_with("granite") || w[1] == "llama-135m")
+    });
     if ssm_shape {
         let mut cmd = cargo();
         cmd.args(["run", "--release", "--quiet", "-p", "weft", "--example", "make_ssm_model", "--"]).args(args);
