@@ -319,16 +319,18 @@ impl GpuContext {
     pub fn own_shader_variants(&self) -> Vec<crate::gpu::ShaderVariant> {
         use crate::gpu::pipelines::{KvSource, WeightSource, XSource};
         let cpu = self.family == KernelFamily::Cpu;
-        let subgroup = self.family == KernelFamily::Subgroup;
         let own = |v: &crate::gpu::ShaderVariant| {
             if v.weight.is_some() {
+                let embedding = v.kernel == "embedding";
                 // CPU drivers also read activations (stored in buffers) as embedding tables.
-                return if cpu {
-                    v.tile == [0; 3] || v.tile[0] == 8
-                } else {
-                    let matmul = if subgroup { "matmul_subgroup" } else { "matmul" };
-                    let ours = v.tile == [0; 3] || (v.kernel == matmul && v.tile[0] != 8);
-                    ours && v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage
+                let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
+                return match self.family {
+                    KernelFamily::Cpu => embedding || (v.kernel == "matmul" && v.tile[0] == 8),
+                    KernelFamily::Baseline => {
+                        gpu_buffers
+                            && (embedding || (v.kernel == "matmul" && v.tile[0] != 8) || v.kernel == "matmul_tiled")
+                    }
+                    KernelFamily::Subgroup => gpu_buffers && (embedding || v.kernel == "matmul_subgroup"),
                 };
             }
             let kv_kernel = v.kernel == "paged_attention" || v.kernel == "rope_kv_write";

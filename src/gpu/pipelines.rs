@@ -30,6 +30,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("gated_rms_norm.wgsl", include_str!("../../shaders/gated_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
+    ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
@@ -83,7 +84,7 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_subgroup", "embedding"];
+const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_subgroup", "matmul_tiled", "embedding"];
 
 /// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
@@ -205,6 +206,10 @@ pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
     if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
 }
 
+/// The tile of `matmul_tiled` (the baseline family's large batches): 64 invocations, 32 weight
+/// rows by 32 rows of x (fixed in the WGSL; named here for the variant and the grid).
+pub(crate) const TILED_TILE: [u16; 3] = [64, 32, 32];
+
 /// The tile of `matmul_subgroup` (the subgroup family): (64 lanes, 8 weight rows per
 /// workgroup, TM rows of x), TM as the columns matmul's.
 pub(crate) fn subgroup_tile(m: usize) -> [u16; 3] {
@@ -240,6 +245,12 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 if kernel == "matmul_subgroup" {
                     if source == WeightSource::Storage {
                         out.extend([1, 4].map(|m| ShaderVariant { tile: subgroup_tile(m), ..base }));
+                    }
+                    continue;
+                }
+                if kernel == "matmul_tiled" {
+                    if source == WeightSource::Storage {
+                        out.push(ShaderVariant { tile: TILED_TILE, ..base });
                     }
                     continue;
                 }

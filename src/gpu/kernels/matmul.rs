@@ -1,11 +1,13 @@
-//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl; shaders/matmul_subgroup.wgsl
-//! in the subgroup family). One dispatch per weight part, and on CPU drivers one per 64 KiB
-//! window of activation rows. A family multiplies every tensor, the LM head included, the same
-//! way at every batch size, so a row's sums never depend on its batch.
+//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl; shaders/matmul_tiled.wgsl in the
+//! baseline family from [`TILED_MIN_ROWS`] rows, which sums every output in the same order;
+//! shaders/matmul_subgroup.wgsl in the subgroup family). One dispatch per weight part, and on
+//! CPU drivers one per 64 KiB window of activation rows. A family multiplies every tensor, the
+//! LM head included, with sums in one order at every batch size, so a row's result never
+//! depends on its batch.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
+use crate::gpu::pipelines::{TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
 use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -25,6 +27,12 @@ shader_params!(Params {
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
     record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()))
 }
+
+/// Rows of x from which the baseline family multiplies through workgroup-memory tiles
+/// (matmul_tiled.wgsl: each weight block read once per 32 rows instead of once per 4). Its sums
+/// are matmul.wgsl's, so the switch changes no bits. A full tile: below it, rows of the tile
+/// are computed and discarded (not measured on a GPU yet; the device check should set it).
+pub const TILED_MIN_ROWS: usize = 32;
 
 /// How a matmul's lanes share the work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,15 +95,17 @@ fn record(
     let x_part = x.single_part(OP)?;
     let y_res = y.single_part(OP)?.resource(ctx)?;
     let cpu = ctx.kernel_family() == KernelFamily::Cpu;
+    let tiled = ctx.kernel_family() == KernelFamily::Baseline && m >= TILED_MIN_ROWS;
     let row_bytes = (k * 4) as u64;
     for part in w.parts() {
         let (kernel, tile) = match recipe {
+            Recipe::Columns if tiled => ("matmul_tiled", TILED_TILE),
             Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows())),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
-        // A subgroup workgroup covers TN rows of the weight; a columns one WG · TN.
-        let cols_per_group = if recipe == Recipe::Columns { wg * tn } else { tn };
+        // A columns workgroup covers WG · TN rows of the weight; a tiled or subgroup one TN.
+        let cols_per_group = if kernel == "matmul" { wg * tn } else { tn };
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
         let variant = ShaderVariant { tile, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };
         let params = |rows: usize, y_row0: usize| -> Result<Params> {
