@@ -117,26 +117,36 @@ pub fn device_check(args: &[String]) -> Result {
     }
 
     // Short prompts on every model first, then the long ones: what finishes first matters most.
+    // The default model's short prompts also run on the baseline kernels (workgroup-tiled
+    // prefill) beside the adapter's own family (subgroup kernels on NVIDIA), to choose between
+    // them from this table.
     let standard = Set::standard();
-    let mut plan: Vec<(String, PathBuf, usize)> = Vec::new();
+    let mut plan: Vec<(String, PathBuf, usize, Option<&str>)> = Vec::new();
     for &prompt_len in &standard.prompt_len {
         for (name, path) in &models {
-            plan.push((name.clone(), path.clone(), prompt_len));
+            plan.push((name.clone(), path.clone(), prompt_len, None));
+        }
+        if prompt_len == standard.prompt_len[0] {
+            plan.push(("default".into(), root().join(MODEL_FILE), prompt_len, Some("baseline")));
         }
     }
     let peer_parts = usize::from(peer_python.is_some());
-    for (i, (name, path, prompt_len)) in plan.iter().enumerate() {
+    for (i, (name, path, prompt_len, kernels)) in plan.iter().enumerate() {
         let set =
             Set { name: "standard, 1 repeat".into(), prompt_len: vec![*prompt_len], repeats: 1, ..Set::standard() };
         let began = Instant::now();
         let timeout = left(deadline, plan.len() - i + peer_parts);
-        let outcome = weft_part(&weft, path, &set, &env, timeout);
+        let mut part_env = env.clone();
+        part_env.extend(kernels.map(|k| ("WEFT_KERNELS", k)));
+        let outcome = weft_part(&weft, path, &set, &part_env, timeout);
+        let suffix = kernels.map_or(String::new(), |k| format!(".{k}"));
         if let Ok(doc) = &outcome {
-            let file = out.join(format!("weft.{name}.p{prompt_len}.json"));
+            let file = out.join(format!("weft.{name}.p{prompt_len}{suffix}.json"));
             let _ = std::fs::write(&file, serde_json::to_string_pretty(doc).unwrap_or_default());
         }
+        let kernels = kernels.map_or(String::new(), |k| format!(" ({k} kernels)"));
         parts.push(Part {
-            name: format!("weft {name} p{prompt_len}"),
+            name: format!("weft {name} p{prompt_len}{kernels}"),
             outcome,
             seconds: began.elapsed().as_secs_f64(),
         });
