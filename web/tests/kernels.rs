@@ -185,6 +185,37 @@ async fn ssd_scan_matches_the_recurrence() {
     }
 }
 
+/// The baseline family, which a browser on a real GPU runs (this fallback adapter runs the CPU
+/// family): every one of its variants compiles with Tint, and its workgroup-tiled matmul (40
+/// rows, past `TILED_MIN_ROWS`) matches the CPU.
+#[wasm_bindgen_test]
+async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
+    use weft::gpu::KernelFamily;
+    let options = GpuOptions { kernels: Some(KernelFamily::Baseline), ..Default::default() };
+    let f = GpuTensorFactory::new(GpuContext::new(options).await.unwrap());
+    let n = f.context().compile_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
+    assert!(f.context().own_shader_variants().iter().any(|v| v.kernel == "matmul_tiled"), "{n} variants");
+    let (m, k, n) = (40usize, 96usize, 70usize);
+    assert!(m >= weft::gpu::kernels::matmul::TILED_MIN_ROWS);
+    for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
+        let x = random_values(m * k, 3, 1.0);
+        let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 4, 1.0)).unwrap();
+        let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
+        let (xt, wt, yt) = (
+            f.upload_f32(&[m, k], &x).unwrap(),
+            f.upload(&[n, k], dtype, &w_bytes).unwrap(),
+            f.zeros(&[m, n], DType::F32).unwrap(),
+        );
+        let mut rec = Recording::new();
+        matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
+        check(
+            &format!("tiled matmul {dtype}"),
+            &run_and_read(&f, &rec, &yt).await,
+            &weft::cpu::matmul(&x, &w, m, k, n),
+        );
+    }
+}
+
 /// Every shader variant compiles with the browser's WGSL compiler (Tint), which rejects some
 /// things naga accepts (uniformity, literal ranges).
 #[wasm_bindgen_test]
