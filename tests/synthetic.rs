@@ -35,6 +35,23 @@ fn small(architecture: &'static str, vocab_size: usize) -> Shape {
     }
 }
 
+/// Five greedy tokens from a 24-token prompt of real and padding ids alike (as `weft bench`
+/// prompts), all inside the vocabulary; the engine is shut down after.
+fn generate_five(engine: &weft::engine::ContinuousBatchEngine, vocab_size: usize) {
+    engine.start_loop().unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 % vocab_size) as u32).collect();
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(5),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(prompt), params))).unwrap();
+    assert_eq!(response.usage.completion_tokens, 5);
+    assert!(response.token_ids.iter().all(|&t| (t as usize) < vocab_size));
+    engine.shutdown();
+}
+
 #[test]
 fn synthetic_shapes_load_and_generate() {
     let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
@@ -48,20 +65,8 @@ fn synthetic_shapes_load_and_generate() {
             .kv_memory_bytes(4 << 20)
             .build_on(ctx.clone())
             .unwrap();
-        engine.start_loop().unwrap();
         assert_eq!(engine.tokenizer().vocab_size(), shape.vocab_size);
-        // Real tokens and padding tokens alike, as `weft bench` prompts.
-        let prompt: Vec<u32> = (0..24).map(|i| (i * 37 % shape.vocab_size) as u32).collect();
-        let params = GenerationParams {
-            sampling: SamplingParams::greedy(),
-            max_tokens: Some(5),
-            ignore_eos: true,
-            ..Default::default()
-        };
-        let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(prompt), params))).unwrap();
-        assert_eq!(response.usage.completion_tokens, 5, "{}", shape.architecture);
-        assert!(response.token_ids.iter().all(|&t| (t as usize) < shape.vocab_size));
-        engine.shutdown();
+        generate_five(&engine, shape.vocab_size);
     }
 }
 
@@ -90,16 +95,6 @@ fn a_synthetic_granite_hybrid_loads_and_generates() {
     assert_eq!((hybrid.attention_layers.as_slice(), hybrid.use_rope), (&[1, 3][..], false));
     let engine =
         builder.kv_memory_bytes(4 << 20).state_memory_bytes(8 << 20).scan_chunk_rows(Some(8)).build_on(ctx).unwrap();
-    engine.start_loop().unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| (i * 37 % shape.vocab) as u32).collect();
-    let params = GenerationParams {
-        sampling: SamplingParams::greedy(),
-        max_tokens: Some(5),
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let response = weft::rt::block_on(engine.infer(InferenceRequest::new(Prompt::Tokens(prompt), params))).unwrap();
-    assert_eq!(response.usage.completion_tokens, 5);
+    generate_five(&engine, shape.vocab);
     assert_eq!(engine.state_usage().unwrap().used_slots, 0);
-    engine.shutdown();
 }

@@ -93,6 +93,44 @@ fn scan_params() -> ScanParams {
     ScanParams { a, d: random(4, 32, 1.0), dt_bias: random(4, 33, 1.0) }
 }
 
+/// Both scans' operands on the GPU: x/B/C rows, raw dt, the per-head parameters, the state
+/// slots and room for y.
+struct ScanOperands {
+    xbc: GpuTensor,
+    dt: GpuTensor,
+    a: GpuTensor,
+    d: GpuTensor,
+    dt_bias: GpuTensor,
+    state: GpuTensor,
+    y: GpuTensor,
+}
+
+impl ScanOperands {
+    fn upload(f: &GpuTensorFactory, xbc: &[f32], dt: &[f32], p: &ScanParams, state: &[f32]) -> Self {
+        let rows = xbc.len() / XBC;
+        let heads = |v: &[f32]| f.upload_f32(&[4], v).unwrap();
+        ScanOperands {
+            xbc: f.upload_f32(&[rows, XBC], xbc).unwrap(),
+            dt: f.upload_f32(&[rows, DT_STRIDE], dt).unwrap(),
+            a: heads(&p.a),
+            d: heads(&p.d),
+            dt_bias: heads(&p.dt_bias),
+            state: f.upload_f32(&[state.len() / STATE, 4, 8, 16], state).unwrap(),
+            y: f.zeros(&[rows, INNER], DType::F32).unwrap(),
+        }
+    }
+
+    fn weights(&self) -> ScanWeights<'_> {
+        ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias }
+    }
+
+    /// Run `rec` and read back (y, state).
+    fn run_and_read(&self, f: &GpuTensorFactory, rec: &Recording) -> (Vec<f32>, Vec<f32>) {
+        run(f, rec);
+        (read_f32(f, &self.y), read_f32(f, &self.state))
+    }
+}
+
 /// Run the scan over `seqs`; (y, state).
 fn gpu_scan(
     f: &GpuTensorFactory,
@@ -102,20 +140,12 @@ fn gpu_scan(
     p: &ScanParams,
     state: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
-    let rows = xbc.len() / XBC;
-    let xt = f.upload_f32(&[rows, XBC], xbc).unwrap();
-    let dtt = f.upload_f32(&[rows, DT_STRIDE], dt).unwrap();
-    let (a, d, b) =
-        (f.upload_f32(&[4], &p.a).unwrap(), f.upload_f32(&[4], &p.d).unwrap(), f.upload_f32(&[4], &p.dt_bias).unwrap());
-    let st = f.upload_f32(&[state.len() / STATE, 4, 8, 16], state).unwrap();
-    let yt = f.zeros(&[rows, INNER], DType::F32).unwrap();
+    let o = ScanOperands::upload(f, xbc, dt, p, state);
     let table = seq_table(f, seqs);
     let mut rec = Recording::new();
     let s = SeqStates { seqs: &table, num_seqs: seqs.len() };
-    let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
-    ssm_scan(ctx(f), &mut rec, SHAPE, &xt, &dtt, DT_OFFSET, &w, &s, &st, &yt).unwrap();
-    run(f, &rec);
-    (read_f32(f, &yt), read_f32(f, &st))
+    ssm_scan(ctx(f), &mut rec, SHAPE, &o.xbc, &o.dt, DT_OFFSET, &o.weights(), &s, &o.state, &o.y).unwrap();
+    o.run_and_read(f, &rec)
 }
 
 /// Run the chunked (SSD) scan over `seqs`, each `num_rows` a multiple of `q` and cut into
@@ -129,13 +159,7 @@ fn gpu_ssd(
     p: &ScanParams,
     state: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
-    let rows = xbc.len() / XBC;
-    let xt = f.upload_f32(&[rows, XBC], xbc).unwrap();
-    let dtt = f.upload_f32(&[rows, DT_STRIDE], dt).unwrap();
-    let (a, d, b) =
-        (f.upload_f32(&[4], &p.a).unwrap(), f.upload_f32(&[4], &p.d).unwrap(), f.upload_f32(&[4], &p.dt_bias).unwrap());
-    let st = f.upload_f32(&[state.len() / STATE, 4, 8, 16], state).unwrap();
-    let yt = f.zeros(&[rows, INNER], DType::F32).unwrap();
+    let o = ScanOperands::upload(f, xbc, dt, p, state);
     let (mut firsts, mut runs, mut row) = (Vec::new(), Vec::new(), 0);
     for s in seqs {
         assert_eq!(s.num_rows % q, 0);
@@ -155,11 +179,10 @@ fn gpu_ssd(
     };
     // Room for one chunk more than asked, as a workspace sized for bigger steps has.
     let scratch = SsdScratch::new(f, SHAPE, firsts.len() + 1, q).unwrap();
-    let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
     let mut rec = Recording::new();
-    ssd_scan(ctx(f), &mut rec, SHAPE, &xt, &dtt, DT_OFFSET, &w, &chunks, &scratch, &st, &yt).unwrap();
-    run(f, &rec);
-    (read_f32(f, &yt), read_f32(f, &st))
+    ssd_scan(ctx(f), &mut rec, SHAPE, &o.xbc, &o.dt, DT_OFFSET, &o.weights(), &chunks, &scratch, &o.state, &o.y)
+        .unwrap();
+    o.run_and_read(f, &rec)
 }
 
 /// Three sequences over four slots: a decode continuing slot 2, a prefill from position 0 over

@@ -49,23 +49,25 @@ async fn matmul_in_every_weight_format() {
         let shapes: &[(usize, usize, usize)] =
             if dtype.block_elems() == 256 { &[(1, 256, 67), (5, 768, 13)] } else { &[(1, 64, 67), (5, 96, 130)] };
         for &(m, k, n) in shapes {
-            let x = random_values(m * k, 1, 1.0);
-            let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 2, 1.0)).unwrap();
-            let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
-            let (xt, wt, yt) = (
-                f.upload_f32(&[m, k], &x).unwrap(),
-                f.upload(&[n, k], dtype, &w_bytes).unwrap(),
-                f.zeros(&[m, n], DType::F32).unwrap(),
-            );
-            let mut rec = Recording::new();
-            matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
-            check(
-                &format!("matmul {dtype} m={m} k={k} n={n}"),
-                &run_and_read(&f, &rec, &yt).await,
-                &weft::cpu::matmul(&x, &w, m, k, n),
-            );
+            check_matmul(&f, dtype, m, k, n).await;
         }
     }
+}
+
+/// `matmul` of random (m, k) x and (n, k) weights in `dtype` against `cpu::matmul`.
+async fn check_matmul(f: &GpuTensorFactory, dtype: DType, m: usize, k: usize, n: usize) {
+    let x = random_values(m * k, 1, 1.0);
+    let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 2, 1.0)).unwrap();
+    let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
+    let (xt, wt, yt) = (
+        f.upload_f32(&[m, k], &x).unwrap(),
+        f.upload(&[n, k], dtype, &w_bytes).unwrap(),
+        f.zeros(&[m, n], DType::F32).unwrap(),
+    );
+    let mut rec = Recording::new();
+    matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
+    let what = format!("matmul {dtype} m={m} k={k} n={n}");
+    check(&what, &run_and_read(f, &rec, &yt).await, &weft::cpu::matmul(&x, &w, m, k, n));
 }
 
 #[wasm_bindgen_test]
@@ -198,21 +200,7 @@ async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     let (m, k, n) = (40usize, 96usize, 70usize);
     assert!(m >= weft::gpu::kernels::matmul::TILED_MIN_ROWS);
     for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
-        let x = random_values(m * k, 3, 1.0);
-        let w_bytes = weft::quant::quantize(dtype, &random_values(n * k, 4, 1.0)).unwrap();
-        let w = weft::quant::dequantize(dtype, &w_bytes).unwrap();
-        let (xt, wt, yt) = (
-            f.upload_f32(&[m, k], &x).unwrap(),
-            f.upload(&[n, k], dtype, &w_bytes).unwrap(),
-            f.zeros(&[m, n], DType::F32).unwrap(),
-        );
-        let mut rec = Recording::new();
-        matmul(f.context(), &mut rec, &xt, &wt, &yt).unwrap();
-        check(
-            &format!("tiled matmul {dtype}"),
-            &run_and_read(&f, &rec, &yt).await,
-            &weft::cpu::matmul(&x, &w, m, k, n),
-        );
+        check_matmul(&f, dtype, m, k, n).await;
     }
 }
 
