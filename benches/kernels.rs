@@ -17,8 +17,8 @@ use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
 const MS: [usize; 3] = [1, 16, 64];
-/// (k, n): the default model's MLP, two square layers, and its LM head.
-const KNS: [(usize, usize); 4] = [(576, 1536), (2048, 2048), (4096, 4096), (576, 49152)];
+/// (k, n): the default model's MLP up and down, two square layers, and its LM head.
+const KNS: [(usize, usize); 5] = [(576, 1536), (1536, 576), (2048, 2048), (4096, 4096), (576, 49152)];
 const RUNS: usize = 5;
 const TARGET_SECONDS: f64 = 0.05;
 
