@@ -90,14 +90,21 @@ fn decode_step_seconds(
     Ok(times[times.len() / 2])
 }
 
+/// The prompt the prefill figures time.
+const PROMPT: usize = 512;
+
+/// A lone `PROMPT`-token prefill as one step.
+fn prefill_step(exec: &GpuExecutor, blocks_per_seq: usize) -> SeqStep {
+    let tokens: Vec<u32> = (0..PROMPT).map(|t| 300 + ((t * 31) % 40000) as u32).collect();
+    step(exec, 0, &tokens, 0, blocks_per_seq)
+}
+
 /// Tokens/s of a lone 512-token prefill in one step: the median of 3, after a warm-up.
 fn prefill_tok_s(exec: &GpuExecutor, blocks_per_seq: usize) -> weft::Result<f64> {
-    const PROMPT: usize = 512;
-    let tokens: Vec<u32> = (0..PROMPT).map(|t| 300 + ((t * 31) % 40000) as u32).collect();
     let mut times = Vec::new();
     for _ in 0..4 {
         let started = Instant::now();
-        run(exec, vec![step(exec, 0, &tokens, 0, blocks_per_seq)])?;
+        run(exec, vec![prefill_step(exec, blocks_per_seq)])?;
         times.push(started.elapsed().as_secs_f64());
     }
     let mut times = times.split_off(1);
@@ -109,10 +116,9 @@ fn prefill_tok_s(exec: &GpuExecutor, blocks_per_seq: usize) -> weft::Result<f64>
 /// has timestamps.
 fn prefill_profile(exec: &GpuExecutor, blocks_per_seq: usize) -> weft::Result<Vec<(String, f64)>> {
     use weft::step::ModelExecutor;
-    let tokens: Vec<u32> = (0..512).map(|t| 300 + ((t * 31) % 40000) as u32).collect();
     exec.set_profiling(true);
     let out = weft::rt::block_on(
-        exec.execute(&StepBatch { seqs: vec![step(exec, 0, &tokens, 0, blocks_per_seq)], ..Default::default() }),
+        exec.execute(&StepBatch { seqs: vec![prefill_step(exec, blocks_per_seq)], ..Default::default() }),
     );
     exec.set_profiling(false);
     let mut kernels = out?.timings.kernels;
@@ -130,7 +136,7 @@ fn main() -> weft::Result<()> {
     };
     let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default())? else { return Ok(()) };
     let f = GpuTensorFactory::new(ctx);
-    let max_context = contexts.iter().copied().max().unwrap_or(64).max(512) + DECODE_STEPS;
+    let max_context = contexts.iter().copied().max().unwrap_or(64).max(PROMPT) + DECODE_STEPS;
     let blocks_per_seq = max_context.div_ceil(BLOCK);
     println!("weft decode step time by context, random weights in {dtype}, median of {DECODE_STEPS} steps\n");
     print!("{:>12}", "shape");

@@ -94,6 +94,33 @@ fn recurrent_run(num_prompt_tokens: usize, start: usize, q: usize) -> usize {
     }
 }
 
+/// Where a sequence's next chunk may stop, whatever else is in the step: at the next state
+/// snapshot, and for a recurrent model where the executor's scan chunks stay whole.
+#[derive(Clone, Copy)]
+struct ChunkRules {
+    snapshots: bool,
+    block_size: usize,
+    recurrent: bool,
+    scan_chunk: usize,
+}
+
+impl ChunkRules {
+    /// How many of `seq`'s known tokens from its computed ones the next step computes with
+    /// `budget` tokens left (0: none this step).
+    fn chunk_len(self, seq: &Sequence, budget: usize) -> usize {
+        let start = seq.num_computed_tokens;
+        let mut num_known = seq.tokens.len() - start;
+        if let Some(end) = next_snapshot(self.snapshots, self.block_size, seq.num_prompt_tokens, start) {
+            // The chunk stops where the state is snapshotted.
+            num_known = num_known.min(end - start);
+        }
+        if self.recurrent {
+            num_known = num_known.min(recurrent_run(seq.num_prompt_tokens, start, self.scan_chunk));
+        }
+        cut_for_scan(start, num_known, budget, self.scan_chunk)
+    }
+}
+
 /// Limits of one step and of one sequence.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -216,6 +243,15 @@ impl ContinuousBatchScheduler {
         self
     }
 
+    fn chunk_rules(&self) -> ChunkRules {
+        ChunkRules {
+            snapshots: self.snapshots,
+            block_size: self.kv.block_size(),
+            recurrent: self.state.is_some(),
+            scan_chunk: self.scan_chunk,
+        }
+    }
+
     /// The next position after `start` where a recurrent sequence's state is snapshotted, when
     /// snapshots are kept (see [`next_snapshot`]).
     fn next_snapshot(&self, num_prompt_tokens: usize, start: usize) -> Option<usize> {
@@ -317,10 +353,10 @@ impl ContinuousBatchScheduler {
         let mut req_to_num_new_tokens: Vec<(SeqId, usize, usize)> = Vec::new();
         let mut preempted: Vec<SeqId> = Vec::new();
 
+        let rules = self.chunk_rules();
         let mut req_index = 0;
         while req_index < self.running.len() && token_budget > 0 {
             let id = self.running[req_index];
-            let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
             let Some(seq) = self.req_to_seq.get_mut(&id) else {
                 // Unreachable: running ids are always known; drop it rather than loop.
                 self.running.remove(req_index);
@@ -341,16 +377,7 @@ impl ContinuousBatchScheduler {
                 seq.num_computed_tokens = 0;
                 self.kv.cancel_snapshot(id);
             }
-            let mut num_known = seq.tokens.len() - seq.num_computed_tokens;
-            if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, seq.num_computed_tokens) {
-                // The chunk stops where the state is snapshotted.
-                num_known = num_known.min(end - seq.num_computed_tokens);
-            }
-            if self.state.is_some() {
-                num_known =
-                    num_known.min(recurrent_run(seq.num_prompt_tokens, seq.num_computed_tokens, self.scan_chunk));
-            }
-            let num_known = cut_for_scan(seq.num_computed_tokens, num_known, token_budget, self.scan_chunk);
+            let num_known = rules.chunk_len(seq, token_budget);
             if num_known == 0 {
                 // Too little budget left for a whole scan chunk: next step.
                 req_index += 1;
@@ -422,17 +449,7 @@ impl ContinuousBatchScheduler {
                 }
                 seq.num_computed_tokens = num_cached_tokens;
                 seq.restore_from = restore_from;
-                let mut num_new_tokens = seq.tokens.len() - num_cached_tokens;
-                let (snapshots, block_size) = (self.snapshots, self.kv.block_size());
-                if let Some(end) = next_snapshot(snapshots, block_size, seq.num_prompt_tokens, num_cached_tokens) {
-                    // The chunk stops where the state is snapshotted.
-                    num_new_tokens = num_new_tokens.min(end - num_cached_tokens);
-                }
-                if self.state.is_some() {
-                    num_new_tokens =
-                        num_new_tokens.min(recurrent_run(seq.num_prompt_tokens, num_cached_tokens, self.scan_chunk));
-                }
-                let num_new_tokens = cut_for_scan(num_cached_tokens, num_new_tokens, token_budget, self.scan_chunk);
+                let num_new_tokens = rules.chunk_len(seq, token_budget);
                 self.admission_clock += 1;
                 seq.admitted_at = self.admission_clock;
                 self.waiting.pop_front();

@@ -62,14 +62,16 @@ impl KernelFamily {
     fn default_for(device_type: wgpu::DeviceType, features: &GpuFeatures) -> Self {
         if device_type == wgpu::DeviceType::Cpu {
             KernelFamily::Cpu
-        } else if features.subgroups
-            && features.subgroup_min_size == features.subgroup_max_size
-            && features.subgroup_min_size >= 8
-        {
+        } else if Self::subgroups_fit(features) && features.subgroup_min_size == features.subgroup_max_size {
             KernelFamily::Subgroup
         } else {
             KernelFamily::Baseline
         }
+    }
+
+    /// Whether the subgroup kernels can run at all: subgroups of at least 8 lanes.
+    fn subgroups_fit(features: &GpuFeatures) -> bool {
+        features.subgroups && features.subgroup_min_size >= 8
     }
 
     /// Whether attention shares a long context among workgroups (split-K). A GPU's decode
@@ -194,7 +196,7 @@ impl GpuContext {
             (None, Ok(name)) => KernelFamily::parse(&name)?,
             (None, Err(_)) => KernelFamily::default_for(info.device_type, &features),
         };
-        if family == KernelFamily::Subgroup && !(features.subgroups && features.subgroup_min_size >= 8) {
+        if family == KernelFamily::Subgroup && !KernelFamily::subgroups_fit(&features) {
             return Err(WeftError::Unsupported(format!(
                 "the subgroup kernels need subgroups of at least 8 lanes; {} offers {} (sizes {}..={}); use \
                  WEFT_KERNELS=baseline",
@@ -410,13 +412,19 @@ fn no_adapter_hint() -> String {
 }
 
 /// For tests and tools: open a device, or `None` (after printing why) where there is no
-/// adapter — unless `WEFT_REQUIRE_GPU=1`, where a missing adapter is an error like any other.
+/// adapter — unless `WEFT_REQUIRE_GPU=1`, where a missing adapter is an error like any other —
+/// or where the subgroup family was forced on an adapter whose subgroups cannot run it.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_or_skip(options: GpuOptions) -> Result<Option<Arc<GpuContext>>> {
+    let forced_subgroups = options.kernels == Some(KernelFamily::Subgroup);
     match crate::rt::block_on(GpuContext::new(options)) {
         Ok(ctx) => Ok(Some(ctx)),
         Err(e @ WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("skipping: {e}");
+            Ok(None)
+        }
+        Err(e @ WeftError::Unsupported(_)) if forced_subgroups => {
+            eprintln!("skipping the subgroup family: {e}");
             Ok(None)
         }
         Err(e) => Err(e),

@@ -124,7 +124,6 @@ impl Workspace {
     ) -> Result<Self> {
         let c = model.config();
         let u32s = |shape: &[usize]| factory.zeros(shape, DType::U32);
-        let scan_chunk = scan_chunk.filter(|_| c.ssm.is_some());
         let max_chunks = scan_chunk.map_or(0, |q| capacity.tokens / q).max(1);
         Ok(Workspace {
             capacity,

@@ -13,19 +13,6 @@ fn open(options: GpuOptions) -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new)
 }
 
-/// As [`open`], but an adapter without subgroups of 8 or more lanes skips the subgroup family
-/// (lavapipe has them: there it must open).
-fn open_family(family: KernelFamily) -> Option<GpuTensorFactory> {
-    let options = GpuOptions { kernels: Some(family), ..Default::default() };
-    match weft::gpu::open_or_skip(options) {
-        Err(weft::WeftError::Unsupported(why)) if family == KernelFamily::Subgroup => {
-            eprintln!("skipping the subgroup family: {why}");
-            None
-        }
-        other => other.unwrap().map(GpuTensorFactory::new),
-    }
-}
-
 /// The device all tests share, or `None` (test skipped) where there is no adapter.
 pub fn gpu() -> Option<&'static GpuTensorFactory> {
     static GPU: OnceLock<Option<GpuTensorFactory>> = OnceLock::new();
@@ -48,7 +35,7 @@ pub fn gpu_with_family(family: KernelFamily) -> Option<&'static GpuTensorFactory
         KernelFamily::Cpu => &CPU,
         KernelFamily::Subgroup => &SUBGROUP,
     };
-    cell.get_or_init(|| open_family(family)).as_ref()
+    cell.get_or_init(|| open(GpuOptions { kernels: Some(family), ..Default::default() })).as_ref()
 }
 
 /// One way a weight kernel can run: a kernel family, weights in a texture or a buffer, and (for

@@ -182,3 +182,18 @@ fn binding_declarations_are_read_as_naga_reads_them() {
         assert_eq!(kinds, from_naga, "{variant}");
     }
 }
+
+/// The subgroup family forced where subgroups are not offered (here: the device opened with
+/// core WebGPU features only) is refused with what to use instead; `open_or_skip` skips it.
+#[test]
+fn a_forced_subgroup_family_without_subgroups_is_refused() {
+    use weft::gpu::{GpuContext, GpuOptions, KernelFamily};
+    if crate::common::gpu().is_none() {
+        return;
+    }
+    let options = GpuOptions { kernels: Some(KernelFamily::Subgroup), baseline_only: true, ..Default::default() };
+    let err = weft::rt::block_on(GpuContext::new(options.clone())).err().unwrap().to_string();
+    assert!(err.contains("the subgroup kernels need subgroups of at least 8 lanes"), "{err}");
+    assert!(err.contains("use WEFT_KERNELS=baseline"), "{err}");
+    assert!(weft::gpu::open_or_skip(options).unwrap().is_none());
+}
