@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Weight source for CPU adapters (lavapipe): the same raw bytes, uploaded unchanged into an
 // rgba32uint texture 8192 texels (128 KiB) wide, so word i sits in texel t = i / 4 at
-// (t % 8192, t / 8192), component i % 4. Core WebGPU (no feature needed). On Mesa 22.3 llvmpipe a
-// texel fetch is one vector gather for 8 lanes, while every storage-buffer load is a per-lane
-// loop with two branches; matmuls read their weights ~2.5-3.5x faster this way.
+// (t % 8192, t / 8192), component i % 4, bound as a read-only storage texture (core WebGPU).
+// On Mesa 22.3 llvmpipe an image load is a vector gather for 8 lanes, while every storage-buffer
+// load is a per-lane loop with two branches (matmuls read their weights ~2.5-3.5x faster this
+// way); a sampled texture's texel fetch costs more than the image load, since it looks up each
+// lane's mip level (the matmul at m = 1 ran 1.5x faster reading the same texture as an image).
 // Upload: queue.write_texture (bytes_per_row = 131072) or copy_buffer_to_texture from the mmap'd
 // file bytes; pad the last texel row with zeros. Height = ceil(bytes / 131072) <= 8192 (1 GiB).
-@group(0) @binding(2) var wt: texture_2d<u32>;
+@group(0) @binding(2) var wt: texture_storage_2d<rgba32uint, read>;
 
 fn wtexel(t: u32) -> vec4<u32> {
-    return textureLoad(wt, vec2<u32>(t & 8191u, t >> 13u), 0);
+    return textureLoad(wt, vec2<u32>(t & 8191u, t >> 13u));
 }
 
 fn wload(i: u32) -> u32 {

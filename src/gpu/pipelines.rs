@@ -197,12 +197,20 @@ impl std::fmt::Display for ShaderVariant {
     }
 }
 
-/// The matmul tiles weft dispatches: (WG, TN, TM) for (few, many) rows, for narrow and wide
-/// outputs, per family of adapters. Measured on lavapipe (benches/kernels.rs): one 8-lane SIMD
-/// group per workgroup, 16 columns per lane where the output is wide, and 4 rows per lane only
-/// when there are rows to share (more spill registers on llvmpipe).
-pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize) -> [u16; 3] {
-    let tm = if m <= 2 { 1 } else { 4 };
+/// The matmul tiles weft dispatches: (WG, TN, TM) by rows of x and width of the output, per
+/// family of adapters. Measured on lavapipe (benches/kernels.rs): one 8-lane SIMD group per
+/// workgroup, 16 columns per lane where the output is wide, and rows per lane as there are rows
+/// to share: 4 from 3 rows, 8 from 8 (1.3x the GFLOP/s of 4 at 16 rows; 12 and 16 spill), but
+/// never more than `window_rows`, the rows of x one uniform window holds on CPU drivers.
+pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize, window_rows: usize) -> [u16; 3] {
+    let tm: u16 = match m {
+        0..=2 => 1,
+        3..=7 => 4,
+        _ if cpu_driver => 8,
+        _ => 4,
+    };
+    let fits = |t: u16| usize::from(t) <= window_rows;
+    let tm = if cpu_driver { [8, 4, 1].into_iter().find(|&t| t <= tm && fits(t)).unwrap_or(1) } else { tm };
     if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
 }
 
@@ -259,8 +267,8 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                     if !cpu_driver && source == WeightSource::Texture {
                         continue;
                     }
-                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512)] {
-                        let tile = matmul_tile(cpu_driver, m, n);
+                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
+                        let tile = matmul_tile(cpu_driver, m, n, usize::MAX);
                         let x_sources: &[XSource] =
                             if cpu_driver { &[XSource::Storage, XSource::Uniform] } else { &[XSource::Storage] };
                         for &x_in in x_sources {
@@ -290,11 +298,70 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut out = String::new();
     expand(&format!("{}.wgsl", variant.kernel), variant, &mut out)?;
     let [wg, tn, tm] = variant.tile;
-    Ok(out
+    let text = out
         .replace("{{WG}}", &wg.to_string())
         .replace("{{TN}}", &tn.to_string())
         .replace("{{TM}}", &tm.to_string())
-        .replace("{{HD}}", &variant.head_dim.to_string()))
+        .replace("{{HD}}", &variant.head_dim.to_string());
+    let lines: Vec<&str> = text.lines().collect();
+    let mut unrolled = String::with_capacity(text.len());
+    let constants = [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm))];
+    unroll(&lines, &constants, &[], &mut unrolled)?;
+    Ok(unrolled)
+}
+
+/// Expand `#for NAME in 0..BOUND` … `#end` blocks (they nest): the lines between are written
+/// once per value of NAME, with `{{NAME}}` replaced by it. BOUND is a number or one of the tile
+/// constants (`TN`, `TM`, `WG`, substituted before this runs). Unrolling in the composer instead
+/// of a WGSL loop keeps every per-iteration value in its own variable: CPU drivers lower a
+/// private array indexed by a loop counter to per-lane gathers and scatters.
+fn unroll(lines: &[&str], constants: &[(&str, u32)], bound: &[(&str, u32)], out: &mut String) -> Result<()> {
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let Some(head) = line.trim().strip_prefix("#for ") else {
+            let mut text = line.to_string();
+            for (name, value) in bound {
+                text = text.replace(&format!("{{{{{name}}}}}"), &value.to_string());
+            }
+            out.push_str(&text);
+            out.push('\n');
+            i += 1;
+            continue;
+        };
+        let bad = || WeftError::Unsupported(format!("cannot read the shader directive {:?}", line.trim()));
+        let (name, range) = head.split_once(" in 0..").ok_or_else(bad)?;
+        let range = range.trim();
+        let count = match constants.iter().find(|(c, _)| *c == range) {
+            Some(&(_, value)) => value,
+            None => range.parse().map_err(|_| bad())?,
+        };
+        // The matching `#end`: nested `#for`s each close their own.
+        let mut depth = 0;
+        let end = lines[i + 1..]
+            .iter()
+            .position(|l| {
+                let l = l.trim();
+                if l.starts_with("#for ") {
+                    depth += 1;
+                } else if l == "#end" {
+                    if depth == 0 {
+                        return true;
+                    }
+                    depth -= 1;
+                }
+                false
+            })
+            .ok_or_else(|| WeftError::Unsupported(format!("shader directive {:?} has no #end", line.trim())))?;
+        let body = &lines[i + 1..i + 1 + end];
+        for value in 0..count {
+            let mut inner = bound.to_vec();
+            inner.push((name.trim(), value));
+            unroll(body, constants, &inner, out)?;
+        }
+        i += end + 2;
+    }
+    Ok(())
 }
 
 fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
@@ -341,8 +408,8 @@ pub enum BindingKind {
     StorageRead,
     /// `var<storage, read_write>`.
     StorageReadWrite,
-    /// `texture_2d<u32>`.
-    TextureU32,
+    /// `texture_storage_2d<rgba32uint, read>`: weight bytes on CPU drivers.
+    StorageTextureReadU32,
     /// `texture_2d<f32>`.
     TextureF32,
     /// `texture_storage_2d<rgba32float, write>`.
@@ -365,8 +432,8 @@ pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
             BindingKind::StorageReadWrite
         } else if decl.starts_with("var<storage, read>") {
             BindingKind::StorageRead
-        } else if decl.starts_with("var ") && decl.contains("texture_2d<u32>") {
-            BindingKind::TextureU32
+        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32uint, read>") {
+            BindingKind::StorageTextureReadU32
         } else if decl.starts_with("var ") && decl.contains("texture_2d<f32>") {
             BindingKind::TextureF32
         } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, write>") {
@@ -423,10 +490,10 @@ impl PipelineCache {
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
-                    BindingKind::TextureU32 => wgpu::BindingType::Texture {
-                        sample_type: wgpu::TextureSampleType::Uint,
+                    BindingKind::StorageTextureReadU32 => wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::ReadOnly,
+                        format: wgpu::TextureFormat::Rgba32Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
-                        multisampled: false,
                     },
                     BindingKind::TextureF32 => wgpu::BindingType::Texture {
                         sample_type: wgpu::TextureSampleType::Float { filterable: false },

@@ -328,7 +328,7 @@ impl GpuTensorFactory {
             )
         } else {
             let usage =
-                wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
+                wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
             ("weights", wgpu::TextureFormat::Rgba32Uint, usage)
         };
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

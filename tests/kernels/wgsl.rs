@@ -163,7 +163,11 @@ fn binding_declarations_are_read_as_naga_reads_them() {
                     }
                     (naga::AddressSpace::Storage { .. }, _) => BindingKind::StorageRead,
                     (naga::AddressSpace::Handle, naga::TypeInner::Image { class, .. }) => match class {
-                        naga::ImageClass::Sampled { kind: naga::ScalarKind::Uint, .. } => BindingKind::TextureU32,
+                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Uint, access }
+                            if *access == naga::StorageAccess::LOAD =>
+                        {
+                            BindingKind::StorageTextureReadU32
+                        }
                         naga::ImageClass::Sampled { kind: naga::ScalarKind::Float, .. } => BindingKind::TextureF32,
                         naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
                             if *access == naga::StorageAccess::STORE =>

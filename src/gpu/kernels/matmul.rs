@@ -100,7 +100,7 @@ fn record(
     for part in w.parts() {
         let (kernel, tile) = match recipe {
             Recipe::Columns if tiled => ("matmul_tiled", TILED_TILE),
-            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows())),
+            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows(), (X_WINDOW_BYTES / row_bytes) as usize)),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
