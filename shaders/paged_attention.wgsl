@@ -19,8 +19,9 @@
 //   7 partials      read_write  vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): per split
 //                               (running max, sum, 0, 0) then the unnormalised weighted V sum;
 //                               unused (any size) when split_min is 0
-// HD (the head size) is a compile-time constant, so q and the running output are HD/4 vec4
-// registers: llvmpipe keeps dynamically indexed private arrays in per-lane scratch memory.
+// HD (the head size) is a compile-time constant and the loops over a head's HV = HD/4 vec4s are
+// unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
+// drivers lower a private array indexed in a loop to per-lane gathers and scatters.
 // Workgroup: WG = 8 invocations per (head, token, split). Lane j takes positions start + j,
 // start + j + 8, … of its split with its own online softmax (running max, sum, weighted V);
 // scores are vec4 fma chains folded (x + y) + (z + w). The 8 partial states are merged in lane
@@ -77,39 +78,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_head = head / (params.num_heads / params.num_kv_heads);
     let kv_stride = params.num_kv_heads * HV;
     let q_base = t * (params.q_stride / 4u) + head * HV;
-    var qv: array<vec4<f32>, HV>;
-    for (var d = 0u; d < HV; d++) {
-        qv[d] = q[q_base + d] * params.scale;
-    }
+#for d in 0..HV
+    let q_{{d}} = q[q_base + {{d}}u] * params.scale;
+    var acc_{{d}} = vec4<f32>(0.0);
+#end
     var run_max = NEG_MAX;
     var run_sum = 0.0;
-    var acc: array<vec4<f32>, HV>;
-    for (var d = 0u; d < HV; d++) {
-        acc[d] = vec4<f32>(0.0);
-    }
     for (var p = start + lid; p < stop; p += WG) {
         let block = block_tables[seq * params.max_blocks_per_seq + p / params.block_size];
         let slot = block * params.block_size + p % params.block_size;
         let base = params.cache_offset + slot * kv_stride + kv_head * HV;
         var s4 = vec4<f32>(0.0);
-        for (var d = 0u; d < HV; d++) {
-            s4 = fma(qv[d], kload(base + d), s4);
-        }
+#for d in 0..HV
+        s4 = fma(q_{{d}}, kload(base + {{d}}u), s4);
+#end
         let score = (s4.x + s4.y) + (s4.z + s4.w);
         let new_max = max(run_max, score);
         let correction = exp(run_max - new_max);
         let weight = exp(score - new_max);
         run_sum = run_sum * correction + weight;
-        for (var d = 0u; d < HV; d++) {
-            acc[d] = acc[d] * correction + weight * vload(base + d);
-        }
+#for d in 0..HV
+        acc_{{d}} = acc_{{d}} * correction + weight * vload(base + {{d}}u);
+#end
         run_max = new_max;
     }
     sh_max[lid] = run_max;
     sh_sum[lid] = run_sum;
-    for (var d = 0u; d < HV; d++) {
-        sh_acc[lid * HV + d] = acc[d];
-    }
+#for d in 0..HV
+    sh_acc[lid * HV + {{d}}u] = acc_{{d}};
+#end
     workgroupBarrier();
     var total_max = NEG_MAX;
     for (var j = 0u; j < WG; j++) {

@@ -305,14 +305,15 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
         .replace("{{HD}}", &variant.head_dim.to_string());
     let lines: Vec<&str> = text.lines().collect();
     let mut unrolled = String::with_capacity(text.len());
-    let constants = [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm))];
+    let head_vec4s = u32::from(variant.head_dim) / 4;
+    let constants = [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm)), ("HV", head_vec4s)];
     unroll(&lines, &constants, &[], &mut unrolled)?;
     Ok(unrolled)
 }
 
 /// Expand `#for NAME in 0..BOUND` … `#end` blocks (they nest): the lines between are written
-/// once per value of NAME, with `{{NAME}}` replaced by it. BOUND is a number or one of the tile
-/// constants (`TN`, `TM`, `WG`, substituted before this runs). Unrolling in the composer instead
+/// once per value of NAME, with `{{NAME}}` replaced by it. BOUND is a number or one of `constants`
+/// (the tile's `WG`, `TN`, `TM`, and `HV`, an attention head's vec4s). Unrolling in the composer instead
 /// of a WGSL loop keeps every per-iteration value in its own variable: CPU drivers lower a
 /// private array indexed by a loop counter to per-lane gathers and scatters.
 fn unroll(lines: &[&str], constants: &[(&str, u32)], bound: &[(&str, u32)], out: &mut String) -> Result<()> {
@@ -410,8 +411,8 @@ pub enum BindingKind {
     StorageReadWrite,
     /// `texture_storage_2d<rgba32uint, read>`: weight bytes on CPU drivers.
     StorageTextureReadU32,
-    /// `texture_2d<f32>`.
-    TextureF32,
+    /// `texture_storage_2d<rgba32float, read>`: the KV cache on CPU drivers.
+    StorageTextureReadF32,
     /// `texture_storage_2d<rgba32float, write>`.
     StorageTextureWrite,
 }
@@ -434,8 +435,8 @@ pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
             BindingKind::StorageRead
         } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32uint, read>") {
             BindingKind::StorageTextureReadU32
-        } else if decl.starts_with("var ") && decl.contains("texture_2d<f32>") {
-            BindingKind::TextureF32
+        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, read>") {
+            BindingKind::StorageTextureReadF32
         } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, write>") {
             BindingKind::StorageTextureWrite
         } else {
@@ -495,10 +496,10 @@ impl PipelineCache {
                         format: wgpu::TextureFormat::Rgba32Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
                     },
-                    BindingKind::TextureF32 => wgpu::BindingType::Texture {
-                        sample_type: wgpu::TextureSampleType::Float { filterable: false },
+                    BindingKind::StorageTextureReadF32 => wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::ReadOnly,
+                        format: wgpu::TextureFormat::Rgba32Float,
                         view_dimension: wgpu::TextureViewDimension::D2,
-                        multisampled: false,
                     },
                     BindingKind::StorageTextureWrite => wgpu::BindingType::StorageTexture {
                         access: wgpu::StorageTextureAccess::WriteOnly,

@@ -228,7 +228,9 @@ impl GpuContext {
                     }
                     (
                         Resource::Texture(view),
-                        BindingKind::StorageTextureReadU32 | BindingKind::TextureF32 | BindingKind::StorageTextureWrite,
+                        BindingKind::StorageTextureReadU32
+                        | BindingKind::StorageTextureReadF32
+                        | BindingKind::StorageTextureWrite,
                     ) => wgpu::BindingResource::TextureView(view),
                     (Resource::Window(buffer), BindingKind::Uniform) => {
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {

@@ -168,7 +168,11 @@ fn binding_declarations_are_read_as_naga_reads_them() {
                         {
                             BindingKind::StorageTextureReadU32
                         }
-                        naga::ImageClass::Sampled { kind: naga::ScalarKind::Float, .. } => BindingKind::TextureF32,
+                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
+                            if *access == naga::StorageAccess::LOAD =>
+                        {
+                            BindingKind::StorageTextureReadF32
+                        }
                         naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
                             if *access == naga::StorageAccess::STORE =>
                         {
