@@ -66,18 +66,6 @@ impl EngineBuilder {
         &self.files.config
     }
 
-    /// The formats the model's weights (and its draft's) take on the GPU: what
-    /// [`GpuContext::compile_shaders`] compiles ahead.
-    pub fn weight_formats(&self) -> Vec<crate::quant::DType> {
-        let mut formats = self.files.weight_formats();
-        if let Some(draft) = &self.draft {
-            formats.extend(draft.weight_formats());
-            formats.sort_by_key(|d| crate::quant::DType::WEIGHTS.iter().position(|w| w == d));
-            formats.dedup();
-        }
-        formats
-    }
-
     /// Call `progress(layers uploaded, layers in all)` while the weights go to the GPU.
     pub fn on_progress(mut self, progress: impl FnMut(usize, usize) + rt::MaybeSend + 'static) -> Self {
         self.progress = Some(Box::new(progress));
@@ -207,6 +195,9 @@ impl EngineBuilder {
         if let Some(rows) = self.scan_chunk {
             exec = exec.with_scan_chunk(rows)?;
         }
+        // Compile now what serving will dispatch, not during the first requests.
+        let (max_tokens, max_seqs) = (self.config.max_num_batched_tokens, self.config.max_num_seqs);
+        exec.warm_up(max_tokens, max_seqs)?;
         let sampler = Arc::new(GpuSampler);
         let Some(spec) = self.speculation else {
             return ContinuousBatchEngine::new_plan_runtime(
@@ -238,6 +229,7 @@ impl EngineBuilder {
                 let store = DraftDistributions::new(&factory, slots, exec.vocab_size())?;
                 exec.share_draft_distributions(store.clone())?;
                 draft.share_draft_distributions(store)?;
+                draft.warm_up(max_tokens, max_seqs)?;
                 Some(Arc::new(draft) as Arc<dyn ModelExecutor>)
             }
             Some(_) => {

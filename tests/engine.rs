@@ -546,3 +546,32 @@ fn a_warm_step_creates_nothing() {
     assert_eq!(steps, steps_again, "the same shapes");
     assert_eq!(f.context().creations(), warm, "{steps_again} warm steps created GPU objects");
 }
+
+/// The builder warms the executor up: the kernels of a lone decode, of a few sequences decoding
+/// together and of a prefill chunk are compiled while the engine is built (in a browser, about
+/// half a second each), so serving those steps compiles nothing more.
+#[test]
+fn the_builder_compiles_what_serving_dispatches() {
+    let Some(f) = factory() else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 4, ..Default::default() };
+    let before = f.context().creations().pipelines;
+    let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
+    let built = f.context().creations().pipelines;
+    assert!(built > before, "building compiled nothing");
+    // A prompt longer than one step's budget (prefill chunks), then decodes alone.
+    let lone = weft::rt::block_on(e.infer(greedy("a prompt of a few more tokens than sixteen", 4))).unwrap();
+    assert_eq!(lone.usage.completion_tokens, 4);
+    // Three and four sequences decoding together.
+    for n in [3, 4] {
+        let mut streams: Vec<_> = (0..n).map(|i| e.submit(greedy(&"xyz"[..i % 3 + 1], 3)).unwrap().1).collect();
+        while weft::rt::block_on(e.step()).unwrap() {}
+        for s in &mut streams {
+            let chunks: Vec<_> = weft::rt::block_on(s.collect::<Vec<_>>());
+            assert_eq!(chunks.last().unwrap().as_ref().unwrap().finish_reason, Some(FinishReason::Length));
+        }
+    }
+    assert_eq!(f.context().creations().pipelines, built, "serving compiled kernels the warm-up missed");
+}

@@ -90,6 +90,8 @@ pub struct Creations {
     pub bind_groups: u64,
     /// Bytes of every buffer and texture created (freed ones included).
     pub bytes: u64,
+    /// Compute pipelines compiled (each shader variant once, on first use or ahead).
+    pub pipelines: u64,
 }
 
 #[derive(Debug, Default)]
@@ -246,6 +248,7 @@ impl GpuContext {
             textures: c.textures.load(Ordering::Relaxed),
             bind_groups: c.bind_groups.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
+            pipelines: self.pipelines.len() as u64,
         }
     }
 
@@ -315,6 +318,19 @@ impl GpuContext {
             }
         }
         Ok(variants.len())
+    }
+
+    /// Run `f`, which may create pipelines (building an engine records warm-up steps), and
+    /// fail with the first validation error the device raised meanwhile, naming `what`. In a
+    /// browser, a shader its compiler rejects raises such an error rather than failing the call
+    /// that made the pipeline.
+    pub async fn with_error_scope<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        if let Some(error) = self.settle(scope.pop()).await? {
+            return Err(WeftError::Gpu { context: what.into(), reason: error.to_string() });
+        }
+        out
     }
 
     /// The shader variants this device's kernel family can dispatch.

@@ -466,6 +466,11 @@ pub(crate) struct PipelineCache {
 }
 
 impl PipelineCache {
+    /// How many pipelines have been compiled.
+    pub(crate) fn len(&self) -> usize {
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub(crate) fn get(&self, device: &wgpu::Device, variant: ShaderVariant) -> Result<Pipeline> {
         let mut pipelines = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pipelines.get(&variant) {

@@ -29,7 +29,8 @@ use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
 use crate::model::scan_plan::ScanPlan;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
-use crate::step::{DraftStore, ModelExecutor, StepBatch, StepOutput, StepTimings};
+use crate::sampling::{GpuSampler, Sampler, SamplingParams};
+use crate::step::{DraftStore, ModelExecutor, SeqStep, StepBatch, StepOutput, StepTimings};
 use crate::tensor::TensorFactory;
 
 /// State slots of an executor for a model with recurrent layers: each holds one sequence's
@@ -351,6 +352,46 @@ impl GpuExecutor {
             debug_assert!(snapshot(seq.state_restore) && snapshot(seq.state_save));
             debug_assert_eq!(seq.state_slot.is_some(), slots > 0, "a state slot exactly for recurrent models");
         }
+    }
+
+    /// Record, without running, steps shaped like the ones serving runs (one sequence decoding,
+    /// up to four decoding together, a prefill of up to 64 of `max_tokens` tokens), so that
+    /// every kernel they dispatch is compiled now, and only those: a browser's SwiftShader
+    /// takes about half a second a kernel, and a model's weight formats have over a hundred
+    /// variants. Kernels of rarer steps (long contexts, speculation, penalties, structured
+    /// output) compile when first dispatched. Leaves nothing recorded; returns how many
+    /// kernels the steps use.
+    pub fn warm_up(&self, max_tokens: usize, max_seqs: usize) -> Result<usize> {
+        let kv = self.kv.config();
+        let slots = self.kv.state_config().map_or(0, |s| s.num_slots);
+        let prefill = max_tokens.min(64).min(self.max_context()).min(kv.num_blocks * kv.block_size).max(1);
+        let together = max_seqs.min(4).min(kv.num_blocks).min(if slots > 0 { slots } else { usize::MAX }).max(1);
+        let seq = |i: usize, num_tokens: usize| SeqStep {
+            id: i as u64,
+            tokens: vec![0; num_tokens],
+            start_pos: 0,
+            block_table: (i..i + num_tokens.div_ceil(kv.block_size)).map(|b| b as u32).collect(),
+            num_logits: 1,
+            sampling: Some(GpuSampler.prepare(&SamplingParams::default(), 0, &[], &[], &[])),
+            state_slot: (slots > 0).then_some(i as u32),
+            state_restore: None,
+            state_save: None,
+        };
+        let shapes = [vec![seq(0, 1)], (0..together).map(|i| seq(i, 1)).collect(), vec![seq(0, prefill)]];
+        let mut arena = self
+            .arena
+            .try_lock()
+            .ok_or_else(|| WeftError::Unsupported("warm_up while a step runs; warm up before serving".into()))?;
+        let mut kernels = std::collections::HashSet::new();
+        for seqs in shapes {
+            let num_batched_tokens = seqs.iter().map(|s| s.tokens.len()).sum();
+            let batch = StepBatch { seqs, preempted: Vec::new(), num_batched_tokens };
+            self.record(&mut arena, &batch, true)?;
+            kernels.extend(arena.rec.kernels());
+        }
+        arena.rec.clear();
+        arena.recorded = None;
+        Ok(kernels.len())
     }
 
     /// Write the step's inputs into the workspace and (unless the recording already holds a

@@ -161,8 +161,8 @@ impl LoadOptions {
 
 #[wasm_bindgen]
 impl WebEngine {
-    /// Open the WebGPU device, parse the GGUF `model`, compile the shaders and upload the
-    /// weights, calling `on_progress("upload", layers done, layers in all)` on the way; then
+    /// Open the WebGPU device, parse the GGUF `model`, upload the weights, compile the kernels
+    /// serving dispatches, calling `on_progress("upload", layers done, layers in all)` on the way; then
     /// start the loop.
     pub async fn load(
         model: ModelBytes,
@@ -182,10 +182,6 @@ impl WebEngine {
             "contextLength": c.max_position_embeddings,
         });
         let ctx = GpuContext::new(GpuOptions::default()).await.map_err(js)?;
-        // Before the weights go up: a shader the browser rejects fails the load at once, and
-        // the first request does not wait for the compiler. Only the model's weight formats:
-        // SwiftShader takes about half a second per variant, and there are hundreds.
-        ctx.compile_shaders(&builder.weight_formats()).await.map_err(js)?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
@@ -196,7 +192,14 @@ impl WebEngine {
                 let _ = f.call3(&JsValue::NULL, &"upload".into(), &(done as f64).into(), &(total as f64).into());
             });
         }
-        let engine = builder.build_on(ctx.clone()).map_err(js)?;
+        // Building compiles the kernels serving dispatches (EngineBuilder warms the executor
+        // up): the first request does not wait for the compiler, and a shader the browser
+        // rejects fails the load. Only those kernels: SwiftShader takes about half a second a
+        // kernel, and the variants of a model's weight formats number over a hundred.
+        let engine = ctx
+            .with_error_scope("compiling the model's kernels", || builder.build_on(ctx.clone()))
+            .await
+            .map_err(js)?;
         model["hasChatTemplate"] = json!(engine.tokenizer().chat_template().is_some());
         model["maxModelLen"] = json!(engine.config().max_model_len);
         engine.start_loop().map_err(js)?;
