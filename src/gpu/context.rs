@@ -299,11 +299,9 @@ impl GpuContext {
     }
 
     /// Compile now, one at a time, every shader variant of this device's kernel family that
-    /// reads weights in one of `formats` (or none), and name the first that the device rejects.
-    /// A browser compiles WGSL with its own compiler (stricter than naga in places), so the web
-    /// build does this while loading, with the model's formats: the cost and any rejection come
-    /// before the first request instead of inside it. A variant left out still compiles when
-    /// first dispatched. Returns how many variants were compiled.
+    /// reads weights in one of `formats` (or none) into a pipeline, and name the first that
+    /// the device rejects. Returns how many variants were compiled. (Serving compiles only what
+    /// it dispatches: `GpuExecutor::warm_up`.)
     pub async fn compile_shaders(&self, formats: &[DType]) -> Result<usize> {
         let variants: Vec<_> =
             self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect();
@@ -313,6 +311,29 @@ impl GpuContext {
             if let Some(error) = self.settle(scope.pop()).await? {
                 return Err(WeftError::Gpu {
                     context: format!("compiling the {variant} shader"),
+                    reason: error.to_string(),
+                });
+            }
+        }
+        Ok(variants.len())
+    }
+
+    /// Parse and validate, one at a time, every shader variant of this device's kernel family
+    /// that reads weights in one of `formats` (or none) with the device's own WGSL compiler,
+    /// without compiling pipelines, and name the first it rejects. A browser's compiler (Tint)
+    /// is stricter than naga in places; this checks every variant against it at a fraction of
+    /// the cost of compiling them all (on SwiftShader about half a second each). Returns how
+    /// many variants were checked.
+    pub async fn check_shaders(&self, formats: &[DType]) -> Result<usize> {
+        let variants: Vec<_> =
+            self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect();
+        for &variant in &variants {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let label = variant.to_string();
+            drop(crate::gpu::pipelines::shader_module(&self.device, &label, crate::gpu::compose_shader(variant)?));
+            if let Some(error) = self.settle(scope.pop()).await? {
+                return Err(WeftError::Gpu {
+                    context: format!("checking the {variant} shader"),
                     reason: error.to_string(),
                 });
             }

@@ -522,16 +522,7 @@ impl PipelineCache {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
-        // Bounds checks stay on. The one check turned off is the iteration counter wgpu adds to
-        // every loop against infinite loops: it hides constant trip counts from the driver,
-        // which then cannot unroll the decode loops (on lavapipe the matmul ran 2x slower).
-        // Every loop in shaders/ counts towards a bound taken from a shape that the dispatch
-        // functions validated, far below u32::MAX, so each one terminates.
-        let mut checks = wgpu::ShaderRuntimeChecks::checked();
-        checks.force_loop_bounding = false;
-        // SAFETY: see above; the shaders are ours and contain no unbounded loop.
-        let module = unsafe { device.create_shader_module_trusted(desc, checks) };
+        let module = shader_module(device, &label, wgsl);
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -544,4 +535,19 @@ impl PipelineCache {
         pipelines.insert(variant, compiled.clone());
         Ok(compiled)
     }
+}
+
+/// The shader module of a composed kernel: what the device's WGSL compiler parses and validates
+/// (a browser's is Tint, stricter than naga in places), before any pipeline is compiled from it.
+pub(crate) fn shader_module(device: &wgpu::Device, label: &str, wgsl: String) -> wgpu::ShaderModule {
+    let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
+    // Bounds checks stay on. The one check turned off is the iteration counter wgpu adds to
+    // every loop against infinite loops: it hides constant trip counts from the driver,
+    // which then cannot unroll the decode loops (on lavapipe the matmul ran 2x slower).
+    // Every loop in shaders/ counts towards a bound taken from a shape that the dispatch
+    // functions validated, far below u32::MAX, so each one terminates.
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    // SAFETY: see above; the shaders are ours and contain no unbounded loop.
+    unsafe { device.create_shader_module_trusted(desc, checks) }
 }

@@ -132,6 +132,7 @@ fn every_shader_compiles_on_the_device() {
         let Some(f) = crate::common::gpu_with_family(family) else { return };
         let n = weft::rt::block_on(f.context().compile_shaders(&weft::quant::DType::WEIGHTS)).unwrap();
         assert_eq!(n, f.context().own_shader_variants().len());
+        assert_eq!(weft::rt::block_on(f.context().check_shaders(&weft::quant::DType::WEIGHTS)).unwrap(), n);
         // A model's formats only: every kernel without weights, and the F32 and Q8_0 variants.
         let formats = [weft::quant::DType::F32, weft::quant::DType::Q8_0];
         let some = weft::rt::block_on(f.context().compile_shaders(&formats)).unwrap();

@@ -188,14 +188,14 @@ async fn ssd_scan_matches_the_recurrence() {
 }
 
 /// The baseline family, which a browser on a real GPU runs (this fallback adapter runs the CPU
-/// family): every one of its variants compiles with Tint, and its workgroup-tiled matmul (40
-/// rows, past `TILED_MIN_ROWS`) matches the CPU.
+/// family): Tint accepts every one of its variants, and its workgroup-tiled matmul (40 rows,
+/// past `TILED_MIN_ROWS`) compiles and matches the CPU.
 #[wasm_bindgen_test]
 async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     use weft::gpu::KernelFamily;
     let options = GpuOptions { kernels: Some(KernelFamily::Baseline), ..Default::default() };
     let f = GpuTensorFactory::new(GpuContext::new(options).await.unwrap());
-    let n = f.context().compile_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
+    let n = f.context().check_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
     assert!(f.context().own_shader_variants().iter().any(|v| v.kernel == "matmul_tiled"), "{n} variants");
     let (m, k, n) = (40usize, 96usize, 70usize);
     assert!(m >= weft::gpu::kernels::matmul::TILED_MIN_ROWS);
@@ -204,13 +204,14 @@ async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     }
 }
 
-/// Every shader variant compiles with the browser's WGSL compiler (Tint), which rejects some
-/// things naga accepts (uniformity, literal ranges).
+/// The browser's WGSL compiler (Tint), which rejects some things naga accepts (uniformity,
+/// literal ranges), accepts every shader variant. (Compiling each into a pipeline would take
+/// SwiftShader about half a second a variant; the tests above compile the ones they run.)
 #[wasm_bindgen_test]
-async fn every_shader_compiles() {
+async fn tint_accepts_every_shader() {
     let f = factory().await;
     let t0 = js_sys::Date::now();
-    let n = f.context().compile_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
+    let n = f.context().check_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
     assert!(n >= 15, "only {n} variants");
-    wasm_bindgen_test::console_log!("{n} shader variants compiled in {:.0} ms", js_sys::Date::now() - t0);
+    wasm_bindgen_test::console_log!("{n} shader variants checked in {:.0} ms", js_sys::Date::now() - t0);
 }
