@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // gelu_mul: out[r, c] = gelu_tanh(gate_up[r, c]) * gate_up[r, cols + c], the GeGLU gate of
-// Gemma's MLP (transformers' "gelu_pytorch_tanh"): gelu_tanh(v) = 0.5 v (1 + tanh(√(2/π) (v +
-// 0.044715 v³))). The tanh argument is clamped to ±15, where tanh is ±1 in f32 anyway, because
-// some drivers compute tanh through exp and overflow to NaN beyond that.
+// Gemma's MLP (transformers' "gelu_pytorch_tanh"; the formula is in shared/glu.wgsl).
 //
 // Bindings (group 0)
 //   0 params   uniform     Params             mirrors gpu::kernels::elementwise::SiluMulParams
@@ -11,13 +9,14 @@
 // Workgroup: 256 invocations, one output element each.
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(rows * cols / 256).
 
+#include shared/glu.wgsl
+
 struct Params {
     len: u32,
     cols: u32,
 }
 
 const WG: u32 = 256u;
-const SQRT_2_OVER_PI: f32 = 0.7978845608028654;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> gate_up: array<f32>;
@@ -32,6 +31,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = i / params.cols;
     let c = i % params.cols;
     let g = gate_up[r * 2u * params.cols + c];
-    let t = tanh(clamp(SQRT_2_OVER_PI * (g + 0.044715 * g * g * g), -15.0, 15.0));
-    out[i] = 0.5 * g * (1.0 + t) * gate_up[r * 2u * params.cols + params.cols + c];
+    out[i] = gelu_gate(g, gate_up[r * 2u * params.cols + params.cols + c]);
 }

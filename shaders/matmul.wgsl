@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// matmul: y = x · Wᵀ, f32 activations times weights in any format (formats/*.wgsl), every M.
+// matmul: y = x · Wᵀ, f32 activations times weights in any format (formats/*.wgsl), every M;
+// or, with a gated epilogue, y[:, c] = act(x · W[c]ᵀ) · (x · W[n_part + c]ᵀ): an MLP's gate and
+// up projections and its SwiGLU/GeGLU in one pass (shared/epilogue_*.wgsl).
 //
 // Bindings (group 0)
 //   0 params  uniform     Params                     mirrors gpu::kernels::matmul::Params
@@ -9,17 +11,18 @@
 //                                                    rgba32uint texture holding the same bytes,
 //                                                    the part starting w_base bytes into it
 //   3 y       read_write  f32 (y_row0 + m, n_total)  columns n_offset .. n_offset + n_part
+// G (1, or 2 with a gated epilogue) weight rows per output column: row c, and row n_part + c.
 // Tile constants (text-substituted when the variant is composed):
 //   WG  invocations per workgroup (8 on CPU drivers: one SIMD group of llvmpipe)
 //   TN  output columns per invocation     TM  rows of x per invocation (1, 4 or 8 by m)
 // The tile is unrolled when the variant is composed (`#for`): every accumulator, x block and
 // row offset is its own variable, never a private array indexed in a loop. CPU drivers turn
-// such arrays into per-lane gathers and scatters (on lavapipe the unrolled kernel ran 1.7x
-// faster at m = 16 and 1.25x at m = 1, same bits).
+// such arrays into per-lane gathers and scatters (lavapipe: 1.1-1.15x the GFLOP/s of the loop
+// form at m = 1 and 16, the same bits).
 // Workgroup: WG invocations; invocation i of workgroup (gx, gy) computes the TM x TN outputs in
 //   rows gy*TM + r and columns gx*WG*TN + j*WG + i (r < TM, j < TN). Per 32-element block it
-//   loads the TM x-blocks once (workgroup-uniform loads), decodes each of its TN weight blocks
-//   once (w_block_at) and applies each to all TM rows.
+//   loads the TM x-blocks once (workgroup-uniform loads), decodes each of its G·TN weight
+//   blocks once (w_block_at) and applies each to all TM rows; it writes epilogue(acc_0, acc_G-1).
 // Grid: (ceil(n_part / (WG*TN)), ceil(m / TM), 1); with a uniform x window, one dispatch per
 //   window of rows (params.m = rows in it, params.y_row0 = its first row).
 // Requires k % 32 == 0.
@@ -33,6 +36,7 @@
 #include weight_source
 #include x_source
 #include weight_format
+#include epilogue
 
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
@@ -51,12 +55,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let m0 = wid.y * TM;
     let col0 = wid.x * (WG * TN) + lid.x;
     // Byte offset of each owned weight row (clamped: out-of-range columns recompute the last).
+#for g in 0..G
 #for j in 0..TN
-    let rowb_{{j}} = params.w_base + min(col0 + {{j}}u * WG, params.n_part - 1u) * params.row_bytes;
+    let rowb_{{g}}_{{j}} = params.w_base + (min(col0 + {{j}}u * WG, params.n_part - 1u) + {{g}}u * params.n_part) * params.row_bytes;
 #end
+#end
+#for g in 0..G
 #for r in 0..TM
 #for j in 0..TN
-    var acc_{{r}}_{{j}} = 0.0;
+    var acc_{{g}}_{{r}}_{{j}} = 0.0;
+#end
 #end
 #end
     for (var b = 0u; b < nb; b++) {
@@ -64,13 +72,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let xb_{{r}} = x_block(min(m0 + {{r}}u, params.m - 1u), b);
         let sx_{{r}} = block_sum(xb_{{r}});
 #end
+#for g in 0..G
 #for j in 0..TN
         {
-            let blk = w_block_at(rowb_{{j}}, b);
+            let blk = w_block_at(rowb_{{g}}_{{j}}, b);
 #for r in 0..TM
-            acc_{{r}}_{{j}} = block_acc(acc_{{r}}_{{j}}, blk.dm, block_dot(blk.q, xb_{{r}}), sx_{{r}});
+            acc_{{g}}_{{r}}_{{j}} = block_acc(acc_{{g}}_{{r}}_{{j}}, blk.dm, block_dot(blk.q, xb_{{r}}), sx_{{r}});
 #end
         }
+#end
 #end
     }
 #for r in 0..TM
@@ -78,7 +88,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let y0 = (params.y_row0 + m0 + {{r}}u) * params.n_total + params.n_offset;
 #for j in 0..TN
         if (col0 + {{j}}u * WG < params.n_part) {
-            y[y0 + col0 + {{j}}u * WG] = acc_{{r}}_{{j}};
+            y[y0 + col0 + {{j}}u * WG] = epilogue(acc_0_{{r}}_{{j}}, acc_{{LAST}}_{{r}}_{{j}});
         }
 #end
     }

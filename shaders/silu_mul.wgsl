@@ -9,6 +9,8 @@
 // Workgroup: 256 invocations, one output element each.
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(rows * cols / 256).
 
+#include shared/glu.wgsl
+
 struct Params {
     len: u32,
     cols: u32,
@@ -29,5 +31,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = i / params.cols;
     let c = i % params.cols;
     let g = gate_up[r * 2u * params.cols + c];
-    out[i] = g / (1.0 + exp(-g)) * gate_up[r * 2u * params.cols + params.cols + c];
+    out[i] = silu_gate(g, gate_up[r * 2u * params.cols + params.cols + c]);
 }

@@ -14,7 +14,7 @@ mod tensor;
 pub use context::open_or_skip;
 pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
 pub use pipelines::{
-    BindingKind, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource, binding_kinds, compose_shader,
+    BindingKind, Epilogue, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource, binding_kinds, compose_shader,
     embedded_shader_files, shader_variants,
 };
 pub use recording::{Dispatch, Recording, SubmitTimes};

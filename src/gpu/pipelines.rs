@@ -64,6 +64,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
     ("formats/q8_k.wgsl", include_str!("../../shaders/formats/q8_k.wgsl")),
     ("shared/attention_splits.wgsl", include_str!("../../shaders/shared/attention_splits.wgsl")),
+    ("shared/epilogue_gelu_mul.wgsl", include_str!("../../shaders/shared/epilogue_gelu_mul.wgsl")),
+    ("shared/epilogue_none.wgsl", include_str!("../../shaders/shared/epilogue_none.wgsl")),
+    ("shared/epilogue_silu_mul.wgsl", include_str!("../../shaders/shared/epilogue_silu_mul.wgsl")),
+    ("shared/glu.wgsl", include_str!("../../shaders/shared/glu.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
     ("shared/block_words.wgsl", include_str!("../../shaders/shared/block_words.wgsl")),
     ("shared/k_scales.wgsl", include_str!("../../shaders/shared/k_scales.wgsl")),
@@ -130,6 +134,32 @@ pub enum KvSource {
     Texture,
 }
 
+/// What a matmul does with its sums as it writes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// Writes each sum: `y = x · Wᵀ`.
+    None,
+    /// An MLP's SwiGLU: output c is silu(x · W[c]) · (x · W[n + c]), W holding gate then up.
+    SiluMul,
+    /// An MLP's GeGLU (tanh approximation), likewise.
+    GeluMul,
+}
+
+impl Epilogue {
+    /// Weight rows per output column.
+    pub fn rows_per_output(self) -> usize {
+        if self == Epilogue::None { 1 } else { 2 }
+    }
+
+    fn file(self) -> &'static str {
+        match self {
+            Epilogue::None => "shared/epilogue_none.wgsl",
+            Epilogue::SiluMul => "shared/epilogue_silu_mul.wgsl",
+            Epilogue::GeluMul => "shared/epilogue_gelu_mul.wgsl",
+        }
+    }
+}
+
 /// Bytes of one uniform activation window (the core WebGPU uniform binding limit).
 pub const X_WINDOW_BYTES: u64 = 65536;
 
@@ -147,6 +177,8 @@ pub struct ShaderVariant {
     pub kv_in: KvSource,
     /// The head size attention is compiled for (0 for other kernels).
     pub head_dim: u16,
+    /// What a matmul does with its sums as it writes them.
+    pub epilogue: Epilogue,
 }
 
 impl ShaderVariant {
@@ -160,6 +192,7 @@ impl ShaderVariant {
             tile: [0; 3],
             kv_in: KvSource::Storage,
             head_dim: 0,
+            epilogue: Epilogue::None,
         }
     }
 
@@ -191,18 +224,24 @@ impl std::fmt::Display for ShaderVariant {
                 let x = if self.x_in == XSource::Uniform { ",x-uniform" } else { "" };
                 write!(f, "{x},{}x{}x{}", self.tile[0], self.tile[1], self.tile[2])?;
             }
+            match self.epilogue {
+                Epilogue::None => {}
+                Epilogue::SiluMul => f.write_str(",silu_mul")?,
+                Epilogue::GeluMul => f.write_str(",gelu_mul")?,
+            }
             f.write_str("]")?;
         }
         Ok(())
     }
 }
 
-/// The matmul tiles weft dispatches: (WG, TN, TM) by rows of x and width of the output, per
-/// family of adapters. Measured on lavapipe (benches/kernels.rs): one 8-lane SIMD group per
-/// workgroup, 16 columns per lane where the output is wide, and rows per lane as there are rows
-/// to share: 4 from 3 rows, 8 from 8 (1.3x the GFLOP/s of 4 at 16 rows; 12 and 16 spill), but
-/// never more than `window_rows`, the rows of x one uniform window holds on CPU drivers.
-pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize, window_rows: usize) -> [u16; 3] {
+/// The matmul tiles weft dispatches: (WG, TN, TM) by rows of x, width of the output and weight
+/// rows per output (2 with a gated epilogue), per family of adapters. Measured on lavapipe
+/// (benches/kernels.rs): one 8-lane SIMD group per workgroup, 16 weight rows per lane where the
+/// output is wide, and rows of x per lane as there are rows to share: 4 from 3 rows, 8 from 8
+/// (1.3x the GFLOP/s of 4 at 16 rows; 12 and 16 spill), but never more than `window_rows`, the
+/// rows of x one uniform window holds on CPU drivers.
+pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize, window_rows: usize, epilogue: Epilogue) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
@@ -211,7 +250,9 @@ pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize, window_rows: usi
     };
     let fits = |t: u16| usize::from(t) <= window_rows;
     let tm = if cpu_driver { [8, 4, 1].into_iter().find(|&t| t <= tm && fits(t)).unwrap_or(1) } else { tm };
-    if cpu_driver { [8, if n >= 512 { 16 } else { 8 }, tm] } else { [64, 2, tm] }
+    let groups = epilogue.rows_per_output() as u16;
+    let tn = if n >= 512 { 16 } else { 8 };
+    if cpu_driver { [8, tn / groups, tm] } else { [64, 2, tm] }
 }
 
 /// The tile of `matmul_tiled` (the baseline family's large batches): 64 invocations, 32 weight
@@ -267,14 +308,22 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                     if !cpu_driver && source == WeightSource::Texture {
                         continue;
                     }
-                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
-                        let tile = matmul_tile(cpu_driver, m, n, usize::MAX);
-                        let x_sources: &[XSource] =
-                            if cpu_driver { &[XSource::Storage, XSource::Uniform] } else { &[XSource::Storage] };
-                        for &x_in in x_sources {
-                            let v = ShaderVariant { tile, x_in, ..base };
-                            if !out.contains(&v) {
-                                out.push(v);
+                    // CPU drivers run an MLP's gate and up projections and its gate as one matmul.
+                    let epilogues: &[Epilogue] = if cpu_driver {
+                        &[Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul]
+                    } else {
+                        &[Epilogue::None]
+                    };
+                    for &epilogue in epilogues {
+                        for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
+                            let tile = matmul_tile(cpu_driver, m, n, usize::MAX, epilogue);
+                            let x_sources: &[XSource] =
+                                if cpu_driver { &[XSource::Storage, XSource::Uniform] } else { &[XSource::Storage] };
+                            for &x_in in x_sources {
+                                let v = ShaderVariant { tile, x_in, epilogue, ..base };
+                                if !out.contains(&v) {
+                                    out.push(v);
+                                }
                             }
                         }
                     }
@@ -302,18 +351,22 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
         .replace("{{WG}}", &wg.to_string())
         .replace("{{TN}}", &tn.to_string())
         .replace("{{TM}}", &tm.to_string())
-        .replace("{{HD}}", &variant.head_dim.to_string());
+        .replace("{{HD}}", &variant.head_dim.to_string())
+        .replace("{{LAST}}", &(variant.epilogue.rows_per_output() - 1).to_string());
     let lines: Vec<&str> = text.lines().collect();
     let mut unrolled = String::with_capacity(text.len());
     let head_vec4s = u32::from(variant.head_dim) / 4;
-    let constants = [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm)), ("HV", head_vec4s)];
+    let groups = variant.epilogue.rows_per_output() as u32;
+    let constants =
+        [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm)), ("HV", head_vec4s), ("G", groups)];
     unroll(&lines, &constants, &[], &mut unrolled)?;
     Ok(unrolled)
 }
 
 /// Expand `#for NAME in 0..BOUND` … `#end` blocks (they nest): the lines between are written
 /// once per value of NAME, with `{{NAME}}` replaced by it. BOUND is a number or one of `constants`
-/// (the tile's `WG`, `TN`, `TM`, and `HV`, an attention head's vec4s). Unrolling in the composer instead
+/// (the tile's `WG`, `TN`, `TM`; `HV`, an attention head's vec4s; `G`, a matmul's weight rows
+/// per output, the last of which `{{LAST}}` names). Unrolling in the composer instead
 /// of a WGSL loop keeps every per-iteration value in its own variable: CPU drivers lower a
 /// private array indexed by a loop counter to per-lane gathers and scatters.
 fn unroll(lines: &[&str], constants: &[(&str, u32)], bound: &[(&str, u32)], out: &mut String) -> Result<()> {
@@ -385,6 +438,7 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
                 let kind = if variant.kv_in == KvSource::Texture { "texture" } else { "storage" };
                 expand(&format!("shared/{side}_{kind}.wgsl"), variant, out)?;
             }
+            Some("epilogue") => expand(variant.epilogue.file(), variant, out)?,
             Some("x_source") => {
                 let file = match variant.x_in {
                     XSource::Storage => "shared/x_storage.wgsl",

@@ -7,14 +7,17 @@
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
 //! RoPE and the KV write are one kernel, the residual add and the next norm another. A layer
-//! is 9 dispatches (on CPU drivers, more for prefill steps: one matmul per window of rows).
+//! is 9 dispatches; on CPU drivers, where each costs tens of microseconds, 8 (the MLP's gate is
+//! applied by the gate-and-up matmul as it writes) and more for prefill steps (one matmul per
+//! window of rows).
 //!
 //! **Invariant:** layers record dispatches over tensors the caller owns; they allocate only
 //! what they are told to through [`Activations`], made once for all steps.
 
 use crate::error::Result;
+use crate::gpu::Epilogue;
 use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
-use crate::gpu::kernels::matmul::matmul_into;
+use crate::gpu::kernels::matmul::{matmul_gated, matmul_into, supports_gated};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
@@ -243,10 +246,22 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
-        self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
-        match self.gate {
-            Gate::Silu => silu_mul(ctx, rec, &a.gate_up, &a.act)?,
-            Gate::GeluTanh => gelu_mul(ctx, rec, &a.gate_up, &a.act)?,
+        let epilogue = match self.gate {
+            Gate::Silu => Epilogue::SiluMul,
+            Gate::GeluTanh => Epilogue::GeluMul,
+        };
+        match self.gate_up.weights.as_slice() {
+            // Gate and up in one matrix: one pass that also applies the gate, where supported.
+            [w] if self.gate_up.bias.is_none() && w.parts().len() == 1 && supports_gated(ctx) => {
+                matmul_gated(ctx, rec, &a.xn, w, &a.act, epilogue)?
+            }
+            _ => {
+                self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
+                match self.gate {
+                    Gate::Silu => silu_mul(ctx, rec, &a.gate_up, &a.act)?,
+                    Gate::GeluTanh => gelu_mul(ctx, rec, &a.gate_up, &a.act)?,
+                }
+            }
         }
         self.down.forward(ctx, rec, &a.act, &a.proj)
     }

@@ -8,8 +8,9 @@
 //! standard bound, checked with a factor 2 for the in-block partial sums.
 
 use weft::DType;
-use weft::gpu::kernels::matmul::matmul;
-use weft::gpu::{KernelFamily, Recording};
+use weft::gpu::kernels::elementwise::{gelu_mul, silu_mul};
+use weft::gpu::kernels::matmul::{matmul, matmul_gated};
+use weft::gpu::{Epilogue, KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -206,5 +207,65 @@ fn a_tall_matrix_matches_cpu_and_rows_do_not_depend_on_the_batch() {
             let same = four.iter().zip(&got[..4 * n]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{what}: rows differ in a batch of 4 vs {m}");
         }
+    }
+}
+
+/// The gated matmul (an MLP's gate and up projections with its SwiGLU or GeGLU applied as the
+/// sums are written) gives bit for bit what the matmul into (m, 2n) followed by `silu_mul` /
+/// `gelu_mul` gives, in every CPU-driver setup, at each tile's batch sizes; other families
+/// refuse it, and so does a weight split over parts.
+#[test]
+fn the_gated_matmul_equals_matmul_then_the_gate() {
+    let (k, n) = (256, 70);
+    for dtype in [DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::F16] {
+        let (w_bytes, _) = weights(dtype, 2 * n * k, 41);
+        for (m, epilogue) in
+            [(1, Epilogue::SiluMul), (3, Epilogue::GeluMul), (8, Epilogue::SiluMul), (17, Epilogue::GeluMul)]
+        {
+            let x = random(m * k, m as u64 + 40, 1.0);
+            for setup in setups().into_iter().filter(|s| s.family == KernelFamily::Cpu) {
+                let Some(f) = setup.factory() else { continue };
+                let (xt, wt) = (setup.x(f, &[m, k], &x), setup.weights(f, &[2 * n, k], dtype, &w_bytes));
+                let (gate_up, want, got) = (
+                    f.zeros(&[m, 2 * n], DType::F32).unwrap(),
+                    f.zeros(&[m, n], DType::F32).unwrap(),
+                    f.zeros(&[m, n], DType::F32).unwrap(),
+                );
+                let mut rec = Recording::new();
+                matmul(ctx(f), &mut rec, &xt, &wt, &gate_up).unwrap();
+                match epilogue {
+                    Epilogue::SiluMul => silu_mul(ctx(f), &mut rec, &gate_up, &want).unwrap(),
+                    _ => gelu_mul(ctx(f), &mut rec, &gate_up, &want).unwrap(),
+                }
+                matmul_gated(ctx(f), &mut rec, &xt, &wt, &got, epilogue).unwrap();
+                run(f, &rec);
+                let (want, got) = (read_f32(f, &want), read_f32(f, &got));
+                assert!(got.iter().any(|v| *v != 0.0), "{dtype} m={m}: nothing written");
+                let same = want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{dtype} m={m} {epilogue:?}, {}: the gated matmul differs from matmul then the gate",
+                    setup.name()
+                );
+            }
+        }
+    }
+    if let Some(f) = gpu_with_family(KernelFamily::Baseline) {
+        let (x, w, y) = (
+            f.upload_f32(&[1, k], &vec![0.5; k]).unwrap(),
+            f.upload_weight(&[2 * n, k], DType::F32, &vec![0; 2 * n * k * 4]).unwrap(),
+            f.zeros(&[1, n], DType::F32).unwrap(),
+        );
+        let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::SiluMul).unwrap_err().to_string();
+        assert!(err.contains("runs on the cpu kernel family only") && err.contains("silu_mul"), "{err}");
+    }
+    // 1.2 MB of weights over bindings of 1 MiB: two parts.
+    let wide = 600;
+    if let Some(f) = gpu_with_tiny_bindings().filter(|f| ctx(f).kernel_family() == KernelFamily::Cpu) {
+        let (x, y) = (f.upload_f32(&[1, k], &vec![0.5; k]).unwrap(), f.zeros(&[1, wide], DType::F32).unwrap());
+        let w = f.upload_weight(&[2 * wide, k], DType::F32, &vec![0; 2 * wide * k * 4]).unwrap();
+        assert!(w.parts().len() > 1);
+        let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::SiluMul).unwrap_err().to_string();
+        assert!(err.contains("w must be one part of gate rows then up rows"), "{err}");
     }
 }

@@ -7,7 +7,7 @@
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
+use crate::gpu::pipelines::{Epilogue, TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
 use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -25,7 +25,46 @@ shader_params!(Params {
 /// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
 /// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
-    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()))
+    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()), Epilogue::None)
+}
+
+/// Record an MLP's gated projection in one pass: w (2n, k) holds the gate rows then the up
+/// rows, and y (m, n) F32 receives act(x · gateᵀ) · (x · upᵀ), with `epilogue` naming the
+/// activation (`SiluMul` or `GeluMul`), bit for bit what the matmul into (m, 2n) followed by
+/// `silu_mul` / `gelu_mul` gives. Where [`supports_gated`] says so; w in one part.
+pub fn matmul_gated(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    w: &GpuTensor,
+    y: &GpuTensor,
+    epilogue: Epilogue,
+) -> Result<()> {
+    const OP: &str = "matmul_gated";
+    if !supports_gated(ctx) || epilogue == Epilogue::None {
+        return Err(WeftError::Unsupported(format!(
+            "the gated matmul ({epilogue:?}) runs on the cpu kernel family only; this device runs {}: use matmul \
+             and silu_mul or gelu_mul",
+            ctx.kernel_family().name()
+        )));
+    }
+    if w.parts().len() != 1 || w.shape().len() != 2 || w.shape()[0] % 2 != 0 {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "w must be one part of gate rows then up rows (2n, k), got {:?} in {} parts",
+                w.shape(),
+                w.parts().len()
+            ),
+        ));
+    }
+    record(ctx, rec, x, w, y, 0, true, Recipe::Columns, epilogue)
+}
+
+/// Whether this device multiplies an MLP's gate and up projections and applies its gate in
+/// one pass ([`matmul_gated`]): CPU drivers, where every dispatch costs tens of microseconds.
+pub fn supports_gated(ctx: &GpuContext) -> bool {
+    ctx.kernel_family() == KernelFamily::Cpu
 }
 
 /// Rows of x from which the baseline family multiplies through workgroup-memory tiles
@@ -59,7 +98,7 @@ pub fn matmul_into(
     y: &GpuTensor,
     col: usize,
 ) -> Result<()> {
-    record(ctx, rec, x, w, y, col, false, Recipe::of(ctx.kernel_family()))
+    record(ctx, rec, x, w, y, col, false, Recipe::of(ctx.kernel_family()), Epilogue::None)
 }
 
 /// `exact`: y must have exactly w's n columns (else at least col + n).
@@ -73,12 +112,14 @@ fn record(
     col: usize,
     exact: bool,
     recipe: Recipe,
+    epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "matmul";
     if !DType::WEIGHTS.contains(&w.dtype()) || w.shape().len() != 2 {
         return Err(WeftError::shape(OP, format!("w must be a 2-D weight matrix, got {} {:?}", w.dtype(), w.shape())));
     }
-    let (n, k) = (w.shape()[0], w.shape()[1]);
+    // Output columns: a gated epilogue reads two weight rows for each.
+    let (n, k) = (w.shape()[0] / epilogue.rows_per_output(), w.shape()[1]);
     if k % 32 != 0 {
         return Err(WeftError::shape(
             OP,
@@ -98,21 +139,24 @@ fn record(
     let tiled = ctx.kernel_family() == KernelFamily::Baseline && m >= TILED_MIN_ROWS;
     let row_bytes = (k * 4) as u64;
     for part in w.parts() {
+        // The output columns this part's weight rows make.
+        let part_cols = part.num_rows() / epilogue.rows_per_output();
+        let window_rows = (X_WINDOW_BYTES / row_bytes) as usize;
         let (kernel, tile) = match recipe {
             Recipe::Columns if tiled => ("matmul_tiled", TILED_TILE),
-            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part.num_rows(), (X_WINDOW_BYTES / row_bytes) as usize)),
+            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part_cols, window_rows, epilogue)),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
         // A columns workgroup covers WG · TN rows of the weight; a tiled or subgroup one TN.
         let cols_per_group = if kernel == "matmul" { wg * tn } else { tn };
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
-        let variant = ShaderVariant { tile, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };
+        let variant = ShaderVariant { tile, epilogue, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };
         let params = |rows: usize, y_row0: usize| -> Result<Params> {
             Ok(Params {
                 m: u32_of(OP, "m", rows)?,
                 k: u32_of(OP, "k", k)?,
-                n_part: u32_of(OP, "n", part.num_rows())?,
+                n_part: u32_of(OP, "n", part_cols)?,
                 n_offset: u32_of(OP, "n", col + part.rows.start)?,
                 n_total: u32_of(OP, "n", n_total)?,
                 row_bytes: u32_of(OP, "row bytes", w.row_bytes())?,
@@ -120,7 +164,7 @@ fn record(
                 w_base: u32_of(OP, "weight offset", part.base_bytes() as usize)?,
             })
         };
-        let grid = |rows: usize| [part.num_rows().div_ceil(cols_per_group) as u32, rows.div_ceil(tm) as u32, 1];
+        let grid = |rows: usize| [part_cols.div_ceil(cols_per_group) as u32, rows.div_ceil(tm) as u32, 1];
         let w_res = part.resource(ctx)?;
         // Uniform windows on CPU drivers, when a window holds whole tiles of rows and every
         // window start is a valid uniform offset; else all rows from a storage binding.
