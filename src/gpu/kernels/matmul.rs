@@ -48,7 +48,7 @@ pub fn matmul_gated(
             ctx.kernel_family().name()
         )));
     }
-    if w.parts().len() != 1 || w.shape().len() != 2 || w.shape()[0] % 2 != 0 {
+    if w.parts().len() != 1 || w.shape().len() != 2 || !w.shape()[0].is_multiple_of(2) {
         return Err(WeftError::shape(
             OP,
             format!(
