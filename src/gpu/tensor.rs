@@ -414,10 +414,7 @@ impl TensorFactory for GpuTensorFactory {
     }
 
     fn upload_weight(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
-        let kind = match self.ctx.kernel_family() {
-            crate::gpu::KernelFamily::Cpu if dtype != DType::U32 => Kind::Texture,
-            _ => Kind::Buffer,
-        };
+        let kind = if self.ctx.reads_textures() && dtype != DType::U32 { Kind::Texture } else { Kind::Buffer };
         self.create(shape, dtype, Some(bytes), kind)
     }
 

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use wasm_bindgen::prelude::*;
 use weft::EngineBuilder;
 use weft::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
-use weft::gpu::{GpuContext, GpuOptions};
+use weft::gpu::{GpuContext, GpuOptions, KernelFamily};
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError};
 
 #[wasm_bindgen(start)]
@@ -92,6 +92,9 @@ struct LoadOptions {
     config: EngineConfig,
     /// Speculative decoding by prompt lookup (`specNgram`, `specTokens`).
     speculation: Option<SpeculationConfig>,
+    /// A kernel family forced instead of the adapter's own choice (`kernels`), as
+    /// `WEFT_KERNELS` forces one natively.
+    kernels: Option<KernelFamily>,
 }
 
 impl LoadOptions {
@@ -106,6 +109,7 @@ impl LoadOptions {
                 enable_prefix_cache: true,
             },
             speculation: None,
+            kernels: None,
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -150,6 +154,13 @@ impl LoadOptions {
             None if spec_ngram.is_undefined() || spec_ngram.is_null() => {}
             None => return Err(JsError::new("invalid option specNgram: expected true or false")),
         }
+        let kernels = Reflect::get(options, &"kernels".into()).map_err(|_| JsError::new("invalid option kernels"))?;
+        if let Some(name) = kernels.as_string() {
+            o.kernels =
+                Some(KernelFamily::parse(&name).map_err(|e| JsError::new(&format!("invalid option kernels: {e}")))?);
+        } else if !kernels.is_undefined() && !kernels.is_null() {
+            return Err(JsError::new("invalid option kernels: expected \"baseline\", \"cpu\" or \"subgroup\""));
+        }
         if spec_tokens.is_some() && o.speculation.is_none() {
             return Err(JsError::new(
                 "invalid option specTokens: it sets how many tokens specNgram drafts; add specNgram: true",
@@ -181,7 +192,7 @@ impl WebEngine {
             "vocab": c.vocab_size,
             "contextLength": c.max_position_embeddings,
         });
-        let ctx = GpuContext::new(GpuOptions::default()).await.map_err(js)?;
+        let ctx = GpuContext::new(GpuOptions { kernels: options.kernels, ..Default::default() }).await.map_err(js)?;
         let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
@@ -224,6 +235,7 @@ impl WebEngine {
             "subgroupMinSize": f.subgroup_min_size,
             "subgroupMaxSize": f.subgroup_max_size,
             "timestampQuery": f.timestamp_query,
+            "kernels": self.ctx.kernel_family().name(),
             "limits": {
                 "maxStorageBufferBindingSize": l.max_storage_buffer_binding_size,
                 "maxBufferSize": l.max_buffer_size,

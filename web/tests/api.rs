@@ -96,7 +96,35 @@ async fn loads_from_bytes_and_describes_itself() {
         serde_json::from_str(&js_sys::JSON::stringify(&engine.adapter_info()).unwrap().as_string().unwrap()).unwrap();
     assert!(adapter["name"].as_str().is_some(), "adapter info has a name: {adapter}");
     assert!(adapter["limits"]["maxStorageBufferBindingSize"].as_u64().unwrap() > 0);
+    assert!(["baseline", "cpu", "subgroup"].contains(&adapter["kernels"].as_str().unwrap_or("")), "{adapter}");
     engine.dispose();
+}
+
+/// The `kernels` option forces a kernel family, as `WEFT_KERNELS` does natively; an unknown
+/// one is refused with a message naming the option and the choices.
+#[wasm_bindgen_test]
+async fn the_kernels_option_forces_a_family() {
+    let options = |kernels: &str| {
+        let o = js_sys::Object::new();
+        js_sys::Reflect::set(&o, &"kernels".into(), &kernels.into()).unwrap();
+        JsValue::from(o)
+    };
+    let engine = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("baseline"), None)
+        .await
+        .map_err(JsValue::from)
+        .expect("the tiny model loads on the baseline kernels");
+    let adapter: Value =
+        serde_json::from_str(&js_sys::JSON::stringify(&engine.adapter_info()).unwrap().as_string().unwrap()).unwrap();
+    assert_eq!(adapter["kernels"], "baseline", "{adapter}");
+    let text = Run::start(&engine, "chat", &chat("Hello", 3, false), "k1").unwrap().finish().await;
+    assert_eq!(text[0]["usage"]["completion_tokens"], 3, "{text:?}");
+    engine.dispose();
+    let err = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("fast"), None)
+        .await
+        .err()
+        .expect("an unknown family is refused");
+    let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
+    assert!(message.contains("invalid option kernels") && message.contains("baseline, cpu or subgroup"), "{message}");
 }
 
 /// Four prompts at once stream OpenAI chunks, and each equals the same request run alone (the

@@ -126,13 +126,20 @@ function refreshControls() {
 
 // ---------------------------------------------------------------- adapter and model cards
 
-// When the engine runs without a feature the adapter has, say so (the browser build runs the
-// baseline kernels: wgpu cannot request subgroups on the web yet).
+// When the engine runs without a feature the adapter has, say so (wgpu cannot request
+// subgroups on the web yet, and no kernel family uses shader-f16).
 function offeredNote(used, offered, lo, hi) {
   if (used || !offered) return '';
   const sizes = lo ? ` (size ${lo === hi ? lo : `${lo}–${hi}`})` : '';
-  return ` <span class="muted">— offered by the adapter${sizes}; weft uses its baseline kernels here</span>`;
+  return ` <span class="muted">— offered by the adapter${sizes}; weft's kernels here do without it</span>`;
 }
+
+// What each kernel family of weft is for (the engine picks one per adapter).
+const KERNEL_NOTES = {
+  baseline: 'core WebGPU, for GPUs',
+  cpu: 'for a GPU emulated on the CPU',
+  subgroup: 'GPUs with fixed-size subgroups',
+};
 
 function renderAdapter(a, fromEngine) {
   // What the adapter offers beyond what the engine uses (the worker fills this in).
@@ -154,6 +161,7 @@ function renderAdapter(a, fromEngine) {
     ['shader-f16', yesNo(a.shaderF16) + offeredNote(a.shaderF16, o.shaderF16), true],
     ['Subgroups', subgroups + offeredNote(a.subgroups, o.subgroups, o.subgroupMinSize, o.subgroupMaxSize), true],
     ['Timestamp queries', yesNo(a.timestampQuery), true],
+    ['Kernels', a.kernels ? `${escapeHtml(a.kernels)} <span class="muted">(${escapeHtml(KERNEL_NOTES[a.kernels] || '')})</span>` : undefined, true],
     ['Max storage binding', mib(lim.maxStorageBufferBindingSize)],
     ['Max buffer', mib(lim.maxBufferSize)],
     ['Workgroup invocations', num(lim.maxComputeInvocationsPerWorkgroup)],

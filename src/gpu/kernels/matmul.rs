@@ -141,7 +141,7 @@ fn record(
     for part in w.parts() {
         // The output columns this part's weight rows make.
         let part_cols = part.num_rows() / epilogue.rows_per_output();
-        let window_rows = (X_WINDOW_BYTES / row_bytes) as usize;
+        let window_rows = if ctx.reads_textures() { (X_WINDOW_BYTES / row_bytes) as usize } else { usize::MAX };
         let (kernel, tile) = match recipe {
             Recipe::Columns if tiled => ("matmul_tiled", TILED_TILE),
             Recipe::Columns => ("matmul", matmul_tile(cpu, m, part_cols, window_rows, epilogue)),
@@ -166,11 +166,11 @@ fn record(
         };
         let grid = |rows: usize| [part_cols.div_ceil(cols_per_group) as u32, rows.div_ceil(tm) as u32, 1];
         let w_res = part.resource(ctx)?;
-        // Uniform windows on CPU drivers, when a window holds whole tiles of rows and every
-        // window start is a valid uniform offset; else all rows from a storage binding.
+        // Uniform windows on native CPU drivers, when a window holds whole tiles of rows and
+        // every window start is a valid uniform offset; else all rows from a storage binding.
         let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
         let rows_per_window = ((X_WINDOW_BYTES / row_bytes) as usize / tm) * tm;
-        let windowed = cpu
+        let windowed = ctx.reads_textures()
             && rows_per_window > 0
             && (rows_per_window as u64 * row_bytes).is_multiple_of(align)
             && x_part.window(ctx, 0).is_some();
