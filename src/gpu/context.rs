@@ -244,8 +244,8 @@ impl GpuContext {
     /// Whether weights live in textures and matmuls read activations through uniform windows:
     /// the CPU family on a native driver, where llvmpipe loads storage buffers lane by lane but
     /// gathers image loads and broadcasts uniform loads. A browser's CPU adapter (SwiftShader)
-    /// reads storage buffers faster: the default model decoded at 3.4 tokens/s alone and 9.6
-    /// four at once from buffers, 2.7 and 8.0 from textures and windows (headless Chromium).
+    /// reads storage buffers faster: the default model decoded at 3.3 tokens/s alone and 9.2
+    /// four at once from buffers, 2.6 and 7.6 from textures and windows (headless Chromium).
     pub fn reads_textures(&self) -> bool {
         self.family == KernelFamily::Cpu && self.info.backend != wgpu::Backend::BrowserWebGpu
     }
