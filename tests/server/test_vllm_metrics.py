@@ -13,7 +13,7 @@ from replica import VLLM_NAMES, Replica, Stream, scrape, value
 
 MODEL = "weft-tiny"
 PREFIX = "The quick brown fox jumps over the lazy dog. "
-MAX_TOKENS = 160
+MAX_TOKENS = 400
 LABELS = {"model_name": MODEL, "engine": "0"}
 
 
