@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// matmul: y = x · Wᵀ, f32 activations times weights in any format (formats/*.wgsl), every M;
+// matmul: y = x · Wᵀ on CPU drivers (the `cpu` kernel family), f32 activations times weights
+// in any format (formats/*.wgsl), every M;
 // or, with a gated epilogue, y[:, c] = act(x · W[c]ᵀ) · (x · W[n_part + c]ᵀ): an MLP's gate and
 // up projections and its SwiGLU/GeGLU in one pass (shared/epilogue_*.wgsl).
 //
@@ -41,13 +42,6 @@
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
-
-// The x block of row `row` (clamped), as eight vec4s.
-fn x_block(row: u32, b: u32) -> array<vec4<f32>, 8> {
-    let i = row * (params.k / 4u) + b * 8u;
-    return array<vec4<f32>, 8>(xload(i), xload(i + 1u), xload(i + 2u), xload(i + 3u),
-                               xload(i + 4u), xload(i + 5u), xload(i + 6u), xload(i + 7u));
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

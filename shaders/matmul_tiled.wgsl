@@ -15,12 +15,13 @@
 // Workgroup: invocation (tx, ty) = (lid % 8, lid / 8) computes the 4 x 4 outputs in rows
 //   wid.y*32 + ty + 8i and columns wid.x*32 + tx + 8j (i, j < 4). Per block, invocations 0..31
 //   decode one weight row's block each, 32..63 sum one x row's block each, and all load x.
+//   Every CHUNK_BLOCKS blocks (and after the last) it adds its chunk sums to its totals.
 // Grid: (ceil(n_part / 32), ceil(m / 32), 1).
 // Requires k % 32 == 0.
-// Batch invariance: each output folds its blocks b = 0, 1, ... with block_dot and block_acc of
-//   shared/block_recipe.wgsl, exactly as matmul.wgsl does, so the bits equal matmul.wgsl's at
-//   every m, tile and source (the tests compare them); rows past m and columns past n_part are
-//   clamped (computed and discarded), never branched around a barrier.
+// Batch invariance: each output is the in-order sum of its chunks, each chunk's blocks folded
+//   from zero with block_dot and block_acc of shared/block_recipe.wgsl, exactly as
+//   matmul_rows.wgsl sums (the tests compare their bits); rows past m and columns past n_part
+//   are clamped (computed and discarded), never branched around a barrier.
 
 #include shared/block_recipe.wgsl
 #include shared/matmul_io.wgsl
@@ -50,6 +51,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let x_row = min(row0 + stage, params.m - 1u) * k4;
     let w_row = params.w_base + min(col0 + stage, params.n_part - 1u) * params.row_bytes;
     var acc = array<f32, 16>();
+    var total = array<f32, 16>();
     for (var b = 0u; b < nb; b++) {
         // Every invocation loads 4 of the tile's 256 x vec4s: row lid / 2, half lid % 2.
         for (var v = 0u; v < 4u; v++) {
@@ -88,13 +90,19 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             }
         }
         workgroupBarrier();
+        if ((b + 1u) % CHUNK_BLOCKS == 0u || b + 1u == nb) {
+            for (var i = 0u; i < 16u; i++) {
+                total[i] = total[i] + acc[i];
+                acc[i] = 0.0;
+            }
+        }
     }
     for (var i = 0u; i < 4u; i++) {
         for (var j = 0u; j < 4u; j++) {
             let row = row0 + ty + 8u * i;
             let col = col0 + tx + 8u * j;
             if (row < params.m && col < params.n_part) {
-                y[(params.y_row0 + row) * params.n_total + params.n_offset + col] = acc[i * 4u + j];
+                y[(params.y_row0 + row) * params.n_total + params.n_offset + col] = total[i * 4u + j];
             }
         }
     }

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// The per-block reduction every matmul kernel uses, so that all of them (any tile, any M, any
-// weight source) give bit-identical results:
+// The per-block reduction every matmul kernel uses, so that within a kernel family all of them
+// (any tile, any M, any weight source) give bit-identical results:
 //   s   = q . x over the block: four fma chains over the vec4 lanes j = 0..7, folded (x+y)+(z+w)
 //   sx  = sum(x) over the block, folded the same fixed way (only formats with a min use it)
 //   acc = fma(d, s, acc), then acc = fma(m, sx, acc) for formats with a min.
 // Explicit fma (not dot(), not a*b+c) so no driver can contract differently per kernel.
+//
+// The baseline family (matmul_rows, matmul_tiled) sums an output in chunks of CHUNK_BLOCKS
+// blocks: each chunk folded as above from zero, the chunks added in order, so that lanes can
+// fold a row's chunks side by side. The CPU family folds a row's blocks in one chain.
+const CHUNK_BLOCKS: u32 = 4u;
+
 fn block_dot(q: array<vec4<f32>, 8>, xb: array<vec4<f32>, 8>) -> f32 {
     var s4 = q[0] * xb[0];
     s4 = fma(q[1], xb[1], s4);

@@ -374,10 +374,9 @@ impl GpuContext {
                 // CPU drivers also read activations (stored in buffers) as embedding tables.
                 let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
                 return match self.family {
-                    KernelFamily::Cpu => embedding || (v.kernel == "matmul" && v.tile[0] == 8),
+                    KernelFamily::Cpu => embedding || v.kernel == "matmul",
                     KernelFamily::Baseline => {
-                        gpu_buffers
-                            && (embedding || (v.kernel == "matmul" && v.tile[0] != 8) || v.kernel == "matmul_tiled")
+                        gpu_buffers && (embedding || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
                     }
                     KernelFamily::Subgroup => gpu_buffers && (embedding || v.kernel == "matmul_subgroup"),
                 };

@@ -29,6 +29,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
     ("gated_rms_norm.wgsl", include_str!("../../shaders/gated_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
+    ("matmul_rows.wgsl", include_str!("../../shaders/matmul_rows.wgsl")),
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
@@ -88,7 +89,7 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_subgroup", "matmul_tiled", "embedding"];
+const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_rows", "matmul_subgroup", "matmul_tiled", "embedding"];
 
 /// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
@@ -235,24 +236,30 @@ impl std::fmt::Display for ShaderVariant {
     }
 }
 
-/// The matmul tiles weft dispatches: (WG, TN, TM) by rows of x, width of the output and weight
-/// rows per output (2 with a gated epilogue), per family of adapters. Measured on lavapipe
+/// The tile of `matmul` (the CPU family): (WG, TN, TM) by rows of x, width of the output and
+/// weight rows per output (2 with a gated epilogue). Measured on lavapipe
 /// (benches/kernels.rs): one 8-lane SIMD group per workgroup, 16 weight rows per lane where the
 /// output is wide, and rows of x per lane as there are rows to share: 4 from 3 rows, 8 from 8
 /// (1.3x the GFLOP/s of 4 at 16 rows; 12 and 16 spill), but never more than `window_rows`, the
 /// rows of x one uniform window holds on CPU drivers.
-pub(crate) fn matmul_tile(cpu_driver: bool, m: usize, n: usize, window_rows: usize, epilogue: Epilogue) -> [u16; 3] {
+pub(crate) fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
-        _ if cpu_driver => 8,
-        _ => 4,
+        _ => 8,
     };
-    let fits = |t: u16| usize::from(t) <= window_rows;
-    let tm = if cpu_driver { [8, 4, 1].into_iter().find(|&t| t <= tm && fits(t)).unwrap_or(1) } else { tm };
-    let groups = epilogue.rows_per_output() as u16;
+    let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let tn = if n >= 512 { 16 } else { 8 };
-    if cpu_driver { [8, tn / groups, tm] } else { [64, 2, tm] }
+    [8, tn / epilogue.rows_per_output() as u16, tm]
+}
+
+/// The tile of `matmul_rows` (the baseline family below [`TILED_MIN_ROWS`] rows): 64
+/// invocations, 8 weight rows per workgroup (8 lanes each), TM rows of x: 1 for a lone
+/// sequence's decode, else 4.
+///
+/// [`TILED_MIN_ROWS`]: crate::gpu::kernels::matmul::TILED_MIN_ROWS
+pub(crate) fn rows_tile(m: usize) -> [u16; 3] {
+    [64, 8, if m <= 2 { 1 } else { 4 }]
 }
 
 /// The tile of `matmul_tiled` (the baseline family's large batches): 64 invocations, 32 weight
@@ -291,9 +298,10 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                     out.push(base);
                     continue;
                 }
-                if kernel == "matmul_subgroup" {
+                if kernel == "matmul_subgroup" || kernel == "matmul_rows" {
                     if source == WeightSource::Storage {
-                        out.extend([1, 4].map(|m| ShaderVariant { tile: subgroup_tile(m), ..base }));
+                        let tile = if kernel == "matmul_rows" { rows_tile } else { subgroup_tile };
+                        out.extend([1, 4].map(|m| ShaderVariant { tile: tile(m), ..base }));
                     }
                     continue;
                 }
@@ -303,27 +311,15 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                     }
                     continue;
                 }
-                // GPUs read weights and activations from buffers; CPU drivers read either.
-                for cpu_driver in [false, true] {
-                    if !cpu_driver && source == WeightSource::Texture {
-                        continue;
-                    }
-                    // CPU drivers run an MLP's gate and up projections and its gate as one matmul.
-                    let epilogues: &[Epilogue] = if cpu_driver {
-                        &[Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul]
-                    } else {
-                        &[Epilogue::None]
-                    };
-                    for &epilogue in epilogues {
-                        for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
-                            let tile = matmul_tile(cpu_driver, m, n, usize::MAX, epilogue);
-                            let x_sources: &[XSource] =
-                                if cpu_driver { &[XSource::Storage, XSource::Uniform] } else { &[XSource::Storage] };
-                            for &x_in in x_sources {
-                                let v = ShaderVariant { tile, x_in, epilogue, ..base };
-                                if !out.contains(&v) {
-                                    out.push(v);
-                                }
+                // The CPU family's: weights from a texture or a buffer, x from a uniform window or
+                // a buffer, and an MLP's gate and up projections with its gate as one matmul.
+                for epilogue in [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul] {
+                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
+                        let tile = matmul_tile(m, n, usize::MAX, epilogue);
+                        for x_in in [XSource::Storage, XSource::Uniform] {
+                            let v = ShaderVariant { tile, x_in, epilogue, ..base };
+                            if !out.contains(&v) {
+                                out.push(v);
                             }
                         }
                     }

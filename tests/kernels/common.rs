@@ -72,8 +72,8 @@ impl Setup {
 
 /// Every setup the library dispatches: the baseline (buffers only), the CPU-driver family with
 /// each combination of weight and activation source, and the subgroup family (buffers only).
-/// The subgroup family's matmuls sum each output in another fixed order than the other two
-/// (lanes split a row's blocks): compare its bits with its own setups only.
+/// Each family's matmuls sum an output in a fixed order of their own: compare bits within a
+/// family only.
 pub fn setups() -> Vec<Setup> {
     let mut out = vec![Setup { family: KernelFamily::Baseline, texture_weights: false, window_x: false }];
     for texture_weights in [false, true] {

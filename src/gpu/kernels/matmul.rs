@@ -1,13 +1,16 @@
-//! `y = x · Wᵀ` over every weight format (shaders/matmul.wgsl; shaders/matmul_tiled.wgsl in the
-//! baseline family from [`TILED_MIN_ROWS`] rows, which sums every output in the same order;
-//! shaders/matmul_subgroup.wgsl in the subgroup family). One dispatch per weight part, and on
+//! `y = x · Wᵀ` over every weight format: shaders/matmul.wgsl in the CPU family;
+//! shaders/matmul_rows.wgsl in the baseline family, and shaders/matmul_tiled.wgsl there from
+//! [`TILED_MIN_ROWS`] rows, which sums every output in the same order;
+//! shaders/matmul_subgroup.wgsl in the subgroup family. One dispatch per weight part, and on
 //! CPU drivers one per 64 KiB window of activation rows. A family multiplies every tensor, the
 //! LM head included, with sums in one order at every batch size, so a row's result never
 //! depends on its batch.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{Epilogue, TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, subgroup_tile};
+use crate::gpu::pipelines::{
+    Epilogue, TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, rows_tile, subgroup_tile,
+};
 use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
 use crate::quant::DType;
 
@@ -69,7 +72,7 @@ pub fn supports_gated(ctx: &GpuContext) -> bool {
 
 /// Rows of x from which the baseline family multiplies through workgroup-memory tiles
 /// (matmul_tiled.wgsl: each weight block read once per 32 rows instead of once per 4). Its sums
-/// are matmul.wgsl's, so the switch changes no bits. A full tile: below it, rows of the tile
+/// are matmul_rows.wgsl's, so the switch changes no bits. A full tile: below it, rows of the tile
 /// are computed and discarded (not measured on a GPU yet; the device check should set it).
 pub const TILED_MIN_ROWS: usize = 32;
 
@@ -78,13 +81,20 @@ pub const TILED_MIN_ROWS: usize = 32;
 enum Recipe {
     /// Each lane owns output columns (matmul.wgsl).
     Columns,
+    /// 8 lanes split each weight row's blocks in chunks, joined in workgroup memory
+    /// (matmul_rows.wgsl), or from [`TILED_MIN_ROWS`] rows the same sums tiled (matmul_tiled.wgsl).
+    Rows,
     /// The lanes of a subgroup split each weight row's blocks (matmul_subgroup.wgsl).
     Subgroup,
 }
 
 impl Recipe {
     fn of(family: KernelFamily) -> Recipe {
-        if family == KernelFamily::Subgroup { Recipe::Subgroup } else { Recipe::Columns }
+        match family {
+            KernelFamily::Cpu => Recipe::Columns,
+            KernelFamily::Baseline => Recipe::Rows,
+            KernelFamily::Subgroup => Recipe::Subgroup,
+        }
     }
 }
 
@@ -135,20 +145,19 @@ fn record(
     }
     let x_part = x.single_part(OP)?;
     let y_res = y.single_part(OP)?.resource(ctx)?;
-    let cpu = ctx.kernel_family() == KernelFamily::Cpu;
-    let tiled = ctx.kernel_family() == KernelFamily::Baseline && m >= TILED_MIN_ROWS;
     let row_bytes = (k * 4) as u64;
     for part in w.parts() {
         // The output columns this part's weight rows make.
         let part_cols = part.num_rows() / epilogue.rows_per_output();
         let window_rows = if ctx.reads_textures() { (X_WINDOW_BYTES / row_bytes) as usize } else { usize::MAX };
         let (kernel, tile) = match recipe {
-            Recipe::Columns if tiled => ("matmul_tiled", TILED_TILE),
-            Recipe::Columns => ("matmul", matmul_tile(cpu, m, part_cols, window_rows, epilogue)),
+            Recipe::Columns => ("matmul", matmul_tile(m, part_cols, window_rows, epilogue)),
+            Recipe::Rows if m >= TILED_MIN_ROWS => ("matmul_tiled", TILED_TILE),
+            Recipe::Rows => ("matmul_rows", rows_tile(m)),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         };
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
-        // A columns workgroup covers WG · TN rows of the weight; a tiled or subgroup one TN.
+        // A columns workgroup covers WG · TN rows of the weight; the others TN.
         let cols_per_group = if kernel == "matmul" { wg * tn } else { tn };
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
         let variant = ShaderVariant { tile, epilogue, ..ShaderVariant::weights(kernel, w.dtype(), weights_in) };
