@@ -4,20 +4,23 @@
 // and small batches. Row parallel: 8 lanes share each weight row, so a decode step keeps 8
 // invocations busy per output (one per output leaves a 576-column projection a few hundred
 // invocations on a GPU built for tens of thousands), and neighbouring lanes read neighbouring
-// chunks of the row.
+// chunks of the row. With a gated epilogue, y[:, c] = act(x · W[c]ᵀ) · (x · W[n_part + c]ᵀ)
+// (an MLP's gate and up projections and its SwiGLU/GeGLU, shared/epilogue_*.wgsl).
 //
 // Bindings (group 0)
 //   0 params  uniform        Params                  mirrors gpu::kernels::matmul::Params
 //   1 x       storage, read  f32 (m, k)
 //   2 w       storage, read  raw bytes of one part   the part starts w_base bytes into it
 //   3 y       read_write     f32 (y_row0 + m, n_total)  columns n_offset .. n_offset + n_part
-// Tile constants: WG = 64 invocations; TN = 8 weight rows per workgroup, so WG / TN = 8 lanes
-//   per row; TM rows of x (1 for m <= 2, else 4).
-// Workgroup memory: each invocation's chunk sums, WG x TM f32 (1 KiB at TM = 4).
-// Workgroup: invocation lid is lane s = lid % 8 of weight row wid.x * TN + lid / 8. A row's
+// Tile constants: WG = 64 invocations; TN = 8 output columns per workgroup, so WG / TN = 8
+//   lanes per column; TM rows of x (1 for m <= 2, else 4); G weight rows per output column (1,
+//   or 2 with a gated epilogue: rows c and n_part + c).
+// Workgroup memory: each invocation's chunk sums, G x WG x TM f32 (2 KiB at most).
+// Workgroup: invocation lid is lane s = lid % 8 of column wid.x * TN + lid / 8. A weight row's
 //   blocks form chunks of CHUNK_BLOCKS (shared/block_recipe.wgsl); in round t lane s folds
-//   chunk 8t + s for its TM rows of x, and lane 0 then adds the round's chunk sums to its
-//   totals in chunk order. Two barriers a round, ceil(k / (8 · 32 · CHUNK_BLOCKS)) rounds.
+//   chunk 8t + s of the column's G rows for its TM rows of x, and lane 0 then adds the round's
+//   chunk sums to its totals in chunk order and finally writes epilogue(totals).
+//   Two barriers a round, ceil(k / (8 · 32 · CHUNK_BLOCKS)) rounds.
 // Grid: (ceil(n_part / TN), ceil(m / TM), 1).
 // Requires k % 32 == 0.
 // Batch invariance: y = ((c_0 + c_1) + c_2) + ..., c_i the fold of chunk i's blocks from zero
@@ -30,13 +33,15 @@
 #include weight_source
 #include x_source
 #include weight_format
+#include epilogue
 
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
+const G: u32 = {{G}}u;
 const LANES: u32 = WG / TN;
 
-var<workgroup> chunk_sums: array<f32, WG * TM>;
+var<workgroup> chunk_sums: array<f32, G * WG * TM>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -44,27 +49,30 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let chunks = (nb + CHUNK_BLOCKS - 1u) / CHUNK_BLOCKS;
     let lane = lid % LANES;
     let col = wid.x * TN + lid / LANES;
-    let rowb = params.w_base + min(col, params.n_part - 1u) * params.row_bytes;
     let m0 = wid.y * TM;
-    var total = array<f32, TM>();
+    // Accumulators and sums are indexed g * TM + r.
+    var total = array<f32, G * TM>();
     for (var round = 0u; round < chunks; round += LANES) {
-        var acc = array<f32, TM>();
+        var acc = array<f32, G * TM>();
         let first = (round + lane) * CHUNK_BLOCKS;
         for (var b = first; b < min(first + CHUNK_BLOCKS, nb); b++) {
-            let blk = w_block_at(rowb, b);
-            for (var r = 0u; r < TM; r++) {
-                let xb = x_block(min(m0 + r, params.m - 1u), b);
-                acc[r] = block_acc(acc[r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
+            for (var g = 0u; g < G; g++) {
+                let row = min(col, params.n_part - 1u) + g * params.n_part;
+                let blk = w_block_at(params.w_base + row * params.row_bytes, b);
+                for (var r = 0u; r < TM; r++) {
+                    let xb = x_block(min(m0 + r, params.m - 1u), b);
+                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
+                }
             }
         }
-        for (var r = 0u; r < TM; r++) {
-            chunk_sums[lid * TM + r] = acc[r];
+        for (var i = 0u; i < G * TM; i++) {
+            chunk_sums[(i / TM * WG + lid) * TM + i % TM] = acc[i];
         }
         workgroupBarrier();
         if (lane == 0u) {
             for (var j = 0u; j < min(LANES, chunks - round); j++) {
-                for (var r = 0u; r < TM; r++) {
-                    total[r] = total[r] + chunk_sums[(lid + j) * TM + r];
+                for (var i = 0u; i < G * TM; i++) {
+                    total[i] = total[i] + chunk_sums[(i / TM * WG + lid + j) * TM + i % TM];
                 }
             }
         }
@@ -73,7 +81,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (lane == 0u && col < params.n_part) {
         for (var r = 0u; r < TM; r++) {
             if (m0 + r < params.m) {
-                y[(params.y_row0 + m0 + r) * params.n_total + params.n_offset + col] = total[r];
+                y[(params.y_row0 + m0 + r) * params.n_total + params.n_offset + col] = epilogue(total[r], total[(G - 1u) * TM + r]);
             }
         }
     }

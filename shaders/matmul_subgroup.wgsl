@@ -4,19 +4,22 @@
 // parallel: the lanes of one subgroup share a weight row, lane s decoding blocks s, s + L,
 // s + 2L, … (L lanes) so that neighbouring lanes read neighbouring blocks of the same row
 // (coalesced, where matmul.wgsl's lanes each walk a row of their own), and each decoded block
-// serves TM rows of x; subgroupAdd joins the lanes' sums.
+// serves TM rows of x; subgroupAdd joins the lanes' sums. With a gated epilogue,
+// y[:, c] = act(x · W[c]ᵀ) · (x · W[n_part + c]ᵀ) (an MLP's gate and up projections and its
+// SwiGLU/GeGLU, shared/epilogue_*.wgsl).
 //
 // Bindings (group 0)
 //   0 params  uniform        Params                  mirrors gpu::kernels::matmul::Params
 //   1 x       storage, read  f32 (m, k)
 //   2 w       storage, read  raw bytes of one part   the part starts w_base bytes into it
 //   3 y       read_write     f32 (y_row0 + m, n_total)  columns n_offset .. n_offset + n_part
-// Tile constants: WG = 64 invocations; TN = 8 weight rows per workgroup; TM rows of x (1 for
-//   m <= 2, else 4).
+// Tile constants: WG = 64 invocations; TN = 8 output columns per workgroup; TM rows of x (1
+//   for m <= 2, else 4); G weight rows per output column (1, or 2 with a gated epilogue: rows c
+//   and n_part + c).
 // Workgroup: WG invocations in subgroups of S lanes (consecutive local invocation indices, as
 //   every Vulkan, Metal and D3D12 driver forms them); L = min(S, WG) lanes take part in each
-//   sum. Subgroup g (of max(1, WG / S)) computes max(1, TN · L / WG) of the workgroup's TN weight rows
-//   for the TM rows gy*TM + r. Requires S >= WG / TN = 8.
+//   sum. Subgroup g (of max(1, WG / S)) computes max(1, TN · L / WG) of the workgroup's TN
+//   columns for the TM rows gy*TM + r. Requires S >= WG / TN = 8.
 // Grid: (ceil(n_part / TN), ceil(m / TM), 1).
 // Requires k % 32 == 0.
 // Batch invariance: lane s folds its blocks in increasing order with shared/block_recipe.wgsl
@@ -29,10 +32,12 @@
 #include weight_source
 #include x_source
 #include weight_format
+#include epilogue
 
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
+const G: u32 = {{G}}u;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -47,29 +52,36 @@ fn main(
     let lanes = min(sg_size, WG);
     // Weight rows per subgroup: TN shared among the WG / S subgroups (one takes all when S >= WG).
     let rows_per_sg = max(1u, TN * lanes / WG);
-    let g = lid / lanes;
+    let sg = lid / lanes;
     var xrow: array<u32, TM>;
     for (var r = 0u; r < TM; r++) {
         xrow[r] = min(m0 + r, params.m - 1u) * k4;
     }
     var xb: array<vec4<f32>, 8>;
     for (var i = 0u; i < rows_per_sg; i++) {
-        let col = wid.x * TN + g * rows_per_sg + i;
-        let rowb = params.w_base + min(col, params.n_part - 1u) * params.row_bytes;
-        var acc = array<f32, TM>();
+        let col = wid.x * TN + sg * rows_per_sg + i;
+        // Accumulators are indexed g * TM + r.
+        var acc = array<f32, G * TM>();
         for (var b = lane; b < nb; b += lanes) {
-            let blk = w_block_at(rowb, b);
-            for (var r = 0u; r < TM; r++) {
-                for (var j = 0u; j < 8u; j++) {
-                    xb[j] = xload(xrow[r] + b * 8u + j);
+            for (var g = 0u; g < G; g++) {
+                let row = min(col, params.n_part - 1u) + g * params.n_part;
+                let blk = w_block_at(params.w_base + row * params.row_bytes, b);
+                for (var r = 0u; r < TM; r++) {
+                    for (var j = 0u; j < 8u; j++) {
+                        xb[j] = xload(xrow[r] + b * 8u + j);
+                    }
+                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
                 }
-                acc[r] = block_acc(acc[r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
             }
         }
         for (var r = 0u; r < TM; r++) {
-            let total = subgroupAdd(acc[r]);
+            let first = subgroupAdd(acc[r]);
+            var last = first;
+            if (G > 1u) {
+                last = subgroupAdd(acc[TM + r]);
+            }
             if (lane == 0u && col < params.n_part && m0 + r < params.m) {
-                y[(params.y_row0 + m0 + r) * params.n_total + params.n_offset + col] = total;
+                y[(params.y_row0 + m0 + r) * params.n_total + params.n_offset + col] = epilogue(first, last);
             }
         }
     }

@@ -301,7 +301,9 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 if kernel == "matmul_subgroup" || kernel == "matmul_rows" {
                     if source == WeightSource::Storage {
                         let tile = if kernel == "matmul_rows" { rows_tile } else { subgroup_tile };
-                        out.extend([1, 4].map(|m| ShaderVariant { tile: tile(m), ..base }));
+                        for epilogue in [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul] {
+                            out.extend([1, 4].map(|m| ShaderVariant { tile: tile(m), epilogue, ..base }));
+                        }
                     }
                     continue;
                 }
@@ -348,6 +350,7 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
         .replace("{{TN}}", &tn.to_string())
         .replace("{{TM}}", &tm.to_string())
         .replace("{{HD}}", &variant.head_dim.to_string())
+        .replace("{{G}}", &variant.epilogue.rows_per_output().to_string())
         .replace("{{LAST}}", &(variant.epilogue.rows_per_output() - 1).to_string());
     let lines: Vec<&str> = text.lines().collect();
     let mut unrolled = String::with_capacity(text.len());

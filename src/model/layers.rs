@@ -252,7 +252,7 @@ impl Mlp {
         };
         match self.gate_up.weights.as_slice() {
             // Gate and up in one matrix: one pass that also applies the gate, where supported.
-            [w] if self.gate_up.bias.is_none() && w.parts().len() == 1 && supports_gated(ctx) => {
+            [w] if self.gate_up.bias.is_none() && w.parts().len() == 1 && supports_gated(ctx, a.xn.shape()[0]) => {
                 matmul_gated(ctx, rec, &a.xn, w, &a.act, epilogue)?
             }
             _ => {

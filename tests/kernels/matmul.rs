@@ -209,8 +209,9 @@ fn a_tall_matrix_matches_cpu_and_rows_do_not_depend_on_the_batch() {
 
 /// The gated matmul (an MLP's gate and up projections with its SwiGLU or GeGLU applied as the
 /// sums are written) gives bit for bit what the matmul into (m, 2n) followed by `silu_mul` /
-/// `gelu_mul` gives, in every CPU-driver setup, at each tile's batch sizes; other families
-/// refuse it, and so does a weight split over parts.
+/// `gelu_mul` gives, in every setup of every family, at each tile's batch sizes; the baseline
+/// family refuses it from its tiled matmul's 32 rows, and every family refuses a weight split
+/// over parts and a gate of `Epilogue::None`.
 #[test]
 fn the_gated_matmul_equals_matmul_then_the_gate() {
     let (k, n) = (256, 70);
@@ -220,7 +221,7 @@ fn the_gated_matmul_equals_matmul_then_the_gate() {
             [(1, Epilogue::SiluMul), (3, Epilogue::GeluMul), (8, Epilogue::SiluMul), (17, Epilogue::GeluMul)]
         {
             let x = random(m * k, m as u64 + 40, 1.0);
-            for setup in setups().into_iter().filter(|s| s.family == KernelFamily::Cpu) {
+            for setup in setups() {
                 let Some(f) = setup.factory() else { continue };
                 let (xt, wt) = (setup.x(f, &[m, k], &x), setup.weights(f, &[2 * n, k], dtype, &w_bytes));
                 let (gate_up, want, got) = (
@@ -248,13 +249,16 @@ fn the_gated_matmul_equals_matmul_then_the_gate() {
         }
     }
     if let Some(f) = gpu_with_family(KernelFamily::Baseline) {
+        let m = weft::gpu::kernels::matmul::TILED_MIN_ROWS;
         let (x, w, y) = (
-            f.upload_f32(&[1, k], &vec![0.5; k]).unwrap(),
+            f.upload_f32(&[m, k], &vec![0.5; m * k]).unwrap(),
             f.upload_weight(&[2 * n, k], DType::F32, &vec![0; 2 * n * k * 4]).unwrap(),
-            f.zeros(&[1, n], DType::F32).unwrap(),
+            f.zeros(&[m, n], DType::F32).unwrap(),
         );
         let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::SiluMul).unwrap_err().to_string();
-        assert!(err.contains("runs on the cpu kernel family only") && err.contains("silu_mul"), "{err}");
+        assert!(err.contains("baseline kernel family gates 32 rows") && err.contains("silu_mul"), "{err}");
+        let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::None).unwrap_err().to_string();
+        assert!(err.contains("needs a gate"), "{err}");
     }
     // 1.2 MB of weights over bindings of 1 MiB: two parts.
     let wide = 600;

@@ -44,10 +44,14 @@ pub fn matmul_gated(
     epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "matmul_gated";
-    if !supports_gated(ctx) || epilogue == Epilogue::None {
+    if epilogue == Epilogue::None {
+        return Err(WeftError::Unsupported("the gated matmul needs a gate (SiluMul or GeluMul): use matmul".into()));
+    }
+    let m = x.shape().first().copied().unwrap_or(0);
+    if !supports_gated(ctx, m) {
         return Err(WeftError::Unsupported(format!(
-            "the gated matmul ({epilogue:?}) runs on the cpu kernel family only; this device runs {}: use matmul \
-             and silu_mul or gelu_mul",
+            "the {} kernel family gates {m} rows at once in two passes (its tiled matmul from {TILED_MIN_ROWS} rows \
+             has no gate): use matmul and silu_mul or gelu_mul",
             ctx.kernel_family().name()
         )));
     }
@@ -61,13 +65,15 @@ pub fn matmul_gated(
             ),
         ));
     }
-    record(ctx, rec, x, w, y, 0, true, Recipe::Columns, epilogue)
+    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()), epilogue)
 }
 
-/// Whether this device multiplies an MLP's gate and up projections and applies its gate in
-/// one pass ([`matmul_gated`]): CPU drivers, where every dispatch costs tens of microseconds.
-pub fn supports_gated(ctx: &GpuContext) -> bool {
-    ctx.kernel_family() == KernelFamily::Cpu
+/// Whether this device multiplies an MLP's gate and up projections for `m` rows and applies
+/// its gate in one pass ([`matmul_gated`]): one dispatch fewer per layer (tens of microseconds
+/// on CPU drivers, a few on a GPU). Every family but the baseline's tiled matmul, from
+/// [`TILED_MIN_ROWS`] rows.
+pub fn supports_gated(ctx: &GpuContext, m: usize) -> bool {
+    ctx.kernel_family() != KernelFamily::Baseline || m < TILED_MIN_ROWS
 }
 
 /// Rows of x from which the baseline family multiplies through workgroup-memory tiles
