@@ -149,7 +149,7 @@ fn main() -> weft::Result<()> {
         let recurrent = files.config.ssm.is_some();
         let scans = if recurrent { vec![None, Some(weft::model::executor::SCAN_CHUNK_ROWS)] } else { vec![None] };
         for scan in scans {
-            let kv = KvCacheConfig { block_size: BLOCK, num_blocks: 16 * blocks_per_seq };
+            let kv = KvCacheConfig::new(BLOCK, 16 * blocks_per_seq);
             let exec = files.executor(&f, kv)?.with_scan_chunk(scan)?;
             print!("{shape:>12}");
             for &c in &contexts {

@@ -14,6 +14,7 @@ use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::model::config::ModelConfig;
 use crate::model::draft::DraftDistributions;
 use crate::model::load::ModelFiles;
+use crate::quant::DType;
 use crate::rt;
 use crate::sampling::GpuSampler;
 use crate::step::ModelExecutor;
@@ -24,6 +25,7 @@ pub struct EngineBuilder {
     files: ModelFiles,
     config: EngineConfig,
     kv_memory_bytes: usize,
+    kv_dtype: DType,
     state_memory_bytes: usize,
     block_size: usize,
     gpu: GpuOptions,
@@ -51,6 +53,7 @@ impl EngineBuilder {
             files,
             config: EngineConfig::default(),
             kv_memory_bytes: 256 << 20,
+            kv_dtype: DType::F32,
             state_memory_bytes: 512 << 20,
             block_size: 16,
             gpu: GpuOptions::default(),
@@ -83,12 +86,28 @@ impl EngineBuilder {
         self
     }
 
+    /// What the KV cache holds: `DType::F32` (the default: the reference's values exactly) or
+    /// `DType::F16` (half the memory per token, so twice the tokens in the same
+    /// [`kv_memory_bytes`](Self::kv_memory_bytes); keys and values are rounded to halves as
+    /// they are written, which moves logits by about 1e-3 and can flip a near-tie). Other
+    /// types fail the build.
+    pub fn kv_cache_dtype(mut self, dtype: DType) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
     /// The KV memory that holds `num_seqs` sequences of `tokens` tokens each at once (whole
     /// blocks per sequence), for [`kv_memory_bytes`](Self::kv_memory_bytes): what a run of
     /// known shape needs and no more. Zero for a model without attention layers.
     pub fn kv_memory_for(&self, num_seqs: usize, tokens: usize) -> usize {
         let c = &self.files.config;
-        let block = KvCacheConfig::block_bytes(self.block_size, c.num_attention_layers(), c.num_kv_heads, c.head_dim);
+        let block = KvCacheConfig::block_bytes(
+            self.block_size,
+            c.num_attention_layers(),
+            c.num_kv_heads,
+            c.head_dim,
+            self.kv_dtype,
+        );
         num_seqs * tokens.div_ceil(self.block_size) * block
     }
 
@@ -159,9 +178,11 @@ impl EngineBuilder {
             num_kv_layers,
             c.num_kv_heads,
             c.head_dim,
+            self.kv_dtype,
         )?;
         // One layer's K (or V) must fit one binding.
-        let per_layer = kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * 4;
+        let per_layer =
+            kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * KvCacheConfig::value_bytes(self.kv_dtype);
         if per_layer as u64 > factory.context().max_binding_bytes() {
             return Err(WeftError::Unsupported(format!(
                 "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
@@ -212,7 +233,11 @@ impl EngineBuilder {
             Some(files) if spec.drafter == Drafter::DraftModel => {
                 same_vocabulary(self.files.tokenizer.as_ref(), files.tokenizer.as_ref())?;
                 let d = &files.config;
-                let per_layer = kv.num_blocks * self.block_size * d.num_kv_heads * d.head_dim * 4;
+                let per_layer = kv.num_blocks
+                    * self.block_size
+                    * d.num_kv_heads
+                    * d.head_dim
+                    * KvCacheConfig::value_bytes(kv.dtype);
                 if per_layer as u64 > factory.context().max_binding_bytes() {
                     return Err(WeftError::Unsupported(format!(
                         "the draft model's KV pool (the target's {} blocks) needs {per_layer}-byte layers, more than this \

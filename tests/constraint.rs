@@ -28,7 +28,7 @@ fn files() -> ModelFiles {
 fn engine() -> Option<ContinuousBatchEngine> {
     let f = weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)?;
     let files = files();
-    let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 512 }).unwrap();
+    let exec = files.executor(&f, KvCacheConfig::new(4, 512)).unwrap();
     let e = ContinuousBatchEngine::new_plan_runtime(
         EngineConfig::default(),
         files.tokenizer.clone(),

@@ -23,7 +23,7 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
-    let exec = files.executor(f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
+    let exec = files.executor(f, KvCacheConfig::new(4, num_blocks)).unwrap();
     ContinuousBatchEngine::new_plan_runtime(
         config,
         files.tokenizer.clone(),
@@ -351,8 +351,7 @@ fn the_seed_constructors_check_their_parts() {
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
-    let exec: Arc<dyn weft::step::ModelExecutor> =
-        Arc::new(files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 32 }).unwrap());
+    let exec: Arc<dyn weft::step::ModelExecutor> = Arc::new(files.executor(&f, KvCacheConfig::new(4, 32)).unwrap());
     let tok = files.tokenizer.clone();
     let parts = || {
         (
@@ -574,4 +573,36 @@ fn the_builder_compiles_what_serving_dispatches() {
         }
     }
     assert_eq!(f.context().creations().pipelines, built, "serving compiled kernels the warm-up missed");
+}
+
+/// `kv_cache_dtype(F16)` fits twice the blocks in the same KV memory, serves with the kernels
+/// the warm-up compiled for it, and gives the f32 cache's greedy tokens on this prompt (the
+/// rounding moves logits by about 1e-3; the tiny model's top tokens are further apart); a
+/// cache of another type is refused when the engine is built.
+#[test]
+fn an_f16_kv_cache_holds_twice_the_blocks() {
+    let Some(f) = factory() else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let bytes = tiny::gguf_bytes(&c, &w, DType::Q8_0);
+    let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 4, ..Default::default() };
+    let build = |dtype| {
+        weft::EngineBuilder::from_gguf_bytes("tiny.gguf", bytes.clone())
+            .unwrap()
+            .config(config.clone())
+            .kv_memory_bytes(1 << 20)
+            .kv_cache_dtype(dtype)
+            .build_on(f.context().clone())
+    };
+    let (full, half) = (build(DType::F32).unwrap(), build(DType::F16).unwrap());
+    assert_eq!(half.kv_usage().total_blocks, 2 * full.kv_usage().total_blocks);
+    let compiled = f.context().creations().pipelines;
+    let prompt = "a prompt of a few more tokens than sixteen";
+    let want = weft::rt::block_on(full.infer(greedy(prompt, 8))).unwrap();
+    let got = weft::rt::block_on(half.infer(greedy(prompt, 8))).unwrap();
+    assert_eq!(got.usage.completion_tokens, 8);
+    assert_eq!(got.text, want.text);
+    assert_eq!(f.context().creations().pipelines, compiled, "serving compiled kernels the warm-up missed");
+    let err = build(DType::Q8_0).err().expect("a Q8_0 cache is refused").to_string();
+    assert!(err.contains("f32 or f16"), "{err}");
 }

@@ -29,7 +29,7 @@ fn executor(f: &GpuTensorFactory, config: &ModelConfig, gguf: &GgufFile) -> GpuE
     let loaded = ModelConfig::from_gguf(gguf).unwrap();
     assert_eq!(&loaded, config, "config read back from the GGUF metadata");
     let model = arch::load(loaded, &GgufWeights { gguf }, f, &mut |_, _| {}).unwrap();
-    GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap()
+    GpuExecutor::new(f.clone(), model, KvCacheConfig::new(BLOCK, 64)).unwrap()
 }
 
 /// A sequence's share of a step, sampling from its last `num_logits` tokens.
@@ -336,7 +336,7 @@ fn hugging_face_directories_match_cpu() {
         let loaded = ModelConfig::from_hf_json("config.json", &json).unwrap();
         assert_eq!(loaded, config);
         let model = arch::load(loaded, &SafetensorsWeights::open(&dir).unwrap(), &f, &mut |_, _| {}).unwrap();
-        let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: BLOCK, num_blocks: 8 }).unwrap();
+        let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig::new(BLOCK, 8)).unwrap();
         let tokens: Vec<u32> = vec![4, 8, 15, 16, 23, 42];
         let want = weft::cpu::llama::forward(&config, &w, &tokens);
         let out = weft::rt::block_on(exec.logits(&batch(vec![seq(&tokens, 0, &[0, 1], 1)]))).unwrap();
@@ -386,7 +386,7 @@ fn long_contexts_with_split_attention_match_cpu() {
     let w = tiny::random_weights(&config, 13, DType::F32);
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(&config, &w, DType::F32)).unwrap();
     let model = arch::load(config.clone(), &GgufWeights { gguf: &gguf }, &f, &mut |_, _| {}).unwrap();
-    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: 16, num_blocks: 48 }).unwrap();
+    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig::new(16, 48)).unwrap();
     let tokens: Vec<u32> = (0..702u32).map(|i| (i * 37 + i / 7) % 256).collect();
     let want = weft::cpu::llama::forward(&config, &w, &tokens);
     // Physical blocks in reverse, so logical and physical never line up.

@@ -42,7 +42,7 @@ const SCANS: [Option<usize>; 2] = [None, Some(4)];
 
 fn executor(f: &GpuTensorFactory, family: &str, path: &str, scan: Option<usize>) -> GpuExecutor {
     let files = ModelFiles::open(&fixture(family, path)).unwrap();
-    files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 256 }).unwrap().with_scan_chunk(scan).unwrap()
+    files.executor(f, KvCacheConfig::new(BLOCK, 256)).unwrap().with_scan_chunk(scan).unwrap()
 }
 
 fn prompts(family: &str) -> Vec<Value> {
@@ -234,7 +234,7 @@ fn engine_run(family: &str, scan: Option<usize>) {
     let Some(f) = factory() else { return };
     let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
     let engine = |num_blocks: usize, config: EngineConfig| {
-        let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
+        let exec = files.executor(&f, KvCacheConfig::new(4, num_blocks)).unwrap();
         let exec = exec.with_scan_chunk(scan).unwrap();
         let tok = files.tokenizer.clone();
         ContinuousBatchEngine::new_plan_runtime(config, tok, Arc::new(GpuSampler), Arc::new(exec), Arc::new(f.clone()))
@@ -306,7 +306,7 @@ fn prefix_hit(family: &str, scan: Option<usize>) {
     let Some(f) = factory() else { return };
     let files = ModelFiles::open(&fixture(family, "hf")).unwrap();
     let engine = |enable_prefix_cache: bool| {
-        let exec = files.executor(&f, KvCacheConfig { block_size: 4, num_blocks: 256 }).unwrap();
+        let exec = files.executor(&f, KvCacheConfig::new(4, 256)).unwrap();
         let exec = exec.with_scan_chunk(scan).unwrap();
         let tok = files.tokenizer.clone();
         let config = EngineConfig { enable_prefix_cache, max_num_batched_tokens: 24, ..Default::default() };
@@ -371,7 +371,7 @@ fn the_scan_chunk_is_reported_and_checked() {
     use weft::step::ModelExecutor;
     let Some(f) = factory() else { return };
     let files = ModelFiles::open(&fixture("mamba2", "hf")).unwrap();
-    let kv = KvCacheConfig { block_size: BLOCK, num_blocks: 16 };
+    let kv = KvCacheConfig::new(BLOCK, 16);
     let exec = files.executor(&f, kv).unwrap();
     let cpu = f.context().kernel_family() == weft::gpu::KernelFamily::Cpu;
     let default = if cpu { 1 } else { weft::model::executor::SCAN_CHUNK_ROWS };

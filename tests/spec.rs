@@ -53,7 +53,7 @@ fn files(w: Weights) -> ModelFiles {
 }
 
 fn executor(f: &GpuTensorFactory, w: Weights, num_blocks: usize) -> GpuExecutor {
-    files(w).executor(f, KvCacheConfig { block_size: 4, num_blocks }).unwrap()
+    files(w).executor(f, KvCacheConfig::new(4, num_blocks)).unwrap()
 }
 
 /// The draft of the distribution test.

@@ -103,7 +103,7 @@ fn fidelity(f: &GpuTensorFactory, path: &str, context: Option<usize>, prompts: &
     if let Some(context) = context {
         files.config.max_position_embeddings = context;
     }
-    let exec = files.executor(f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+    let exec = files.executor(f, KvCacheConfig::new(BLOCK, 64)).unwrap();
     assert!(!prompts.is_empty());
     let seqs = prompts.iter().enumerate().map(|(i, p)| step(i, &u32s(&p["prompt_ids"]), 0)).collect();
     let mut last = logits(&exec, seqs);
@@ -167,7 +167,7 @@ fn phi3_hf_directory_matches_transformers_with_short_and_long_factors() {
 fn phi3_wrong_factor_set_is_visible() {
     let Some(f) = factory() else { return };
     let files = ModelFiles::open(&fixture("phi3/model.gguf")).unwrap();
-    let exec = files.executor(&f, KvCacheConfig { block_size: BLOCK, num_blocks: 64 }).unwrap();
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
     let p = &expected()["prompts"][1];
     let got = logits(&exec, vec![step(0, &u32s(&p["prompt_ids"]), 0)]).remove(0);
     let diff = got.iter().zip(f32s(&p["last_logits"])).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -46,6 +46,7 @@ pub struct Options {
     pub repeats: usize,
     /// None: room for every request of the largest level at once.
     pub kv_memory_bytes: Option<usize>,
+    pub kv_cache_dtype: weft::DType,
     pub json: bool,
     pub profile: bool,
     /// Fraction of each run's requests generated under a JSON schema.
@@ -355,6 +356,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         Task::Random => max_p + opts.gen_len,
         _ => (max_p + opts.gen_len) * 5 / 4,
     } + 16;
+    let builder = builder.kv_cache_dtype(opts.kv_cache_dtype);
     let kv_bytes = opts.kv_memory_bytes.unwrap_or_else(|| builder.kv_memory_for(max_c, tokens));
     let builder = builder.config(config).kv_memory_bytes(kv_bytes);
     let engine = builder.build_on(ctx.clone())?;

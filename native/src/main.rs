@@ -118,6 +118,10 @@ enum Command {
         /// every request of the largest level at once, so nothing is preempted]
         #[arg(long, value_parser = serve::parse_size, conflicts_with = "url")]
         kv_memory: Option<usize>,
+        /// What the KV cache holds in-process: f32, or f16 (half the memory per token; keys
+        /// and values rounded to halves).
+        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype, conflicts_with = "url")]
+        kv_cache_dtype: weft::DType,
         /// Run each configuration this many times and report medians.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
@@ -177,6 +181,11 @@ enum Command {
         /// GPU memory for the KV cache, e.g. 256MiB or 1GiB.
         #[arg(long, default_value = "256MiB", value_parser = serve::parse_size)]
         kv_memory: usize,
+        /// What the KV cache holds: f32, or f16 (half the memory per token, so twice the
+        /// tokens in --kv-memory; keys and values are rounded to halves, as llama.cpp's default
+        /// cache does, which moves logits by about 1e-3).
+        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
+        kv_cache_dtype: weft::DType,
         /// Keep full KV blocks of finished requests to reuse for shared prompt prefixes.
         #[arg(long)]
         enable_prefix_cache: bool,
@@ -284,6 +293,7 @@ fn main() -> ExitCode {
             prompt_len,
             gen_len,
             kv_memory,
+            kv_cache_dtype,
             repeats,
             json,
             profile,
@@ -299,6 +309,7 @@ fn main() -> ExitCode {
             gen_len,
             repeats,
             kv_memory_bytes: kv_memory,
+            kv_cache_dtype,
             json,
             profile,
             task,
@@ -314,6 +325,7 @@ fn main() -> ExitCode {
             max_num_batched_tokens,
             max_model_len,
             kv_memory,
+            kv_cache_dtype,
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
@@ -327,6 +339,7 @@ fn main() -> ExitCode {
             max_num_batched_tokens,
             max_model_len,
             kv_memory_bytes: kv_memory,
+            kv_cache_dtype,
             enable_prefix_cache,
             served_model_name,
             drain_timeout,

@@ -32,6 +32,8 @@ pub struct Live {
     pub prefix_cache: PrefixCacheStats,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// What the KV cache holds (`--kv-cache-dtype`).
+    pub kv_dtype: weft::DType,
     pub enable_prefix_cache: bool,
     /// Seconds since the Unix epoch: the value of `vllm:lora_requests_info` (the endpoint picker
     /// takes the newest sample).
@@ -129,8 +131,10 @@ fn vllm_families(t: &mut Text, m: &EngineMetrics, live: &Live) {
     let num_blocks = live.kv.total_blocks.to_string();
     // Python's spelling of a bool, as vLLM's labels carry it.
     let prefix_caching = if live.enable_prefix_cache { "True" } else { "False" };
+    let cache_dtype = live.kv_dtype.name().to_ascii_lowercase();
     let cache_labels = [
         ("block_size", block_size.as_str()),
+        ("cache_dtype", cache_dtype.as_str()),
         ("enable_prefix_caching", prefix_caching),
         ("engine", "0"),
         ("num_gpu_blocks", num_blocks.as_str()),
@@ -266,6 +270,7 @@ mod tests {
                 ..Default::default()
             },
             block_size: 16,
+            kv_dtype: weft::DType::F16,
             enable_prefix_cache: true,
             now_seconds: 1.5e9,
         }
@@ -308,7 +313,7 @@ mod tests {
         assert_eq!(
             value(
                 &text,
-                r#"vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",num_gpu_blocks="10"}"#
+                r#"vllm:cache_config_info{block_size="16",cache_dtype="f16",enable_prefix_caching="True",engine="0",num_gpu_blocks="10"}"#
             ),
             "1"
         );

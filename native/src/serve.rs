@@ -56,6 +56,7 @@ pub struct Options {
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
     pub kv_memory_bytes: usize,
+    pub kv_cache_dtype: weft::DType,
     pub enable_prefix_cache: bool,
     /// The model's name in requests, responses and metrics [default: the file's stem].
     pub served_model_name: Option<String>,
@@ -395,6 +396,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
             kv: e.kv_usage(),
             prefix_cache: e.prefix_cache_stats(),
             block_size: e.executor().kv_config().block_size,
+            kv_dtype: e.executor().kv_config().dtype,
             enable_prefix_cache: state.enable_prefix_cache,
             now_seconds: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
         }
@@ -490,7 +492,7 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         enable_prefix_cache: opts.enable_prefix_cache,
     };
     let loader = state.clone();
-    let kv = opts.kv_memory_bytes;
+    let (kv, kv_dtype) = (opts.kv_memory_bytes, opts.kv_cache_dtype);
     let speculation = opts.speculation.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
@@ -498,7 +500,11 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
             .and_then(|b| speculation.apply(b))
-            .and_then(|b| weft::rt::block_on(b.config(config).kv_memory_bytes(kv).on_progress(progress).build()))
+            .and_then(|b| {
+                weft::rt::block_on(
+                    b.config(config).kv_memory_bytes(kv).kv_cache_dtype(kv_dtype).on_progress(progress).build(),
+                )
+            })
             .and_then(|e| e.start_loop().map(|()| e));
         match built {
             Ok(engine) => {
@@ -652,6 +658,15 @@ async fn wait_idle(state: &AppState, deadline: Instant) -> bool {
 }
 
 /// Parse a duration in seconds ("30", "0.5").
+/// `--kv-cache-dtype`: f32 or f16.
+pub fn parse_kv_dtype(s: &str) -> std::result::Result<weft::DType, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(weft::DType::F32),
+        "f16" | "float16" | "half" => Ok(weft::DType::F16),
+        _ => Err(format!("{s:?} is not a KV cache type; use f32 or f16")),
+    }
+}
+
 pub fn parse_seconds(s: &str) -> std::result::Result<Duration, String> {
     let seconds: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("{s:?} is not a duration in seconds (0 or more)"))

@@ -203,6 +203,7 @@ fn bench_help_explains_every_flag() {
         "--prompt-len",
         "--gen-len",
         "--kv-memory",
+        "--kv-cache-dtype",
         "--json",
         "TTFT",
         "inter-token",

@@ -201,3 +201,13 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
     assert!(!ok && stderr.contains("missing.gguf"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A KV cache type weft does not hold is refused before anything loads, naming the choices.
+#[test]
+fn an_unknown_kv_cache_type_is_refused() {
+    for command in ["serve", "bench"] {
+        let (ok, _, stderr) = weft(&[command, "--kv-cache-dtype", "q8"], &[]);
+        assert!(!ok);
+        assert!(stderr.contains("\"q8\" is not a KV cache type; use f32 or f16"), "{command}: {stderr}");
+    }
+}

@@ -76,8 +76,10 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
     ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
+    ("shared/kv_read_storage_f16.wgsl", include_str!("../../shaders/shared/kv_read_storage_f16.wgsl")),
     ("shared/kv_read_texture.wgsl", include_str!("../../shaders/shared/kv_read_texture.wgsl")),
     ("shared/kv_write_storage.wgsl", include_str!("../../shaders/shared/kv_write_storage.wgsl")),
+    ("shared/kv_write_storage_f16.wgsl", include_str!("../../shaders/shared/kv_write_storage_f16.wgsl")),
     ("shared/kv_write_texture.wgsl", include_str!("../../shaders/shared/kv_write_texture.wgsl")),
     ("shared/row_norm.wgsl", include_str!("../../shaders/shared/row_norm.wgsl")),
     ("shared/softplus.wgsl", include_str!("../../shaders/shared/softplus.wgsl")),
@@ -130,8 +132,8 @@ pub enum XSource {
 pub enum KvSource {
     /// Storage buffers: portable, and what GPUs want.
     Storage,
-    /// rgba32float textures, read as textures and written as storage textures: CPU drivers
-    /// fetch texels vectorized.
+    /// rgba32float (rgba16float for an f16 cache) textures, read and written as storage
+    /// textures: CPU drivers fetch texels vectorized.
     Texture,
 }
 
@@ -176,6 +178,8 @@ pub struct ShaderVariant {
     pub tile: [u16; 3],
     /// Where a KV kernel reads or writes the cache.
     pub kv_in: KvSource,
+    /// Whether that cache holds halves (an f16 KV cache) instead of f32.
+    pub kv_f16: bool,
     /// The head size attention is compiled for (0 for other kernels).
     pub head_dim: u16,
     /// What a matmul does with its sums as it writes them.
@@ -192,14 +196,15 @@ impl ShaderVariant {
             x_in: XSource::Storage,
             tile: [0; 3],
             kv_in: KvSource::Storage,
+            kv_f16: false,
             head_dim: 0,
             epilogue: Epilogue::None,
         }
     }
 
     /// A kernel over the KV cache in `source`; attention also by head size.
-    pub fn kv(kernel: &'static str, source: KvSource, head_dim: u16) -> Self {
-        ShaderVariant { kv_in: source, head_dim, ..Self::plain(kernel) }
+    pub fn kv(kernel: &'static str, source: KvSource, f16: bool, head_dim: u16) -> Self {
+        ShaderVariant { kv_in: source, kv_f16: f16, head_dim, ..Self::plain(kernel) }
     }
 
     /// A kernel that reads weights of `dtype` from `source`.
@@ -213,9 +218,10 @@ impl std::fmt::Display for ShaderVariant {
         f.write_str(self.kernel)?;
         if KV_KERNELS.contains(&self.kernel) {
             let source = if self.kv_in == KvSource::Texture { "texture" } else { "buffer" };
+            let half = if self.kv_f16 { ",f16" } else { "" };
             return match self.head_dim {
-                0 => write!(f, "[kv {source}]"),
-                hd => write!(f, "[kv {source},head {hd}]"),
+                0 => write!(f, "[kv {source}{half}]"),
+                hd => write!(f, "[kv {source}{half},head {hd}]"),
             };
         }
         if let Some(dtype) = self.weight {
@@ -279,10 +285,12 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
         let Some(kernel) = path.strip_suffix(".wgsl").filter(|p| !p.contains('/')) else { continue };
         if KV_KERNELS.contains(&kernel) {
             for source in [KvSource::Storage, KvSource::Texture] {
-                if kernel == "paged_attention" {
-                    out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant::kv(kernel, source, hd)));
-                } else {
-                    out.push(ShaderVariant::kv(kernel, source, 0));
+                for f16 in [false, true] {
+                    if kernel == "paged_attention" {
+                        out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant::kv(kernel, source, f16, hd)));
+                    } else {
+                        out.push(ShaderVariant::kv(kernel, source, f16, 0));
+                    }
                 }
             }
             continue;
@@ -351,6 +359,7 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
         .replace("{{TM}}", &tm.to_string())
         .replace("{{HD}}", &variant.head_dim.to_string())
         .replace("{{G}}", &variant.epilogue.rows_per_output().to_string())
+        .replace("{{KV_FORMAT}}", if variant.kv_f16 { "rgba16float" } else { "rgba32float" })
         .replace("{{LAST}}", &(variant.epilogue.rows_per_output() - 1).to_string());
     let lines: Vec<&str> = text.lines().collect();
     let mut unrolled = String::with_capacity(text.len());
@@ -434,8 +443,14 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
                 expand(file, variant, out)?;
             }
             Some(side @ ("kv_read" | "kv_write")) => {
-                let kind = if variant.kv_in == KvSource::Texture { "texture" } else { "storage" };
-                expand(&format!("shared/{side}_{kind}.wgsl"), variant, out)?;
+                // A texture cache names its texel format (KV_FORMAT); a buffer of halves has
+                // files of its own.
+                let file = match (variant.kv_in, variant.kv_f16) {
+                    (KvSource::Texture, _) => format!("shared/{side}_texture.wgsl"),
+                    (KvSource::Storage, false) => format!("shared/{side}_storage.wgsl"),
+                    (KvSource::Storage, true) => format!("shared/{side}_storage_f16.wgsl"),
+                };
+                expand(&file, variant, out)?;
             }
             Some("epilogue") => expand(variant.epilogue.file(), variant, out)?,
             Some("x_source") => {
@@ -468,6 +483,10 @@ pub enum BindingKind {
     StorageTextureReadF32,
     /// `texture_storage_2d<rgba32float, write>`.
     StorageTextureWrite,
+    /// `texture_storage_2d<rgba16float, read>`: an f16 KV cache on CPU drivers.
+    StorageTextureReadF16,
+    /// `texture_storage_2d<rgba16float, write>`.
+    StorageTextureWriteF16,
 }
 
 /// The group-0 bindings a composed kernel declares, in binding order. Kernels declare each
@@ -492,6 +511,10 @@ pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
             BindingKind::StorageTextureReadF32
         } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, write>") {
             BindingKind::StorageTextureWrite
+        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba16float, read>") {
+            BindingKind::StorageTextureReadF16
+        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba16float, write>") {
+            BindingKind::StorageTextureWriteF16
         } else {
             return Err(bad());
         };
@@ -549,21 +572,21 @@ impl PipelineCache {
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
-                    BindingKind::StorageTextureReadU32 => wgpu::BindingType::StorageTexture {
-                        access: wgpu::StorageTextureAccess::ReadOnly,
-                        format: wgpu::TextureFormat::Rgba32Uint,
-                        view_dimension: wgpu::TextureViewDimension::D2,
-                    },
-                    BindingKind::StorageTextureReadF32 => wgpu::BindingType::StorageTexture {
-                        access: wgpu::StorageTextureAccess::ReadOnly,
-                        format: wgpu::TextureFormat::Rgba32Float,
-                        view_dimension: wgpu::TextureViewDimension::D2,
-                    },
-                    BindingKind::StorageTextureWrite => wgpu::BindingType::StorageTexture {
-                        access: wgpu::StorageTextureAccess::WriteOnly,
-                        format: wgpu::TextureFormat::Rgba32Float,
-                        view_dimension: wgpu::TextureViewDimension::D2,
-                    },
+                    &kind => {
+                        use wgpu::{StorageTextureAccess::*, TextureFormat::*};
+                        let (access, format) = match kind {
+                            BindingKind::StorageTextureReadU32 => (ReadOnly, Rgba32Uint),
+                            BindingKind::StorageTextureReadF32 => (ReadOnly, Rgba32Float),
+                            BindingKind::StorageTextureWrite => (WriteOnly, Rgba32Float),
+                            BindingKind::StorageTextureReadF16 => (ReadOnly, Rgba16Float),
+                            _ => (WriteOnly, Rgba16Float),
+                        };
+                        wgpu::BindingType::StorageTexture {
+                            access,
+                            format,
+                            view_dimension: wgpu::TextureViewDimension::D2,
+                        }
+                    }
                 },
                 count: None,
             })

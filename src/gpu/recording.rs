@@ -230,7 +230,9 @@ impl GpuContext {
                         Resource::Texture(view),
                         BindingKind::StorageTextureReadU32
                         | BindingKind::StorageTextureReadF32
-                        | BindingKind::StorageTextureWrite,
+                        | BindingKind::StorageTextureWrite
+                        | BindingKind::StorageTextureReadF16
+                        | BindingKind::StorageTextureWriteF16,
                     ) => wgpu::BindingResource::TextureView(view),
                     (Resource::Window(buffer), BindingKind::Uniform) => {
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {

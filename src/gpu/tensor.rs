@@ -20,10 +20,15 @@ use crate::quant::DType;
 use crate::rt::BoxFuture;
 use crate::tensor::TensorFactory;
 
-/// Texels per row of a weight texture (16 bytes each: 128 KiB per texture row), the core WebGPU
-/// 2D texture limit; `shared/weight_texture.wgsl` finds word i at texel (i/4 % 8192, i/4 / 8192).
+/// Texels per row of a weight or KV texture, the core WebGPU 2D texture limit;
+/// `shared/weight_texture.wgsl` finds word i at texel (i/4 % 8192, i/4 / 8192).
 pub const TEXTURE_WIDTH: u32 = 8192;
-const TEXTURE_ROW_BYTES: u64 = TEXTURE_WIDTH as u64 * 16;
+
+/// Bytes of one row of a texture of `format`: 128 KiB of rgba32uint or rgba32float texels, 64
+/// KiB of rgba16float.
+fn texture_row_bytes(format: wgpu::TextureFormat) -> u64 {
+    u64::from(TEXTURE_WIDTH) * u64::from(format.block_copy_size(None).unwrap_or(16))
+}
 
 /// Where a part's bytes live.
 #[derive(Clone, Debug, PartialEq)]
@@ -234,15 +239,22 @@ impl GpuTensorFactory {
         &self.ctx
     }
 
-    fn layout(&self, shape: &[usize], dtype: DType, texture: bool) -> Result<(usize, usize, usize)> {
+    /// (rows, bytes per row, rows per part) of a tensor, in buffers or in textures of `texture`'s
+    /// format.
+    fn layout(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        texture: Option<wgpu::TextureFormat>,
+    ) -> Result<(usize, usize, usize)> {
         let probe = GpuTensor { shape: shape.to_vec(), dtype, row_bytes: 0, parts: Vec::new() };
         if shape.contains(&0) {
             return Err(WeftError::shape("create tensor", format!("shape {shape:?} has an empty dimension")));
         }
         let row_bytes = dtype.size_bytes(probe.row_elems())?;
         let mut cap = self.ctx.max_binding_bytes();
-        if texture {
-            cap = cap.min(u64::from(self.ctx.limits().max_texture_dimension_2d) * TEXTURE_ROW_BYTES);
+        if let Some(format) = texture {
+            cap = cap.min(u64::from(self.ctx.limits().max_texture_dimension_2d) * texture_row_bytes(format));
         }
         let cap = cap as usize;
         if row_bytes > cap {
@@ -255,7 +267,11 @@ impl GpuTensorFactory {
     }
 
     fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&[u8]>, kind: Kind) -> Result<GpuTensor> {
-        let texture = matches!(kind, Kind::Texture | Kind::KvTexture);
+        let texture = match kind {
+            Kind::Texture => Some(wgpu::TextureFormat::Rgba32Uint),
+            Kind::KvTexture(format) => Some(format),
+            Kind::Buffer | Kind::Activations => None,
+        };
         let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype, texture)?;
         if let Some(bytes) = bytes
             && bytes.len() != num_rows * row_bytes
@@ -275,8 +291,8 @@ impl GpuTensorFactory {
             let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
             let len = (rows.len() * row_bytes) as u64;
             let storage = match kind {
-                Kind::Texture => self.texture(len, src, false)?,
-                Kind::KvTexture => self.texture(len, src, true)?,
+                Kind::Texture => self.texture(len, src, None)?,
+                Kind::KvTexture(format) => self.texture(len, src, Some(format))?,
                 Kind::Buffer | Kind::Activations => {
                     let mut usage =
                         wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
@@ -313,26 +329,20 @@ impl GpuTensorFactory {
         Ok(GpuTensor { shape: shape.to_vec(), dtype, row_bytes, parts })
     }
 
-    /// An rgba32uint texture holding `len` bytes (zeros, or `src`), row after row of
-    /// [`TEXTURE_WIDTH`] texels.
-    fn texture(&self, len: u64, src: Option<&[u8]>, kv: bool) -> Result<PartStorage> {
-        let height = len.div_ceil(TEXTURE_ROW_BYTES).max(1) as u32;
-        // KV caches are read as float textures and written as storage textures; weights are
-        // raw bytes, read as uint texels.
-        let (label, format, usage) = if kv {
-            let usage = wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING;
-            (
-                "kv cache",
-                wgpu::TextureFormat::Rgba32Float,
-                usage | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
-            )
-        } else {
-            let usage =
-                wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
-            ("weights", wgpu::TextureFormat::Rgba32Uint, usage)
+    /// A texture holding `len` bytes (zeros, or `src`), row after row of [`TEXTURE_WIDTH`]
+    /// texels: rgba32uint for weights (raw bytes, read as uint texels), or a KV cache's float
+    /// format `kv` (read and written as storage textures).
+    fn texture(&self, len: u64, src: Option<&[u8]>, kv: Option<wgpu::TextureFormat>) -> Result<PartStorage> {
+        let usage =
+            wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
+        let (label, format) = match kv {
+            Some(format) => ("kv cache", format),
+            None => ("weights", wgpu::TextureFormat::Rgba32Uint),
         };
+        let row_bytes = texture_row_bytes(format);
+        let height = len.div_ceil(row_bytes).max(1) as u32;
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.ctx.creations.bytes.fetch_add(u64::from(height) * TEXTURE_ROW_BYTES, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.creations.bytes.fetch_add(u64::from(height) * row_bytes, std::sync::atomic::Ordering::Relaxed);
         let texture = self.ctx.device.create_texture(&wgpu::TextureDescriptor {
             label: Some(label),
             size: wgpu::Extent3d { width: TEXTURE_WIDTH, height, depth_or_array_layers: 1 },
@@ -344,7 +354,7 @@ impl GpuTensorFactory {
             view_formats: &[],
         });
         if let Some(src) = src {
-            let full_rows = (src.len() as u64 / TEXTURE_ROW_BYTES) as u32;
+            let full_rows = (src.len() as u64 / row_bytes) as u32;
             let write = |data: &[u8], first_row: u32, rows: u32| {
                 self.ctx.queue.write_texture(
                     wgpu::TexelCopyTextureInfo {
@@ -356,18 +366,18 @@ impl GpuTensorFactory {
                     data,
                     wgpu::TexelCopyBufferLayout {
                         offset: 0,
-                        bytes_per_row: Some(TEXTURE_ROW_BYTES as u32),
+                        bytes_per_row: Some(row_bytes as u32),
                         rows_per_image: Some(rows),
                     },
                     wgpu::Extent3d { width: TEXTURE_WIDTH, height: rows, depth_or_array_layers: 1 },
                 );
             };
             if full_rows > 0 {
-                write(&src[..(u64::from(full_rows) * TEXTURE_ROW_BYTES) as usize], 0, full_rows);
+                write(&src[..(u64::from(full_rows) * row_bytes) as usize], 0, full_rows);
             }
-            let rest = &src[(u64::from(full_rows) * TEXTURE_ROW_BYTES) as usize..];
+            let rest = &src[(u64::from(full_rows) * row_bytes) as usize..];
             if !rest.is_empty() {
-                let mut last = vec![0u8; TEXTURE_ROW_BYTES as usize];
+                let mut last = vec![0u8; row_bytes as usize];
                 last[..rest.len()].copy_from_slice(rest);
                 write(&last, full_rows, 1);
             }
@@ -376,12 +386,30 @@ impl GpuTensorFactory {
         Ok(PartStorage::Texture(texture, view))
     }
 
-    /// One layer's K or V cache, (slots, kv_heads, head_dim) F32, zeroed or holding `values`:
-    /// an rgba32float texture for CPU drivers' attention kernels, else a buffer.
-    pub fn kv_cache(&self, shape: &[usize], values: Option<&[f32]>) -> Result<GpuTensor> {
-        let kind =
-            if self.ctx.kernel_family() == crate::gpu::KernelFamily::Cpu { Kind::KvTexture } else { Kind::Buffer };
-        let tensor = self.create(shape, DType::F32, values.map(bytemuck::cast_slice), kind)?;
+    /// One layer's K or V cache, (slots, kv_heads, head_dim) of `dtype` (F32, or F16 for half
+    /// the memory), zeroed or holding `values` (rounded to halves for F16): an rgba32float or
+    /// rgba16float texture for CPU drivers' attention kernels, else a buffer.
+    pub fn kv_cache(&self, shape: &[usize], dtype: DType, values: Option<&[f32]>) -> Result<GpuTensor> {
+        let format = match dtype {
+            DType::F32 => wgpu::TextureFormat::Rgba32Float,
+            DType::F16 => wgpu::TextureFormat::Rgba16Float,
+            other => {
+                return Err(WeftError::Unsupported(format!("a KV cache holds f32 or f16 values, not {other}")));
+            }
+        };
+        let kind = if self.ctx.kernel_family() == crate::gpu::KernelFamily::Cpu {
+            Kind::KvTexture(format)
+        } else {
+            Kind::Buffer
+        };
+        let bytes = match values {
+            Some(v) if dtype == DType::F16 => {
+                Some(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect())
+            }
+            Some(v) => Some(bytemuck::cast_slice(v).to_vec()),
+            None => None,
+        };
+        let tensor = self.create(shape, dtype, bytes.as_deref(), kind)?;
         if tensor.parts().len() > 1 {
             return Err(WeftError::Unsupported(format!(
                 "a KV cache layer of shape {shape:?} does not fit one binding of this device; use less KV memory"
@@ -404,8 +432,8 @@ enum Kind {
     Activations,
     /// An rgba32uint texture (weights on CPU drivers).
     Texture,
-    /// An rgba32float texture (the KV cache on CPU drivers).
-    KvTexture,
+    /// A float texture of this format (the KV cache on CPU drivers).
+    KvTexture(wgpu::TextureFormat),
 }
 
 impl TensorFactory for GpuTensorFactory {
@@ -452,10 +480,11 @@ fn copy_span(part: &TensorPart, len: u64) -> (u64, u64) {
             let end = (part.offset_bytes + len).next_multiple_of(4).min(buffer.size());
             (start, end - start)
         }
-        PartStorage::Texture(..) => {
-            let first = part.offset_bytes / TEXTURE_ROW_BYTES;
-            let last = (part.offset_bytes + len).div_ceil(TEXTURE_ROW_BYTES).max(first + 1);
-            (first * TEXTURE_ROW_BYTES, (last - first) * TEXTURE_ROW_BYTES)
+        PartStorage::Texture(texture, _) => {
+            let row_bytes = texture_row_bytes(texture.format());
+            let first = part.offset_bytes / row_bytes;
+            let last = (part.offset_bytes + len).div_ceil(row_bytes).max(first + 1);
+            (first * row_bytes, (last - first) * row_bytes)
         }
     }
 }
@@ -492,20 +521,20 @@ impl GpuContext {
                     wgpu::TexelCopyTextureInfo {
                         texture,
                         mip_level: 0,
-                        origin: wgpu::Origin3d { x: 0, y: (start / TEXTURE_ROW_BYTES) as u32, z: 0 },
+                        origin: wgpu::Origin3d { x: 0, y: (start / texture_row_bytes(texture.format())) as u32, z: 0 },
                         aspect: wgpu::TextureAspect::All,
                     },
                     wgpu::TexelCopyBufferInfo {
                         buffer: &staging,
                         layout: wgpu::TexelCopyBufferLayout {
                             offset: at,
-                            bytes_per_row: Some(TEXTURE_ROW_BYTES as u32),
+                            bytes_per_row: Some(texture_row_bytes(texture.format()) as u32),
                             rows_per_image: None,
                         },
                     },
                     wgpu::Extent3d {
                         width: TEXTURE_WIDTH,
-                        height: (len / TEXTURE_ROW_BYTES) as u32,
+                        height: (len / texture_row_bytes(texture.format())) as u32,
                         depth_or_array_layers: 1,
                     },
                 ),

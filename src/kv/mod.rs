@@ -13,6 +13,7 @@ pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats, SeqId};
 pub use state::{RecurrentStateConfig, RecurrentStateManager, StateUsage};
 
 use crate::error::{Result, WeftError};
+use crate::quant::DType;
 
 /// Shape of the paged cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,27 +21,55 @@ pub struct KvCacheConfig {
     /// Tokens per block.
     pub block_size: usize,
     pub num_blocks: usize,
+    /// What the cache holds: `DType::F32`, or `DType::F16` (half the memory per token; keys and
+    /// values rounded to halves as they are written, as llama.cpp's default cache does).
+    pub dtype: DType,
 }
 
 impl KvCacheConfig {
-    /// Bytes one block takes over all layers, K and V, in f32.
-    pub fn block_bytes(block_size: usize, num_layers: usize, num_kv_heads: usize, head_dim: usize) -> usize {
-        2 * num_layers * block_size * num_kv_heads * head_dim * 4
+    /// An f32 cache of `num_blocks` blocks of `block_size` tokens.
+    pub fn new(block_size: usize, num_blocks: usize) -> Self {
+        KvCacheConfig { block_size, num_blocks, dtype: DType::F32 }
     }
 
-    /// As many blocks as fit in `memory_bytes`.
+    /// The same cache holding `dtype` (F32 or F16; others are refused when the pool is made).
+    pub fn with_dtype(self, dtype: DType) -> Self {
+        KvCacheConfig { dtype, ..self }
+    }
+
+    /// Bytes of one cached value of `dtype`.
+    pub fn value_bytes(dtype: DType) -> usize {
+        if dtype == DType::F16 { 2 } else { 4 }
+    }
+
+    /// Bytes one block takes over all layers, K and V, holding `dtype` values.
+    pub fn block_bytes(
+        block_size: usize,
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+    ) -> usize {
+        2 * num_layers * block_size * num_kv_heads * head_dim * Self::value_bytes(dtype)
+    }
+
+    /// As many blocks of `dtype` values as fit in `memory_bytes`.
     pub fn for_memory(
         memory_bytes: usize,
         block_size: usize,
         num_layers: usize,
         num_kv_heads: usize,
         head_dim: usize,
+        dtype: DType,
     ) -> Result<Self> {
-        let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim);
+        if dtype != DType::F32 && dtype != DType::F16 {
+            return Err(WeftError::Unsupported(format!("a KV cache holds f32 or f16 values, not {dtype}")));
+        }
+        let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim, dtype);
         if per_block == 0 {
             // No attention layers (a pure state-space model): blocks hold no memory, and only
             // count positions. Enough for 2^20 of them.
-            return Ok(KvCacheConfig { block_size, num_blocks: (1usize << 20).div_ceil(block_size.max(1)) });
+            return Ok(KvCacheConfig { block_size, num_blocks: (1usize << 20).div_ceil(block_size.max(1)), dtype });
         }
         let num_blocks = memory_bytes / per_block;
         if num_blocks == 0 {
@@ -48,7 +77,7 @@ impl KvCacheConfig {
                 "{memory_bytes} bytes of KV memory hold no block; one block of {block_size} tokens takes {per_block} bytes"
             )));
         }
-        Ok(KvCacheConfig { block_size, num_blocks })
+        Ok(KvCacheConfig { block_size, num_blocks, dtype })
     }
 }
 
@@ -58,8 +87,12 @@ mod tests {
 
     #[test]
     fn sizing_from_memory() {
-        let c = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64).unwrap();
+        let c = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::F32).unwrap();
         assert_eq!(c.num_blocks, (64 << 20) / (2 * 30 * 16 * 192 * 4));
-        assert!(KvCacheConfig::for_memory(1000, 16, 30, 3, 64).is_err());
+        let half = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::F16).unwrap();
+        assert_eq!((half.num_blocks, half.dtype), ((64 << 20) / (2 * 30 * 16 * 192 * 2), DType::F16));
+        assert!(KvCacheConfig::for_memory(1000, 16, 30, 3, 64, DType::F32).is_err());
+        let err = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::Q8_0).unwrap_err().to_string();
+        assert!(err.contains("f32 or f16"), "{err}");
     }
 }

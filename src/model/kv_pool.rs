@@ -12,8 +12,8 @@ use crate::quant::DType;
 use crate::tensor::TensorFactory;
 
 /// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)
-/// F32 tensor per layer and side, so no binding grows with the layer count (buffers, or
-/// rgba32float textures on CPU drivers).
+/// tensor of the config's dtype (F32 or F16) per layer and side, so no binding grows with the
+/// layer count (buffers, or rgba32float / rgba16float textures on CPU drivers).
 pub struct KvPool {
     config: KvCacheConfig,
     /// Per model layer; `None` for a recurrent layer.
@@ -56,8 +56,8 @@ impl KvPool {
         let mut v = Vec::with_capacity(model.num_layers);
         for layer in 0..model.num_layers {
             let attends = !model.is_recurrent(layer);
-            k.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
-            v.push(attends.then(|| factory.kv_cache(&shape, None)).transpose()?);
+            k.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
+            v.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
         }
         let states = match model.ssm {
             Some(ssm) => {

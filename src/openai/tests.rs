@@ -384,7 +384,7 @@ fn against_a_tiny_engine() {
         crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0),
     )
     .unwrap();
-    let exec = files.executor(&f, crate::kv::KvCacheConfig { block_size: 4, num_blocks: 64 }).unwrap();
+    let exec = files.executor(&f, crate::kv::KvCacheConfig::new(4, 64)).unwrap();
     let config = EngineConfig { max_model_len: 64, ..EngineConfig::default() };
     let engine = ContinuousBatchEngine::new_plan_runtime(
         config,

@@ -43,6 +43,14 @@ impl Filled {
 }
 
 pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
+    fill_as(f, lens, DType::F32)
+}
+
+/// [`fill`] into a cache of `dtype`; for F16 the CPU's rows are the halves the cache holds.
+pub fn fill_as(f: &GpuTensorFactory, lens: &[usize], dtype: DType) -> Filled {
+    let round = |row: Vec<f32>| -> Vec<f32> {
+        if dtype == DType::F16 { row.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect() } else { row }
+    };
     let max_blocks = lens.iter().map(|l| l.div_ceil(BLOCK)).max().unwrap();
     let needed: usize = lens.iter().map(|l| l.div_ceil(BLOCK)).sum();
     let num_blocks = needed + 3;
@@ -58,8 +66,8 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
         for b in 0..len.div_ceil(BLOCK) {
             tables[s * max_blocks + b] = free.pop().unwrap();
         }
-        let ks: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64, 1.0)).collect();
-        let vs: Vec<Vec<f32>> = (0..len).map(|p| random(KV_DIM, (s * 1000 + p) as u64 + 500_000, 1.0)).collect();
+        let ks: Vec<Vec<f32>> = (0..len).map(|p| round(random(KV_DIM, (s * 1000 + p) as u64, 1.0))).collect();
+        let vs: Vec<Vec<f32>> = (0..len).map(|p| round(random(KV_DIM, (s * 1000 + p) as u64 + 500_000, 1.0))).collect();
         for p in 0..len {
             let slot = slots_per_layer + tables[s * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
             k_cache[slot * KV_DIM..(slot + 1) * KV_DIM].copy_from_slice(&ks[p]);
@@ -74,8 +82,8 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
         v,
         tables,
         max_blocks,
-        k_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], Some(&k_cache)).unwrap(),
-        v_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], Some(&v_cache)).unwrap(),
+        k_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], dtype, Some(&k_cache)).unwrap(),
+        v_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], dtype, Some(&v_cache)).unwrap(),
         slots_per_layer,
     }
 }
@@ -124,7 +132,18 @@ pub fn attend(
 fn attention_matches_cpu_for_decode_and_prefill_chunks() {
     for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
         let Some(f) = gpu_with_family(family) else { return };
-        check_attention(f, family.splits_attention());
+        check_attention(f, family.splits_attention(), DType::F32);
+    }
+}
+
+/// An f16 cache (halves in a buffer, or an rgba16float texture on CPU drivers) read as the
+/// same halves widened: the reference attends over the rounded keys and values, within the
+/// f32 bound above.
+#[test]
+fn attention_reads_an_f16_cache() {
+    for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { return };
+        check_attention(f, family.splits_attention(), DType::F16);
     }
 }
 
@@ -132,13 +151,14 @@ fn attention_matches_cpu_for_decode_and_prefill_chunks() {
 #[test]
 fn split_attention_matches_cpu_over_long_contexts() {
     let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
-    check_attention(f, true);
+    check_attention(f, true, DType::F32);
 }
 
-fn check_attention(f: &GpuTensorFactory, split: bool) {
+fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
     let long = split.then_some(2100);
     let lens: Vec<usize> = [1, 17, 40, 100].into_iter().chain(long).collect();
-    let filled = fill(f, &lens);
+    let filled = fill_as(f, &lens, dtype);
+    assert_eq!(filled.k_cache.dtype(), dtype);
     assert_eq!(filled.k_cache.parts()[0].in_texture(), f.context().kernel_family() == KernelFamily::Cpu);
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
     queries.extend((30..40).map(|p| (2, p))); // a prefill chunk starting at position 30

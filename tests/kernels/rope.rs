@@ -2,7 +2,9 @@
 //! row rotate in place; the key heads rotate into their tokens' cache slots and the value heads
 //! are copied there; a token whose slot lies past the cache writes nothing. The angles come
 //! from one table, so the only error is the rotation itself: two products and a sum, within
-//! 2·u·(|xa| + |xb|) each, checked at 4·u.
+//! 2·u·(|xa| + |xb|) each, checked at 4·u. An f16 cache also rounds each key and value to a
+//! half as it is written: within 2^-11 of the value (round to nearest), checked at 2^-10, which
+//! also admits a driver that truncates.
 
 use weft::DType;
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, rope_kv_write};
@@ -15,14 +17,17 @@ use crate::common::*;
 const BLOCK: usize = 4;
 
 fn check(pairing: RopePairing) {
-    // Both cache kinds: buffers (baseline) and storage textures (CPU drivers).
+    // Both cache kinds: buffers (baseline) and storage textures (CPU drivers), of f32 and f16.
     for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
         let Some(f) = gpu_with_family(family) else { return };
-        check_on(f, pairing);
+        for dtype in [DType::F32, DType::F16] {
+            check_on(f, pairing, dtype);
+        }
     }
 }
 
-fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
+fn check_on(f: &GpuTensorFactory, pairing: RopePairing, dtype: DType) {
+    let half = if dtype == DType::F16 { 2f64.powi(-10) } else { 0.0 };
     for &(tokens, heads, kv_heads, head_dim) in &[(1, 1, 1, 4), (5, 3, 1, 64), (33, 9, 3, 64), (4, 2, 2, 128)] {
         let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim };
         let stride = layout.row_stride();
@@ -37,8 +42,8 @@ fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
         let pt = f.upload_u32(&[tokens], &positions).unwrap();
         let ct = f.upload_f32(&[8192, head_dim / 2, 2], &table).unwrap();
         let st = f.upload_u32(&[tokens], &slots).unwrap();
-        let k_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
-        let v_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], None).unwrap();
+        let k_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], dtype, None).unwrap();
+        let v_cache = f.kv_cache(&[2 * num_slots, kv_heads, head_dim], dtype, None).unwrap();
         let cache =
             PagedKv { k_cache: &k_cache, v_cache: &v_cache, block_size: BLOCK, first_slot: num_slots, num_slots };
         let mut rec = Recording::new();
@@ -57,7 +62,7 @@ fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
         let bound = |row: &[f32]| 8.0 * U * row.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max) + 1e-30;
         for t in 0..tokens {
             let what = format!(
-                "{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}, {:?}",
+                "{pairing:?} {tokens}x{heads}/{kv_heads}x{head_dim} token {t}, {:?}, {dtype} cache",
                 f.context().kernel_family()
             );
             let q_row = &column(t, 0, q_cols);
@@ -78,13 +83,18 @@ fn check_on(f: &GpuTensorFactory, pairing: RopePairing) {
             }
             let at = (num_slots + slot) * kv_cols;
             let k_row = &column(t, q_cols, kv_cols);
-            assert_close(
-                &format!("{what} k"),
-                &got_k[at..at + kv_cols],
-                &want_k[t * kv_cols..(t + 1) * kv_cols],
-                |_| bound(k_row),
-            );
-            assert_eq!(&got_v[at..at + kv_cols], &column(t, q_cols + kv_cols, kv_cols)[..], "{what} v");
+            let want_k = &want_k[t * kv_cols..(t + 1) * kv_cols];
+            assert_close(&format!("{what} k"), &got_k[at..at + kv_cols], want_k, |i| {
+                bound(k_row) + half * f64::from(want_k[i].abs())
+            });
+            let want_v = column(t, q_cols + kv_cols, kv_cols);
+            if dtype == DType::F32 {
+                assert_eq!(&got_v[at..at + kv_cols], &want_v[..], "{what} v");
+            } else {
+                assert_close(&format!("{what} v"), &got_v[at..at + kv_cols], &want_v, |i| {
+                    half * f64::from(want_v[i].abs()) + 1e-30
+                });
+            }
         }
         // Layer 0 stays empty, and the skipped token wrote nowhere (a texture may hold padding
         // after the cache: only the cache's own floats count).

@@ -179,6 +179,16 @@ fn binding_declarations_are_read_as_naga_reads_them() {
                         {
                             BindingKind::StorageTextureWrite
                         }
+                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba16Float, access }
+                            if *access == naga::StorageAccess::LOAD =>
+                        {
+                            BindingKind::StorageTextureReadF16
+                        }
+                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba16Float, access }
+                            if *access == naga::StorageAccess::STORE =>
+                        {
+                            BindingKind::StorageTextureWriteF16
+                        }
                         other => panic!("{variant}: unexpected image {other:?}"),
                     },
                     other => panic!("{variant}: unexpected binding {other:?}"),

@@ -27,7 +27,7 @@ def test_vllm_metrics_during_eight_streams(tmp_path):
         for name in VLLM_NAMES:
             assert name in idle, f"{name} missing from /metrics: {sorted(idle)}"
         info = idle["vllm:cache_config_info"][0][0]
-        assert info["block_size"] == "16" and info["num_gpu_blocks"] == "128", info
+        assert info["block_size"] == "16" and info["num_gpu_blocks"] == "128" and info["cache_dtype"] == "f32", info
         lora = idle["vllm:lora_requests_info"][0][0]
         assert lora == {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}, lora
         assert abs(value(idle, "vllm:lora_requests_info") - time.time()) < 60
@@ -86,5 +86,17 @@ def test_vllm_metrics_during_eight_streams(tmp_path):
         assert value(end, "vllm:prefix_cache_queries_total", **LABELS) == prompt_tokens
         assert value(end, "vllm:prefix_cache_hits_total", **LABELS) == 8 * 32
         print(f"\nmetrics: running max {max(running)}, waiting max {max(waiting)}, KV usage max {max(usage):.3f} over {len(seen)} scrapes")
+    finally:
+        replica.stop()
+
+
+def test_an_f16_kv_cache_holds_twice_the_blocks(tmp_path):
+    replica = Replica(tmp_path, "f16", "--kv-memory", "1MiB", "--kv-cache-dtype", "f16")
+    try:
+        replica.wait_ready()
+        status, _, reply = replica.warm_up(PREFIX, 8)
+        assert status == 200 and reply["usage"]["completion_tokens"] == 8, reply
+        info = replica.metrics()["vllm:cache_config_info"][0][0]
+        assert info["num_gpu_blocks"] == "256" and info["cache_dtype"] == "f16", info
     finally:
         replica.stop()

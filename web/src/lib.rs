@@ -95,6 +95,9 @@ struct LoadOptions {
     /// A kernel family forced instead of the adapter's own choice (`kernels`), as
     /// `WEFT_KERNELS` forces one natively.
     kernels: Option<KernelFamily>,
+    /// What the KV cache holds (`kvCacheDtype`: "f32", or "f16" for twice the tokens in
+    /// `kvMemoryMiB`).
+    kv_dtype: weft::DType,
 }
 
 impl LoadOptions {
@@ -110,6 +113,7 @@ impl LoadOptions {
             },
             speculation: None,
             kernels: None,
+            kv_dtype: weft::DType::F32,
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -161,6 +165,14 @@ impl LoadOptions {
         } else if !kernels.is_undefined() && !kernels.is_null() {
             return Err(JsError::new("invalid option kernels: expected \"baseline\", \"cpu\" or \"subgroup\""));
         }
+        let kv_dtype =
+            Reflect::get(options, &"kvCacheDtype".into()).map_err(|_| JsError::new("invalid option kvCacheDtype"))?;
+        match kv_dtype.as_string().as_deref() {
+            Some("f32") => {}
+            Some("f16") => o.kv_dtype = weft::DType::F16,
+            None if kv_dtype.is_undefined() || kv_dtype.is_null() => {}
+            _ => return Err(JsError::new("invalid option kvCacheDtype: expected \"f32\" or \"f16\"")),
+        }
         if spec_tokens.is_some() && o.speculation.is_none() {
             return Err(JsError::new(
                 "invalid option specTokens: it sets how many tokens specNgram drafts; add specNgram: true",
@@ -193,7 +205,8 @@ impl WebEngine {
             "contextLength": c.max_position_embeddings,
         });
         let ctx = GpuContext::new(GpuOptions { kernels: options.kernels, ..Default::default() }).await.map_err(js)?;
-        let mut builder = builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes);
+        let mut builder =
+            builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes).kv_cache_dtype(options.kv_dtype);
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
             builder = builder.speculation(spec);

@@ -100,31 +100,42 @@ async fn loads_from_bytes_and_describes_itself() {
     engine.dispose();
 }
 
-/// The `kernels` option forces a kernel family, as `WEFT_KERNELS` does natively; an unknown
-/// one is refused with a message naming the option and the choices.
+/// The `kernels` option forces a kernel family, as `WEFT_KERNELS` does natively, and
+/// `kvCacheDtype: "f16"` holds the KV cache in halves; an unknown family or cache type is
+/// refused with a message naming the option and the choices.
 #[wasm_bindgen_test]
 async fn the_kernels_option_forces_a_family() {
-    let options = |kernels: &str| {
+    let options = |key: &str, value: &str| {
         let o = js_sys::Object::new();
-        js_sys::Reflect::set(&o, &"kernels".into(), &kernels.into()).unwrap();
+        js_sys::Reflect::set(&o, &key.into(), &value.into()).unwrap();
         JsValue::from(o)
     };
-    let engine = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("baseline"), None)
+    // The baseline kernels over an f16 KV cache (halves in storage buffers).
+    let both = options("kernels", "baseline");
+    js_sys::Reflect::set(&both, &"kvCacheDtype".into(), &"f16".into()).unwrap();
+    let engine = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), both, None)
         .await
         .map_err(JsValue::from)
-        .expect("the tiny model loads on the baseline kernels");
+        .expect("the tiny model loads on the baseline kernels with an f16 KV cache");
     let adapter: Value =
         serde_json::from_str(&js_sys::JSON::stringify(&engine.adapter_info()).unwrap().as_string().unwrap()).unwrap();
     assert_eq!(adapter["kernels"], "baseline", "{adapter}");
     let text = Run::start(&engine, "chat", &chat("Hello", 3, false), "k1").unwrap().finish().await;
     assert_eq!(text[0]["usage"]["completion_tokens"], 3, "{text:?}");
     engine.dispose();
-    let err = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("fast"), None)
+    let err = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kernels", "fast"), None)
         .await
         .err()
         .expect("an unknown family is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("invalid option kernels") && message.contains("baseline, cpu or subgroup"), "{message}");
+    let err =
+        WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "q8"), None)
+            .await
+            .err()
+            .expect("an unknown KV cache type is refused");
+    let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
+    assert!(message.contains("invalid option kvCacheDtype") && message.contains("\"f16\""), "{message}");
 }
 
 /// Four prompts at once stream OpenAI chunks, and each equals the same request run alone (the

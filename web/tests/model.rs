@@ -42,7 +42,7 @@ async fn compare(f: &GpuTensorFactory, config: &ModelConfig, dtype: DType, num_b
     let gguf = GgufFile::from_bytes("tiny.gguf", tiny::gguf_bytes(config, &w, dtype)).unwrap();
     let loaded = ModelConfig::from_gguf(&gguf).unwrap();
     let model = arch::load(loaded, &GgufWeights { gguf: &gguf }, f, &mut |_, _| {}).unwrap();
-    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig { block_size: 4, num_blocks }).unwrap();
+    let exec = GpuExecutor::new(f.clone(), model, KvCacheConfig::new(4, num_blocks)).unwrap();
     let a: Vec<u32> = vec![5, 17, 250, 3, 3, 99, 0, 42, 7];
     let b: Vec<u32> = vec![1, 2, 3, 4, 5, 6];
     let want_a = weft::cpu::llama::forward(config, &w, &a);

@@ -40,8 +40,11 @@
  *   - onWarning(message): non-fatal problems, e.g. the model could not be cached because storage is
  *     full or refused (default: console.warn). They are also kept in `engine.warnings`.
  *   - options: engine options {kvMemoryMiB, maxNumSeqs, maxModelLen, maxNumBatchedTokens, specNgram,
- *     specTokens, kernels} (all optional). kernels forces a kernel family ('baseline', 'cpu' or
- *     'subgroup') instead of the one weft picks for the adapter (adapterInfo().kernels says which). specNgram: true turns on speculative decoding by prompt lookup
+ *     specTokens, kernels, kvCacheDtype} (all optional). kernels forces a kernel family ('baseline',
+ *     'cpu' or 'subgroup') instead of the one weft picks for the adapter (adapterInfo().kernels
+ *     says which). kvCacheDtype 'f16' holds the KV cache in halves: twice the tokens in
+ *     kvMemoryMiB, logits moved by about 1e-3 (default 'f32'). specNgram: true turns on
+ *     speculative decoding by prompt lookup
  *     (drafts are the tokens that followed an earlier occurrence of the last few tokens; outputs
  *     are unchanged, faster when the reply copies the prompt); specTokens (default 4) is the most
  *     tokens drafted per request and step. modelInfo().speculation then describes it.

@@ -60,7 +60,8 @@ pub fn attention_partials_cols(split: bool, num_heads: usize, head_dim: usize) -
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// One layer's view of the paged cache: K and V tensors of shape (total_slots, num_kv_heads,
-/// head_dim) F32, of which this layer owns slots `first_slot .. first_slot + num_slots`.
+/// head_dim), both F32 or both F16, of which this layer owns slots `first_slot .. first_slot +
+/// num_slots`.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedKv<'a> {
     pub k_cache: &'a GpuTensor,
@@ -72,9 +73,11 @@ pub struct PagedKv<'a> {
 
 impl PagedKv<'_> {
     fn check(&self, op: &'static str) -> Result<(usize, usize)> {
-        expect(op, "k_cache", self.k_cache, DType::F32, &[None, None, None])?;
+        // An f32 cache, or an f16 one (half the memory; the kernels widen on load).
+        let dtype = if self.k_cache.dtype() == DType::F16 { DType::F16 } else { DType::F32 };
+        expect(op, "k_cache", self.k_cache, dtype, &[None, None, None])?;
         let shape = self.k_cache.shape();
-        expect(op, "v_cache", self.v_cache, DType::F32, &[Some(shape[0]), Some(shape[1]), Some(shape[2])])?;
+        expect(op, "v_cache", self.v_cache, dtype, &[Some(shape[0]), Some(shape[1]), Some(shape[2])])?;
         if !shape[2].is_multiple_of(4) {
             return Err(WeftError::shape(op, format!("head_dim must be a multiple of 4, got {}", shape[2])));
         }
@@ -105,6 +108,11 @@ impl PagedKv<'_> {
     /// The cache's storage, as the KV kernels' variant names it.
     fn source(&self) -> KvSource {
         if self.k_cache.parts().first().is_some_and(|p| p.in_texture()) { KvSource::Texture } else { KvSource::Storage }
+    }
+
+    /// Whether the cache holds halves.
+    fn f16(&self) -> bool {
+        self.k_cache.dtype() == DType::F16
     }
 }
 
@@ -179,7 +187,7 @@ pub fn rope_kv_write(
         cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
     let pairs = num_tokens * (layout.num_heads * head_dim / 2 + num_kv_heads * head_dim / 4);
-    let variant = ShaderVariant::kv("rope_kv_write", cache.source(), 0);
+    let variant = ShaderVariant::kv("rope_kv_write", cache.source(), cache.f16(), 0);
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(pairs, 64))?;
     Ok(())
 }
@@ -262,7 +270,8 @@ pub fn paged_attention(
         out.single_part(OP)?.resource(ctx)?,
         partials.single_part(OP)?.resource(ctx)?,
     ];
-    let variant = ShaderVariant::kv("paged_attention", cache.source(), u16::try_from(head_dim).unwrap_or(u16::MAX));
+    let variant =
+        ShaderVariant::kv("paged_attention", cache.source(), cache.f16(), u16::try_from(head_dim).unwrap_or(u16::MAX));
     let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
     let grid = [params.num_heads, params.num_tokens, splits];
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
