@@ -575,6 +575,24 @@ fn the_builder_compiles_what_serving_dispatches() {
     assert_eq!(f.context().creations().pipelines, built, "serving compiled kernels the warm-up missed");
 }
 
+/// In the baseline family, which splits long contexts (split-K attention and its merge), a
+/// context past the split threshold also compiles nothing the build did not.
+#[test]
+fn the_builder_compiles_the_long_context_kernels() {
+    let options = GpuOptions { kernels: Some(weft::gpu::KernelFamily::Baseline), ..Default::default() };
+    let Some(f) = weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new) else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let config = EngineConfig { max_num_batched_tokens: 64, max_num_seqs: 4, ..Default::default() };
+    let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
+    let built = f.context().creations().pipelines;
+    let long = "x".repeat(weft::gpu::kernels::paged::SPLIT_MIN_POSITIONS + 40);
+    let out = weft::rt::block_on(e.infer(greedy(&long, 3))).unwrap();
+    assert_eq!(out.usage.completion_tokens, 3);
+    assert_eq!(f.context().creations().pipelines, built, "a long context compiled kernels the warm-up missed");
+}
+
 /// `kv_cache_dtype(F16)` fits twice the blocks in the same KV memory, serves with the kernels
 /// the warm-up compiled for it, and gives the f32 cache's greedy tokens on this prompt (the
 /// rounding moves logits by about 1e-3; the tiny model's top tokens are further apart); a

@@ -355,11 +355,11 @@ impl GpuExecutor {
     }
 
     /// Record, without running, steps shaped like the ones serving runs (one sequence decoding,
-    /// up to four decoding together, a prefill of up to 64 of `max_tokens` tokens), so that
-    /// every kernel they dispatch is compiled now, and only those: a browser's SwiftShader
-    /// takes about half a second a kernel, and a model's weight formats have over a hundred
-    /// variants. Kernels of rarer steps (long contexts, speculation, penalties, structured
-    /// output) compile when first dispatched. Leaves nothing recorded; returns how many
+    /// up to four decoding together, a prefill of up to 64 of `max_tokens` tokens, a decode in
+    /// a context long enough to split), so that every kernel they dispatch is compiled now, and
+    /// only those: a browser's SwiftShader takes about half a second a kernel, and a model's
+    /// weight formats have over a hundred variants. Kernels of rarer steps (speculation,
+    /// penalties, structured output) compile when first dispatched. Leaves nothing recorded; returns how many
     /// kernels the steps use.
     pub fn warm_up(&self, max_tokens: usize, max_seqs: usize) -> Result<usize> {
         let kv = self.kv.config();
@@ -377,7 +377,15 @@ impl GpuExecutor {
             state_restore: None,
             state_save: None,
         };
-        let shapes = [vec![seq(0, 1)], (0..together).map(|i| seq(i, 1)).collect(), vec![seq(0, prefill)]];
+        let mut shapes = vec![vec![seq(0, 1)], (0..together).map(|i| seq(i, 1)).collect(), vec![seq(0, prefill)]];
+        // A decode whose context passes SPLIT_MIN_POSITIONS, where the pool holds one: split-K
+        // attention and its merge, in the families that split.
+        let long = crate::gpu::kernels::paged::SPLIT_MIN_POSITIONS + 1;
+        let long_blocks = long.div_ceil(kv.block_size);
+        if long <= self.max_context() && long_blocks <= kv.num_blocks {
+            let table = (0..long_blocks as u32).collect();
+            shapes.push(vec![SeqStep { start_pos: long - 1, block_table: table, ..seq(0, 1) }]);
+        }
         let mut arena = self
             .arena
             .try_lock()

@@ -221,13 +221,35 @@ fn attention_rejects_partials_of_another_shape() {
     assert!(err.to_string().contains("partials need"), "{err}");
 }
 
-/// A context that takes one split gives the same bits whether the kernel may split or not.
+/// A context that takes one split gives the same bits whether the kernel may split or not
+/// (a third sequence of 300 positions widens the tables, so the kernel does split mode).
 #[test]
 fn short_contexts_are_untouched_by_splitting() {
     let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
-    let filled = fill(f, &[100, 256]);
+    let filled = fill(f, &[100, 256, 300]);
     let queries = [(0, 99), (1, 255), (1, 40)];
     let (_, split) = attend(f, &filled, &queries, None, true, 7);
     let (_, whole) = attend(f, &filled, &queries, None, false, 7);
     assert!(split.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// With room for splits, tables too narrow for any context to pass SPLIT_MIN_POSITIONS record
+/// attention alone; one block wider, the merge too.
+#[test]
+fn narrow_tables_record_no_merge() {
+    let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
+    let min = weft::gpu::kernels::paged::SPLIT_MIN_POSITIONS;
+    for (len, merges) in [(min, false), (min + 1, true)] {
+        let filled = fill(f, &[len]);
+        let q = f.zeros(&[1, LAYOUT.row_stride()], DType::F32).unwrap();
+        let bt = f.upload_u32(&[1, filled.max_blocks], &filled.tables).unwrap();
+        let it = f.upload_u32(&[1, 2], &[0, len as u32 - 1]).unwrap();
+        let out = f.zeros(&[1, HEADS * HEAD_DIM], DType::F32).unwrap();
+        let partials = f.zeros(&[1, attention_partials_cols(true, HEADS, HEAD_DIM)], DType::F32).unwrap();
+        let mut rec = Recording::new();
+        let cache = filled.cache();
+        paged_attention(ctx(f), &mut rec, &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0).unwrap();
+        let kernels: Vec<&str> = rec.kernels().map(|v| v.kernel).collect();
+        assert_eq!(kernels.contains(&"attention_merge"), merges, "{len} positions: {kernels:?}");
+    }
 }

@@ -198,7 +198,9 @@ pub fn rope_kv_write(
 /// (sequence index, position). `window` limits attention to the last `window` positions.
 /// `partials` (num_tokens, [`attention_partials_cols`]) chooses split-K: with room for the
 /// splits, contexts over [`SPLIT_MIN_POSITIONS`] are shared among workgroups and joined by a
-/// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one.
+/// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one. When the
+/// block tables are too narrow for any context to pass [`SPLIT_MIN_POSITIONS`], nothing would
+/// split: one pass without the idle split workgroups, and no merge (the same bits).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     ctx: &GpuContext,
@@ -236,8 +238,8 @@ pub fn paged_attention(
     expect(OP, "block_tables", block_tables, DType::U32, &[None, None])?;
     expect(OP, "token_info", token_info, DType::U32, &[Some(num_tokens), Some(2)])?;
     expect(OP, "partials", partials, DType::F32, &[Some(num_tokens), None])?;
-    let split = partials.shape()[1] == attention_partials_cols(true, num_heads, head_dim);
-    if !split && partials.shape()[1] != attention_partials_cols(false, num_heads, head_dim) {
+    let room = partials.shape()[1] == attention_partials_cols(true, num_heads, head_dim);
+    if !room && partials.shape()[1] != attention_partials_cols(false, num_heads, head_dim) {
         return Err(WeftError::shape(
             OP,
             format!(
@@ -247,6 +249,8 @@ pub fn paged_attention(
             ),
         ));
     }
+    // A token sees at most its sequence's blocks: the tables' width bounds every context.
+    let split = room && block_tables.shape()[1] * cache.block_size > SPLIT_MIN_POSITIONS;
     let split_min = if split { u32_of(OP, "split_min", SPLIT_MIN_POSITIONS)? } else { 0 };
     let params = AttentionParams {
         num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
