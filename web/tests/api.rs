@@ -123,6 +123,16 @@ async fn the_kernels_option_forces_a_family() {
     let text = Run::start(&engine, "chat", &chat("Hello", 3, false), "k1").unwrap().finish().await;
     assert_eq!(text[0]["usage"]["completion_tokens"], 3, "{text:?}");
     engine.dispose();
+    // The adapter's own family over an f16 cache: on a CPU adapter (SwiftShader) the cpu
+    // family's rgba16float storage textures.
+    let engine =
+        WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "f16"), None)
+            .await
+            .map_err(JsValue::from)
+            .expect("the tiny model loads with an f16 KV cache");
+    let text = Run::start(&engine, "chat", &chat("Hello", 3, false), "k2").unwrap().finish().await;
+    assert_eq!(text[0]["usage"]["completion_tokens"], 3, "{text:?}");
+    engine.dispose();
     let err = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kernels", "fast"), None)
         .await
         .err()
