@@ -168,9 +168,17 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
     std::fs::write(&good, tiny::gguf_bytes(&config, &w, weft::DType::Q4_K)).unwrap();
     let (ok, stdout, stderr) = weft(&["info", "--model", good.to_str().unwrap()], &no_gpu);
     assert!(ok, "{stdout}\n{stderr}");
-    for expected in
-        ["architecture: llama", "GGUF v3", "Q4_K", "Q5_0", "F32", "2 layers, hidden 256", "weft runs it: yes"]
-    {
+    for expected in [
+        "architecture: llama",
+        "GGUF v3",
+        "Q4_K",
+        "Q5_0",
+        "F32",
+        "2 layers, hidden 256",
+        // 2 layers × (K, V) × 2 KV heads × 64 values: 2048 bytes in f32; 2048 positions.
+        "KV cache:     2.0 kB a token in f32, 1.0 kB in f16 (--kv-cache-dtype); a full context 4.2 MB / 2.1 MB",
+        "weft runs it: yes",
+    ] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
 

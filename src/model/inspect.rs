@@ -10,10 +10,12 @@ use std::fmt;
 use std::path::Path;
 
 use crate::error::{Result, WeftError};
+use crate::kv::KvCacheConfig;
 use crate::model::arch::SUPPORTED;
 use crate::model::config::ModelConfig;
 use crate::model::gguf::GgufFile;
 use crate::model::load::SafetensorsWeights;
+use crate::quant::DType;
 
 /// The tensors of one element type.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -245,6 +247,22 @@ impl fmt::Display for ModelReport {
                 c.vocab_size,
                 c.max_position_embeddings
             )?;
+            if c.num_attention_layers() > 0 {
+                // What --kv-memory buys: bytes a token takes over every attention layer, K and V.
+                let per_token = |dtype| {
+                    KvCacheConfig::block_bytes(1, c.num_attention_layers(), c.num_kv_heads, c.head_dim, dtype) as u64
+                };
+                let (full, half) = (per_token(DType::F32), per_token(DType::F16));
+                let context = c.max_position_embeddings as u64;
+                writeln!(
+                    f,
+                    "KV cache:     {} a token in f32, {} in f16 (--kv-cache-dtype); a full context {} / {}",
+                    human(full, "B"),
+                    human(half, "B"),
+                    human(full * context, "B"),
+                    human(half * context, "B")
+                )?;
+            }
         }
         writeln!(f, "tensors:")?;
         for t in &self.tensor_types {
