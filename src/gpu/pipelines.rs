@@ -477,16 +477,10 @@ pub enum BindingKind {
     StorageRead,
     /// `var<storage, read_write>`.
     StorageReadWrite,
-    /// `texture_storage_2d<rgba32uint, read>`: weight bytes on CPU drivers.
-    StorageTextureReadU32,
-    /// `texture_storage_2d<rgba32float, read>`: the KV cache on CPU drivers.
-    StorageTextureReadF32,
-    /// `texture_storage_2d<rgba32float, write>`.
-    StorageTextureWrite,
-    /// `texture_storage_2d<rgba16float, read>`: an f16 KV cache on CPU drivers.
-    StorageTextureReadF16,
-    /// `texture_storage_2d<rgba16float, write>`.
-    StorageTextureWriteF16,
+    /// `texture_storage_2d<FORMAT, read|write>`: weight bytes (rgba32uint, read) and the KV
+    /// cache (rgba32float or rgba16float, read by attention, written by rope_kv_write) on CPU
+    /// drivers.
+    StorageTexture { format: wgpu::TextureFormat, access: wgpu::StorageTextureAccess },
 }
 
 /// The group-0 bindings a composed kernel declares, in binding order. Kernels declare each
@@ -505,16 +499,21 @@ pub fn binding_kinds(wgsl: &str) -> Result<Vec<BindingKind>> {
             BindingKind::StorageReadWrite
         } else if decl.starts_with("var<storage, read>") {
             BindingKind::StorageRead
-        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32uint, read>") {
-            BindingKind::StorageTextureReadU32
-        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, read>") {
-            BindingKind::StorageTextureReadF32
-        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba32float, write>") {
-            BindingKind::StorageTextureWrite
-        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba16float, read>") {
-            BindingKind::StorageTextureReadF16
-        } else if decl.starts_with("var ") && decl.contains("texture_storage_2d<rgba16float, write>") {
-            BindingKind::StorageTextureWriteF16
+        } else if let Some((_, texel)) = decl.strip_prefix("var ").and_then(|d| d.split_once("texture_storage_2d<")) {
+            use wgpu::{StorageTextureAccess::*, TextureFormat::*};
+            let (format, access) = texel.split_once('>').and_then(|(t, _)| t.split_once(", ")).ok_or_else(bad)?;
+            let format = match format {
+                "rgba32uint" => Rgba32Uint,
+                "rgba32float" => Rgba32Float,
+                "rgba16float" => Rgba16Float,
+                _ => return Err(bad()),
+            };
+            let access = match access {
+                "read" => ReadOnly,
+                "write" => WriteOnly,
+                _ => return Err(bad()),
+            };
+            BindingKind::StorageTexture { format, access }
         } else {
             return Err(bad());
         };
@@ -572,21 +571,11 @@ impl PipelineCache {
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
-                    &kind => {
-                        use wgpu::{StorageTextureAccess::*, TextureFormat::*};
-                        let (access, format) = match kind {
-                            BindingKind::StorageTextureReadU32 => (ReadOnly, Rgba32Uint),
-                            BindingKind::StorageTextureReadF32 => (ReadOnly, Rgba32Float),
-                            BindingKind::StorageTextureWrite => (WriteOnly, Rgba32Float),
-                            BindingKind::StorageTextureReadF16 => (ReadOnly, Rgba16Float),
-                            _ => (WriteOnly, Rgba16Float),
-                        };
-                        wgpu::BindingType::StorageTexture {
-                            access,
-                            format,
-                            view_dimension: wgpu::TextureViewDimension::D2,
-                        }
-                    }
+                    &BindingKind::StorageTexture { format, access } => wgpu::BindingType::StorageTexture {
+                        access,
+                        format,
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                    },
                 },
                 count: None,
             })

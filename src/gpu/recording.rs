@@ -226,14 +226,9 @@ impl GpuContext {
                     (Resource::Buffer(buffer, offset), BindingKind::StorageRead | BindingKind::StorageReadWrite) => {
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset: *offset, size: None })
                     }
-                    (
-                        Resource::Texture(view),
-                        BindingKind::StorageTextureReadU32
-                        | BindingKind::StorageTextureReadF32
-                        | BindingKind::StorageTextureWrite
-                        | BindingKind::StorageTextureReadF16
-                        | BindingKind::StorageTextureWriteF16,
-                    ) => wgpu::BindingResource::TextureView(view),
+                    (Resource::Texture(view), BindingKind::StorageTexture { .. }) => {
+                        wgpu::BindingResource::TextureView(view)
+                    }
                     (Resource::Window(buffer), BindingKind::Uniform) => {
                         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer,

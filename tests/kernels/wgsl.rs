@@ -163,34 +163,23 @@ fn binding_declarations_are_read_as_naga_reads_them() {
                         BindingKind::StorageReadWrite
                     }
                     (naga::AddressSpace::Storage { .. }, _) => BindingKind::StorageRead,
-                    (naga::AddressSpace::Handle, naga::TypeInner::Image { class, .. }) => match class {
-                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Uint, access }
-                            if *access == naga::StorageAccess::LOAD =>
-                        {
-                            BindingKind::StorageTextureReadU32
-                        }
-                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
-                            if *access == naga::StorageAccess::LOAD =>
-                        {
-                            BindingKind::StorageTextureReadF32
-                        }
-                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba32Float, access }
-                            if *access == naga::StorageAccess::STORE =>
-                        {
-                            BindingKind::StorageTextureWrite
-                        }
-                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba16Float, access }
-                            if *access == naga::StorageAccess::LOAD =>
-                        {
-                            BindingKind::StorageTextureReadF16
-                        }
-                        naga::ImageClass::Storage { format: naga::StorageFormat::Rgba16Float, access }
-                            if *access == naga::StorageAccess::STORE =>
-                        {
-                            BindingKind::StorageTextureWriteF16
-                        }
-                        other => panic!("{variant}: unexpected image {other:?}"),
-                    },
+                    (naga::AddressSpace::Handle, naga::TypeInner::Image { class, .. }) => {
+                        let naga::ImageClass::Storage { format, access } = class else {
+                            panic!("{variant}: unexpected image {class:?}")
+                        };
+                        let format = match format {
+                            naga::StorageFormat::Rgba32Uint => wgpu::TextureFormat::Rgba32Uint,
+                            naga::StorageFormat::Rgba32Float => wgpu::TextureFormat::Rgba32Float,
+                            naga::StorageFormat::Rgba16Float => wgpu::TextureFormat::Rgba16Float,
+                            other => panic!("{variant}: unexpected texel format {other:?}"),
+                        };
+                        let access = match *access {
+                            naga::StorageAccess::LOAD => wgpu::StorageTextureAccess::ReadOnly,
+                            naga::StorageAccess::STORE => wgpu::StorageTextureAccess::WriteOnly,
+                            other => panic!("{variant}: unexpected texture access {other:?}"),
+                        };
+                        BindingKind::StorageTexture { format, access }
+                    }
                     other => panic!("{variant}: unexpected binding {other:?}"),
                 };
                 Some((binding.binding, kind))
