@@ -313,17 +313,10 @@ impl GpuContext {
     /// the device rejects. Returns how many variants were compiled. (Serving compiles only what
     /// it dispatches: `GpuExecutor::warm_up`.)
     pub async fn compile_shaders(&self, formats: &[DType]) -> Result<usize> {
-        let variants: Vec<_> =
-            self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect();
+        let variants = self.own_shader_variants_for(formats);
         for &variant in &variants {
-            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            self.pipelines.get(&self.device, variant)?;
-            if let Some(error) = self.settle(scope.pop()).await? {
-                return Err(WeftError::Gpu {
-                    context: format!("compiling the {variant} shader"),
-                    reason: error.to_string(),
-                });
-            }
+            let compile = || self.pipelines.get(&self.device, variant).map(drop);
+            self.with_error_scope(&format!("compiling the {variant} shader"), compile).await?;
         }
         Ok(variants.len())
     }
@@ -335,20 +328,22 @@ impl GpuContext {
     /// the cost of compiling them all (on SwiftShader about half a second each). Returns how
     /// many variants were checked.
     pub async fn check_shaders(&self, formats: &[DType]) -> Result<usize> {
-        let variants: Vec<_> =
-            self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect();
+        let variants = self.own_shader_variants_for(formats);
         for &variant in &variants {
-            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let label = variant.to_string();
-            drop(crate::gpu::pipelines::shader_module(&self.device, &label, crate::gpu::compose_shader(variant)?));
-            if let Some(error) = self.settle(scope.pop()).await? {
-                return Err(WeftError::Gpu {
-                    context: format!("checking the {variant} shader"),
-                    reason: error.to_string(),
-                });
-            }
+            let check = || {
+                let wgsl = crate::gpu::compose_shader(variant)?;
+                drop(crate::gpu::pipelines::shader_module(&self.device, &variant.to_string(), wgsl));
+                Ok(())
+            };
+            self.with_error_scope(&format!("checking the {variant} shader"), check).await?;
         }
         Ok(variants.len())
+    }
+
+    /// [`own_shader_variants`](Self::own_shader_variants) that read weights in one of
+    /// `formats`, or none.
+    fn own_shader_variants_for(&self, formats: &[DType]) -> Vec<crate::gpu::ShaderVariant> {
+        self.own_shader_variants().into_iter().filter(|v| v.weight.is_none_or(|w| formats.contains(&w))).collect()
     }
 
     /// Run `f`, which may create pipelines (building an engine records warm-up steps), and
