@@ -97,13 +97,3 @@ fn tokenizer_matches_the_transformers_fixture() {
         }
     }
 }
-
-/// What the browser compiles ahead of loading: the file's three tensor types.
-#[test]
-fn weight_formats_are_the_files_tensor_types() {
-    use weft::quant::DType;
-    let Some(files) = model() else { return };
-    let mut formats = files.weight_formats();
-    formats.sort_by_key(|d| d.to_string());
-    assert_eq!(formats, [DType::F32, DType::Q4_1, DType::Q8_0]);
-}

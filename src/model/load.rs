@@ -212,29 +212,6 @@ impl ModelFiles {
         crate::model::executor::GpuExecutor::with_state_slots(factory.clone(), model, kv, num_slots, num_snapshots)
     }
 
-    /// The formats the weights take on the GPU, F32 always among them (norms, biases, and
-    /// activations that kernels read as tables). What [`GpuContext::compile_shaders`] needs to
-    /// compile ahead.
-    ///
-    /// [`GpuContext::compile_shaders`]: crate::gpu::GpuContext::compile_shaders
-    pub fn weight_formats(&self) -> Vec<DType> {
-        let mut formats = vec![DType::F32];
-        match &self.checkpoint {
-            Checkpointed::Gguf(gguf) => {
-                for info in &gguf.tensors {
-                    if let Ok(TensorDType::Native(dtype)) = info.dtype() {
-                        formats.push(dtype);
-                    }
-                }
-            }
-            // Safetensors hold F32, F16 or BF16 (which widens to F32).
-            Checkpointed::HuggingFace(_) => formats.push(DType::F16),
-        }
-        formats.sort_by_key(|d| DType::WEIGHTS.iter().position(|w| w == d));
-        formats.dedup();
-        formats
-    }
-
     /// Upload the weights as the model's architecture (no KV pool, no executor).
     pub fn architecture(
         &self,
