@@ -290,10 +290,9 @@ impl GpuTensorFactory {
             let rows = first..(first + rows_per_part).min(num_rows);
             let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
             let len = (rows.len() * row_bytes) as u64;
-            let storage = match kind {
-                Kind::Texture => self.texture(len, src, None)?,
-                Kind::KvTexture(format) => self.texture(len, src, Some(format))?,
-                Kind::Buffer | Kind::Activations => {
+            let storage = match texture {
+                Some(format) => self.texture(len, src, format)?,
+                None => {
                     let mut usage =
                         wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
                     let mut size = len.next_multiple_of(4);
@@ -329,16 +328,13 @@ impl GpuTensorFactory {
         Ok(GpuTensor { shape: shape.to_vec(), dtype, row_bytes, parts })
     }
 
-    /// A texture holding `len` bytes (zeros, or `src`), row after row of [`TEXTURE_WIDTH`]
-    /// texels: rgba32uint for weights (raw bytes, read as uint texels), or a KV cache's float
-    /// format `kv` (read and written as storage textures).
-    fn texture(&self, len: u64, src: Option<&[u8]>, kv: Option<wgpu::TextureFormat>) -> Result<PartStorage> {
+    /// A texture of `format` holding `len` bytes (zeros, or `src`), row after row of
+    /// [`TEXTURE_WIDTH`] texels: rgba32uint for weights (raw bytes, read as uint texels), or a
+    /// KV cache's float format (read and written as storage textures).
+    fn texture(&self, len: u64, src: Option<&[u8]>, format: wgpu::TextureFormat) -> Result<PartStorage> {
         let usage =
             wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
-        let (label, format) = match kv {
-            Some(format) => ("kv cache", format),
-            None => ("weights", wgpu::TextureFormat::Rgba32Uint),
-        };
+        let label = if format == wgpu::TextureFormat::Rgba32Uint { "weights" } else { "kv cache" };
         let row_bytes = texture_row_bytes(format);
         let height = len.div_ceil(row_bytes).max(1) as u32;
         self.ctx.creations.textures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -402,13 +398,7 @@ impl GpuTensorFactory {
         } else {
             Kind::Buffer
         };
-        let bytes = match values {
-            Some(v) if dtype == DType::F16 => {
-                Some(v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect())
-            }
-            Some(v) => Some(bytemuck::cast_slice(v).to_vec()),
-            None => None,
-        };
+        let bytes = values.map(|v| crate::quant::quantize(dtype, v)).transpose()?;
         let tensor = self.create(shape, dtype, bytes.as_deref(), kind)?;
         if tensor.parts().len() > 1 {
             return Err(WeftError::Unsupported(format!(
@@ -517,27 +507,30 @@ impl GpuContext {
             let (start, len) = copy_span(part, wanted as u64);
             match &part.storage {
                 PartStorage::Buffer(buffer) => encoder.copy_buffer_to_buffer(buffer, start, &staging, at, len),
-                PartStorage::Texture(texture, _) => encoder.copy_texture_to_buffer(
-                    wgpu::TexelCopyTextureInfo {
-                        texture,
-                        mip_level: 0,
-                        origin: wgpu::Origin3d { x: 0, y: (start / texture_row_bytes(texture.format())) as u32, z: 0 },
-                        aspect: wgpu::TextureAspect::All,
-                    },
-                    wgpu::TexelCopyBufferInfo {
-                        buffer: &staging,
-                        layout: wgpu::TexelCopyBufferLayout {
-                            offset: at,
-                            bytes_per_row: Some(texture_row_bytes(texture.format()) as u32),
-                            rows_per_image: None,
+                PartStorage::Texture(texture, _) => {
+                    let row_bytes = texture_row_bytes(texture.format());
+                    encoder.copy_texture_to_buffer(
+                        wgpu::TexelCopyTextureInfo {
+                            texture,
+                            mip_level: 0,
+                            origin: wgpu::Origin3d { x: 0, y: (start / row_bytes) as u32, z: 0 },
+                            aspect: wgpu::TextureAspect::All,
                         },
-                    },
-                    wgpu::Extent3d {
-                        width: TEXTURE_WIDTH,
-                        height: (len / texture_row_bytes(texture.format())) as u32,
-                        depth_or_array_layers: 1,
-                    },
-                ),
+                        wgpu::TexelCopyBufferInfo {
+                            buffer: &staging,
+                            layout: wgpu::TexelCopyBufferLayout {
+                                offset: at,
+                                bytes_per_row: Some(row_bytes as u32),
+                                rows_per_image: None,
+                            },
+                        },
+                        wgpu::Extent3d {
+                            width: TEXTURE_WIDTH,
+                            height: (len / row_bytes) as u32,
+                            depth_or_array_layers: 1,
+                        },
+                    )
+                }
             }
             spans.push((len, part.offset_bytes - start, wanted));
             at += len;
