@@ -181,8 +181,7 @@ impl EngineBuilder {
             self.kv_dtype,
         )?;
         // One layer's K (or V) must fit one binding.
-        let per_layer =
-            kv.num_blocks * self.block_size * c.num_kv_heads * c.head_dim * KvCacheConfig::value_bytes(self.kv_dtype);
+        let per_layer = kv.layer_bytes(c.num_kv_heads, c.head_dim);
         if per_layer as u64 > factory.context().max_binding_bytes() {
             return Err(WeftError::Unsupported(format!(
                 "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
@@ -233,11 +232,7 @@ impl EngineBuilder {
             Some(files) if spec.drafter == Drafter::DraftModel => {
                 same_vocabulary(self.files.tokenizer.as_ref(), files.tokenizer.as_ref())?;
                 let d = &files.config;
-                let per_layer = kv.num_blocks
-                    * self.block_size
-                    * d.num_kv_heads
-                    * d.head_dim
-                    * KvCacheConfig::value_bytes(kv.dtype);
+                let per_layer = kv.layer_bytes(d.num_kv_heads, d.head_dim);
                 if per_layer as u64 > factory.context().max_binding_bytes() {
                     return Err(WeftError::Unsupported(format!(
                         "the draft model's KV pool (the target's {} blocks) needs {per_layer}-byte layers, more than this \

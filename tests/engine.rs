@@ -624,3 +624,24 @@ fn an_f16_kv_cache_holds_twice_the_blocks() {
     let err = build(DType::Q8_0).err().expect("a Q8_0 cache is refused").to_string();
     assert!(err.contains("f32 or f16"), "{err}");
 }
+
+/// A KV pool whose layers would not fit one binding is refused at build, naming the layer size:
+/// a quarter of the memory here (2 layers, K and V), f16 or not.
+#[test]
+fn kv_layers_larger_than_a_binding_are_refused() {
+    let options = GpuOptions { max_binding_bytes: Some(1 << 20), ..Default::default() };
+    let Some(f) = weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new) else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let bytes = tiny::gguf_bytes(&c, &w, DType::Q8_0);
+    let build = |memory: usize| {
+        weft::EngineBuilder::from_gguf_bytes("tiny.gguf", bytes.clone())
+            .unwrap()
+            .kv_memory_bytes(memory)
+            .kv_cache_dtype(DType::F16)
+            .build_on(f.context().clone())
+    };
+    let err = build(6 << 20).err().expect("1.5 MiB layers over 1 MiB bindings").to_string();
+    assert!(err.contains("need 1572864-byte layers, more than this device binds at once"), "{err}");
+    build(4 << 20).expect("1 MiB layers fit");
+}

@@ -38,7 +38,7 @@ impl KvCacheConfig {
     }
 
     /// Bytes of one cached value of `dtype`.
-    pub fn value_bytes(dtype: DType) -> usize {
+    fn value_bytes(dtype: DType) -> usize {
         if dtype == DType::F16 { 2 } else { 4 }
     }
 
@@ -51,6 +51,12 @@ impl KvCacheConfig {
         dtype: DType,
     ) -> usize {
         2 * num_layers * block_size * num_kv_heads * head_dim * Self::value_bytes(dtype)
+    }
+
+    /// Bytes of one layer's K (or V) tensor: every slot of the pool, `num_kv_heads` heads of
+    /// `head_dim` values.
+    pub fn layer_bytes(&self, num_kv_heads: usize, head_dim: usize) -> usize {
+        self.num_blocks * self.block_size * num_kv_heads * head_dim * Self::value_bytes(self.dtype)
     }
 
     /// As many blocks of `dtype` values as fit in `memory_bytes`.

@@ -359,8 +359,8 @@ impl GpuExecutor {
     /// a context long enough to split), so that every kernel they dispatch is compiled now, and
     /// only those: a browser's SwiftShader takes about half a second a kernel, and a model's
     /// weight formats have over a hundred variants. Kernels of rarer steps (speculation,
-    /// penalties, structured output) compile when first dispatched. Leaves nothing recorded; returns how many
-    /// kernels the steps use.
+    /// penalties, structured output) compile when first dispatched. Leaves nothing recorded;
+    /// returns how many kernels the steps use.
     pub fn warm_up(&self, max_tokens: usize, max_seqs: usize) -> Result<usize> {
         let kv = self.kv.config();
         let slots = self.kv.state_config().map_or(0, |s| s.num_slots);

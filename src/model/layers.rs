@@ -6,10 +6,11 @@
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
-//! RoPE and the KV write are one kernel, the residual add and the next norm another. A layer
-//! is 9 dispatches; on CPU drivers, where each costs tens of microseconds, 8 (the MLP's gate is
-//! applied by the gate-and-up matmul as it writes) and more for prefill steps (one matmul per
-//! window of rows).
+//! RoPE and the KV write are one kernel, the residual add and the next norm another, and the
+//! MLP's gate is applied by the gate-and-up matmul as it writes. A layer is 8 dispatches: 9
+//! where the gate is a pass of its own (the baseline family's tiled matmul, from 32 rows), one
+//! more where split-K attention joins a long context, and on CPU drivers more for prefill
+//! steps (one matmul per window of rows).
 //!
 //! **Invariant:** layers record dispatches over tensors the caller owns; they allocate only
 //! what they are told to through [`Activations`], made once for all steps.
