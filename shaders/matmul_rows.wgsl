@@ -56,12 +56,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var acc = array<f32, G * TM>();
         let first = (round + lane) * CHUNK_BLOCKS;
         for (var b = first; b < min(first + CHUNK_BLOCKS, nb); b++) {
+            // Each of the G weight blocks decoded once, each x block loaded and summed once.
+            var blk = array<WBlock, G>();
             for (var g = 0u; g < G; g++) {
                 let row = min(col, params.n_part - 1u) + g * params.n_part;
-                let blk = w_block_at(params.w_base + row * params.row_bytes, b);
-                for (var r = 0u; r < TM; r++) {
-                    let xb = x_block(min(m0 + r, params.m - 1u), b);
-                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
+                blk[g] = w_block_at(params.w_base + row * params.row_bytes, b);
+            }
+            for (var r = 0u; r < TM; r++) {
+                let xb = x_block(min(m0 + r, params.m - 1u), b);
+                let sx = block_sum(xb);
+                for (var g = 0u; g < G; g++) {
+                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk[g].dm, block_dot(blk[g].q, xb), sx);
                 }
             }
         }

@@ -46,31 +46,28 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
-    let k4 = params.k / 4u;
     let nb = params.k / 32u;
     let m0 = wid.y * TM;
     let lanes = min(sg_size, WG);
     // Weight rows per subgroup: TN shared among the WG / S subgroups (one takes all when S >= WG).
     let rows_per_sg = max(1u, TN * lanes / WG);
     let sg = lid / lanes;
-    var xrow: array<u32, TM>;
-    for (var r = 0u; r < TM; r++) {
-        xrow[r] = min(m0 + r, params.m - 1u) * k4;
-    }
-    var xb: array<vec4<f32>, 8>;
     for (var i = 0u; i < rows_per_sg; i++) {
         let col = wid.x * TN + sg * rows_per_sg + i;
         // Accumulators are indexed g * TM + r.
         var acc = array<f32, G * TM>();
         for (var b = lane; b < nb; b += lanes) {
+            // Each of the G weight blocks decoded once, each x block loaded and summed once.
+            var blk = array<WBlock, G>();
             for (var g = 0u; g < G; g++) {
                 let row = min(col, params.n_part - 1u) + g * params.n_part;
-                let blk = w_block_at(params.w_base + row * params.row_bytes, b);
-                for (var r = 0u; r < TM; r++) {
-                    for (var j = 0u; j < 8u; j++) {
-                        xb[j] = xload(xrow[r] + b * 8u + j);
-                    }
-                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk.dm, block_dot(blk.q, xb), block_sum(xb));
+                blk[g] = w_block_at(params.w_base + row * params.row_bytes, b);
+            }
+            for (var r = 0u; r < TM; r++) {
+                let xb = x_block(min(m0 + r, params.m - 1u), b);
+                let sx = block_sum(xb);
+                for (var g = 0u; g < G; g++) {
+                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk[g].dm, block_dot(blk[g].q, xb), sx);
                 }
             }
         }
