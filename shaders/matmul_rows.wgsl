@@ -34,6 +34,7 @@
 #include x_source
 #include weight_format
 #include epilogue
+#include shared/block_fold.wgsl
 
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
@@ -56,19 +57,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var acc = array<f32, G * TM>();
         let first = (round + lane) * CHUNK_BLOCKS;
         for (var b = first; b < min(first + CHUNK_BLOCKS, nb); b++) {
-            // Each of the G weight blocks decoded once, each x block loaded and summed once.
-            var blk = array<WBlock, G>();
-            for (var g = 0u; g < G; g++) {
-                let row = min(col, params.n_part - 1u) + g * params.n_part;
-                blk[g] = w_block_at(params.w_base + row * params.row_bytes, b);
-            }
-            for (var r = 0u; r < TM; r++) {
-                let xb = x_block(min(m0 + r, params.m - 1u), b);
-                let sx = block_sum(xb);
-                for (var g = 0u; g < G; g++) {
-                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk[g].dm, block_dot(blk[g].q, xb), sx);
-                }
-            }
+            fold_block(&acc, col, m0, b);
         }
         for (var i = 0u; i < G * TM; i++) {
             chunk_sums[(i / TM * WG + lid) * TM + i % TM] = acc[i];

@@ -33,6 +33,7 @@
 #include x_source
 #include weight_format
 #include epilogue
+#include shared/block_fold.wgsl
 
 const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
@@ -57,19 +58,7 @@ fn main(
         // Accumulators are indexed g * TM + r.
         var acc = array<f32, G * TM>();
         for (var b = lane; b < nb; b += lanes) {
-            // Each of the G weight blocks decoded once, each x block loaded and summed once.
-            var blk = array<WBlock, G>();
-            for (var g = 0u; g < G; g++) {
-                let row = min(col, params.n_part - 1u) + g * params.n_part;
-                blk[g] = w_block_at(params.w_base + row * params.row_bytes, b);
-            }
-            for (var r = 0u; r < TM; r++) {
-                let xb = x_block(min(m0 + r, params.m - 1u), b);
-                let sx = block_sum(xb);
-                for (var g = 0u; g < G; g++) {
-                    acc[g * TM + r] = block_acc(acc[g * TM + r], blk[g].dm, block_dot(blk[g].q, xb), sx);
-                }
-            }
+            fold_block(&acc, col, m0, b);
         }
         for (var r = 0u; r < TM; r++) {
             let first = subgroupAdd(acc[r]);

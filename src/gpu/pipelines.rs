@@ -69,6 +69,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/epilogue_none.wgsl", include_str!("../../shaders/shared/epilogue_none.wgsl")),
     ("shared/epilogue_silu_mul.wgsl", include_str!("../../shaders/shared/epilogue_silu_mul.wgsl")),
     ("shared/glu.wgsl", include_str!("../../shaders/shared/glu.wgsl")),
+    ("shared/block_fold.wgsl", include_str!("../../shaders/shared/block_fold.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
     ("shared/block_words.wgsl", include_str!("../../shaders/shared/block_words.wgsl")),
     ("shared/k_scales.wgsl", include_str!("../../shaders/shared/k_scales.wgsl")),
