@@ -377,6 +377,7 @@ impl GpuTensorFactory {
                 last[..rest.len()].copy_from_slice(rest);
                 write(&last, full_rows, 1);
             }
+            self.ctx.staged_upload(src.len() as u64)?;
         }
         let view = texture.create_view(&Default::default());
         Ok(PartStorage::Texture(texture, view))

@@ -96,13 +96,20 @@ pub fn ensure(kind: PeerKind) -> Result<PathBuf> {
         kind.label(),
         venv.display()
     );
-    let mut cmake_args = String::new();
+    // ggml builds for the machine's own CPU; where that has AMX but the kernel withholds its
+    // tile state (a VM), ggml's AMX matmul dies with SIGSEGV on the first batch. AMX speeds
+    // only int8 prefill on the newest Xeons: built without it.
+    let mut cmake_args = if cfg!(target_arch = "x86_64") {
+        let no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+        format!("-DCMAKE_C_FLAGS='{no_amx}' -DCMAKE_CXX_FLAGS='{no_amx}'")
+    } else {
+        String::new()
+    };
     if kind == PeerKind::Vulkan {
         install_vulkan_build_tools()?;
+        cmake_args += " -DGGML_VULKAN=on";
         if let Some(include) = vulkan_headers()? {
-            cmake_args = format!("-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={}", include.display());
-        } else {
-            cmake_args = "-DGGML_VULKAN=on".into();
+            cmake_args += &format!(" -DVulkan_INCLUDE_DIR={}", include.display());
         }
     }
     let python = python_of(&venv);
