@@ -62,7 +62,8 @@ impl Set {
 pub struct Options {
     pub set: Set,
     pub model: Option<PathBuf>,
-    pub kv_memory: Option<String>,
+    /// `--kv-memory` and `--kv-cache-dtype`, passed on to `weft bench`.
+    pub kv_args: Vec<String>,
     pub peer: bool,
     /// Where the results JSON goes (bench/results unless --out).
     pub out: Option<PathBuf>,
@@ -71,14 +72,15 @@ pub struct Options {
 }
 
 const USAGE: &str = "cargo xtask bench [--quick] [--model FILE.gguf] [--concurrency 1,4,16,64] [--prompt-len 128,512] \
-[--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--peer] [--out DIR] [--no-save] | --device-check | --table";
+[--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--kv-cache-dtype f32|f16] [--peer] [--out DIR] [--no-save] \
+| --device-check | --table";
 
 /// Parses the flags of `cargo xtask bench` (not --device-check or --table, handled before).
 pub fn parse(args: &[String]) -> Result<Options> {
     let (mut concurrency, mut prompt_len, mut gen_len, mut repeats) = (None, None, None, None);
     let mut quick = false;
     let mut opts =
-        Options { set: Set::standard(), model: None, kv_memory: None, peer: false, out: None, no_save: false };
+        Options { set: Set::standard(), model: None, kv_args: Vec::new(), peer: false, out: None, no_save: false };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value\nusage: {USAGE}"));
@@ -88,7 +90,10 @@ pub fn parse(args: &[String]) -> Result<Options> {
             "--no-save" => opts.no_save = true,
             "--model" => opts.model = Some(PathBuf::from(value()?)),
             "--out" => opts.out = Some(PathBuf::from(value()?)),
-            "--kv-memory" => opts.kv_memory = Some(value()?.clone()),
+            "--kv-memory" | "--kv-cache-dtype" => {
+                let value = value()?.clone();
+                opts.kv_args.extend([flag.clone(), value]);
+            }
             "--concurrency" => concurrency = Some(positive_list(flag, value()?)?),
             "--prompt-len" => prompt_len = Some(positive_list(flag, value()?)?),
             "--gen-len" => gen_len = Some(positive(flag, value()?)?),
@@ -151,7 +156,7 @@ pub fn bench(args: &[String]) -> Result {
         Vec::new()
     };
     eprintln!("xtask: weft bench, {}", opts.set.describe());
-    let mut doc = run_weft(&weft, &model, &opts.set, opts.kv_memory.as_deref(), &[], None)?;
+    let mut doc = run_weft(&weft, &model, &opts.set, &opts.kv_args, &[], None)?;
     if opts.peer {
         doc["peers"] = Value::Array(run_peers(&pythons, &model, &opts.set)?);
     }
@@ -188,13 +193,13 @@ pub fn build_weft() -> Result<PathBuf> {
     Ok(target_dir().join("release").join(if cfg!(windows) { "weft.exe" } else { "weft" }))
 }
 
-/// One `weft bench --json` over `set`, with `env` added and ended after `timeout`; its JSON
-/// plus where and when it ran.
+/// One `weft bench --json` over `set`, with `kv_args` (its KV cache flags) and `env` added and
+/// ended after `timeout`; its JSON plus where and when it ran.
 pub fn run_weft(
     weft: &Path,
     model: &Path,
     set: &Set,
-    kv_memory: Option<&str>,
+    kv_args: &[String],
     env: &[(&str, &str)],
     timeout: Option<Duration>,
 ) -> Result<Value> {
@@ -203,9 +208,7 @@ pub fn run_weft(
     cmd.arg("bench").arg("--json").arg("--model").arg(model);
     cmd.args(["--concurrency", &list(&set.concurrency), "--prompt-len", &list(&set.prompt_len)]);
     cmd.args(["--gen-len", &set.gen_len.to_string(), "--repeats", &set.repeats.to_string()]);
-    if let Some(kv) = kv_memory {
-        cmd.args(["--kv-memory", kv]);
-    }
+    cmd.args(kv_args);
     let mut cmd = with_gpu_env(cmd);
     cmd.envs(env.iter().copied());
     let load_before = load_average();
@@ -224,6 +227,7 @@ pub fn run_weft(
         "load_average_before": load_before,
         "load_average_after": load_average(),
         "duration_s": started.elapsed().as_secs_f64().round(),
+        "kv_args": kv_args,
     });
     Ok(doc)
 }
@@ -414,8 +418,12 @@ pub fn markdown_for(doc: &Value) -> String {
         ));
     }
     if m.is_object() {
+        let kv_args = m["kv_args"].as_array().map_or(String::new(), |a| {
+            let args: Vec<&str> = a.iter().filter_map(Value::as_str).collect();
+            if args.is_empty() { String::new() } else { format!(", weft run with `{}`", args.join(" ")) }
+        });
         out.push_str(&format!(
-            "Measured {} at weft {} on {} CPUs, load average {} before and {} after ({} s).\n\n",
+            "Measured {} at weft {}{kv_args} on {} CPUs, load average {} before and {} after ({} s).\n\n",
             m["date"].as_str().unwrap_or("?"),
             m["weft_commit"].as_str().unwrap_or("?"),
             m["cpus"],
@@ -583,6 +591,10 @@ mod tests {
         assert!(c.peer && !c.no_save);
         let q2 = parse(&args("--quick --repeats 2")).unwrap();
         assert_eq!((q2.set.name.as_str(), q2.set.repeats, q2.set.gen_len), ("quick (changed)", 2, 16));
+        // The KV cache flags go to weft as given, and leave the set as it was.
+        let kv = parse(&args("--kv-cache-dtype f16 --kv-memory 1GiB")).unwrap();
+        assert_eq!(kv.kv_args, args("--kv-cache-dtype f16 --kv-memory 1GiB"));
+        assert_eq!(kv.set, Set::standard());
     }
 
     #[test]
@@ -619,7 +631,8 @@ mod tests {
             "model": "m.gguf", "repeats": 1, "runs": [run(1, 400.0), run(16, 500.0)],
             "set": {"name": "custom", "concurrency": [1, 16], "prompt_len": [128], "gen_len": 32, "repeats": 1},
             "measured": {"date": "2025-12-01 03:00 UTC", "weft_commit": "abc1234", "cpus": 2,
-                         "load_average_before": [10.0, 9.5, 9.0], "load_average_after": [11.0, 10.0, 9.0], "duration_s": 60},
+                         "load_average_before": [10.0, 9.5, 9.0], "load_average_after": [11.0, 10.0, 9.0], "duration_s": 60,
+                         "kv_args": ["--kv-cache-dtype", "f16"]},
             "peers": [{"engine": "llama.cpp Vulkan", "device": "Vulkan0 (llvmpipe)", "threads": 2, "llama_cpp_python": "0.3.36",
                        "prompt_len": 128, "gen_len": 32, "prefill_tok_s": 10.0, "decode_tok_s_batch1": 2.0,
                        "aggregate_tok_s": 4.0, "peak_rss_mib": 550.0, "measured": {"load_average_after": [12.0, 11.0, 10.0]}}],
@@ -630,7 +643,7 @@ mod tests {
     fn the_tables_show_every_run_and_the_ratios() {
         let md = markdown_for(&doc());
         assert!(md.contains("Set **custom**: concurrency 1, 16 × prompts of 128 tokens, 32 generated"), "{md}");
-        assert!(md.contains("load average 10.00 / 9.50 / 9.00 before"), "{md}");
+        assert!(md.contains("at weft abc1234, weft run with `--kv-cache-dtype f16` on 2 CPUs, load average 10.00 / 9.50 / 9.00 before"), "{md}");
         assert!(
             md.contains("| 16 | 128 | 32 | 200.0 | 8.00 | 128.00 | 640 | 700 | 125.0 | 150.0 | 1.50 | – | 300 | 500 |"),
             "{md}"

@@ -211,7 +211,7 @@ fn make_model(shape: &str, quant: &str, path: &Path, timeout: Duration) -> Resul
 /// One `weft bench` run on the NVIDIA adapter (an error when weft picked another).
 fn weft_part(weft: &Path, model: &Path, set: &Set, env: &[(&str, &str)], timeout: Duration) -> Result<Value> {
     // Room for every sequence of the biggest run at once, so nothing is preempted.
-    let doc = run_weft(weft, model, set, Some("8GiB"), env, Some(timeout))?;
+    let doc = run_weft(weft, model, set, &["--kv-memory".into(), "8GiB".into()], env, Some(timeout))?;
     let adapter = doc["adapter"]["name"].as_str().unwrap_or("");
     if !adapter.to_lowercase().contains("nvidia") {
         return Err(format!("weft ran on {adapter:?}, not the NVIDIA GPU"));

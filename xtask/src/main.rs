@@ -42,7 +42,8 @@ commands:
                   1, 4, 16, 64; prompts 128 and 512; 128 generated; 3 repeats), save it to
                   bench/results/<adapter>.json and regenerate the tables in bench/README.md
                   [--quick] [--model FILE.gguf] [--concurrency 1,4,16,64] [--prompt-len 128,512]
-                  [--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--out DIR] [--no-save]
+                  [--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--kv-cache-dtype f16] [--out DIR]
+                  [--no-save]
                   [--peer: also llama.cpp's Vulkan and CPU builds, built once into venvs under
                   ~/.cache/weft-peer, on the same GGUF and workload, and the weft/llama.cpp ratios]
                   --table: only regenerate bench/README.md from bench/results/
