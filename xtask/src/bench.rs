@@ -172,7 +172,7 @@ pub fn bench(args: &[String]) -> Result {
     }
     let dir = opts.out.clone().unwrap_or_else(results_dir);
     let adapter = doc["adapter"]["name"].as_str().unwrap_or("");
-    let name = results_name(adapter, opts.model.is_some().then_some(model.as_path()), &opts.set);
+    let name = results_name(adapter, opts.model.is_some().then_some(model.as_path()), &opts.set, &opts.kv_args);
     let path = save(&doc, &dir, &name)?;
     eprintln!("xtask: wrote {}", path.display());
     if opts.out.is_none() {
@@ -305,9 +305,10 @@ pub fn slug(name: &str) -> String {
 }
 
 /// The results file of a run: `<adapter>.json` for the standard set on the default model, with
-/// `.<model>` for another model and `.<set>` for another set (e.g. `c1-16.p128.g128.r1`), so
-/// that no run overwrites another kind of run.
-pub fn results_name(adapter: &str, other_model: Option<&Path>, set: &Set) -> String {
+/// `.<model>` for another model, `.<set>` for another set (e.g. `c1-16.p128.g128.r1`) and
+/// `.<kv flags>` for weft's KV cache flags (e.g. `kv-cache-dtype-f16`), so that no run
+/// overwrites another kind of run.
+pub fn results_name(adapter: &str, other_model: Option<&Path>, set: &Set, kv_args: &[String]) -> String {
     let mut name = slug(adapter);
     if let Some(stem) = other_model.and_then(|m| m.file_stem()) {
         name = format!("{name}.{}", slug(&stem.to_string_lossy()));
@@ -321,6 +322,9 @@ pub fn results_name(adapter: &str, other_model: Option<&Path>, set: &Set) -> Str
         let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join("-");
         name =
             format!("{name}.c{}.p{}.g{}.r{}", list(&set.concurrency), list(&set.prompt_len), set.gen_len, set.repeats);
+    }
+    if !kv_args.is_empty() {
+        name = format!("{name}.{}", slug(&kv_args.join(" ")));
     }
     name + ".json"
 }
@@ -613,10 +617,12 @@ mod tests {
         assert_eq!(slug("()"), "unknown-adapter");
         assert_eq!(utc_date(0), "1970-01-01 00:00 UTC");
         let lvp = "llvmpipe (LLVM 15.0.6, 256 bits)";
-        assert_eq!(results_name(lvp, None, &Set::standard()), "llvmpipe-llvm-15-0-6-256-bits.json");
+        assert_eq!(results_name(lvp, None, &Set::standard(), &[]), "llvmpipe-llvm-15-0-6-256-bits.json");
         let quick = Set::quick();
-        let name = results_name(lvp, Some(Path::new("/m/Llama-3.2-1B.Q4_1.gguf")), &quick);
+        let name = results_name(lvp, Some(Path::new("/m/Llama-3.2-1B.Q4_1.gguf")), &quick, &[]);
         assert_eq!(name, "llvmpipe-llvm-15-0-6-256-bits.llama-3-2-1b-q4-1.c1-4.p32.g16.r1.json");
+        let f16 = results_name(lvp, None, &Set::standard(), &args("--kv-cache-dtype f16"));
+        assert_eq!(f16, "llvmpipe-llvm-15-0-6-256-bits.kv-cache-dtype-f16.json");
         assert_eq!(utc_date(1_764_557_400), "2025-12-01 02:50 UTC");
     }
 
