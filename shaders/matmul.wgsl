@@ -14,7 +14,7 @@
 //   3 y       read_write  f32 (y_row0 + m, n_total)  columns n_offset .. n_offset + n_part
 // G (1, or 2 with a gated epilogue) weight rows per output column: row c, and row n_part + c.
 // Tile constants (text-substituted when the variant is composed):
-//   WG  invocations per workgroup (8 on CPU drivers: one SIMD group of llvmpipe)
+//   WG  invocations per workgroup (one SIMD group of llvmpipe: 8 lanes, 16 with 512-bit vectors)
 //   TN  output columns per invocation     TM  rows of x per invocation (1, 4 or 8 by m)
 // The tile is unrolled when the variant is composed (`#for`): every accumulator, x block and
 // row offset is its own variable, never a private array indexed in a loop. CPU drivers turn

@@ -256,6 +256,18 @@ impl GpuContext {
         self.family == KernelFamily::Cpu && self.info.backend != wgpu::Backend::BrowserWebGpu
     }
 
+    /// Invocations in one SIMD group of a native CPU driver, which the CPU family's matmul puts
+    /// in a workgroup: llvmpipe's subgroup size, 8 with its default 256-bit vectors and 16 with
+    /// `LP_NATIVE_VECTOR_WIDTH=512` (on a CPU with AVX-512 the wider code runs the matmuls
+    /// 1.3-1.9x faster, bench/README.md). 8 for every other adapter.
+    pub fn cpu_lanes(&self) -> u16 {
+        let f = self.features;
+        match (f.subgroup_min_size, f.subgroup_max_size) {
+            (16, 16) if self.reads_textures() => 16,
+            _ => 8,
+        }
+    }
+
     /// Buffers, textures and bind groups created so far (a warm engine step adds none).
     pub fn creations(&self) -> Creations {
         let c = &self.creations;
@@ -375,7 +387,7 @@ impl GpuContext {
                 // CPU drivers also read activations (stored in buffers) as embedding tables.
                 let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
                 return match self.family {
-                    KernelFamily::Cpu => embedding || v.kernel == "matmul",
+                    KernelFamily::Cpu => embedding || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
                     KernelFamily::Baseline => {
                         gpu_buffers && (embedding || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
                     }

@@ -243,13 +243,18 @@ impl std::fmt::Display for ShaderVariant {
     }
 }
 
+/// The SIMD widths in lanes of the CPU drivers weft tunes for: llvmpipe's 256-bit vectors
+/// (its default) and its 512-bit ones (`LP_NATIVE_VECTOR_WIDTH=512`).
+pub(crate) const CPU_LANES: [u16; 2] = [8, 16];
+
 /// The tile of `matmul` (the CPU family): (WG, TN, TM) by rows of x, width of the output and
 /// weight rows per output (2 with a gated epilogue). Measured on lavapipe
-/// (benches/kernels.rs): one 8-lane SIMD group per workgroup, 16 weight rows per lane where the
-/// output is wide, and rows of x per lane as there are rows to share: 4 from 3 rows, 8 from 8
-/// (1.3x the GFLOP/s of 4 at 16 rows; 12 and 16 spill), but never more than `window_rows`, the
-/// rows of x one uniform window holds on CPU drivers.
-pub(crate) fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue) -> [u16; 3] {
+/// (benches/kernels.rs): one SIMD group of `lanes` invocations per workgroup (8 with 256-bit
+/// vectors, 16 with 512), 16 weight rows per lane where the output is wide, and rows of x per
+/// lane as there are rows to share: 4 from 3 rows, 8 from 8 (1.3x the GFLOP/s of 4 at 16 rows;
+/// 12 and 16 spill), but never more than `window_rows`, the rows of x one uniform window holds
+/// on CPU drivers.
+pub(crate) fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, lanes: u16) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
@@ -257,7 +262,7 @@ pub(crate) fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epil
     };
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let tn = if n >= 512 { 16 } else { 8 };
-    [8, tn / epilogue.rows_per_output() as u16, tm]
+    [lanes, tn / epilogue.rows_per_output() as u16, tm]
 }
 
 /// The tile of `matmul_rows` (the baseline family below [`TILED_MIN_ROWS`] rows): 64
@@ -326,11 +331,13 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 // a buffer, and an MLP's gate and up projections with its gate as one matmul.
                 for epilogue in [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul] {
                     for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
-                        let tile = matmul_tile(m, n, usize::MAX, epilogue);
-                        for x_in in [XSource::Storage, XSource::Uniform] {
-                            let v = ShaderVariant { tile, x_in, epilogue, ..base };
-                            if !out.contains(&v) {
-                                out.push(v);
+                        for lanes in CPU_LANES {
+                            let tile = matmul_tile(m, n, usize::MAX, epilogue, lanes);
+                            for x_in in [XSource::Storage, XSource::Uniform] {
+                                let v = ShaderVariant { tile, x_in, epilogue, ..base };
+                                if !out.contains(&v) {
+                                    out.push(v);
+                                }
                             }
                         }
                     }

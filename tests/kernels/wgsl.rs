@@ -128,8 +128,12 @@ fn nested_vars_are_initialized() {
 fn every_shader_compiles_on_the_device() {
     let mut compiled = std::collections::HashSet::new();
     use weft::gpu::KernelFamily;
+    let mut cpu_lanes = 0;
     for family in [KernelFamily::Baseline, KernelFamily::Cpu, KernelFamily::Subgroup] {
         let Some(f) = crate::common::gpu_with_family(family) else { return };
+        if family == KernelFamily::Cpu {
+            cpu_lanes = f.context().cpu_lanes();
+        }
         let n = weft::rt::block_on(f.context().compile_shaders(&weft::quant::DType::WEIGHTS)).unwrap();
         assert_eq!(n, f.context().own_shader_variants().len());
         assert_eq!(weft::rt::block_on(f.context().check_shaders(&weft::quant::DType::WEIGHTS)).unwrap(), n);
@@ -141,7 +145,12 @@ fn every_shader_compiles_on_the_device() {
         assert!(some < n / 2, "{some} of {n} variants compiled for two formats");
         compiled.extend(f.context().own_shader_variants());
     }
-    assert_eq!(compiled.len(), weft::gpu::shader_variants().len(), "some variant belongs to no family");
+    // The CPU family's matmul comes in the width of the driver's vectors (8 lanes, or 16 with
+    // lavapipe's 512-bit ones); `cargo xtask test` runs these tests at both widths, so each run
+    // compiles every variant but the other width's matmuls.
+    let missing: Vec<_> = weft::gpu::shader_variants().into_iter().filter(|v| !compiled.contains(v)).collect();
+    let other_width = |v: &weft::gpu::ShaderVariant| v.kernel == "matmul" && v.tile[0] != cpu_lanes;
+    assert!(missing.iter().all(other_width), "some variant belongs to no family: {missing:?}");
 }
 
 #[test]

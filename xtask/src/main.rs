@@ -160,6 +160,16 @@ fn test(args: &[String]) -> Result {
         cmd.env("WEFT_FULL", "1");
     }
     run(with_gpu_env(cmd))?;
+    if picks_wide_vectors() {
+        // The kernels of lavapipe's default 256-bit vectors (8-lane matmul workgroups) are what a
+        // CPU without AVX-512 runs: their tests again at that width.
+        let mut narrow = cargo();
+        narrow.args(["test", "--release", "-p", "weft", "--test", "kernels"]);
+        narrow.env("WEFT_REQUIRE_GPU", "1");
+        let mut narrow = with_gpu_env(narrow);
+        narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
+        run(narrow)?;
+    }
     test_server_python()?;
     check_wasm()?;
     web::test_web()
@@ -591,10 +601,26 @@ fn ensure_gpu_driver() -> Result {
     run(install)
 }
 
-/// Quiet Mesa's device-select layer (it warns on every start when lavapipe is the only device).
-fn with_gpu_env(mut cmd: Command) -> Command {
+/// The environment of every command that opens the GPU: Mesa's device-select layer quiet (it
+/// warns on every start when lavapipe is the only device), and lavapipe's vector width as the
+/// `weft` binary picks it for itself (`wide_cpu_vectors` in native/src/main.rs): 512 bits on
+/// an x86-64 CPU with AVX-512 unless LP_NATIVE_VECTOR_WIDTH is set, so tests and benchmarks
+/// run the kernels users get.
+pub(crate) fn with_gpu_env(mut cmd: Command) -> Command {
     cmd.env("NODEVICE_SELECT", "1");
+    if picks_wide_vectors() {
+        cmd.env("LP_NATIVE_VECTOR_WIDTH", "512");
+    }
     cmd
+}
+
+/// Whether [`with_gpu_env`] asks lavapipe for 512-bit vectors.
+fn picks_wide_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    avx512 && std::env::var_os("LP_NATIVE_VECTOR_WIDTH").is_none()
 }
 
 #[cfg(test)]

@@ -281,7 +281,9 @@ pub fn measure(
         PeerKind::Vulkan => cmd.args(["--expect", "vulkan"]).env("GGML_VK_VISIBLE_DEVICES", "0"),
         PeerKind::Cpu => cmd.args(["--expect", "cpu", "--n-gpu-layers", "0"]),
     };
-    cmd.envs(env.iter().copied()).env("NODEVICE_SELECT", "1");
+    // The same lavapipe vector width as weft's run.
+    cmd = crate::with_gpu_env(cmd);
+    cmd.envs(env.iter().copied());
     let stdout = output_within(cmd, timeout)?;
     serde_json::from_str(&stdout).map_err(|e| format!("tools/peer_bench.py printed something else ({e}):\n{stdout}"))
 }
