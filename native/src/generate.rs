@@ -23,6 +23,7 @@ pub struct Options {
     pub chat: bool,
     pub system: Option<String>,
     pub max_tokens: usize,
+    pub kv_cache_dtype: weft::DType,
     pub sampling: SamplingParams,
     pub speculation: Speculation,
 }
@@ -79,7 +80,9 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = model_path(opts.model)?;
-    let builder = EngineBuilder::from_model(&path)?.on_progress(crate::progress::loading(path.display().to_string()));
+    let builder = EngineBuilder::from_model(&path)?
+        .kv_cache_dtype(opts.kv_cache_dtype)
+        .on_progress(crate::progress::loading(path.display().to_string()));
     let engine = weft::rt::block_on(opts.speculation.apply(builder)?.build())?;
     let prompt = if opts.chat {
         if engine.tokenizer().chat_template().is_none() {

@@ -42,9 +42,18 @@ fn chat_answers_over_a_pipe_resets_and_exits() {
 fn chat_help_explains_every_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_weft")).args(["chat", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in
-        ["--model", "--system", "--max-tokens", "--temperature", "--top-p", "--top-k", "--seed", "/reset", "/exit"]
-    {
+    for flag in [
+        "--model",
+        "--system",
+        "--max-tokens",
+        "--kv-cache-dtype",
+        "--temperature",
+        "--top-p",
+        "--top-k",
+        "--seed",
+        "/reset",
+        "/exit",
+    ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
 }

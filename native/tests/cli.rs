@@ -135,6 +135,9 @@ fn generate_answers_a_chat_question_with_the_default_model() {
         "0",
         "--max-tokens",
         "12",
+        // Halves, as llama.cpp holds its cache: the answer stays the same.
+        "--kv-cache-dtype",
+        "f16",
     ];
     let (ok, stdout, stderr) = weft(&args, &[]);
     if !ok && !gpu_required() && stderr.contains("no GPU adapter found") {
@@ -213,9 +216,9 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
 /// A KV cache type weft does not hold is refused before anything loads, naming the choices.
 #[test]
 fn an_unknown_kv_cache_type_is_refused() {
-    for command in ["serve", "bench"] {
-        let (ok, _, stderr) = weft(&[command, "--kv-cache-dtype", "q8"], &[]);
+    for command in [&["serve"][..], &["bench"], &["generate", "--prompt", "hi"], &["chat"]] {
+        let (ok, _, stderr) = weft(&[command, &["--kv-cache-dtype", "q8"]].concat(), &[]);
         assert!(!ok);
-        assert!(stderr.contains("\"q8\" is not a KV cache type; use f32 or f16"), "{command}: {stderr}");
+        assert!(stderr.contains("\"q8\" is not a KV cache type; use f32 or f16"), "{command:?}: {stderr}");
     }
 }

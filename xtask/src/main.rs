@@ -606,7 +606,7 @@ fn ensure_gpu_driver() -> Result {
 /// `weft` binary picks it for itself (`wide_cpu_vectors` in native/src/main.rs): 512 bits on
 /// an x86-64 CPU with AVX-512 unless LP_NATIVE_VECTOR_WIDTH is set, so tests and benchmarks
 /// run the kernels users get.
-pub(crate) fn with_gpu_env(mut cmd: Command) -> Command {
+fn with_gpu_env(mut cmd: Command) -> Command {
     cmd.env("NODEVICE_SELECT", "1");
     if picks_wide_vectors() {
         cmd.env("LP_NATIVE_VECTOR_WIDTH", "512");

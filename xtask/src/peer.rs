@@ -281,9 +281,10 @@ pub fn measure(
         PeerKind::Vulkan => cmd.args(["--expect", "vulkan"]).env("GGML_VK_VISIBLE_DEVICES", "0"),
         PeerKind::Cpu => cmd.args(["--expect", "cpu", "--n-gpu-layers", "0"]),
     };
-    // The same lavapipe vector width as weft's run.
-    cmd = crate::with_gpu_env(cmd);
-    cmd.envs(env.iter().copied());
+    // lavapipe's vector width is left at what llama.cpp's users get (its default, 256 bits, unless
+    // LP_NATIVE_VECTOR_WIDTH is set): llama.cpp's Vulkan build ran slower here at the 512 bits
+    // weft asks for (bench/README.md).
+    cmd.envs(env.iter().copied()).env("NODEVICE_SELECT", "1");
     let stdout = output_within(cmd, timeout)?;
     serde_json::from_str(&stdout).map_err(|e| format!("tools/peer_bench.py printed something else ({e}):\n{stdout}"))
 }
