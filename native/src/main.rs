@@ -56,10 +56,8 @@ enum Command {
         /// Stop after this many generated tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 256)]
         max_tokens: usize,
-        /// What the KV cache holds: f32, or f16 (half the memory per token; keys and values
-        /// rounded to halves, as llama.cpp's default cache does).
-        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
-        kv_cache_dtype: weft::DType,
+        #[command(flatten)]
+        kv: KvCacheArgs,
         #[command(flatten)]
         sampling: SamplingArgs,
         #[command(flatten)]
@@ -82,10 +80,8 @@ enum Command {
         /// Stop each reply after this many tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 512)]
         max_tokens: usize,
-        /// What the KV cache holds: f32, or f16 (half the memory per token; keys and values
-        /// rounded to halves, as llama.cpp's default cache does).
-        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
-        kv_cache_dtype: weft::DType,
+        #[command(flatten)]
+        kv: KvCacheArgs,
         #[command(flatten)]
         sampling: SamplingArgs,
     },
@@ -243,6 +239,15 @@ impl SpecArgs {
     }
 }
 
+/// The KV cache flag `generate` and `chat` share.
+#[derive(clap::Args)]
+struct KvCacheArgs {
+    /// What the KV cache holds: f32, or f16 (half the memory per token; keys and values
+    /// rounded to halves, as llama.cpp's default cache does).
+    #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
+    kv_cache_dtype: weft::DType,
+}
+
 /// The sampling flags `generate` and `chat` share.
 #[derive(clap::Args)]
 struct SamplingArgs {
@@ -293,19 +298,20 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Info { model: Some(path), .. } => info::model(&path),
         Command::Info { baseline, model: None } => info::run(baseline),
-        Command::Generate { model, prompt, chat, system, max_tokens, kv_cache_dtype, sampling, spec } => {
+        Command::Generate { model, prompt, chat, system, max_tokens, kv, sampling, spec } => {
             generate::run(generate::Options {
                 model,
                 prompt,
                 chat,
                 system,
                 max_tokens,
-                kv_cache_dtype,
+                kv_cache_dtype: kv.kv_cache_dtype,
                 sampling: sampling.params(),
                 speculation: spec.speculation(),
             })
         }
-        Command::Chat { model, system, max_tokens, kv_cache_dtype, sampling } => {
+        Command::Chat { model, system, max_tokens, kv, sampling } => {
+            let kv_cache_dtype = kv.kv_cache_dtype;
             chat::run(chat::Options { model, system, max_tokens, kv_cache_dtype, sampling: sampling.params() })
         }
         Command::Bench {
