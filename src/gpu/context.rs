@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::PipelineCache;
+use crate::gpu::pipelines::{CpuDriver, PipelineCache};
 use crate::quant::DType;
 
 /// Choices made when opening the device. Environment variables are read too (see [`GpuContext::new`]).
@@ -17,6 +17,10 @@ pub struct GpuOptions {
     pub baseline_only: bool,
     /// Force a family of kernel variants instead of the adapter's own choice.
     pub kernels: Option<KernelFamily>,
+    /// Threads a CPU driver spreads a dispatch's workgroups over, which the CPU family sizes
+    /// its matmul tiles for (default: llvmpipe's own count, `LP_NUM_THREADS` where set, else
+    /// the CPUs this process may run on). Tests set it to reach every tile.
+    pub cpu_threads: Option<usize>,
 }
 
 /// Which kernel variants a device runs. Every family computes the same numbers to within
@@ -26,8 +30,8 @@ pub enum KernelFamily {
     /// Core WebGPU and storage buffers only: what a browser without extensions runs, and what
     /// GPUs run.
     Baseline,
-    /// For drivers that run on the CPU (lavapipe, SwiftShader): one 8-lane SIMD group per
-    /// workgroup, tiles unrolled into registers, and natively weights in textures and matmul
+    /// For drivers that run on the CPU (lavapipe, SwiftShader): one SIMD group (8 or 16 lanes)
+    /// per workgroup, tiles unrolled into registers and sized for the driver's threads, and natively weights in textures and matmul
     /// activations in uniform windows, which llvmpipe loads vectorized where it loads storage
     /// buffers lane by lane (see `GpuContext::reads_textures`).
     Cpu,
@@ -95,6 +99,14 @@ pub struct Creations {
     pub pipelines: u64,
 }
 
+/// The threads llvmpipe runs a dispatch's workgroups on: `LP_NUM_THREADS` where set (0 runs
+/// them on the submitting thread), else one per CPU, at most 32 (its `LP_MAX_THREADS`).
+fn driver_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = std::env::var("LP_NUM_THREADS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(cpus);
+    threads.clamp(1, 32)
+}
+
 /// Queued upload bytes [`GpuContext::staged_upload`] lets wgpu hold before it flushes them.
 const STAGING_FLUSH_BYTES: u64 = 16 << 20;
 
@@ -126,6 +138,7 @@ pub struct GpuContext {
     max_binding_bytes: u64,
     pub(crate) pipelines: PipelineCache,
     family: KernelFamily,
+    cpu_threads: usize,
     pub(crate) creations: CreationCounters,
     /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
     staged: AtomicU64,
@@ -224,6 +237,7 @@ impl GpuContext {
             max_binding_bytes,
             pipelines: PipelineCache::default(),
             family,
+            cpu_threads: options.cpu_threads.unwrap_or_else(driver_threads).max(1),
             creations: CreationCounters::default(),
             staged: AtomicU64::new(0),
             uncaptured,
@@ -268,6 +282,11 @@ impl GpuContext {
         }
     }
 
+    /// What the CPU family's matmul tiles are sized for: the driver's SIMD width and threads.
+    pub fn cpu_driver(&self) -> CpuDriver {
+        CpuDriver { lanes: self.cpu_lanes(), threads: self.cpu_threads }
+    }
+
     /// Buffers, textures and bind groups created so far (a warm engine step adds none).
     pub fn creations(&self) -> Creations {
         let c = &self.creations;
@@ -305,8 +324,8 @@ impl GpuContext {
             "adapter: {} ({:?}, {:?}, driver {} {})\n\
              features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
              kernels: {}\n\
-             limits: storage binding {} MiB, buffer {} MiB, workgroup {} invocations, \
-             workgroup memory {} KiB, {} storage buffers per stage",
+             limits: storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
+             invocations, workgroup memory {} KiB, {} storage buffers per stage",
             self.info.name,
             self.info.device_type,
             self.info.backend,
@@ -319,6 +338,7 @@ impl GpuContext {
             f.timestamp_query,
             self.family.name(),
             l.max_storage_buffer_binding_size >> 20,
+            l.max_uniform_buffer_binding_size >> 10,
             l.max_buffer_size >> 20,
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroup_storage_size >> 10,
@@ -327,11 +347,11 @@ impl GpuContext {
     }
 
     /// Compile now, one at a time, every shader variant of this device's kernel family that
-    /// reads weights in one of `formats` (or none) into a pipeline, and name the first that
-    /// the device rejects. Returns how many variants were compiled. (Serving compiles only what
-    /// it dispatches: `GpuExecutor::warm_up`.)
-    pub async fn compile_shaders(&self, formats: &[DType]) -> Result<usize> {
-        let variants = self.own_shader_variants_for(formats);
+    /// `keep` accepts into a pipeline, and name the first that the device rejects. Returns how
+    /// many variants were compiled. (Serving compiles only what it dispatches:
+    /// `GpuExecutor::warm_up`.)
+    pub async fn compile_shaders(&self, keep: impl Fn(&crate::gpu::ShaderVariant) -> bool) -> Result<usize> {
+        let variants: Vec<_> = self.own_shader_variants().into_iter().filter(|v| keep(v)).collect();
         for &variant in &variants {
             let compile = || self.pipelines.get(&self.device, variant).map(drop);
             self.with_error_scope(&format!("compiling the {variant} shader"), compile).await?;

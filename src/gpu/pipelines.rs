@@ -247,22 +247,53 @@ impl std::fmt::Display for ShaderVariant {
 /// (its default) and its 512-bit ones (`LP_NATIVE_VECTOR_WIDTH=512`).
 pub(crate) const CPU_LANES: [u16; 2] = [8, 16];
 
-/// The tile of `matmul` (the CPU family): (WG, TN, TM) by rows of x, width of the output and
-/// weight rows per output (2 with a gated epilogue). Measured on lavapipe
-/// (benches/kernels.rs): one SIMD group of `lanes` invocations per workgroup (8 with 256-bit
-/// vectors, 16 with 512), 16 weight rows per lane where the output is wide, and rows of x per
-/// lane as there are rows to share: 4 from 3 rows, 8 from 8 (1.3x the GFLOP/s of 4 at 16 rows;
-/// 12 and 16 spill), but never more than `window_rows`, the rows of x one uniform window holds
-/// on CPU drivers.
-pub(crate) fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, lanes: u16) -> [u16; 3] {
+/// Weight rows a lane of the CPU family's matmul may own (TN · G): the widths its tile is
+/// chosen from. 16 is the fastest where workgroups are plentiful; the others split a narrow
+/// output into as many workgroups as the driver has threads.
+pub(crate) const CPU_ROWS_PER_LANE: [u16; 4] = [8, 12, 16, 18];
+
+/// A workgroup's cost beyond its weight rows (loading its rows of x, its loop), in weight
+/// rows, as [`matmul_tile`] weighs tiles.
+const WORKGROUP_OVERHEAD_ROWS: usize = 4;
+
+/// What the CPU family's matmul tile is sized for: a workgroup is one SIMD group of the driver
+/// (`lanes`), and a dispatch's workgroups run `threads` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuDriver {
+    pub lanes: u16,
+    pub threads: usize,
+}
+
+/// The tile of `matmul` (the CPU family), (WG, TN, TM), for m rows of x, n outputs with
+/// `epilogue`'s weight rows per output (2 gated), when a uniform window holds `window_rows`
+/// rows of x. Measured on lavapipe (benches/kernels.rs):
+/// - WG: one SIMD group of the driver (8 lanes with 256-bit vectors, 16 with 512);
+/// - TM: rows of x per lane as there are rows to share: 4 from 3 rows, 8 from 8 (1.3x the
+///   GFLOP/s of 4 at 16 rows; 12 and 16 spill), never more than a window holds;
+/// - TN: the weight rows per lane that finish the dispatch soonest on the driver's threads,
+///   each thread running whole workgroups one after another: a 576-wide output at 16 lanes
+///   makes 3 workgroups of 16 rows per lane (2 rounds on 2 threads, a quarter of the columns
+///   past the end) or 2 of 18 (one round, none wasted: 1.2-1.6x the GFLOP/s at 1 to 128 rows).
+///   16 unless another width is at least 10% cheaper: where workgroups are plentiful the
+///   widths tie and 16 is the one measured best.
+pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, cpu: CpuDriver) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
         _ => 8,
     };
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
-    let tn = if n >= 512 { 16 } else { 8 };
-    [lanes, tn / epilogue.rows_per_output() as u16, tm]
+    let g = epilogue.rows_per_output() as u16;
+    // Rows of x one dispatch covers (a window's worth at most), and its workgroups down them.
+    let rows = m.min(window_rows / usize::from(tm) * usize::from(tm)).max(1);
+    let groups_down = rows.div_ceil(usize::from(tm));
+    let cost = |rows_per_lane: u16| {
+        let groups = n.div_ceil(usize::from(cpu.lanes * (rows_per_lane / g))) * groups_down;
+        groups.div_ceil(cpu.threads.max(1)) * (usize::from(rows_per_lane) + WORKGROUP_OVERHEAD_ROWS)
+    };
+    let best = CPU_ROWS_PER_LANE.into_iter().min_by_key(|&r| cost(r)).unwrap_or(16);
+    let rows_per_lane = if cost(best) * 10 <= cost(16) * 9 { best } else { 16 };
+    [cpu.lanes, rows_per_lane / g, tm]
 }
 
 /// The tile of `matmul_rows` (the baseline family below [`TILED_MIN_ROWS`] rows): 64
@@ -330,13 +361,13 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 // The CPU family's: weights from a texture or a buffer, x from a uniform window or
                 // a buffer, and an MLP's gate and up projections with its gate as one matmul.
                 for epilogue in [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul] {
-                    for (m, n) in [(1, 1), (1, 512), (4, 1), (4, 512), (8, 1), (8, 512)] {
-                        for lanes in CPU_LANES {
-                            let tile = matmul_tile(m, n, usize::MAX, epilogue, lanes);
-                            for x_in in [XSource::Storage, XSource::Uniform] {
-                                let v = ShaderVariant { tile, x_in, epilogue, ..base };
-                                if !out.contains(&v) {
-                                    out.push(v);
+                    let g = epilogue.rows_per_output() as u16;
+                    for lanes in CPU_LANES {
+                        for rows_per_lane in CPU_ROWS_PER_LANE {
+                            for tm in [1, 4, 8] {
+                                for x_in in [XSource::Storage, XSource::Uniform] {
+                                    let tile = [lanes, rows_per_lane / g, tm];
+                                    out.push(ShaderVariant { tile, x_in, epilogue, ..base });
                                 }
                             }
                         }

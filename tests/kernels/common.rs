@@ -38,6 +38,12 @@ pub fn gpu_with_family(family: KernelFamily) -> Option<&'static GpuTensorFactory
     cell.get_or_init(|| open(GpuOptions { kernels: Some(family), ..Default::default() })).as_ref()
 }
 
+/// A CPU-family device whose matmul tiles are sized for `threads` driver threads (its own
+/// device: every call opens one).
+pub fn gpu_with_cpu_threads(threads: usize) -> Option<GpuTensorFactory> {
+    open(GpuOptions { kernels: Some(KernelFamily::Cpu), cpu_threads: Some(threads), ..Default::default() })
+}
+
 /// One way a weight kernel can run: a kernel family, weights in a texture or a buffer, and (for
 /// matmul) activations read through uniform windows or from a storage buffer.
 #[derive(Clone, Copy, Debug)]

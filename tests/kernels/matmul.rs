@@ -10,7 +10,7 @@
 use weft::DType;
 use weft::gpu::kernels::elementwise::{gelu_mul, silu_mul};
 use weft::gpu::kernels::matmul::{matmul, matmul_gated};
-use weft::gpu::{Epilogue, KernelFamily, Recording};
+use weft::gpu::{CpuDriver, Epilogue, KernelFamily, Recording, matmul_tile};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -205,6 +205,67 @@ fn a_tall_matrix_matches_cpu_and_rows_do_not_depend_on_the_batch() {
             assert!(same, "{what}: rows differ in a batch of 4 vs {m}");
         }
     }
+}
+
+/// The CPU family's tile fits a narrow output to the driver's threads and keeps 16 weight rows
+/// per lane where workgroups are plentiful (the default model's shapes, at 16 lanes).
+#[test]
+fn the_cpu_tile_fits_the_output_to_the_threads() {
+    let tile = |m, n, epilogue, threads| matmul_tile(m, n, usize::MAX, epilogue, CpuDriver { lanes: 16, threads });
+    let none = Epilogue::None;
+    // Attention's output (576 wide): 2 workgroups of 18 rows on 2 threads, not 3 of 16;
+    // 3 of 12 on 4; 5 of 8 on 16.
+    assert_eq!(tile(1, 576, none, 2), [16, 18, 1]);
+    assert_eq!(tile(24, 576, none, 2), [16, 18, 8]);
+    assert_eq!(tile(1, 576, none, 4), [16, 12, 1]);
+    assert_eq!(tile(1, 576, none, 16), [16, 8, 1]);
+    // Q, K and V (960), the gated MLP (1536 outputs, two weight rows each), the LM head.
+    assert_eq!(tile(16, 960, none, 2), [16, 16, 8]);
+    assert_eq!(tile(16, 1536, Epilogue::SiluMul, 2), [16, 8, 8]);
+    assert_eq!(tile(1, 49152, none, 2), [16, 16, 1]);
+    assert_eq!(tile(1, 49152, none, 16), [16, 16, 1]);
+    // A uniform window of 10 rows (k = 1536) takes 8 rows a dispatch: one workgroup down.
+    let windowed = matmul_tile(64, 576, 10, none, CpuDriver { lanes: 16, threads: 2 });
+    assert_eq!(windowed, [16, 18, 8]);
+}
+
+/// Every width of the CPU tile against the CPU, and bit-identical to every other: devices
+/// sized for 1 to 16 driver threads pick every width for these shapes.
+#[test]
+fn every_cpu_tile_width_matches_cpu() {
+    let k = 256;
+    let mut widths = std::collections::BTreeSet::new();
+    let mut first: Vec<((usize, usize), Vec<f32>)> = Vec::new();
+    for threads in [1, 2, 4, 16] {
+        let Some(f) = gpu_with_cpu_threads(threads) else { return };
+        for (case, &(m, n)) in [(1, 576), (3, 300), (9, 576), (2, 2000)].iter().enumerate() {
+            let x = random(m * k, case as u64 + 60, 1.0);
+            let (w_bytes, w) = weights(DType::Q4_1, n * k, case as u64 + 70);
+            let want = weft::cpu::matmul(&x, &w, m, k, n);
+            let (xt, wt) =
+                (f.upload_activations(&[m, k], &x).unwrap(), f.upload_weight(&[n, k], DType::Q4_1, &w_bytes).unwrap());
+            let yt = f.zeros(&[m, n], DType::F32).unwrap();
+            let mut rec = Recording::new();
+            matmul(ctx(&f), &mut rec, &xt, &wt, &yt).unwrap();
+            run(&f, &rec);
+            let got = read_f32(&f, &yt);
+            let tile = matmul_tile(m, n, usize::MAX, Epilogue::None, ctx(&f).cpu_driver());
+            widths.insert(tile[1]);
+            let what = format!("m={m} n={n} on {threads} threads, tile {tile:?}");
+            assert_close(&what, &got, &want, |i| {
+                let (r, c) = (i / n, i % n);
+                let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
+                2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
+            });
+            match first.iter().find(|(shape, _)| *shape == (m, n)) {
+                None => first.push(((m, n), got)),
+                Some((_, first)) => {
+                    assert!(first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: bits differ")
+                }
+            }
+        }
+    }
+    assert_eq!(widths.into_iter().collect::<Vec<_>>(), [8, 12, 16, 18], "widths reached");
 }
 
 /// The gated matmul (an MLP's gate and up projections with its SwiGLU or GeGLU applied as the

@@ -166,6 +166,9 @@ fn test(args: &[String]) -> Result {
         let mut narrow = cargo();
         narrow.args(["test", "--release", "-p", "weft", "--test", "kernels"]);
         narrow.env("WEFT_REQUIRE_GPU", "1");
+        if full {
+            narrow.env("WEFT_FULL", "1");
+        }
         let mut narrow = with_gpu_env(narrow);
         narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
         run(narrow)?;

@@ -157,7 +157,7 @@ fn record(
         let part_cols = part.num_rows() / epilogue.rows_per_output();
         let window_rows = if ctx.reads_textures() { (X_WINDOW_BYTES / row_bytes) as usize } else { usize::MAX };
         let (kernel, tile) = match recipe {
-            Recipe::Columns => ("matmul", matmul_tile(m, part_cols, window_rows, epilogue, ctx.cpu_lanes())),
+            Recipe::Columns => ("matmul", matmul_tile(m, part_cols, window_rows, epilogue, ctx.cpu_driver())),
             Recipe::Rows if m >= TILED_MIN_ROWS => ("matmul_tiled", TILED_TILE),
             Recipe::Rows => ("matmul_rows", rows_tile(m)),
             Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
