@@ -270,7 +270,7 @@ pub struct CpuDriver {
 /// - WG: one SIMD group of the driver (8 lanes with 256-bit vectors, 16 with 512);
 /// - TM: rows of x per lane as there are rows to share: 4 from 3 rows, 8 from 8 (1.3x the
 ///   GFLOP/s of 4 at 16 rows; 12 and 16 spill), never more than a window holds;
-/// - TN: the weight rows per lane that finish the dispatch soonest on the driver's threads,
+/// - TN: the weight rows per lane that finish a dispatch soonest on the driver's threads,
 ///   each thread running whole workgroups one after another: a 576-wide output at 16 lanes
 ///   makes 3 workgroups of 16 rows per lane (2 rounds on 2 threads, a quarter of the columns
 ///   past the end) or 2 of 18 (one round, none wasted: 1.2-1.6x the GFLOP/s at 1 to 128 rows).
@@ -284,9 +284,10 @@ pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, c
     };
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let g = epilogue.rows_per_output() as u16;
-    // Rows of x one dispatch covers (a window's worth at most), and its workgroups down them.
-    let rows = m.min(window_rows / usize::from(tm) * usize::from(tm)).max(1);
-    let groups_down = rows.div_ceil(usize::from(tm));
+    // Workgroups down a dispatch: one below 8 rows; from 8 as many as a window holds (or 8), not
+    // as many as m makes, so that m picks the tile only through TM and a warm-up of one batch
+    // size per TM (`GpuExecutor::warm_up`) compiles every tile serving dispatches.
+    let groups_down = if tm == 8 { (window_rows.min(64) / 8).max(1) } else { 1 };
     let cost = |rows_per_lane: u16| {
         let groups = n.div_ceil(usize::from(cpu.lanes * (rows_per_lane / g))) * groups_down;
         groups.div_ceil(cpu.threads.max(1)) * (usize::from(rows_per_lane) + WORKGROUP_OVERHEAD_ROWS)

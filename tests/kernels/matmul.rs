@@ -224,6 +224,13 @@ fn the_cpu_tile_fits_the_output_to_the_threads() {
     assert_eq!(tile(16, 1536, Epilogue::SiluMul, 2), [16, 8, 8]);
     assert_eq!(tile(1, 49152, none, 2), [16, 16, 1]);
     assert_eq!(tile(1, 49152, none, 16), [16, 16, 1]);
+    // m picks the tile only through rows per lane (1, 4 or 8), so the engine's warm-up of
+    // one batch size each compiles every tile serving dispatches.
+    for (n, threads) in [(576, 2), (960, 2), (576, 4), (300, 16)] {
+        for (m, like) in [(2, 1), (5, 4), (7, 4), (9, 8), (16, 8), (100, 8)] {
+            assert_eq!(tile(m, n, none, threads), tile(like, n, none, threads), "m = {m}, n = {n}");
+        }
+    }
     // A uniform window of 10 rows (k = 1536) takes 8 rows a dispatch: one workgroup down.
     let windowed = matmul_tile(64, 576, 10, none, CpuDriver { lanes: 16, threads: 2 });
     assert_eq!(windowed, [16, 18, 8]);
