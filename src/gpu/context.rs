@@ -31,9 +31,10 @@ pub enum KernelFamily {
     /// GPUs run.
     Baseline,
     /// For drivers that run on the CPU (lavapipe, SwiftShader): one SIMD group (8 or 16 lanes)
-    /// per workgroup, tiles unrolled into registers and sized for the driver's threads, and natively weights in textures and matmul
-    /// activations in uniform windows, which llvmpipe loads vectorized where it loads storage
-    /// buffers lane by lane (see `GpuContext::reads_textures`).
+    /// per workgroup, tiles unrolled into registers and sized for the driver's threads, and
+    /// natively weights in textures and matmul activations in uniform windows, which llvmpipe
+    /// loads vectorized where it loads storage buffers lane by lane (see
+    /// `GpuContext::reads_textures`).
     Cpu,
     /// GPUs with subgroups of one fixed size of at least 8 lanes: the baseline with matmuls
     /// whose subgroup lanes share each weight row (coalesced reads, joined by `subgroupAdd`).
