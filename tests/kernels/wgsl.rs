@@ -141,9 +141,9 @@ fn every_shader_compiles_on_the_device() {
         // lavapipe minutes.
         let full = std::env::var("WEFT_FULL").as_deref() == Ok("1");
         let sampled = |v: &weft::gpu::ShaderVariant| {
-            let g = if v.epilogue == weft::gpu::Epilogue::None { 1 } else { 2 };
+            let rows_per_lane = usize::from(v.tile[1]) * v.epilogue.rows_per_output();
             let formats = [weft::quant::DType::Q4_1, weft::quant::DType::Q4_K];
-            full || v.kernel != "matmul" || v.tile[1] * g == 16 || v.weight.is_some_and(|w| formats.contains(&w))
+            full || v.kernel != "matmul" || rows_per_lane == 16 || v.weight.is_some_and(|w| formats.contains(&w))
         };
         let n = weft::rt::block_on(f.context().compile_shaders(sampled)).unwrap();
         let all = f.context().own_shader_variants().len();
