@@ -137,6 +137,22 @@ impl std::ops::Deref for MappedFile {
     }
 }
 
+impl MappedFile {
+    /// Take the file's pages out of this process's resident memory. A loader calls this as it
+    /// goes, once the bytes it read are on the GPU: otherwise a whole model would stay resident
+    /// twice at the end of loading, once as file pages and once as GPU memory (which on a CPU
+    /// driver is host memory too). The page cache keeps the pages, so reading them again costs
+    /// a minor fault, not a disk read.
+    pub fn release_pages(&self) {
+        #[cfg(all(unix, not(target_arch = "wasm32")))]
+        // SAFETY: the mapping is read-only and shared (`Mmap::map`); MADV_DONTNEED only drops this
+        // process's page-table entries, and the next read faults the same bytes back in from the
+        // file, so a borrow of the mapping never sees other contents. (The advice is unsafe in
+        // memmap2 for private writable mappings, whose changes it would discard.)
+        let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+    }
+}
+
 /// Map `path` read-only into memory.
 pub fn map_file(path: &std::path::Path) -> std::io::Result<MappedFile> {
     #[cfg(not(target_arch = "wasm32"))]

@@ -97,3 +97,58 @@ fn tokenizer_matches_the_transformers_fixture() {
         }
     }
 }
+
+/// Loading leaves none of the file resident in this process: each layer's pages are dropped
+/// once uploaded (`WeightSource::release_pages`), so loading peaks at the GPU copy plus about
+/// a layer of the file, not the whole model twice (on a CPU driver the GPU copy is host memory
+/// too). Reads the mapping's resident size from /proc/self/smaps, so Linux only.
+#[cfg(target_os = "linux")]
+#[test]
+fn loading_drops_the_file_pages_it_uploaded() {
+    use weft::model::gguf::GgufFile;
+    use weft::model::load::GgufWeights;
+    if model().is_none() {
+        return;
+    }
+    let Some(ctx) = weft::gpu::open_or_skip(weft::gpu::GpuOptions::default()).unwrap() else { return };
+    let factory = weft::gpu::GpuTensorFactory::new(ctx);
+    let gguf = GgufFile::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL)).unwrap();
+    let config = weft::model::config::ModelConfig::from_gguf(&gguf).unwrap();
+    let data: usize = gguf.tensors.iter().map(|t| gguf.tensor_bytes(t).len()).sum();
+    let inside = gguf.tensor_bytes(&gguf.tensors[0]).as_ptr() as usize;
+    // The measure sees the mapping: reading every tensor makes it resident.
+    let checksum: u64 = gguf.tensors.iter().flat_map(|t| gguf.tensor_bytes(t)).map(|&b| u64::from(b)).sum();
+    assert!(resident_bytes(inside) >= data * 9 / 10, "{} of {data} bytes resident", resident_bytes(inside));
+    let mut most = 0;
+    let model = weft::model::arch::load(config, &GgufWeights { gguf: &gguf }, &factory, &mut |_, _| {
+        most = most.max(resident_bytes(inside));
+    })
+    .unwrap();
+    drop(model);
+    const SLACK: usize = 1 << 20;
+    assert!(most <= SLACK, "{most} bytes of the file resident between layers");
+    assert!(resident_bytes(inside) <= SLACK, "{} bytes of the file resident after loading", resident_bytes(inside));
+    // Dropped pages read back unchanged.
+    let again: u64 = gguf.tensors.iter().flat_map(|t| gguf.tensor_bytes(t)).map(|&b| u64::from(b)).sum();
+    assert_eq!(again, checksum);
+}
+
+/// The resident bytes (smaps `Rss`) of this process's mapping that holds `address`.
+#[cfg(target_os = "linux")]
+fn resident_bytes(address: usize) -> usize {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if let Some((start, end)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16)) else {
+                continue;
+            };
+            inside = (start..end).contains(&address);
+        } else if inside && first == "Rss:" {
+            return fields.next().unwrap().parse::<usize>().unwrap() * 1024;
+        }
+    }
+    panic!("no mapping holds {address:#x}")
+}

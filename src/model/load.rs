@@ -33,6 +33,10 @@ impl WeightSource for GgufWeights<'_> {
         };
         Ok(Some(HostTensor { shape: info.shape(), dtype, bytes }))
     }
+
+    fn release_pages(&self) {
+        self.gguf.release_pages();
+    }
 }
 
 /// A GGUF file whose tensor types weft cannot read is refused before anything is uploaded.
@@ -123,6 +127,10 @@ impl WeightSource for SafetensorsWeights {
             }
         };
         Ok(Some(HostTensor { shape: shape.clone(), dtype, bytes }))
+    }
+
+    fn release_pages(&self) {
+        self.shards.iter().for_each(crate::rt::MappedFile::release_pages);
     }
 }
 

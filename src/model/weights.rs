@@ -136,6 +136,9 @@ pub trait WeightSource {
     fn file(&self) -> &str;
     /// The tensor called `name`, `None` if absent; BF16 arrives widened to F32.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
+    /// The tensors read so far are on the GPU: drop the host pages they were read from, where
+    /// the source maps files (they are read back if asked for again).
+    fn release_pages(&self) {}
 }
 
 /// Loads a checkpoint's tensors by (layer, part) onto the GPU, checking each one's shape.

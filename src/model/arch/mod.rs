@@ -50,7 +50,24 @@ pub trait Architecture: Send + Sync {
 }
 
 /// Upload `config`'s model from `source`, calling `progress(layers done, layers in all)`.
+/// After each layer the source drops the host pages it read (`WeightSource::release_pages`),
+/// so loading holds about one layer of the file in memory beside what is on the GPU.
 pub fn load(
+    config: ModelConfig,
+    source: &dyn WeightSource,
+    factory: &dyn TensorFactory,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<dyn Architecture>> {
+    let progress = &mut |done: usize, total: usize| {
+        source.release_pages();
+        progress(done, total)
+    };
+    let model = load_layers(config, source, factory, progress);
+    source.release_pages();
+    model
+}
+
+fn load_layers(
     config: ModelConfig,
     source: &dyn WeightSource,
     factory: &dyn TensorFactory,
