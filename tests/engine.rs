@@ -548,14 +548,15 @@ fn a_warm_step_creates_nothing() {
 
 /// The builder warms the executor up: the kernels of a lone decode, of a few sequences decoding
 /// together and of a prefill chunk are compiled while the engine is built (in a browser, about
-/// half a second each), so serving those steps compiles nothing more.
+/// half a second each), and the workspace is made for a full step, so serving those steps
+/// compiles and allocates nothing more.
 #[test]
 fn the_builder_compiles_what_serving_dispatches() {
     let Some(f) = factory() else { return };
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
-    let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 4, ..Default::default() };
+    let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 8, ..Default::default() };
     let before = f.context().creations().pipelines;
     let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
     let built = f.context().creations().pipelines;
@@ -563,8 +564,8 @@ fn the_builder_compiles_what_serving_dispatches() {
     // A prompt longer than one step's budget (prefill chunks), then decodes alone.
     let lone = weft::rt::block_on(e.infer(greedy("a prompt of a few more tokens than sixteen", 4))).unwrap();
     assert_eq!(lone.usage.completion_tokens, 4);
-    // Three and four sequences decoding together.
-    for n in [3, 4] {
+    // Three, four and (more than the warm-up ran together) eight sequences decoding together.
+    for n in [3, 4, 8] {
         let mut streams: Vec<_> = (0..n).map(|i| e.submit(greedy(&"xyz"[..i % 3 + 1], 3)).unwrap().1).collect();
         while weft::rt::block_on(e.step()).unwrap() {}
         for s in &mut streams {
@@ -573,6 +574,30 @@ fn the_builder_compiles_what_serving_dispatches() {
         }
     }
     assert_eq!(f.context().creations().pipelines, built, "serving compiled kernels the warm-up missed");
+}
+
+/// The builder makes the workspace for a full step (the whole token budget, a sampled row per
+/// sequence): a prefill longer than the warm-up's does not grow it, which would leave the
+/// smaller one's memory behind in the allocator.
+#[test]
+fn the_workspace_is_made_for_a_full_step() {
+    let Some(f) = factory() else { return };
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let config = EngineConfig { max_num_batched_tokens: 128, max_num_seqs: 2, ..Default::default() };
+    let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
+    let buffers = f.context().creations().buffers;
+    let out = weft::rt::block_on(e.infer(greedy(&"x".repeat(120), 2))).unwrap();
+    assert!(
+        out.usage.prompt_tokens > 64,
+        "{} prompt tokens: no longer than the warm-up's prefill",
+        out.usage.prompt_tokens
+    );
+    // A workspace is some 30 buffers; serving makes only its step arenas' timestamp and readback
+    // buffers.
+    let made = f.context().creations().buffers - buffers;
+    assert!(made <= 4, "serving made {made} buffers: the workspace grew");
 }
 
 /// In the baseline family, which splits long contexts (split-K attention and its merge), a

@@ -315,16 +315,16 @@ impl GpuExecutor {
     /// Make the workspace hold steps up to `tokens` tokens, `seqs` sequences and `logits` logit
     /// rows now, rather than growing into them during the first steps.
     pub async fn reserve(&self, tokens: usize, seqs: usize, logits: usize) -> Result<()> {
-        let blocks_per_seq = self.max_context().div_ceil(self.kv.config().block_size);
-        let need = StepCapacity {
-            tokens,
-            seqs,
-            table_entries: seqs * blocks_per_seq.min(tokens.div_ceil(self.kv.config().block_size).max(1) * 4),
-            logits,
-            penalty_entries: 0,
-        };
+        let need = self.capacity_for(tokens, seqs, logits);
         let mut arena = self.arena.lock().await;
         self.ensure_workspace(&mut arena, &need)
+    }
+
+    fn capacity_for(&self, tokens: usize, seqs: usize, logits: usize) -> StepCapacity {
+        // A block table may reach the longest context the pool holds (4 bytes an entry).
+        let kv = self.kv.config();
+        let blocks_per_seq = self.max_context().div_ceil(kv.block_size).min(kv.num_blocks);
+        StepCapacity { tokens, seqs, table_entries: seqs * blocks_per_seq, logits, penalty_entries: 0 }
     }
 
     fn ensure_workspace(&self, arena: &mut StepArena, need: &StepCapacity) -> Result<()> {
@@ -355,17 +355,19 @@ impl GpuExecutor {
     }
 
     /// Record, without running, steps shaped like the ones serving runs (one sequence decoding,
-    /// up to four decoding together, a prefill of up to 64 of `max_tokens` tokens, a decode in
+    /// up to four and up to eight decoding together, a prefill of up to 64 of `max_tokens` tokens, a decode in
     /// a context long enough to split), so that every kernel they dispatch is compiled now, and
     /// only those: a browser's SwiftShader takes about half a second a kernel, and a model's
     /// weight formats have over a hundred variants. Kernels of rarer steps (speculation,
-    /// penalties, structured output) compile when first dispatched. Leaves nothing recorded;
-    /// returns how many kernels the steps use.
+    /// penalties, structured output) compile when first dispatched. The workspace is made for
+    /// a full step (`max_tokens` tokens, `max_seqs` sampled rows) first. Leaves nothing
+    /// recorded; returns how many kernels the steps use.
     pub fn warm_up(&self, max_tokens: usize, max_seqs: usize) -> Result<usize> {
         let kv = self.kv.config();
         let slots = self.kv.state_config().map_or(0, |s| s.num_slots);
         let prefill = max_tokens.min(64).min(self.max_context()).min(kv.num_blocks * kv.block_size).max(1);
-        let together = max_seqs.min(4).min(kv.num_blocks).min(if slots > 0 { slots } else { usize::MAX }).max(1);
+        let together =
+            |n: usize| n.min(max_seqs).min(kv.num_blocks).min(if slots > 0 { slots } else { usize::MAX }).max(1);
         let seq = |i: usize, num_tokens: usize| SeqStep {
             id: i as u64,
             tokens: vec![0; num_tokens],
@@ -377,7 +379,10 @@ impl GpuExecutor {
             state_restore: None,
             state_save: None,
         };
-        let mut shapes = vec![vec![seq(0, 1)], (0..together).map(|i| seq(i, 1)).collect(), vec![seq(0, prefill)]];
+        // Decodes of 1, up to 4 and up to 8 sequences: each class of rows the matmul tiles take
+        // (the LM head sees only these: a prefill samples one row).
+        let mut shapes: Vec<Vec<SeqStep>> = [1, 4, 8].map(|n| (0..together(n)).map(|i| seq(i, 1)).collect()).into();
+        shapes.push(vec![seq(0, prefill)]);
         // A decode whose context passes SPLIT_MIN_POSITIONS, where the pool holds one: split-K
         // attention and its merge, in the families that split.
         let long = crate::gpu::kernels::paged::SPLIT_MIN_POSITIONS + 1;
@@ -390,6 +395,11 @@ impl GpuExecutor {
             .arena
             .try_lock()
             .ok_or_else(|| WeftError::Unsupported("warm_up while a step runs; warm up before serving".into()))?;
+        // The workspace at the size serving fills (a full token budget, a sampled row per
+        // sequence) from the start: growing into it would drop the smaller one mid-serving and
+        // leave its memory behind in the allocator's blocks. Drafted rows, long block tables and
+        // penalties may still grow it.
+        self.ensure_workspace(&mut arena, &self.capacity_for(max_tokens, max_seqs, max_seqs))?;
         let mut kernels = std::collections::HashSet::new();
         for seqs in shapes {
             let num_batched_tokens = seqs.iter().map(|s| s.tokens.len()).sum();
