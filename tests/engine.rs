@@ -546,16 +546,20 @@ fn a_warm_step_creates_nothing() {
     assert_eq!(f.context().creations(), warm, "{steps_again} warm steps created GPU objects");
 }
 
+/// A builder of the tiny random model (Q8_0).
+fn tiny_builder() -> weft::EngineBuilder {
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap()
+}
+
 /// The builder warms the executor up: the kernels of a lone decode, of a few sequences decoding
 /// together and of a prefill chunk are compiled while the engine is built (in a browser, about
-/// half a second each), and the workspace is made for a full step, so serving those steps
-/// compiles and allocates nothing more.
+/// half a second each), so serving those steps compiles nothing more.
 #[test]
 fn the_builder_compiles_what_serving_dispatches() {
     let Some(f) = factory() else { return };
-    let c = tiny::tiny_config();
-    let w = tiny::random_weights(&c, 21, DType::Q8_0);
-    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let builder = tiny_builder();
     let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 8, ..Default::default() };
     let before = f.context().creations().pipelines;
     let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
@@ -582,9 +586,7 @@ fn the_builder_compiles_what_serving_dispatches() {
 #[test]
 fn the_workspace_is_made_for_a_full_step() {
     let Some(f) = factory() else { return };
-    let c = tiny::tiny_config();
-    let w = tiny::random_weights(&c, 21, DType::Q8_0);
-    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let builder = tiny_builder();
     let config = EngineConfig { max_num_batched_tokens: 128, max_num_seqs: 2, ..Default::default() };
     let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
     let buffers = f.context().creations().buffers;
@@ -606,9 +608,7 @@ fn the_workspace_is_made_for_a_full_step() {
 fn the_builder_compiles_the_long_context_kernels() {
     let options = GpuOptions { kernels: Some(weft::gpu::KernelFamily::Baseline), ..Default::default() };
     let Some(f) = weft::gpu::open_or_skip(options).unwrap().map(GpuTensorFactory::new) else { return };
-    let c = tiny::tiny_config();
-    let w = tiny::random_weights(&c, 21, DType::Q8_0);
-    let builder = weft::EngineBuilder::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    let builder = tiny_builder();
     let config = EngineConfig { max_num_batched_tokens: 64, max_num_seqs: 4, ..Default::default() };
     let e = builder.config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
     let built = f.context().creations().pipelines;
