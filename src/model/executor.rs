@@ -355,8 +355,8 @@ impl GpuExecutor {
     }
 
     /// Record, without running, steps shaped like the ones serving runs (one sequence decoding,
-    /// up to four and up to eight decoding together, a prefill of up to 64 of `max_tokens` tokens, a decode in
-    /// a context long enough to split), so that every kernel they dispatch is compiled now, and
+    /// up to four and up to eight decoding together, a prefill of up to 64 of `max_tokens`
+    /// tokens, a decode in a context long enough to split), so that every kernel they dispatch is compiled now, and
     /// only those: a browser's SwiftShader takes about half a second a kernel, and a model's
     /// weight formats have over a hundred variants. Kernels of rarer steps (speculation,
     /// penalties, structured output) compile when first dispatched. The workspace is made for
@@ -382,6 +382,8 @@ impl GpuExecutor {
         // Decodes of 1, up to 4 and up to 8 sequences: each class of rows the matmul tiles take
         // (the LM head sees only these: a prefill samples one row).
         let mut shapes: Vec<Vec<SeqStep>> = [1, 4, 8].map(|n| (0..together(n)).map(|i| seq(i, 1)).collect()).into();
+        // Fewer sequences than that allowed: record each decode once.
+        shapes.dedup_by_key(|decode| decode.len());
         shapes.push(vec![seq(0, prefill)]);
         // A decode whose context passes SPLIT_MIN_POSITIONS, where the pool holds one: split-K
         // attention and its merge, in the families that split.

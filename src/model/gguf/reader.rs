@@ -71,8 +71,6 @@ impl GgufFile {
         self.tensors.iter().find(|t| t.name == name)
     }
 
-    /// The data of `info`, one of this file's `tensors`. An info from elsewhere gets its bytes
-    /// only where they lie inside this file, and an empty slice otherwise.
     /// Take the mapped file's pages out of resident memory (see
     /// [`MappedFile::release_pages`](crate::rt::MappedFile::release_pages)); bytes held in memory
     /// (the browser's) stay.
@@ -82,6 +80,8 @@ impl GgufFile {
         }
     }
 
+    /// The data of `info`, one of this file's `tensors`. An info from elsewhere gets its bytes
+    /// only where they lie inside this file, and an empty slice otherwise.
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
         let bytes = self.bytes.as_slice();
         let range = self.data_offset.checked_add(info.offset).and_then(|start| {
