@@ -312,14 +312,6 @@ impl GpuExecutor {
         self.factory.context()
     }
 
-    /// Make the workspace hold steps up to `tokens` tokens, `seqs` sequences and `logits` logit
-    /// rows now, rather than growing into them during the first steps.
-    pub async fn reserve(&self, tokens: usize, seqs: usize, logits: usize) -> Result<()> {
-        let need = self.capacity_for(tokens, seqs, logits);
-        let mut arena = self.arena.lock().await;
-        self.ensure_workspace(&mut arena, &need)
-    }
-
     fn capacity_for(&self, tokens: usize, seqs: usize, logits: usize) -> StepCapacity {
         // A block table may reach the longest context the pool holds (4 bytes an entry).
         let kv = self.kv.config();
@@ -399,8 +391,8 @@ impl GpuExecutor {
             .ok_or_else(|| WeftError::Unsupported("warm_up while a step runs; warm up before serving".into()))?;
         // The workspace at the size serving fills (a full token budget, a sampled row per
         // sequence) from the start: growing into it would drop the smaller one mid-serving and
-        // leave its memory behind in the allocator's blocks. Drafted rows, long block tables and
-        // penalties may still grow it.
+        // leave its memory behind in the allocator's blocks. Block tables are sized for the
+        // longest context the pool holds; drafted rows and penalties may still grow it.
         self.ensure_workspace(&mut arena, &self.capacity_for(max_tokens, max_seqs, max_seqs))?;
         let mut kernels = std::collections::HashSet::new();
         for seqs in shapes {
