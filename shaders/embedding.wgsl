@@ -39,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (b * 32u >= k || row >= params.part_rows) {
         return;
     }
-    let blk = w_block_at(params.w_base + row * params.row_bytes, b);
+    let blk = w_block_at(params.w_base + w_row_byte(row, params.row_bytes), b);
     let base = t * k + b * 32u;
     for (var j = 0u; j < 8u; j++) {
         let v = (blk.dm.x * blk.q[j] + blk.dm.y) * params.scale;

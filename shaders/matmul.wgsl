@@ -51,7 +51,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // Byte offset of each owned weight row (clamped: out-of-range columns recompute the last).
 #for g in 0..G
 #for j in 0..TN
-    let rowb_{{g}}_{{j}} = params.w_base + (min(col0 + {{j}}u * WG, params.n_part - 1u) + {{g}}u * params.n_part) * params.row_bytes;
+    let rowb_{{g}}_{{j}} = params.w_base + w_row_byte(min(col0 + {{j}}u * WG, params.n_part - 1u) + {{g}}u * params.n_part, params.row_bytes);
 #end
 #end
 #for g in 0..G

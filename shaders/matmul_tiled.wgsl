@@ -49,7 +49,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     // The x row and weight row this invocation stages (clamped).
     let stage = lid % 32u;
     let x_row = min(row0 + stage, params.m - 1u) * k4;
-    let w_row = params.w_base + min(col0 + stage, params.n_part - 1u) * params.row_bytes;
+    let w_row = params.w_base + w_row_byte(min(col0 + stage, params.n_part - 1u), params.row_bytes);
     var acc = array<f32, 16>();
     var total = array<f32, 16>();
     for (var b = 0u; b < nb; b++) {

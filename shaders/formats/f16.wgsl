@@ -2,6 +2,7 @@
 // F16: rows of IEEE halves; a "block" is 32 elements = 64 bytes (16-byte aligned), scale 1.
 // Widened with unpack2x16float: core WGSL, no shader-f16.
 const W_BLOCK_BYTES: u32 = 64u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -25,5 +26,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // F32: a "block" is 32 elements = 128 bytes (16-byte aligned), scale 1.
 const W_BLOCK_BYTES: u32 = 128u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -22,5 +23,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

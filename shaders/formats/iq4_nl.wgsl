@@ -3,6 +3,7 @@
 // nibble an index into a fixed non-linear grid; value = d * grid[nibble]. A block starts on a
 // word or mid-word; both cases read the same 5 words and pick with select.
 const W_BLOCK_BYTES: u32 = 18u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -26,5 +27,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

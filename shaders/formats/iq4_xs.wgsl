@@ -4,6 +4,7 @@
 // ls = (scales_l[j / 2] >> 4(j % 2)) & 15 | ((scales_h >> 2j) & 3) << 4; value = (d * (ls - 32))
 // * grid[nibble] with IQ4_NL's grid, so dm = (d * (ls - 32), 0).
 const W_SUPER_BYTES: u32 = 136u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -15,7 +16,7 @@ struct WBlock {
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
-    let i = (row_byte + (b >> 3u) * W_SUPER_BYTES) >> 2u;
+    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
     // The header's two words share one aligned group of four (i is even).
     let g = wload4a(i & ~3u);
     let odd = (i & 2u) != 0u;

@@ -5,6 +5,7 @@
 // scales[8h + 2r + l / 16]; value = (d * (s & 15)) * q - dmin * (s >> 4). A min per 16 elements
 // cannot ride in dm, so the codes are the values themselves: dm = (1, 0), computed as ggml does.
 const W_SUPER_BYTES: u32 = 84u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = false;
 
 #include shared/block_words.wgsl
@@ -22,7 +23,7 @@ fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
     let h = j >> 2u;
     let r = j & 3u;
-    let sb = row_byte + (b >> 3u) * W_SUPER_BYTES;
+    let sb = w_unit_byte(row_byte, b >> 3u);
     let qs = wspan9((sb + 16u + 32u * h) >> 2u);
     let s = whalf(sb + 8u * h + 2u * r);
     let dd = unpack2x16float(wload((sb + 80u) >> 2u));

@@ -5,6 +5,7 @@
 // d * (scale(8h + 2r + l / 16) - 32) * q, scale(s) = low 4 bits (scales[s % 8] >> 4(s / 8)) | high
 // 2 bits (scales[8 + s % 4] >> 2(s / 4)). The two scales ride in the codes: dm = (d, 0).
 const W_SUPER_BYTES: u32 = 110u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = false;
 
 #include shared/block_words.wgsl
@@ -24,7 +25,7 @@ fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
     let h = j >> 2u;
     let r = j & 3u;
-    let sb = row_byte + (b >> 3u) * W_SUPER_BYTES;
+    let sb = w_unit_byte(row_byte, b >> 3u);
     let hm = wwords8(sb);
     let qs = wwords8(sb + 32u + 32u * h);
     // Scales 8h + 2r and 8h + 2r + 1: their low bits in bytes 2r, 2r + 1 (nibble h), their high

@@ -3,6 +3,7 @@
 // A block starts on a word or mid-word (2-byte aligned); both cases read the same 5 words and
 // pick with select (no divergent branch).
 const W_BLOCK_BYTES: u32 = 18u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -32,5 +33,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

@@ -4,6 +4,7 @@
 // (sc, m) = get_scale_min_k4(j) and the low (even j) or high (odd j) nibbles of bytes
 // 32 * (j / 2) .. + 32; value = (d * sc) * q - (dmin * m), so dm = (d * sc, -(dmin * m)).
 const W_SUPER_BYTES: u32 = 144u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = true;
 
 #include shared/k_scales.wgsl
@@ -19,7 +20,7 @@ fn nib(word: u32, shift: u32) -> vec4<f32> {
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
-    let i = (row_byte + (b >> 3u) * W_SUPER_BYTES) >> 2u;
+    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
     let h = wload4a(i); // d | dmin, then scale bytes 0..3, 4..7, 8..11
     let q0 = wload4a(i + 4u + 8u * (j >> 1u));
     let q1 = wload4a(i + 8u + 8u * (j >> 1u));

@@ -3,6 +3,7 @@
 // nibbles as Q4_0; value = d * ((nibble | bit << 4) - 16). A block starts on a word or mid-word;
 // both cases read the same 6 words and pick with select.
 const W_BLOCK_BYTES: u32 = 22u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -33,5 +34,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

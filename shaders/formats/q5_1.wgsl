@@ -2,6 +2,7 @@
 // Q5_1 (ggml block_q5_1, 24 bytes, word-aligned): d f16, m f16, qh u32, 16 bytes of nibbles as
 // Q4_1; value = d * (nibble | bit << 4) + m.
 const W_BLOCK_BYTES: u32 = 24u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = true;
 
 struct WBlock {
@@ -26,5 +27,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

@@ -4,6 +4,7 @@
 // l of sub-block j: q = nibble (as Q4_K) | (bit j of qh[l]) << 4; value = (d * sc) * q -
 // (dmin * m), so dm = (d * sc, -(dmin * m)).
 const W_SUPER_BYTES: u32 = 176u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = true;
 
 #include shared/k_scales.wgsl
@@ -21,7 +22,7 @@ fn q5(word: u32, shift: u32, qh: u32, hbit: u32) -> vec4<f32> {
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
-    let i = (row_byte + (b >> 3u) * W_SUPER_BYTES) >> 2u;
+    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
     let h = wload4a(i); // d | dmin, then scale bytes 0..3, 4..7, 8..11
     let h0 = wload4a(i + 4u);
     let h1 = wload4a(i + 8u);

@@ -5,6 +5,7 @@
 // value = d * scale[8h + 2r + l / 16] * (q - 32). Two scales per sub-block, so the codes carry
 // them: dm = (d, 0), q = scale * (q - 32), exactly ggml's value (d * scale is exact in f32).
 const W_SUPER_BYTES: u32 = 210u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = false;
 
 #include shared/block_words.wgsl
@@ -24,7 +25,7 @@ fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
     let h = j >> 2u;
     let r = j & 3u;
-    let sb = row_byte + (b >> 3u) * W_SUPER_BYTES;
+    let sb = w_unit_byte(row_byte, b >> 3u);
     let ql = wwords8(sb + 64u * h + 32u * (r & 1u));
     let qh = wwords8(sb + 128u + 32u * h);
     let sc = whalf(sb + 192u + 8u * h + 2u * r);

@@ -2,6 +2,7 @@
 // Q8_0 (ggml block_q8_0, 34 bytes): d f16, 32 signed bytes; value = d * q. A block starts on a
 // word or mid-word; both cases read the same 9 words and pick with select.
 const W_BLOCK_BYTES: u32 = 34u;
+const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -31,5 +32,5 @@ fn w_block(byte: u32) -> WBlock {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    return w_block(row_byte + b * W_BLOCK_BYTES);
+    return w_block(w_unit_byte(row_byte, b));
 }

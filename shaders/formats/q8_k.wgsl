@@ -2,6 +2,7 @@
 // Q8_K (ggml block_q8_K, 292-byte super-blocks of 256 elements, word-aligned): d f32, 256
 // signed bytes, 16 i16 block sums (not needed to decode); value = d * q.
 const W_SUPER_BYTES: u32 = 292u;
+const W_UNIT_BYTES: u32 = W_SUPER_BYTES;
 const W_HAS_MIN: bool = false;
 
 struct WBlock {
@@ -14,7 +15,7 @@ fn signed_bytes(word: u32) -> vec4<f32> {
 }
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
-    let i = (row_byte + (b >> 3u) * W_SUPER_BYTES) >> 2u;
+    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
     let d = bitcast<f32>(wload(i));
     let s = wspan9(i + 1u + 8u * (b & 7u));
     return WBlock(vec2<f32>(d, 0.0), array<vec4<f32>, 8>(

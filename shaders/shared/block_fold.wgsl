@@ -7,7 +7,7 @@ fn fold_block(acc: ptr<function, array<f32, G * TM>>, col: u32, m0: u32, b: u32)
     var blk = array<WBlock, G>();
     for (var g = 0u; g < G; g++) {
         let row = min(col, params.n_part - 1u) + g * params.n_part;
-        blk[g] = w_block_at(params.w_base + row * params.row_bytes, b);
+        blk[g] = w_block_at(params.w_base + w_row_byte(row, params.row_bytes), b);
     }
     for (var r = 0u; r < TM; r++) {
         let xb = x_block(min(m0 + r, params.m - 1u), b);

@@ -8,7 +8,26 @@
 // lane's mip level (the matmul at m = 1 ran 1.5x faster reading the same texture as an image).
 // Upload: queue.write_texture (bytes_per_row = 131072) or copy_buffer_to_texture from the mmap'd
 // file bytes; pad the last texel row with zeros. Height = ceil(bytes / 131072) <= 8192 (1 GiB).
+// Rows are interleaved in groups of W_INTERLEAVE (`GpuTensorFactory` permutes them on upload):
+// a group holds unit 0 of each of its rows, one after another, then unit 1, and so on, a unit
+// being one block of the format (one super-block for the k-quants; W_UNIT_BYTES); a last group
+// of fewer rows is padded with zero rows. A matmul's lanes own consecutive rows, so at each step
+// of k they read adjacent bytes and the CPU's prefetchers keep up; in row-major order one
+// workgroup streamed 128 rows at once, which they do not follow (weights not in cache: 1.6x
+// slower at m = 1).
 @group(0) @binding(2) var wt: texture_storage_2d<rgba32uint, read>;
+
+const W_INTERLEAVE: u32 = 8u;
+
+// Byte of unit 0 of `row` (counted from the part's first row, a whole group).
+fn w_row_byte(row: u32, row_bytes: u32) -> u32 {
+    return (row / W_INTERLEAVE) * W_INTERLEAVE * row_bytes + (row % W_INTERLEAVE) * W_UNIT_BYTES;
+}
+
+// Byte of unit u of the row whose unit 0 is at row_byte.
+fn w_unit_byte(row_byte: u32, u: u32) -> u32 {
+    return row_byte + u * (W_UNIT_BYTES * W_INTERLEAVE);
+}
 
 fn wtexel(t: u32) -> vec4<u32> {
     return textureLoad(wt, vec2<u32>(t & 8191u, t >> 13u));

@@ -7,7 +7,8 @@
 //! kernel can run once per part. Block-format rows keep their raw GGUF bytes; a part's buffer is
 //! padded to a multiple of 4 bytes because shaders read it as `array<u32>`. A texture part holds
 //! the same bytes in an rgba32uint texture [`TEXTURE_WIDTH`] texels wide (`shared/weight_texture.wgsl`
-//! reads it).
+//! reads it), its rows interleaved in groups of [`INTERLEAVE`] ([`interleave_rows`]); a texture
+//! part starts at a whole group, and a kernel reads a view of one only from a whole group on.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -30,6 +31,49 @@ fn texture_row_bytes(format: wgpu::TextureFormat) -> u64 {
     u64::from(TEXTURE_WIDTH) * u64::from(format.block_copy_size(None).unwrap_or(16))
 }
 
+/// Rows per group of a weight texture: a group holds block (unit) 0 of each of its rows, then
+/// block 1 of each, and so on (`shared/weight_texture.wgsl` has the why).
+pub(crate) const INTERLEAVE: usize = 8;
+
+/// Bytes of grouped weight rows made on the host at a time while uploading.
+const UPLOAD_CHUNK_BYTES: usize = 1 << 20;
+
+/// The bytes of whole rows (`row_bytes` each, `unit` bytes per block) in groups of
+/// [`INTERLEAVE`], the last group padded with zero rows.
+pub(crate) fn interleave_rows(src: &[u8], row_bytes: usize, unit: usize) -> Vec<u8> {
+    let rows = src.len() / row_bytes;
+    let group_bytes = INTERLEAVE * row_bytes;
+    let mut out = vec![0u8; rows.div_ceil(INTERLEAVE) * group_bytes];
+    for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+        let at = r / INTERLEAVE * group_bytes + r % INTERLEAVE * unit;
+        for (u, block) in row.chunks_exact(unit).enumerate() {
+            out[at + u * INTERLEAVE * unit..][..unit].copy_from_slice(block);
+        }
+    }
+    out
+}
+
+/// `rows` rows in row-major order from `groups`, whole groups of [`interleave_rows`], starting
+/// with row `first` of the first group.
+fn deinterleave_rows(groups: &[u8], row_bytes: usize, unit: usize, first: usize, rows: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows * row_bytes);
+    for r in first..first + rows {
+        let at = r / INTERLEAVE * INTERLEAVE * row_bytes + r % INTERLEAVE * unit;
+        for u in 0..row_bytes / unit {
+            out.extend_from_slice(&groups[at + u * INTERLEAVE * unit..][..unit]);
+        }
+    }
+    out
+}
+
+/// The block size weight textures of `dtype` interleave (what the shaders call W_UNIT_BYTES:
+/// 32 elements, or a k-quant's super-block), or `None` when a row is not whole blocks (no
+/// kernel reads such a tensor as weights).
+fn interleave_unit(dtype: DType, row_bytes: usize) -> Option<usize> {
+    let unit = dtype.size_bytes(dtype.block_elems().max(32)).ok()?;
+    row_bytes.is_multiple_of(unit).then_some(unit)
+}
+
 /// Where a part's bytes live.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum PartStorage {
@@ -46,6 +90,9 @@ pub struct TensorPart {
     pub(crate) offset_bytes: u64,
     /// First row of the tensor held here, and how many rows.
     pub rows: Range<usize>,
+    /// For a weight texture, the block size its rows are interleaved by ([`interleave_rows`]);
+    /// `offset_bytes` then counts rows as if they were in order.
+    pub(crate) interleave: Option<usize>,
 }
 
 /// A tensor on the GPU: shape, element type and the buffers that hold it.
@@ -126,6 +173,7 @@ impl GpuTensor {
                     storage: p.storage.clone(),
                     offset_bytes: p.offset_bytes + ((first - p.rows.start) * self.row_bytes) as u64,
                     rows: first - rows.start..p.rows.end.min(rows.end) - rows.start,
+                    interleave: p.interleave,
                 }
             })
             .collect();
@@ -164,9 +212,24 @@ impl TensorPart {
     }
 
     /// Where the part's first row starts, for kernels that read it from a texture (a buffer
-    /// binding starts at the row, so there it is 0).
-    pub(crate) fn base_bytes(&self) -> u64 {
-        if self.in_texture() { self.offset_bytes } else { 0 }
+    /// binding starts at the row, so there it is 0); an error for a view of an interleaved
+    /// texture that does not start at a whole group.
+    pub(crate) fn base_bytes(&self, row_bytes: usize) -> Result<u64> {
+        if !self.in_texture() {
+            return Ok(0);
+        }
+        let group_bytes = (INTERLEAVE * row_bytes) as u64;
+        if self.interleave.is_some() && !self.offset_bytes.is_multiple_of(group_bytes) {
+            return Err(WeftError::shape(
+                "weights",
+                format!(
+                    "a view of weight rows from row {} cannot be read: weight textures keep rows in \
+                     groups of {INTERLEAVE}, so a view must start at a multiple of {INTERLEAVE}",
+                    self.offset_bytes / row_bytes as u64
+                ),
+            ));
+        }
+        Ok(self.offset_bytes)
     }
 
     /// The part as a resource to bind. A buffer is bound from its first row to the buffer's
@@ -272,7 +335,16 @@ impl GpuTensorFactory {
             Kind::KvTexture(format) => Some(format),
             Kind::Buffer | Kind::Activations => None,
         };
-        let (num_rows, row_bytes, rows_per_part) = self.layout(shape, dtype, texture)?;
+        let (num_rows, row_bytes, mut rows_per_part) = self.layout(shape, dtype, texture)?;
+        // Weight textures hold whole groups of rows (a part too, so each starts at one).
+        let interleave =
+            if kind == Kind::Texture && rows_per_part >= INTERLEAVE { interleave_unit(dtype, row_bytes) } else { None };
+        if interleave.is_some() {
+            rows_per_part -= rows_per_part % INTERLEAVE;
+        }
+        // Weights that cannot be grouped (rows that are not whole blocks, or fewer than a group
+        // per binding) stay in buffers, which every kernel reads in order.
+        let texture = if kind == Kind::Texture && interleave.is_none() { None } else { texture };
         if let Some(bytes) = bytes
             && bytes.len() != num_rows * row_bytes
         {
@@ -290,9 +362,13 @@ impl GpuTensorFactory {
             let rows = first..(first + rows_per_part).min(num_rows);
             let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
             let len = (rows.len() * row_bytes) as u64;
-            let storage = match texture {
-                Some(format) => self.texture(len, src, format)?,
-                None => {
+            let storage = match (texture, interleave) {
+                (Some(format), Some(unit)) => {
+                    let len = (rows.len().div_ceil(INTERLEAVE) * INTERLEAVE * row_bytes) as u64;
+                    self.texture(len, src, Some((row_bytes, unit)), format)?
+                }
+                (Some(format), None) => self.texture(len, src, None, format)?,
+                (None, _) => {
                     let mut usage =
                         wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
                     let mut size = len.next_multiple_of(4);
@@ -323,15 +399,22 @@ impl GpuTensorFactory {
                     PartStorage::Buffer(buffer)
                 }
             };
-            parts.push(TensorPart { storage, offset_bytes: 0, rows });
+            parts.push(TensorPart { storage, offset_bytes: 0, rows, interleave });
         }
         Ok(GpuTensor { shape: shape.to_vec(), dtype, row_bytes, parts })
     }
 
     /// A texture of `format` holding `len` bytes (zeros, or `src`), row after row of
-    /// [`TEXTURE_WIDTH`] texels: rgba32uint for weights (raw bytes, read as uint texels), or a
+    /// [`TEXTURE_WIDTH`] texels: rgba32uint for weights (raw bytes, read as uint texels; with
+    /// `grouped` = (row bytes, block bytes), rows interleaved as [`interleave_rows`] does), or a
     /// KV cache's float format (read and written as storage textures).
-    fn texture(&self, len: u64, src: Option<&[u8]>, format: wgpu::TextureFormat) -> Result<PartStorage> {
+    fn texture(
+        &self,
+        len: u64,
+        src: Option<&[u8]>,
+        grouped: Option<(usize, usize)>,
+        format: wgpu::TextureFormat,
+    ) -> Result<PartStorage> {
         let usage =
             wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC;
         let label = if format == wgpu::TextureFormat::Rgba32Uint { "weights" } else { "kv cache" };
@@ -349,38 +432,68 @@ impl GpuTensorFactory {
             usage,
             view_formats: &[],
         });
-        if let Some(src) = src {
-            let full_rows = (src.len() as u64 / row_bytes) as u32;
-            let write = |data: &[u8], first_row: u32, rows: u32| {
-                self.ctx.queue.write_texture(
-                    wgpu::TexelCopyTextureInfo {
-                        texture: &texture,
-                        mip_level: 0,
-                        origin: wgpu::Origin3d { x: 0, y: first_row, z: 0 },
-                        aspect: wgpu::TextureAspect::All,
-                    },
-                    data,
-                    wgpu::TexelCopyBufferLayout {
-                        offset: 0,
-                        bytes_per_row: Some(row_bytes as u32),
-                        rows_per_image: Some(rows),
-                    },
-                    wgpu::Extent3d { width: TEXTURE_WIDTH, height: rows, depth_or_array_layers: 1 },
-                );
-            };
-            if full_rows > 0 {
-                write(&src[..(u64::from(full_rows) * row_bytes) as usize], 0, full_rows);
+        match (src, grouped) {
+            (Some(src), Some((weight_row, unit))) => {
+                // A few groups at a time, so that a large tensor is never on the host twice.
+                let group_bytes = INTERLEAVE * weight_row;
+                let chunk = (UPLOAD_CHUNK_BYTES / group_bytes).max(1) * group_bytes;
+                for (i, rows) in src.chunks(chunk).enumerate() {
+                    self.write_texture_bytes(&texture, (i * chunk) as u64, &interleave_rows(rows, weight_row, unit))?;
+                }
             }
-            let rest = &src[(u64::from(full_rows) * row_bytes) as usize..];
-            if !rest.is_empty() {
-                let mut last = vec![0u8; row_bytes as usize];
-                last[..rest.len()].copy_from_slice(rest);
-                write(&last, full_rows, 1);
-            }
-            self.ctx.staged_upload(src.len() as u64)?;
+            (Some(src), None) => self.write_texture_bytes(&texture, 0, src)?,
+            (None, _) => {}
         }
         let view = texture.create_view(&Default::default());
         Ok(PartStorage::Texture(texture, view))
+    }
+
+    /// Queue `data` into `texture` from byte `at` on (a whole texel) as the rectangles a texture
+    /// write takes (the rest of a texel row, whole rows, the start of a row), a last partial
+    /// texel padded with zeros.
+    fn write_texture_bytes(&self, texture: &wgpu::Texture, at: u64, data: &[u8]) -> Result<()> {
+        let texel = u64::from(texture.format().block_copy_size(None).unwrap_or(16));
+        let row = texture_row_bytes(texture.format());
+        debug_assert!(at.is_multiple_of(texel), "texture writes start at a whole texel");
+        let padded;
+        let data = if (data.len() as u64).is_multiple_of(texel) {
+            data
+        } else {
+            let mut bytes = data.to_vec();
+            bytes.resize((data.len() as u64).next_multiple_of(texel) as usize, 0);
+            padded = bytes;
+            &padded
+        };
+        let (mut at, mut rest) = (at, data);
+        while !rest.is_empty() {
+            let x = at % row;
+            let left = rest.len() as u64;
+            let (bytes, width, height) = if x == 0 && left >= row {
+                let rows = left / row;
+                (rows * row, TEXTURE_WIDTH, rows as u32)
+            } else {
+                let bytes = (row - x).min(left);
+                (bytes, (bytes / texel) as u32, 1)
+            };
+            self.ctx.queue.write_texture(
+                wgpu::TexelCopyTextureInfo {
+                    texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d { x: (x / texel) as u32, y: (at / row) as u32, z: 0 },
+                    aspect: wgpu::TextureAspect::All,
+                },
+                &rest[..bytes as usize],
+                wgpu::TexelCopyBufferLayout {
+                    offset: 0,
+                    bytes_per_row: Some((bytes / u64::from(height)) as u32),
+                    rows_per_image: Some(height),
+                },
+                wgpu::Extent3d { width, height, depth_or_array_layers: 1 },
+            );
+            at += bytes;
+            rest = &rest[bytes as usize..];
+        }
+        self.ctx.staged_upload(data.len() as u64)
     }
 
     /// One layer's K or V cache, (slots, kv_heads, head_dim) of `dtype` (F32, or F16 for half
@@ -458,24 +571,46 @@ impl TensorFactory for GpuTensorFactory {
 #[derive(Debug)]
 pub(crate) struct Readback {
     staging: wgpu::Buffer,
-    /// Per part: (bytes copied, bytes of padding before the part's first row, bytes wanted).
-    spans: Vec<(u64, u64, usize)>,
+    spans: Vec<Span>,
 }
 
-/// The bytes `part` occupies from `start` for `len` bytes, widened to what a copy can move:
-/// whole 4-byte words of a buffer, whole texel rows of a texture. (start, copied length).
-fn copy_span(part: &TensorPart, len: u64) -> (u64, u64) {
+/// One part's bytes in a readback's staging buffer.
+#[derive(Debug)]
+struct Span {
+    /// Bytes copied.
+    len: u64,
+    /// Bytes copied before the part's first row (or, interleaved, its first row's group).
+    skip: u64,
+    /// Rows wanted and their bytes each.
+    rows: usize,
+    row_bytes: usize,
+    /// For an interleaved weight texture: its block size, and the first row's index in its group.
+    interleave: Option<(usize, usize)>,
+}
+
+/// The bytes of `part`'s rows (whole groups of them where interleaved), widened to what a copy
+/// can move: whole 4-byte words of a buffer, whole texel rows of a texture. (start, copied
+/// length, where the rows or groups start).
+fn copy_span(part: &TensorPart, row_bytes: usize) -> (u64, u64, u64) {
+    let len = (part.rows.len() * row_bytes) as u64;
     match &part.storage {
         PartStorage::Buffer(buffer) => {
             let start = part.offset_bytes & !3;
             let end = (part.offset_bytes + len).next_multiple_of(4).min(buffer.size());
-            (start, end - start)
+            (start, end - start, part.offset_bytes)
         }
         PartStorage::Texture(texture, _) => {
-            let row_bytes = texture_row_bytes(texture.format());
-            let first = part.offset_bytes / row_bytes;
-            let last = (part.offset_bytes + len).div_ceil(row_bytes).max(first + 1);
-            (first * row_bytes, (last - first) * row_bytes)
+            let (from, to) = match part.interleave {
+                Some(_) => {
+                    let group = (INTERLEAVE * row_bytes) as u64;
+                    (part.offset_bytes / group * group, (part.offset_bytes + len).div_ceil(group) * group)
+                }
+                None => (part.offset_bytes, part.offset_bytes + len),
+            };
+            let texel_row = texture_row_bytes(texture.format());
+            let first = from / texel_row;
+            let last = to.div_ceil(texel_row).max(first + 1);
+            (first * texel_row, (last - first) * texel_row, from)
         }
     }
 }
@@ -483,7 +618,7 @@ fn copy_span(part: &TensorPart, len: u64) -> (u64, u64) {
 impl GpuContext {
     /// Staging bytes a readback of `tensor` needs.
     pub(crate) fn readback_bytes(&self, tensor: &GpuTensor) -> u64 {
-        let spans = tensor.parts().iter().map(|p| copy_span(p, (p.rows.len() * tensor.row_bytes()) as u64).1);
+        let spans = tensor.parts().iter().map(|p| copy_span(p, tensor.row_bytes()).1);
         spans.sum::<u64>().max(4)
     }
 
@@ -503,9 +638,9 @@ impl GpuContext {
     ) -> Readback {
         let mut spans = Vec::new();
         let mut at = 0;
+        let row_bytes = tensor.row_bytes();
         for part in tensor.parts() {
-            let wanted = part.rows.len() * tensor.row_bytes();
-            let (start, len) = copy_span(part, wanted as u64);
+            let (start, len, rows_at) = copy_span(part, row_bytes);
             match &part.storage {
                 PartStorage::Buffer(buffer) => encoder.copy_buffer_to_buffer(buffer, start, &staging, at, len),
                 PartStorage::Texture(texture, _) => {
@@ -533,7 +668,14 @@ impl GpuContext {
                     )
                 }
             }
-            spans.push((len, part.offset_bytes - start, wanted));
+            let first_row = (part.offset_bytes / row_bytes as u64) as usize;
+            spans.push(Span {
+                len,
+                skip: rows_at - start,
+                rows: part.rows.len(),
+                row_bytes,
+                interleave: part.interleave.map(|unit| (unit, first_row % INTERLEAVE)),
+            });
             at += len;
         }
         Readback { staging, spans }
@@ -557,12 +699,17 @@ impl GpuContext {
             .map_err(|_| WeftError::Readback("the device was lost before the copy finished".into()))?
             .map_err(|e| WeftError::Readback(e.to_string()))?;
         let view = readback.staging.get_mapped_range(..).map_err(|e| WeftError::Readback(e.to_string()))?;
-        let mut out = Vec::with_capacity(readback.spans.iter().map(|s| s.2).sum());
+        let mut out = Vec::with_capacity(readback.spans.iter().map(|s| s.rows * s.row_bytes).sum());
         let mut at = 0;
-        for (len, skip, bytes) in &readback.spans {
-            let from = (at + skip) as usize;
-            out.extend_from_slice(&view[from..from + bytes]);
-            at += len;
+        for span in &readback.spans {
+            let from = (at + span.skip) as usize;
+            match span.interleave {
+                Some((unit, first)) => {
+                    out.extend(deinterleave_rows(&view[from..], span.row_bytes, unit, first, span.rows));
+                }
+                None => out.extend_from_slice(&view[from..from + span.rows * span.row_bytes]),
+            }
+            at += span.len;
         }
         also(&view);
         drop(view);
@@ -578,5 +725,40 @@ impl GpuContext {
         let readback = self.encode_readback_into(&mut encoder, tensor, staging);
         self.queue.submit([encoder.finish()]);
         self.finish_readback(readback).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 11 rows of 3 blocks of 2 bytes; byte = 16 · row + 2 · block + (0 or 1).
+    fn rows() -> Vec<u8> {
+        (0..11u8).flat_map(|r| (0..6u8).map(move |b| 16 * r + b)).collect()
+    }
+
+    #[test]
+    fn groups_hold_each_block_of_their_rows_side_by_side() {
+        let grouped = interleave_rows(&rows(), 6, 2);
+        assert_eq!(grouped.len(), 2 * INTERLEAVE * 6, "two groups, the second padded");
+        // Group 0: block 0 of rows 0..8, then block 1 of rows 0..8, ...
+        assert_eq!(&grouped[..6], &[0, 1, 16, 17, 32, 33]);
+        assert_eq!(&grouped[16..20], &[2, 3, 18, 19]);
+        // Group 1 starts with block 0 of rows 8, 9, 10 and zero rows after them.
+        let group1 = &grouped[INTERLEAVE * 6..];
+        assert_eq!(&group1[..8], &[128, 129, 144, 145, 160, 161, 0, 0]);
+    }
+
+    #[test]
+    fn any_run_of_rows_comes_back_in_order() {
+        let src = rows();
+        let grouped = interleave_rows(&src, 6, 2);
+        for first in 0..11 {
+            for n in 0..=11 - first {
+                let group = first / INTERLEAVE * INTERLEAVE * 6;
+                let back = deinterleave_rows(&grouped[group..], 6, 2, first % INTERLEAVE, n);
+                assert_eq!(back, &src[first * 6..(first + n) * 6], "rows {first}..{}", first + n);
+            }
+        }
     }
 }

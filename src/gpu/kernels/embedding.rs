@@ -66,7 +66,7 @@ pub fn embedding_scaled(
             row_bytes: u32_of(OP, "row bytes", table.row_bytes())?,
             first_row: u32_of(OP, "row", part.rows.start)?,
             part_rows: u32_of(OP, "rows", part.num_rows())?,
-            w_base: u32_of(OP, "table offset", part.base_bytes() as usize)?,
+            w_base: u32_of(OP, "table offset", part.base_bytes(table.row_bytes())? as usize)?,
             scale,
         };
         let grid = [(k / 32).div_ceil(64) as u32, params.num_tokens, 1];

@@ -176,7 +176,7 @@ fn record(
                 n_total: u32_of(OP, "n", n_total)?,
                 row_bytes: u32_of(OP, "row bytes", w.row_bytes())?,
                 y_row0: u32_of(OP, "row", y_row0)?,
-                w_base: u32_of(OP, "weight offset", part.base_bytes() as usize)?,
+                w_base: u32_of(OP, "weight offset", part.base_bytes(w.row_bytes())? as usize)?,
             })
         };
         let grid = |rows: usize| [part_cols.div_ceil(cols_per_group) as u32, rows.div_ceil(tm) as u32, 1];
