@@ -33,7 +33,7 @@ fn texture_row_bytes(format: wgpu::TextureFormat) -> u64 {
 
 /// Rows per group of a weight texture: a group holds block (unit) 0 of each of its rows, then
 /// block 1 of each, and so on (`shared/weight_texture.wgsl` has the why).
-pub(crate) const INTERLEAVE: usize = 8;
+pub(crate) const INTERLEAVE: usize = 16;
 
 /// Bytes of grouped weight rows made on the host at a time while uploading.
 const UPLOAD_CHUNK_BYTES: usize = 1 << 20;
@@ -732,29 +732,31 @@ impl GpuContext {
 mod tests {
     use super::*;
 
-    /// 11 rows of 3 blocks of 2 bytes; byte = 16 · row + 2 · block + (0 or 1).
+    /// A group and 3 rows more, of 3 blocks of 2 bytes; byte = 6 · row + 2 · block + (0 or 1) + 1.
+    const ROWS: usize = INTERLEAVE + 3;
     fn rows() -> Vec<u8> {
-        (0..11u8).flat_map(|r| (0..6u8).map(move |b| 16 * r + b)).collect()
+        (0..ROWS as u8).flat_map(|r| (0..6u8).map(move |b| 6 * r + b + 1)).collect()
     }
 
     #[test]
     fn groups_hold_each_block_of_their_rows_side_by_side() {
         let grouped = interleave_rows(&rows(), 6, 2);
         assert_eq!(grouped.len(), 2 * INTERLEAVE * 6, "two groups, the second padded");
-        // Group 0: block 0 of rows 0..8, then block 1 of rows 0..8, ...
-        assert_eq!(&grouped[..6], &[0, 1, 16, 17, 32, 33]);
-        assert_eq!(&grouped[16..20], &[2, 3, 18, 19]);
-        // Group 1 starts with block 0 of rows 8, 9, 10 and zero rows after them.
+        // Group 0: block 0 of each of its rows, then block 1 of each, ...
+        assert_eq!(&grouped[..6], &[1, 2, 7, 8, 13, 14]);
+        assert_eq!(&grouped[2 * INTERLEAVE..][..4], &[3, 4, 9, 10]);
+        // Group 1 starts with block 0 of its 3 rows and zero rows after them.
+        let g = (6 * INTERLEAVE + 1) as u8;
         let group1 = &grouped[INTERLEAVE * 6..];
-        assert_eq!(&group1[..8], &[128, 129, 144, 145, 160, 161, 0, 0]);
+        assert_eq!(&group1[..8], &[g, g + 1, g + 6, g + 7, g + 12, g + 13, 0, 0]);
     }
 
     #[test]
     fn any_run_of_rows_comes_back_in_order() {
         let src = rows();
         let grouped = interleave_rows(&src, 6, 2);
-        for first in 0..11 {
-            for n in 0..=11 - first {
+        for first in 0..ROWS {
+            for n in 0..=ROWS - first {
                 let group = first / INTERLEAVE * INTERLEAVE * 6;
                 let back = deinterleave_rows(&grouped[group..], 6, 2, first % INTERLEAVE, n);
                 assert_eq!(back, &src[first * 6..(first + n) * 6], "rows {first}..{}", first + n);

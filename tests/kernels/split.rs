@@ -32,11 +32,11 @@ fn big_weights_split_and_still_multiply_and_gather() {
         let rb = wt.row_bytes();
         assert_eq!(weft::rt::block_on(f.download(&view)).unwrap(), bytes[(boundary - 3) * rb..(boundary + 2) * rb]);
         if in_texture {
-            // Texture rows sit in groups of 8: a kernel cannot start reading mid-group.
+            // Texture rows sit in groups of 16: a kernel cannot start reading mid-group.
             let x = f.upload_f32(&[1, k], &random(k, 79, 1.0)).unwrap();
             let y = f.zeros(&[1, view.shape()[0]], DType::F32).unwrap();
             let err = matmul(ctx(f), &mut Recording::new(), &x, &view, &y).unwrap_err();
-            assert!(err.to_string().contains("multiple of 8"), "{err}");
+            assert!(err.to_string().contains("multiple of 16"), "{err}");
         }
 
         let m = 3;
