@@ -16,7 +16,7 @@ struct WBlock {
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
-    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
+    let i = w_unit_byte(row_byte, b >> 3u) >> 2u;
     // The header's two words share one aligned group of four (i is even).
     let g = wload4a(i & ~3u);
     let odd = (i & 2u) != 0u;

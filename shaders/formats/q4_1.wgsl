@@ -2,13 +2,13 @@
 // Q4_1 (ggml block_q4_1, 20 bytes): d f16, m f16, 16 bytes of nibbles; byte i holds element i
 // (low nibble) and i + 16 (high); value = d * q + m.
 // Block interface (v3): w_block_at(row_byte, b) decodes the whole 32-element block b of the
-// weight row whose first block is at byte `row_byte` into codes q[j] = elements 4j .. 4j+3 (natural order)
-// and dm = (d, m): the block contributes d * (q . x) + m * sum(x), and element i is
-// dm.x * q[i] + dm.y exactly as quant::dequantize computes it. A 32-element format finds its
-// block at w_unit_byte(row_byte, b) (w_block); a super-block format decodes sub-block b % 8
-// of super-block b / 8 at w_unit_byte(row_byte, b / 8). W_UNIT_BYTES is the size of that unit,
-// which the weight source (shared/weight_*.wgsl) needs to find rows and units. Straight-line code (no loops over private arrays: lavapipe otherwise
-// spills them to scratch).
+// weight row whose first block is at byte `row_byte` into codes q[j] = elements 4j .. 4j+3
+// (natural order) and dm = (d, m): the block contributes d * (q . x) + m * sum(x), and element i
+// is dm.x * q[i] + dm.y exactly as quant::dequantize computes it. A 32-element format finds its
+// block at w_unit_byte(row_byte, b) (w_block); a super-block format decodes sub-block b % 8 of
+// super-block b / 8 at w_unit_byte(row_byte, b / 8). W_UNIT_BYTES is the size of that unit,
+// which the weight source (shared/weight_*.wgsl) needs to find rows and units. Straight-line
+// code (no loops over private arrays: lavapipe otherwise spills them to scratch).
 const W_BLOCK_BYTES: u32 = 20u;
 const W_UNIT_BYTES: u32 = W_BLOCK_BYTES;
 const W_HAS_MIN: bool = true;

@@ -22,7 +22,7 @@ fn q5(word: u32, shift: u32, qh: u32, hbit: u32) -> vec4<f32> {
 
 fn w_block_at(row_byte: u32, b: u32) -> WBlock {
     let j = b & 7u;
-    let i = (w_unit_byte(row_byte, b >> 3u)) >> 2u;
+    let i = w_unit_byte(row_byte, b >> 3u) >> 2u;
     let h = wload4a(i); // d | dmin, then scale bytes 0..3, 4..7, 8..11
     let h0 = wload4a(i + 4u);
     let h1 = wload4a(i + 8u);

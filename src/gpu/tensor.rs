@@ -9,6 +9,8 @@
 //! the same bytes in an rgba32uint texture [`TEXTURE_WIDTH`] texels wide (`shared/weight_texture.wgsl`
 //! reads it), its rows interleaved in groups of [`INTERLEAVE`] ([`interleave_rows`]); a texture
 //! part starts at a whole group, and a kernel reads a view of one only from a whole group on.
+//! Weights that cannot be grouped (rows that are not whole blocks, or fewer than a group per
+//! binding) stay in buffers there too.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -343,8 +345,14 @@ impl GpuTensorFactory {
             rows_per_part -= rows_per_part % INTERLEAVE;
         }
         // Weights that cannot be grouped (rows that are not whole blocks, or fewer than a group
-        // per binding) stay in buffers, which every kernel reads in order.
-        let texture = if kind == Kind::Texture && interleave.is_none() { None } else { texture };
+        // per binding) stay in buffers, which every kernel reads in order, split by a buffer's
+        // binding limit.
+        let texture = if kind == Kind::Texture && interleave.is_none() {
+            rows_per_part = self.layout(shape, dtype, None)?.2;
+            None
+        } else {
+            texture
+        };
         if let Some(bytes) = bytes
             && bytes.len() != num_rows * row_bytes
         {
@@ -455,45 +463,43 @@ impl GpuTensorFactory {
         let texel = u64::from(texture.format().block_copy_size(None).unwrap_or(16));
         let row = texture_row_bytes(texture.format());
         debug_assert!(at.is_multiple_of(texel), "texture writes start at a whole texel");
-        let padded;
-        let data = if (data.len() as u64).is_multiple_of(texel) {
-            data
-        } else {
-            let mut bytes = data.to_vec();
-            bytes.resize((data.len() as u64).next_multiple_of(texel) as usize, 0);
-            padded = bytes;
-            &padded
-        };
-        let (mut at, mut rest) = (at, data);
-        while !rest.is_empty() {
-            let x = at % row;
-            let left = rest.len() as u64;
-            let (bytes, width, height) = if x == 0 && left >= row {
-                let rows = left / row;
-                (rows * row, TEXTURE_WIDTH, rows as u32)
-            } else {
-                let bytes = (row - x).min(left);
-                (bytes, (bytes / texel) as u32, 1)
-            };
-            self.ctx.queue.write_texture(
-                wgpu::TexelCopyTextureInfo {
-                    texture,
-                    mip_level: 0,
-                    origin: wgpu::Origin3d { x: (x / texel) as u32, y: (at / row) as u32, z: 0 },
-                    aspect: wgpu::TextureAspect::All,
-                },
-                &rest[..bytes as usize],
-                wgpu::TexelCopyBufferLayout {
-                    offset: 0,
-                    bytes_per_row: Some((bytes / u64::from(height)) as u32),
-                    rows_per_image: Some(height),
-                },
-                wgpu::Extent3d { width, height, depth_or_array_layers: 1 },
-            );
-            at += bytes;
-            rest = &rest[bytes as usize..];
+        // Only a last partial texel is copied, to pad it; the rest goes from `data` as it is.
+        let (whole, tail) = data.split_at(data.len() - data.len() % texel as usize);
+        let mut last = tail.to_vec();
+        if !last.is_empty() {
+            last.resize(texel as usize, 0);
         }
-        self.ctx.staged_upload(data.len() as u64)
+        for (mut at, mut rest) in [(at, whole), (at + whole.len() as u64, &last[..])] {
+            while !rest.is_empty() {
+                let x = at % row;
+                let left = rest.len() as u64;
+                let (bytes, width, height) = if x == 0 && left >= row {
+                    let rows = left / row;
+                    (rows * row, TEXTURE_WIDTH, rows as u32)
+                } else {
+                    let bytes = (row - x).min(left);
+                    (bytes, (bytes / texel) as u32, 1)
+                };
+                self.ctx.queue.write_texture(
+                    wgpu::TexelCopyTextureInfo {
+                        texture,
+                        mip_level: 0,
+                        origin: wgpu::Origin3d { x: (x / texel) as u32, y: (at / row) as u32, z: 0 },
+                        aspect: wgpu::TextureAspect::All,
+                    },
+                    &rest[..bytes as usize],
+                    wgpu::TexelCopyBufferLayout {
+                        offset: 0,
+                        bytes_per_row: Some((bytes / u64::from(height)) as u32),
+                        rows_per_image: Some(height),
+                    },
+                    wgpu::Extent3d { width, height, depth_or_array_layers: 1 },
+                );
+                at += bytes;
+                rest = &rest[bytes as usize..];
+            }
+        }
+        self.ctx.staged_upload((whole.len() + last.len()) as u64)
     }
 
     /// One layer's K or V cache, (slots, kv_heads, head_dim) of `dtype` (F32, or F16 for half
