@@ -10,7 +10,9 @@
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
-//   1 q             read        vec4 (num_tokens, q_stride / 4): head h at vec4 h·HD/4 ..
+//   1 x (queries)   x_source    vec4 (tokens, q_stride / 4): head h at vec4 h·HD/4 ..; a
+//                               storage buffer, or (CPU drivers) a 64 KiB uniform window of
+//                               whole rows from token q_row0, one dispatch per window
 //   2 k_cache       kv_read     vec4 (num_slots, num_kv_heads, HD / 4) from cache_offset
 //   3 v_cache       kv_read     likewise (storage buffers, or textures on CPU drivers)
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
@@ -22,14 +24,19 @@
 // HD (the head size) is a compile-time constant and the loops over a head's HV = HD/4 vec4s are
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
-// Workgroup: WG = 8 invocations per (head, token, split). Lane j takes positions start + j,
-// start + j + 8, … of its split with its own online softmax (running max, sum, weighted V);
-// scores are vec4 fma chains folded (x + y) + (z + w). The 8 partial states are merged in lane
-// order through workgroup memory, so the result depends only on the token's own keys: batch
-// invariant.
-// Grid: (num_heads, num_tokens, 1), or (num_heads, num_tokens, SPLITS) when splitting.
+// QH query heads that share one KV head go through a workgroup together (the CPU family takes
+// as many as divide the group, up to 4; GPU families 1): each K and V vec4 is loaded once for
+// all of them, and on CPU drivers those loads are lane-by-lane gathers, the kernel's main cost.
+// Workgroup: WG = 8 invocations per (QH heads, token, split). Lane j takes positions start + j,
+// start + j + 8, … of its split with one online softmax per head (running max, sum, weighted
+// V); scores are vec4 fma chains folded (x + y) + (z + w). Each head's 8 partial states are
+// merged in lane order through workgroup memory, one head after another, so a head's result
+// depends only on the token's own keys, and not on QH: batch invariant, the same bits at any QH.
+// Grid: (num_heads / QH, tokens, 1), or (num_heads / QH, tokens, SPLITS) when splitting: the
+// dispatch's tokens from token0 on.
 
 #include kv_read
+#include x_source
 #include shared/attention_splits.wgsl
 
 struct Params {
@@ -44,14 +51,16 @@ struct Params {
     scale: f32,
     q_stride: u32,
     split_min: u32,
+    token0: u32,
+    q_row0: u32,
 }
 
-const WG: u32 = 8u;
+const WG: u32 = 8u; // the merges below unroll over its 8 lanes
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
+const QH: u32 = {{QH}}u;
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(5) var<storage, read> token_info: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
@@ -63,73 +72,97 @@ var<workgroup> sh_acc: array<vec4<f32>, WG * HV>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let head = wid.x;
-    let t = wid.y;
+    let head0 = wid.x * QH;
+    let t = params.token0 + wid.y;
     let split = wid.z;
     let seq = token_info[2u * t];
     let pos = token_info[2u * t + 1u];
     let first = first_position(pos, params.window);
     let parts = split_layout(pos + 1u - first, params.split_min);
     // A workgroup past the token's last split walks no positions (no early return: the
-    // barrier below must be reached by the whole workgroup) and writes nothing.
+    // barriers below must be reached by the whole workgroup) and writes nothing.
     let in_range = split < parts.y;
     let start = first + split * parts.x;
     let stop = select(start, min(pos + 1u, start + parts.x), in_range);
-    let kv_head = head / (params.num_heads / params.num_kv_heads);
+    let kv_head = head0 / (params.num_heads / params.num_kv_heads);
     let kv_stride = params.num_kv_heads * HV;
-    let q_base = t * (params.q_stride / 4u) + head * HV;
+    let q_base = (t - params.q_row0) * (params.q_stride / 4u) + head0 * HV;
+#for h in 0..QH
 #for d in 0..HV
-    let q_{{d}} = q[q_base + {{d}}u] * params.scale;
-    var acc_{{d}} = vec4<f32>(0.0);
+    let q_{{h}}_{{d}} = xload(q_base + {{h}}u * HV + {{d}}u) * params.scale;
+    var acc_{{h}}_{{d}} = vec4<f32>(0.0);
 #end
-    var run_max = NEG_MAX;
-    var run_sum = 0.0;
+    var run_max_{{h}} = NEG_MAX;
+    var run_sum_{{h}} = 0.0;
+#end
     for (var p = start + lid; p < stop; p += WG) {
         let block = block_tables[seq * params.max_blocks_per_seq + p / params.block_size];
         let slot = block * params.block_size + p % params.block_size;
         let base = params.cache_offset + slot * kv_stride + kv_head * HV;
-        var s4 = vec4<f32>(0.0);
-#for d in 0..HV
-        s4 = fma(q_{{d}}, kload(base + {{d}}u), s4);
+#for h in 0..QH
+        var s4_{{h}} = vec4<f32>(0.0);
 #end
-        let score = (s4.x + s4.y) + (s4.z + s4.w);
-        let new_max = max(run_max, score);
-        let correction = exp(run_max - new_max);
-        let weight = exp(score - new_max);
-        run_sum = run_sum * correction + weight;
 #for d in 0..HV
-        acc_{{d}} = acc_{{d}} * correction + weight * vload(base + {{d}}u);
+        let k_{{d}} = kload(base + {{d}}u);
+#for h in 0..QH
+        s4_{{h}} = fma(q_{{h}}_{{d}}, k_{{d}}, s4_{{h}});
 #end
-        run_max = new_max;
+#end
+#for h in 0..QH
+        let score_{{h}} = (s4_{{h}}.x + s4_{{h}}.y) + (s4_{{h}}.z + s4_{{h}}.w);
+        let new_max_{{h}} = max(run_max_{{h}}, score_{{h}});
+        let correction_{{h}} = exp(run_max_{{h}} - new_max_{{h}});
+        let weight_{{h}} = exp(score_{{h}} - new_max_{{h}});
+        run_sum_{{h}} = run_sum_{{h}} * correction_{{h}} + weight_{{h}};
+        run_max_{{h}} = new_max_{{h}};
+#end
+#for d in 0..HV
+        let v_{{d}} = vload(base + {{d}}u);
+#for h in 0..QH
+        acc_{{h}}_{{d}} = acc_{{h}}_{{d}} * correction_{{h}} + weight_{{h}} * v_{{d}};
+#end
+#end
     }
-    sh_max[lid] = run_max;
-    sh_sum[lid] = run_sum;
+#for h in 0..QH
+    sh_max[lid] = run_max_{{h}};
+    sh_sum[lid] = run_sum_{{h}};
 #for d in 0..HV
-    sh_acc[lid * HV + {{d}}u] = acc_{{d}};
+    sh_acc[lid * HV + {{d}}u] = acc_{{h}}_{{d}};
 #end
     workgroupBarrier();
+    if (in_range) {
+        finish_head(lid, t, head0 + {{h}}u, split, parts.y);
+    }
+    workgroupBarrier();
+#end
+}
+
+// Merge the 8 lanes' states of one head (left in sh_*) in lane order and write the head's
+// output, or with several splits this split's partial state.
+fn finish_head(lid: u32, t: u32, head: u32, split: u32, splits: u32) {
     var total_max = NEG_MAX;
     for (var j = 0u; j < WG; j++) {
         total_max = max(total_max, sh_max[j]);
     }
+    // Each lane's weight in the merge, computed once (exp is the merge's costly part).
+#for j in 0..8
+    let scale_{{j}} = exp(sh_max[{{j}}] - total_max);
+#end
     var total_sum = 0.0;
-    for (var j = 0u; j < WG; j++) {
-        total_sum += sh_sum[j] * exp(sh_max[j] - total_max);
-    }
+#for j in 0..8
+    total_sum += sh_sum[{{j}}] * scale_{{j}};
+#end
     let out_base = (t * params.num_heads + head) * HV;
     let part_base = ((t * params.num_heads + head) * SPLITS + split) * (HV + 1u);
-    if (!in_range) {
-        return;
-    }
-    if (parts.y > 1u && lid == 0u) {
+    if (splits > 1u && lid == 0u) {
         partials[part_base] = vec4<f32>(total_max, total_sum, 0.0, 0.0);
     }
     for (var d = lid; d < HV; d += WG) {
         var o = vec4<f32>(0.0);
-        for (var j = 0u; j < WG; j++) {
-            o += sh_acc[j * HV + d] * exp(sh_max[j] - total_max);
-        }
-        if (parts.y == 1u) {
+#for j in 0..8
+        o += sh_acc[{{j}}u * HV + d] * scale_{{j}};
+#end
+        if (splits == 1u) {
             out[out_base + d] = o / total_sum;
         } else {
             partials[part_base + 1u + d] = o;

@@ -103,6 +103,20 @@ const KV_KERNELS: &[&str] = &["paged_attention", "rope_kv_write"];
 /// Head sizes the attention kernel is compiled for up front (others compile on first use).
 pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
 
+/// The most query heads one workgroup of the CPU family's attention takes (sharing each K and V
+/// load among them); GPU families take one.
+pub const MAX_QUERY_HEADS: u16 = 4;
+
+/// Query heads a workgroup of attention takes for `group` query heads per KV head: on CPU
+/// drivers the largest divisor of the group up to [`MAX_QUERY_HEADS`] (each lane gathers its
+/// K and V vec4s lane by lane there, and QH heads share every gather), elsewhere one.
+pub fn attention_query_heads(kv_in: KvSource, group: usize) -> u16 {
+    if kv_in != KvSource::Texture {
+        return 1;
+    }
+    (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1)
+}
+
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).
 pub fn embedded_shader_files() -> impl Iterator<Item = &'static str> {
     SOURCES.iter().map(|(path, _)| *path)
@@ -118,7 +132,7 @@ pub enum WeightSource {
     Texture,
 }
 
-/// Where a matmul reads its activations from.
+/// Where a matmul reads its activations from (and attention its queries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum XSource {
     /// A storage buffer: any number of rows in one dispatch.
@@ -183,6 +197,9 @@ pub struct ShaderVariant {
     pub kv_f16: bool,
     /// The head size attention is compiled for (0 for other kernels).
     pub head_dim: u16,
+    /// Query heads one workgroup of attention takes, all sharing one KV head (0 for other
+    /// kernels).
+    pub query_heads: u16,
     /// What a matmul does with its sums as it writes them.
     pub epilogue: Epilogue,
 }
@@ -199,13 +216,20 @@ impl ShaderVariant {
             kv_in: KvSource::Storage,
             kv_f16: false,
             head_dim: 0,
+            query_heads: 0,
             epilogue: Epilogue::None,
         }
     }
 
-    /// A kernel over the KV cache in `source`; attention also by head size.
-    pub fn kv(kernel: &'static str, source: KvSource, f16: bool, head_dim: u16) -> Self {
-        ShaderVariant { kv_in: source, kv_f16: f16, head_dim, ..Self::plain(kernel) }
+    /// A kernel that writes the KV cache in `source` (holding halves with `f16`).
+    pub fn kv(kernel: &'static str, source: KvSource, f16: bool) -> Self {
+        ShaderVariant { kv_in: source, kv_f16: f16, ..Self::plain(kernel) }
+    }
+
+    /// Attention over the KV cache in `source`, for heads of `head_dim`, `query_heads` of them
+    /// a workgroup.
+    pub fn attention(source: KvSource, f16: bool, head_dim: u16, query_heads: u16) -> Self {
+        ShaderVariant { head_dim, query_heads, ..Self::kv("paged_attention", source, f16) }
     }
 
     /// A kernel that reads weights of `dtype` from `source`.
@@ -220,9 +244,13 @@ impl std::fmt::Display for ShaderVariant {
         if KV_KERNELS.contains(&self.kernel) {
             let source = if self.kv_in == KvSource::Texture { "texture" } else { "buffer" };
             let half = if self.kv_f16 { ",f16" } else { "" };
-            return match self.head_dim {
-                0 => write!(f, "[kv {source}{half}]"),
-                hd => write!(f, "[kv {source}{half},head {hd}]"),
+            return match (self.head_dim, self.query_heads) {
+                (0, _) => write!(f, "[kv {source}{half}]"),
+                (hd, qh) => {
+                    let q = if self.x_in == XSource::Uniform { ",q-uniform" } else { "" };
+                    let heads = if qh > 1 { format!(",{qh} heads") } else { String::new() };
+                    write!(f, "[kv {source}{half},head {hd}{heads}{q}]")
+                }
             };
         }
         if let Some(dtype) = self.weight {
@@ -325,9 +353,22 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
             for source in [KvSource::Storage, KvSource::Texture] {
                 for f16 in [false, true] {
                     if kernel == "paged_attention" {
-                        out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant::kv(kernel, source, f16, hd)));
+                        // Grouped heads and queries from uniform windows only where the CPU family
+                        // reads the cache (textures).
+                        let (max_heads, q_sources) = match source {
+                            KvSource::Texture => (MAX_QUERY_HEADS, &[XSource::Uniform, XSource::Storage][..]),
+                            KvSource::Storage => (1, &[XSource::Storage][..]),
+                        };
+                        for heads in 1..=max_heads {
+                            for &x_in in q_sources {
+                                out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant {
+                                    x_in,
+                                    ..ShaderVariant::attention(source, f16, hd, heads)
+                                }));
+                            }
+                        }
                     } else {
-                        out.push(ShaderVariant::kv(kernel, source, f16, 0));
+                        out.push(ShaderVariant::kv(kernel, source, f16));
                     }
                 }
             }
@@ -398,6 +439,7 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
         .replace("{{TN}}", &tn.to_string())
         .replace("{{TM}}", &tm.to_string())
         .replace("{{HD}}", &variant.head_dim.to_string())
+        .replace("{{QH}}", &variant.query_heads.to_string())
         .replace("{{G}}", &variant.epilogue.rows_per_output().to_string())
         .replace("{{KV_FORMAT}}", if variant.kv_f16 { "rgba16float" } else { "rgba32float" })
         .replace("{{LAST}}", &(variant.epilogue.rows_per_output() - 1).to_string());
@@ -405,18 +447,25 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut unrolled = String::with_capacity(text.len());
     let head_vec4s = u32::from(variant.head_dim) / 4;
     let groups = variant.epilogue.rows_per_output() as u32;
-    let constants =
-        [("WG", u32::from(wg)), ("TN", u32::from(tn)), ("TM", u32::from(tm)), ("HV", head_vec4s), ("G", groups)];
+    let constants = [
+        ("WG", u32::from(wg)),
+        ("TN", u32::from(tn)),
+        ("TM", u32::from(tm)),
+        ("HV", head_vec4s),
+        ("QH", u32::from(variant.query_heads)),
+        ("G", groups),
+    ];
     unroll(&lines, &constants, &[], &mut unrolled)?;
     Ok(unrolled)
 }
 
 /// Expand `#for NAME in 0..BOUND` … `#end` blocks (they nest): the lines between are written
 /// once per value of NAME, with `{{NAME}}` replaced by it. BOUND is a number or one of `constants`
-/// (the tile's `WG`, `TN`, `TM`; `HV`, an attention head's vec4s; `G`, a matmul's weight rows
-/// per output, the last of which `{{LAST}}` names). Unrolling in the composer instead
-/// of a WGSL loop keeps every per-iteration value in its own variable: CPU drivers lower a
-/// private array indexed by a loop counter to per-lane gathers and scatters.
+/// (the tile's `WG`, `TN`, `TM`; `HV`, an attention head's vec4s, and `QH`, its heads a
+/// workgroup; `G`, a matmul's weight rows per output, the last of which `{{LAST}}` names).
+/// Unrolling in the composer instead of a WGSL loop keeps every per-iteration value in its own
+/// variable: CPU drivers lower a private array indexed by a loop counter to per-lane gathers and
+/// scatters.
 fn unroll(lines: &[&str], constants: &[(&str, u32)], bound: &[(&str, u32)], out: &mut String) -> Result<()> {
     let mut i = 0;
     while i < lines.len() {

@@ -98,6 +98,21 @@ pub fn attend(
     split: bool,
     seed: u64,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (q, out, _) = attend_from(f, filled, queries, window, split, seed, false);
+    (q, out)
+}
+
+/// [`attend`], with qkv in a buffer a uniform window may bind (as a model's activations are)
+/// when `windows`; also returns the recording.
+fn attend_from(
+    f: &GpuTensorFactory,
+    filled: &Filled,
+    queries: &[(usize, usize)],
+    window: Option<usize>,
+    split: bool,
+    seed: u64,
+    windows: bool,
+) -> (Vec<f32>, Vec<f32>, Recording) {
     let n = queries.len();
     let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
     let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
@@ -108,7 +123,7 @@ pub fn attend(
         qkv[t * stride..t * stride + HEADS * HEAD_DIM]
             .copy_from_slice(&q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM]);
     }
-    let qt = f.upload_f32(&[n, stride], &qkv).unwrap();
+    let qt = if windows { f.upload_activations(&[n, stride], &qkv) } else { f.upload_f32(&[n, stride], &qkv) }.unwrap();
     let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();
     let it = f.upload_u32(&[n, 2], &info).unwrap();
     let out = f.zeros(&[n, HEADS * HEAD_DIM], DType::F32).unwrap();
@@ -120,7 +135,7 @@ pub fn attend(
     let cache = filled.cache();
     paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &cache, &bt, &it, &out, &partials, window, scale).unwrap();
     run(f, &rec);
-    (q, read_f32(f, &out))
+    (q, read_f32(f, &out), rec)
 }
 
 /// Tolerance: a score's f32 dot product errs by at most (head_dim + 2)·u·Σ|q·k|·scale, which is
@@ -152,6 +167,32 @@ fn attention_reads_an_f16_cache() {
 fn split_attention_matches_cpu_over_long_contexts() {
     let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
     check_attention(f, true, DType::F32);
+}
+
+/// The CPU family takes the 3 query heads of a KV head in one workgroup and reads the queries
+/// from uniform windows of 17 tokens' rows (3 dispatches for 40 tokens): the same bits as the
+/// baseline family's one head a workgroup from a storage buffer, and as its own storage path.
+#[test]
+fn grouped_heads_and_query_windows_keep_the_bits() {
+    let (Some(base), Some(cpu)) = (gpu_with_family(KernelFamily::Baseline), gpu_with_family(KernelFamily::Cpu)) else {
+        return;
+    };
+    let lens = [1, 17, 40, 100];
+    let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
+    queries.extend((0..40).map(|p| (2, p))); // a whole prompt: 44 tokens
+    for dtype in [DType::F32, DType::F16] {
+        let (_, want, _) = attend_from(base, &fill_as(base, &lens, dtype), &queries, None, false, 5, true);
+        let filled = fill_as(cpu, &lens, dtype);
+        for windows in [true, false] {
+            let (_, got, rec) = attend_from(cpu, &filled, &queries, None, false, 5, windows);
+            let dispatches: Vec<_> = rec.kernels().filter(|v| v.kernel == "paged_attention").collect();
+            assert!(dispatches.iter().all(|v| v.query_heads == 3), "{dispatches:?}");
+            let uniform = dispatches.iter().filter(|v| v.x_in == weft::gpu::XSource::Uniform).count();
+            assert_eq!((dispatches.len(), uniform), if windows { (3, 3) } else { (1, 0) });
+            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{dtype}, windows {windows}: the bits moved");
+        }
+    }
 }
 
 fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {

@@ -8,9 +8,9 @@
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::rope::RopePairing;
-use crate::gpu::pipelines::KvSource;
-use crate::gpu::recording::flat_grid;
-use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::gpu::pipelines::{KvSource, X_WINDOW_BYTES, XSource, attention_query_heads};
+use crate::gpu::recording::{Resource, flat_grid};
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TensorPart};
 use crate::quant::DType;
 
 shader_params!(RopeKvParams {
@@ -38,6 +38,8 @@ shader_params!(AttentionParams {
     scale: f32,
     q_stride: u32,
     split_min: u32,
+    token0: u32,
+    q_row0: u32,
 });
 shader_params!(MergeParams { num_heads: u32, head_dim: u32, window: u32, split_min: u32 });
 
@@ -187,9 +189,27 @@ pub fn rope_kv_write(
         cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
     let pairs = num_tokens * (layout.num_heads * head_dim / 2 + num_kv_heads * head_dim / 4);
-    let variant = ShaderVariant::kv("rope_kv_write", cache.source(), cache.f16(), 0);
+    let variant = ShaderVariant::kv("rope_kv_write", cache.source(), cache.f16());
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(pairs, 64))?;
     Ok(())
+}
+
+/// How many tokens' queries one uniform window holds, where attention reads them from windows:
+/// on CPU drivers, which keep the cache in textures (a workgroup-uniform load from a uniform
+/// binding is one load and a broadcast there, a storage load a loop over the lanes), when
+/// windows of whole rows start at offsets a uniform binding may take and `qkv` has room for
+/// them.
+fn q_window_tokens(ctx: &GpuContext, kv_in: KvSource, qkv: &TensorPart, row_stride: usize) -> Option<usize> {
+    let row_bytes = (row_stride * 4) as u64;
+    let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
+    // Window starts must be aligned: a whole number of `step` rows is.
+    let step = align / gcd(align, row_bytes);
+    let per_window = (X_WINDOW_BYTES / row_bytes) / step * step;
+    (kv_in == KvSource::Texture && per_window > 0 && qkv.window(ctx, 0).is_some()).then_some(per_window as usize)
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Record causal attention of the query heads of qkv (num_tokens, layout.row_stride()) F32 (as
@@ -264,9 +284,10 @@ pub fn paged_attention(
         scale,
         q_stride: u32_of(OP, "row stride", layout.row_stride())?,
         split_min,
+        token0: 0,
+        q_row0: 0,
     };
-    let bindings = [
-        qkv.single_part(OP)?.resource(ctx)?,
+    let kv = [
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
         block_tables.single_part(OP)?.resource(ctx)?,
@@ -274,11 +295,33 @@ pub fn paged_attention(
         out.single_part(OP)?.resource(ctx)?,
         partials.single_part(OP)?.resource(ctx)?,
     ];
-    let variant =
-        ShaderVariant::kv("paged_attention", cache.source(), cache.f16(), u16::try_from(head_dim).unwrap_or(u16::MAX));
+    let heads = attention_query_heads(cache.source(), num_heads / num_kv_heads);
+    let head_dim16 = u16::try_from(head_dim).unwrap_or(u16::MAX);
+    let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
     let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
-    let grid = [params.num_heads, params.num_tokens, splits];
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
+    let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, splits];
+    let qkv_part = qkv.single_part(OP)?;
+    let with = |q: Resource| std::iter::once(q).chain(kv.iter().cloned()).collect::<Vec<_>>();
+    match q_window_tokens(ctx, cache.source(), qkv_part, layout.row_stride()) {
+        // CPU drivers read the queries from uniform windows of whole rows, a dispatch each.
+        Some(per_window) => {
+            let row_bytes = (layout.row_stride() * 4) as u64;
+            let variant = ShaderVariant { x_in: XSource::Uniform, ..variant };
+            for token0 in (0..num_tokens).step_by(per_window) {
+                let (window, offset) = qkv_part.window(ctx, token0 as u64 * row_bytes).ok_or_else(|| {
+                    WeftError::shape(OP, format!("qkv has no room for a uniform window at row {token0}"))
+                })?;
+                let token0 = u32_of(OP, "token", token0)?;
+                let p = AttentionParams { token0, q_row0: token0, ..params };
+                let tokens = per_window.min(num_tokens - token0 as usize);
+                ctx.dispatch(rec, variant, bytemuck::bytes_of(&p), with(window), Some(offset), grid(tokens))?;
+            }
+        }
+        None => {
+            let q = qkv_part.resource(ctx)?;
+            ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), with(q), None, grid(num_tokens))?;
+        }
+    }
     if split {
         let merge =
             MergeParams { num_heads: params.num_heads, head_dim: params.head_dim, window: params.window, split_min };
