@@ -1,6 +1,7 @@
 //! `cargo xtask bench-kernels`: GFLOP/s and GB/s of matmul for every weight format at decode
 //! (M = 1) and batched (M = 16, 64) shapes, and of the default model's LM head (576 x 49152,
-//! the vocabulary). A benchmark, not a test: it prints a table.
+//! the vocabulary); then the time of one layer's attention in the default model's shape at a
+//! decode of 1 and of 16 sequences and a 128-token prefill. A benchmark, not a test: it prints tables.
 //!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 use weft::DType;
 use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
@@ -23,13 +25,12 @@ const RUNS: usize = 5;
 const TARGET_SECONDS: f64 = 0.05;
 
 fn main() -> weft::Result<()> {
-    // `cargo bench` passes `--bench`; a name filters the formats (e.g. `q4_1`).
+    // `cargo bench` passes `--bench`; a name filters the formats (e.g. `q4_1`), or `attention`.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-')).map(|a| a.to_uppercase());
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
     let factory = GpuTensorFactory::new(ctx.clone());
     println!("{}", ctx.describe());
-    let clock = if ctx.features().timestamp_query { "GPU timestamps" } else { "wall clock" };
-    println!("matmul y = x·Wᵀ, median of {RUNS} runs, {clock}\n");
+    println!("matmul y = x·Wᵀ, median of {RUNS} runs, {}\n", clock(&ctx));
     println!("{:<6} {:>4} {:>11} {:>9} {:>9} {:>10}", "format", "M", "K x N", "GFLOP/s", "GB/s", "us/matmul");
     for dtype in DType::WEIGHTS {
         if filter.as_ref().is_some_and(|f| f != dtype.name()) {
@@ -50,12 +51,7 @@ fn main() -> weft::Result<()> {
                     }
                     Ok(rec)
                 };
-                let once = time(&ctx, &record(1)?)?; // also warms the pipeline
-                let reps = ((TARGET_SECONDS / once.max(1e-6)) as usize).clamp(1, 200);
-                let rec = record(reps)?;
-                let mut samples = (0..RUNS).map(|_| time(&ctx, &rec)).collect::<weft::Result<Vec<f64>>>()?;
-                samples.sort_by(f64::total_cmp);
-                let seconds = samples[RUNS / 2] / reps as f64;
+                let seconds = median_seconds(&ctx, record)?;
                 let flops = 2.0 * (m * n * k) as f64;
                 let bytes = (w.size_bytes() + 4 * m * k + 4 * m * n) as f64;
                 println!(
@@ -70,7 +66,66 @@ fn main() -> weft::Result<()> {
             }
         }
     }
+    if filter.as_ref().is_none_or(|f| f == "ATTENTION") {
+        attention(&ctx, &factory)?;
+    }
     Ok(())
+}
+
+/// One layer's attention in the default model's shape (9 query heads over 3 KV heads of 64) over
+/// an f16 cache, as a model's step records it (queries in activations, the cache in the
+/// driver's KV source): one and 16 sequences decoding at position 143, and a 128-token prefill.
+fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    let layout = QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
+    let (seqs, len, block) = (16, 144, 16);
+    let slots = seqs * len;
+    let kv_values: Vec<f32> = (0..slots * 3 * 64).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let k = factory.kv_cache(&[slots, 3, 64], DType::F16, Some(&kv_values))?;
+    let v = factory.kv_cache(&[slots, 3, 64], DType::F16, Some(&kv_values))?;
+    let cache = PagedKv { k_cache: &k, v_cache: &v, block_size: block, first_slot: 0, num_slots: slots };
+    let tables: Vec<u32> = (0..(slots / block) as u32).collect();
+    let tables = factory.upload_u32(&[seqs, len / block], &tables)?;
+    println!("\nattention, 9 heads over 3 KV heads of 64, f16 cache, median of {RUNS} runs, {}", clock(ctx));
+    let decode: Vec<(usize, usize)> = (0..seqs).map(|s| (s, len - 1)).collect();
+    let prefill: Vec<(usize, usize)> = (0..128).map(|p| (0, p)).collect();
+    let cases = [
+        ("decode, 1 sequence at 144", vec![(0, len - 1)]),
+        ("decode, 16 sequences at 144", decode),
+        ("prefill, 128 tokens", prefill),
+    ];
+    for (label, tokens) in cases {
+        let n = tokens.len();
+        let info: Vec<u32> = tokens.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
+        let info = factory.upload_u32(&[n, 2], &info)?;
+        let qkv = factory.upload_activations(&[n, layout.row_stride()], &vec![0.01; n * layout.row_stride()])?;
+        let out = factory.zeros(&[n, 9 * 64], DType::F32)?;
+        let partials = factory.zeros(&[n, attention_partials_cols(false, 9, 64)], DType::F32)?;
+        let record = |reps: usize| -> weft::Result<Recording> {
+            let mut rec = Recording::new();
+            for _ in 0..reps {
+                paged_attention(ctx, &mut rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125)?;
+            }
+            Ok(rec)
+        };
+        let seconds = median_seconds(ctx, record)?;
+        println!("{label:<28} {:>10.1} us", seconds * 1e6);
+    }
+    Ok(())
+}
+
+/// The median time of one repetition of what `record` records, repeated in one submission for
+/// about TARGET_SECONDS.
+fn median_seconds(ctx: &GpuContext, record: impl Fn(usize) -> weft::Result<Recording>) -> weft::Result<f64> {
+    let once = time(ctx, &record(1)?)?; // also warms the pipeline
+    let reps = ((TARGET_SECONDS / once.max(1e-6)) as usize).clamp(1, 200);
+    let rec = record(reps)?;
+    let mut samples = (0..RUNS).map(|_| time(ctx, &rec)).collect::<weft::Result<Vec<f64>>>()?;
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[RUNS / 2] / reps as f64)
+}
+
+fn clock(ctx: &GpuContext) -> &'static str {
+    if ctx.features().timestamp_query { "GPU timestamps" } else { "wall clock" }
 }
 
 fn time(ctx: &GpuContext, rec: &Recording) -> weft::Result<f64> {

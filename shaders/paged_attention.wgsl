@@ -25,8 +25,9 @@
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
 // QH query heads that share one KV head go through a workgroup together (the CPU family takes
-// as many as divide the group, up to 4; GPU families 1): each K and V vec4 is loaded once for
-// all of them, and on CPU drivers those loads are lane-by-lane gathers, the kernel's main cost.
+// the largest divisor of the group up to 4 where that leaves its threads enough workgroups;
+// GPU families 1): each K and V vec4 is loaded once for all of them, where CPU drivers gather
+// it lane by lane.
 // Workgroup: WG = 8 invocations per (QH heads, token, split). Lane j takes positions start + j,
 // start + j + 8, … of its split with one online softmax per head (running max, sum, weighted
 // V); scores are vec4 fma chains folded (x + y) + (z + w). Each head's 8 partial states are

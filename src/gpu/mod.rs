@@ -14,8 +14,8 @@ mod tensor;
 pub use context::open_or_skip;
 pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
 pub use pipelines::{
-    BindingKind, CpuDriver, Epilogue, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource, binding_kinds,
-    compose_shader, embedded_shader_files, matmul_tile, shader_variants,
+    BindingKind, CpuDriver, Epilogue, KvSource, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource,
+    attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, matmul_tile, shader_variants,
 };
 pub use recording::{Dispatch, Recording, SubmitTimes};
 pub use tensor::{GpuTensor, GpuTensorFactory, TEXTURE_WIDTH, TensorPart};

@@ -107,14 +107,17 @@ pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
 /// load among them); GPU families take one.
 pub const MAX_QUERY_HEADS: u16 = 4;
 
-/// Query heads a workgroup of attention takes for `group` query heads per KV head: on CPU
-/// drivers the largest divisor of the group up to [`MAX_QUERY_HEADS`] (each lane gathers its
-/// K and V vec4s lane by lane there, and QH heads share every gather), elsewhere one.
-pub fn attention_query_heads(kv_in: KvSource, group: usize) -> u16 {
-    if kv_in != KvSource::Texture {
-        return 1;
-    }
-    (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1)
+/// Query heads a workgroup of attention takes, for `heads` query heads in groups of `group` per
+/// KV head over `tokens` query tokens. On CPU drivers the largest divisor of the group up to
+/// [`MAX_QUERY_HEADS`] (each lane gathers its K and V vec4s lane by lane there, and grouped
+/// heads share every gather), unless that leaves fewer than two workgroups per thread of the
+/// driver (a lone sequence's decode): then one, so every thread has heads to take. Elsewhere one.
+/// Only those two counts, growing with `tokens`, so the shapes `GpuExecutor::warm_up` records
+/// compile every variant serving dispatches.
+pub fn attention_query_heads(kv_in: KvSource, heads: usize, group: usize, tokens: usize, threads: usize) -> u16 {
+    let grouped = (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1);
+    let busy = heads / usize::from(grouped) * tokens >= 2 * threads;
+    if kv_in == KvSource::Texture && busy { grouped } else { 1 }
 }
 
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).

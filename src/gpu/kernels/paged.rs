@@ -295,7 +295,8 @@ pub fn paged_attention(
         out.single_part(OP)?.resource(ctx)?,
         partials.single_part(OP)?.resource(ctx)?,
     ];
-    let heads = attention_query_heads(cache.source(), num_heads / num_kv_heads);
+    let group = num_heads / num_kv_heads;
+    let heads = attention_query_heads(cache.source(), num_heads, group, num_tokens, ctx.cpu_driver().threads);
     let head_dim16 = u16::try_from(head_dim).unwrap_or(u16::MAX);
     let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
     let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
