@@ -72,8 +72,8 @@ fn attention_is_bit_identical_alone_and_in_a_batch() {
         // The first query (a split one where splitting is on) alone and among others.
         for queries in [[(0, 4), (1, 32), (2, 69), (2, 10)], [(3, 899), (1, 32), (3, 10), (2, 69)]] {
             // Same seed: the batch's first query row equals the lone query's row.
-            let (_, batch) = crate::paged::attend(f, &filled, &queries, None, split, 11);
-            let (_, alone) = crate::paged::attend(f, &filled, &queries[..1], None, split, 11);
+            let (_, batch, _) = crate::paged::attend(f, &filled, &queries, None, split, 11, false);
+            let (_, alone, _) = crate::paged::attend(f, &filled, &queries[..1], None, split, 11, false);
             let row = alone.len();
             let same = alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{family:?}: {:?} alone differs from in a batch", queries[0]);

@@ -89,22 +89,9 @@ pub fn fill_as(f: &GpuTensorFactory, lens: &[usize], dtype: DType) -> Filled {
 }
 
 /// Attention for the given (sequence, position) query tokens, with room for split-K partials
-/// or not; returns (q, gpu output).
+/// or not, and qkv in a buffer a uniform window may bind (as a model's activations are) or not;
+/// returns (q, gpu output, the recording).
 pub fn attend(
-    f: &GpuTensorFactory,
-    filled: &Filled,
-    queries: &[(usize, usize)],
-    window: Option<usize>,
-    split: bool,
-    seed: u64,
-) -> (Vec<f32>, Vec<f32>) {
-    let (q, out, _) = attend_from(f, filled, queries, window, split, seed, false);
-    (q, out)
-}
-
-/// [`attend`], with qkv in a buffer a uniform window may bind (as a model's activations are)
-/// when `windows`; also returns the recording.
-fn attend_from(
     f: &GpuTensorFactory,
     filled: &Filled,
     queries: &[(usize, usize)],
@@ -181,10 +168,10 @@ fn grouped_heads_and_query_windows_keep_the_bits() {
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
     queries.extend((0..40).map(|p| (2, p))); // a whole prompt: 44 tokens
     for dtype in [DType::F32, DType::F16] {
-        let (_, want, _) = attend_from(base, &fill_as(base, &lens, dtype), &queries, None, false, 5, true);
+        let (_, want, _) = attend(base, &fill_as(base, &lens, dtype), &queries, None, false, 5, true);
         let filled = fill_as(cpu, &lens, dtype);
         for windows in [true, false] {
-            let (_, got, rec) = attend_from(cpu, &filled, &queries, None, false, 5, windows);
+            let (_, got, rec) = attend(cpu, &filled, &queries, None, false, 5, windows);
             let dispatches: Vec<_> = rec.kernels().filter(|v| v.kernel == "paged_attention").collect();
             assert!(dispatches.iter().all(|v| v.query_heads == 3), "{dispatches:?}");
             let uniform = dispatches.iter().filter(|v| v.x_in == weft::gpu::XSource::Uniform).count();
@@ -224,7 +211,7 @@ fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
         queries.extend([(4, 2099), (4, 300), (4, 256), (4, 700)]);
     }
     for window in [None, Some(8), Some(600)] {
-        let (q, got) = attend(f, &filled, &queries, window, split, 42);
+        let (q, got, _) = attend(f, &filled, &queries, window, split, 42, false);
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
         for (t, &(s, p)) in queries.iter().enumerate() {
             let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
@@ -286,8 +273,8 @@ fn short_contexts_are_untouched_by_splitting() {
     let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
     let filled = fill(f, &[100, 256, 300]);
     let queries = [(0, 99), (1, 255), (1, 40)];
-    let (_, split) = attend(f, &filled, &queries, None, true, 7);
-    let (_, whole) = attend(f, &filled, &queries, None, false, 7);
+    let (_, split, _) = attend(f, &filled, &queries, None, true, 7, false);
+    let (_, whole, _) = attend(f, &filled, &queries, None, false, 7, false);
     assert!(split.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
