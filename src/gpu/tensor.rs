@@ -268,6 +268,17 @@ impl TensorPart {
         let offset = u32::try_from(at).ok()?;
         (aligned && fits).then(|| (Resource::Window(buffer.clone()), offset))
     }
+
+    /// Rows of `row_bytes` each that one window takes, a multiple of `multiple`, for rows read
+    /// a window at a time from the part's first row: `None` when not even `multiple` rows fit,
+    /// a window after the first would start at an offset a uniform binding may not take, or the
+    /// part has no room for windows ([`Self::window`]).
+    pub(crate) fn window_rows(&self, ctx: &GpuContext, row_bytes: u64, multiple: usize) -> Option<usize> {
+        let rows = (X_WINDOW_BYTES / row_bytes) as usize / multiple * multiple;
+        let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
+        let aligned = (rows as u64 * row_bytes).is_multiple_of(align);
+        (rows > 0 && aligned && self.window(ctx, 0).is_some()).then_some(rows)
+    }
 }
 
 /// The wgpu-backed [`TensorFactory`].

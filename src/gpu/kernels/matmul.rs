@@ -183,19 +183,14 @@ fn record(
         let w_res = part.resource(ctx)?;
         // Uniform windows on native CPU drivers, when a window holds whole tiles of rows and
         // every window start is a valid uniform offset; else all rows from a storage binding.
-        let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
-        let rows_per_window = ((X_WINDOW_BYTES / row_bytes) as usize / tm) * tm;
-        let windowed = ctx.reads_textures()
-            && rows_per_window > 0
-            && (rows_per_window as u64 * row_bytes).is_multiple_of(align)
-            && x_part.window(ctx, 0).is_some();
-        if !windowed {
+        let windows = if ctx.reads_textures() { x_part.window_rows(ctx, row_bytes, tm) } else { None };
+        let Some(rows_per_window) = windows else {
             let v = ShaderVariant { x_in: XSource::Storage, ..variant };
             let p = params(m, 0)?;
             let resources = vec![x_part.resource(ctx)?, w_res.clone(), y_res.clone()];
             ctx.dispatch(rec, v, bytemuck::bytes_of(&p), resources, None, grid(m))?;
             continue;
-        }
+        };
         let v = ShaderVariant { x_in: XSource::Uniform, ..variant };
         for first in (0..m).step_by(rows_per_window) {
             let rows = rows_per_window.min(m - first);

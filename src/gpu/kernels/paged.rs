@@ -8,7 +8,7 @@
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::rope::RopePairing;
-use crate::gpu::pipelines::{KvSource, X_WINDOW_BYTES, XSource, attention_query_heads};
+use crate::gpu::pipelines::{KvSource, XSource, attention_query_heads};
 use crate::gpu::recording::{Resource, flat_grid};
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TensorPart};
 use crate::quant::DType;
@@ -196,16 +196,16 @@ pub fn rope_kv_write(
 
 /// How many tokens' queries one uniform window holds, where attention reads them from windows:
 /// on CPU drivers, which keep the cache in textures (a workgroup-uniform load from a uniform
-/// binding is one load and a broadcast there, a storage load a loop over the lanes), when
-/// windows of whole rows start at offsets a uniform binding may take and `qkv` has room for
-/// them.
+/// binding is one load and a broadcast there, a storage load a loop over the lanes), when `qkv`
+/// has room for windows. Windows take a multiple of the rows whose bytes make a uniform offset,
+/// so every window starts at one.
 fn q_window_tokens(ctx: &GpuContext, kv_in: KvSource, qkv: &TensorPart, row_stride: usize) -> Option<usize> {
+    if kv_in != KvSource::Texture {
+        return None;
+    }
     let row_bytes = (row_stride * 4) as u64;
     let align = u64::from(ctx.limits().min_uniform_buffer_offset_alignment);
-    // Window starts must be aligned: a whole number of `step` rows is.
-    let step = align / gcd(align, row_bytes);
-    let per_window = (X_WINDOW_BYTES / row_bytes) / step * step;
-    (kv_in == KvSource::Texture && per_window > 0 && qkv.window(ctx, 0).is_some()).then_some(per_window as usize)
+    qkv.window_rows(ctx, row_bytes, (align / gcd(align, row_bytes)) as usize)
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
