@@ -1,7 +1,10 @@
 //! `cargo xtask bench-kernels`: GFLOP/s and GB/s of matmul for every weight format at decode
 //! (M = 1) and batched (M = 16, 64) shapes, and of the default model's LM head (576 x 49152,
 //! the vocabulary); then the time of one layer's attention in the default model's shape at a
-//! decode of 1 and of 16 sequences and a 128-token prefill. A benchmark, not a test: it prints tables.
+//! decode of 1 and of 16 sequences and a 128-token prefill; of its residual add and RMSNorm
+//! (`add_rms_norm`) at 1, 16 and 128 rows; and of the sampler over its 49152-token vocabulary,
+//! greedy and with llama.cpp's default filters (temperature 0.8, top-k 40, top-p 0.95), at 1
+//! and 16 rows. A benchmark, not a test: it prints tables.
 //!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
@@ -15,7 +18,11 @@ use std::time::Instant;
 use weft::DType;
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
+use weft::gpu::kernels::reduce::add_rms_norm;
+use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
+use weft::model::sampler::settings_row;
+use weft::sampling::SamplingParams;
 use weft::tensor::TensorFactory;
 
 const MS: [usize; 3] = [1, 16, 64];
@@ -25,7 +32,8 @@ const RUNS: usize = 5;
 const TARGET_SECONDS: f64 = 0.05;
 
 fn main() -> weft::Result<()> {
-    // `cargo bench` passes `--bench`; a name filters the formats (e.g. `q4_1`), or `attention`.
+    // `cargo bench` passes `--bench`; a name filters the formats (e.g. `q4_1`), or `attention`,
+    // `norm` or `sample`.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-')).map(|a| a.to_uppercase());
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
     let factory = GpuTensorFactory::new(ctx.clone());
@@ -68,6 +76,76 @@ fn main() -> weft::Result<()> {
     }
     if filter.as_ref().is_none_or(|f| f == "ATTENTION") {
         attention(&ctx, &factory)?;
+    }
+    if filter.as_ref().is_none_or(|f| f == "NORM") {
+        norm(&ctx, &factory)?;
+    }
+    if filter.as_ref().is_none_or(|f| f == "SAMPLE") {
+        sampler(&ctx, &factory)?;
+    }
+    Ok(())
+}
+
+/// The sampler over the default model's vocabulary: greedy, and filtered as llama.cpp's CLI
+/// filters by default.
+fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const VOCAB: usize = 49152;
+    println!(
+        "
+sample, vocabulary of {VOCAB}, median of {RUNS} runs, {}",
+        clock(ctx)
+    );
+    let filtered = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, ..Default::default() };
+    for (label, params) in [("greedy", SamplingParams::greedy()), ("t 0.8, top-k 40, top-p 0.95", filtered)] {
+        for rows in [1, 16] {
+            // Logits shaped like a model's: a few large, a long tail.
+            let logits: Vec<f32> = (0..rows * VOCAB)
+                .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 10.0 + ((i * 31) % 97 == 0) as u8 as f32 * 8.0)
+                .collect();
+            let settings: Vec<u32> =
+                (0..rows).flat_map(|r| settings_row(&params, (r as f32 + 0.5) / rows as f32)).collect();
+            let logits = factory.upload_f32(&[rows, VOCAB], &logits)?;
+            let settings = factory.upload_u32(&[rows, SETTINGS_PER_ROW], &settings)?;
+            let out = factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?;
+            let record = |reps: usize| -> weft::Result<Recording> {
+                let mut rec = Recording::new();
+                for _ in 0..reps {
+                    sample(ctx, &mut rec, &logits, &settings, &out)?;
+                }
+                Ok(rec)
+            };
+            let seconds = median_seconds(ctx, record)?;
+            println!("{:<36} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
+        }
+    }
+    Ok(())
+}
+
+/// The residual add and RMSNorm between two of the default model's layers (576 wide), as a
+/// step records it: 1 and 16 decoding sequences, a 128-token prefill.
+fn norm(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const N: usize = 576;
+    println!(
+        "
+add_rms_norm, rows of {N}, median of {RUNS} runs, {}",
+        clock(ctx)
+    );
+    let weight = factory.upload_f32(&[N], &vec![1.0; N])?;
+    for rows in [1, 16, 128] {
+        let values =
+            |salt: usize| -> Vec<f32> { (0..rows * N).map(|i| ((i * salt) % 1000) as f32 / 1000.0 - 0.5).collect() };
+        let x = factory.upload_f32(&[rows, N], &values(7919))?;
+        let delta = factory.upload_f32(&[rows, N], &values(104_729))?;
+        let y = factory.zeros(&[rows, N], DType::F32)?;
+        let record = |reps: usize| -> weft::Result<Recording> {
+            let mut rec = Recording::new();
+            for _ in 0..reps {
+                add_rms_norm(ctx, &mut rec, &x, &delta, &weight, &y, 1e-5)?;
+            }
+            Ok(rec)
+        };
+        let seconds = median_seconds(ctx, record)?;
+        println!("{:<28} {:>10.1} us", format!("{rows} rows"), seconds * 1e6);
     }
     Ok(())
 }

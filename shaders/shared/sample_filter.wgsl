@@ -76,11 +76,104 @@ fn argmax_below(lid: u32, base: u32, first: u32, last: u32, cap_v: f32, cap_i: u
     return workgroupUniformLoad(&sh_u[0]);
 }
 
+// Bisection steps one pass over the row decides. A pass tests every threshold those steps can
+// reach, the 31 midpoints at the dyadic positions 1..31 of [lo, hi] (position 0 is lo, 32 is
+// hi), each computed as the step reaching it computes it, and then takes the 5 steps: the same
+// τ as one step a pass, in a fifth of the passes over the row. BISECT_STEPS is a multiple.
+const STEPS_PER_PASS: u32 = 5u;
+const POSITIONS: u32 = 32u; // 2^STEPS_PER_PASS
+
+var<workgroup> sh_a: array<vec4<f32>, WG>;
+var<workgroup> sh_b: array<vec4<f32>, WG>;
+
+// Two vec4s summed over the workgroup, each component in sum_all's order.
+fn sum_all8(lid: u32, a: vec4<f32>, b: vec4<f32>) -> array<vec4<f32>, 2> {
+    workgroupBarrier();
+    sh_a[lid] = a;
+    sh_b[lid] = b;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            sh_a[lid] += sh_a[lid + stride];
+            sh_b[lid] += sh_b[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    return array<vec4<f32>, 2>(sh_a[0], sh_b[0]);
+}
+
+// STEPS_PER_PASS bisection steps of [lo, hi] toward the largest τ where the row's count of
+// s >= τ (or with `mass`, its sum of exp(s) over s >= τ) is at least `goal`.
+fn bisect_pass(
+    lid: u32, base: u32, first: u32, last: u32, row_max: f32, inv_t: f32,
+    lo: ptr<function, f32>, hi: ptr<function, f32>, mass: bool, goal: f32,
+) {
+    // t[p] = 0.5 · (t[p - h] + t[p + h]), h the lowest set bit of p: the midpoint of the
+    // interval a bisection has narrowed to when it tests position p.
+    var t: array<f32, 33>;
+    t[0] = *lo;
+    t[POSITIONS] = *hi;
+    for (var h = POSITIONS / 2u; h > 0u; h >>= 1u) {
+        for (var p = h; p < POSITIONS; p += 2u * h) {
+            t[p] = 0.5 * (t[p - h] + t[p + h]);
+        }
+    }
+    // Per invocation, positions 8j+1 .. 8j+8 in (ta_j, tb_j), summed into (ca_j, cb_j)
+    // (position 32, hi, rides along unused).
+#for j in 0..4
+    let ta{{j}} = vec4<f32>(t[8 * {{j}} + 1], t[8 * {{j}} + 2], t[8 * {{j}} + 3], t[8 * {{j}} + 4]);
+    let tb{{j}} = vec4<f32>(t[8 * {{j}} + 5], t[8 * {{j}} + 6], t[8 * {{j}} + 7], t[8 * {{j}} + 8]);
+    var ca{{j}} = vec4<f32>(0.0);
+    var cb{{j}} = vec4<f32>(0.0);
+#end
+    for (var i = first; i < last; i++) {
+        let s = (logits[base + i] - row_max) * inv_t;
+        // Counts stay below 2^24, so summing them in f32 is exact.
+        var w = 1.0;
+        if (mass) {
+            w = exp(s);
+        }
+        let vs = vec4<f32>(s);
+        let vw = vec4<f32>(w);
+#for j in 0..4
+        ca{{j}} += select(vec4<f32>(0.0), vw, vs >= ta{{j}});
+        cb{{j}} += select(vec4<f32>(0.0), vw, vs >= tb{{j}});
+#end
+    }
+    var total: array<f32, 33>;
+#for j in 0..4
+    {
+        let r = sum_all8(lid, ca{{j}}, cb{{j}});
+        total[8 * {{j}} + 1] = r[0].x;
+        total[8 * {{j}} + 2] = r[0].y;
+        total[8 * {{j}} + 3] = r[0].z;
+        total[8 * {{j}} + 4] = r[0].w;
+        total[8 * {{j}} + 5] = r[1].x;
+        total[8 * {{j}} + 6] = r[1].y;
+        total[8 * {{j}} + 7] = r[1].z;
+        total[8 * {{j}} + 8] = r[1].w;
+    }
+#end
+    // The steps: from the middle position, up or down by half as far each time.
+    var p = POSITIONS / 2u;
+    var h = POSITIONS / 2u;
+    for (var level = 0u; level < STEPS_PER_PASS; level++) {
+        h >>= 1u;
+        if (total[p] >= goal) {
+            *lo = t[p];
+            p += h;
+        } else {
+            *hi = t[p];
+            p -= h;
+        }
+    }
+}
+
 // The filter threshold τ of the row at `base` (largest logit row_max): the kept tokens are
 // those with s = (logit - row_max) · inv_t >= τ. Top-k keeps s >= τk, the largest τ with at
 // least k survivors; top-p keeps s >= τp, the largest τ whose survivors (among top-k's) hold at
 // least top_p of the mass; min-p keeps s >= ln(min_p). τk and τp are found by BISECT_STEPS
-// steps of bisection.
+// steps of bisection, STEPS_PER_PASS of them a pass over the row (bisect_pass).
 fn filter_threshold(
     lid: u32, base: u32, first: u32, last: u32, vocab: u32, row_max: f32, inv_t: f32,
     top_k: u32, top_p: f32, min_p: f32,
@@ -99,18 +192,8 @@ fn filter_threshold(
         // Invariant: count(s >= lo) >= k; hi fails it (or is above every s).
         var lo = lowest;
         var hi = 1.0;
-        for (var step = 0u; step < BISECT_STEPS; step++) {
-            let mid = 0.5 * (lo + hi);
-            // Counts stay below 2^24, so summing them in f32 is exact.
-            var n = 0.0;
-            for (var i = first; i < last; i++) {
-                n += select(0.0, 1.0, (logits[base + i] - row_max) * inv_t >= mid);
-            }
-            if (sum_all(lid, n) >= f32(top_k)) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+        for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
+            bisect_pass(lid, base, first, last, row_max, inv_t, &lo, &hi, false, f32(top_k));
         }
         tau = lo;
     }
@@ -124,18 +207,8 @@ fn filter_threshold(
         // Invariant: the mass at or above lo is >= need.
         var lo = tau;
         var hi = 1.0;
-        for (var step = 0u; step < BISECT_STEPS; step++) {
-            let mid = 0.5 * (lo + hi);
-            var part = 0.0;
-            for (var i = first; i < last; i++) {
-                let s = (logits[base + i] - row_max) * inv_t;
-                part += select(0.0, exp(s), s >= mid);
-            }
-            if (sum_all(lid, part) >= need) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
+        for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
+            bisect_pass(lid, base, first, last, row_max, inv_t, &lo, &hi, true, need);
         }
         tau = lo;
     }
