@@ -3,8 +3,8 @@
 //! the vocabulary); then the time of one layer's attention in the default model's shape at a
 //! decode of 1 and of 16 sequences and a 128-token prefill; of its residual add and RMSNorm
 //! (`add_rms_norm`) at 1, 16 and 128 rows; and of the sampler over its 49152-token vocabulary,
-//! greedy and with llama.cpp's default filters (temperature 0.8, top-k 40, top-p 0.95), at 1
-//! and 16 rows. A benchmark, not a test: it prints tables.
+//! greedy, at temperature 0.8 alone, with top-k 40, with top-p 0.95, and with both (llama.cpp's
+//! default filters), at 1 and 16 rows. A benchmark, not a test: it prints tables.
 //!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
@@ -86,8 +86,8 @@ fn main() -> weft::Result<()> {
     Ok(())
 }
 
-/// The sampler over the default model's vocabulary: greedy, and filtered as llama.cpp's CLI
-/// filters by default.
+/// The sampler over the default model's vocabulary: greedy, and at temperature 0.8 unfiltered
+/// and filtered (top-k and top-p are what llama.cpp's CLI applies by default).
 fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     const VOCAB: usize = 49152;
     println!(
@@ -95,8 +95,15 @@ fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
 sample, vocabulary of {VOCAB}, median of {RUNS} runs, {}",
         clock(ctx)
     );
-    let filtered = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, ..Default::default() };
-    for (label, params) in [("greedy", SamplingParams::greedy()), ("t 0.8, top-k 40, top-p 0.95", filtered)] {
+    let filtered = |top_k, top_p| SamplingParams { temperature: 0.8, top_k, top_p, ..Default::default() };
+    let cases = [
+        ("greedy", SamplingParams::greedy()),
+        ("t 0.8", filtered(0, 1.0)),
+        ("t 0.8, top-k 40", filtered(40, 1.0)),
+        ("t 0.8, top-p 0.95", filtered(0, 0.95)),
+        ("t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95)),
+    ];
+    for (label, params) in cases {
         for rows in [1, 16] {
             // Logits shaped like a model's: a few large, a long tail.
             let logits: Vec<f32> = (0..rows * VOCAB)

@@ -77,14 +77,20 @@ fn argmax_below(lid: u32, base: u32, first: u32, last: u32, cap_v: f32, cap_i: u
 }
 
 // Bisection steps one pass over the row decides. A pass tests every threshold those steps can
-// reach, the 31 midpoints at the dyadic positions 1..31 of [lo, hi] (position 0 is lo, 32 is
-// hi), each computed as the step reaching it computes it, and then takes the 5 steps: the same
-// τ as one step a pass, in a fifth of the passes over the row. BISECT_STEPS is a multiple.
-const STEPS_PER_PASS: u32 = 5u;
-const POSITIONS: u32 = 32u; // 2^STEPS_PER_PASS
+// reach, the 7 midpoints at the dyadic positions 1..7 of [lo, hi] (position 0 is lo, 8 is hi),
+// each computed as the step reaching it computes it, and then takes the 3 steps: the same τ as
+// one step a pass, in a third of the passes over the row. BISECT_STEPS is a multiple. (Five
+// steps a pass, 31 thresholds, made a pass 2.6x dearer on llvmpipe, for a fifth of the passes.)
+const STEPS_PER_PASS: u32 = 3u;
+const POSITIONS: u32 = 8u; // 2^STEPS_PER_PASS
 
 var<workgroup> sh_a: array<vec4<f32>, WG>;
 var<workgroup> sh_b: array<vec4<f32>, WG>;
+// Top-k's survivors, for top-p's bisection: each invocation's in order, the invocations' one
+// after another (when they fit).
+const KEPT_CAP: u32 = 1024u;
+var<workgroup> sh_kept: array<f32, KEPT_CAP>;
+var<workgroup> sh_kept_total: u32;
 
 // Two vec4s summed over the workgroup, each component in sum_all's order.
 fn sum_all8(lid: u32, a: vec4<f32>, b: vec4<f32>) -> array<vec4<f32>, 2> {
@@ -103,14 +109,16 @@ fn sum_all8(lid: u32, a: vec4<f32>, b: vec4<f32>) -> array<vec4<f32>, 2> {
 }
 
 // STEPS_PER_PASS bisection steps of [lo, hi] toward the largest τ where the row's count of
-// s >= τ (or with `mass`, its sum of exp(s) over s >= τ) is at least `goal`.
+// s >= τ (or with `mass`, its sum of exp(s) over s >= τ) is at least `goal`. Each invocation
+// reads its entries start .. end: of the row (logits, turned into s), or with `compacted` of
+// sh_kept (already s).
 fn bisect_pass(
-    lid: u32, base: u32, first: u32, last: u32, row_max: f32, inv_t: f32,
+    lid: u32, base: u32, start: u32, end: u32, compacted: bool, row_max: f32, inv_t: f32,
     lo: ptr<function, f32>, hi: ptr<function, f32>, mass: bool, goal: f32,
 ) {
     // t[p] = 0.5 · (t[p - h] + t[p + h]), h the lowest set bit of p: the midpoint of the
     // interval a bisection has narrowed to when it tests position p.
-    var t: array<f32, 33>;
+    var t: array<f32, 9>;
     t[0] = *lo;
     t[POSITIONS] = *hi;
     for (var h = POSITIONS / 2u; h > 0u; h >>= 1u) {
@@ -118,16 +126,21 @@ fn bisect_pass(
             t[p] = 0.5 * (t[p - h] + t[p + h]);
         }
     }
-    // Per invocation, positions 8j+1 .. 8j+8 in (ta_j, tb_j), summed into (ca_j, cb_j)
-    // (position 32, hi, rides along unused).
-#for j in 0..4
+    // Per invocation, positions 8j+1 .. 8j+8 in (ta_j, tb_j), summed into (ca_j, cb_j), for
+    // j below POSITIONS / 8 (position POSITIONS, hi, rides along unused).
+#for j in 0..1
     let ta{{j}} = vec4<f32>(t[8 * {{j}} + 1], t[8 * {{j}} + 2], t[8 * {{j}} + 3], t[8 * {{j}} + 4]);
     let tb{{j}} = vec4<f32>(t[8 * {{j}} + 5], t[8 * {{j}} + 6], t[8 * {{j}} + 7], t[8 * {{j}} + 8]);
     var ca{{j}} = vec4<f32>(0.0);
     var cb{{j}} = vec4<f32>(0.0);
 #end
-    for (var i = first; i < last; i++) {
-        let s = (logits[base + i] - row_max) * inv_t;
+    for (var i = start; i < end; i++) {
+        var s = 0.0;
+        if (compacted) {
+            s = sh_kept[i];
+        } else {
+            s = (logits[base + i] - row_max) * inv_t;
+        }
         // Counts stay below 2^24, so summing them in f32 is exact.
         var w = 1.0;
         if (mass) {
@@ -135,13 +148,13 @@ fn bisect_pass(
         }
         let vs = vec4<f32>(s);
         let vw = vec4<f32>(w);
-#for j in 0..4
+#for j in 0..1
         ca{{j}} += select(vec4<f32>(0.0), vw, vs >= ta{{j}});
         cb{{j}} += select(vec4<f32>(0.0), vw, vs >= tb{{j}});
 #end
     }
-    var total: array<f32, 33>;
-#for j in 0..4
+    var total: array<f32, 9>;
+#for j in 0..1
     {
         let r = sum_all8(lid, ca{{j}}, cb{{j}});
         total[8 * {{j}} + 1] = r[0].x;
@@ -193,22 +206,56 @@ fn filter_threshold(
         var lo = lowest;
         var hi = 1.0;
         for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
-            bisect_pass(lid, base, first, last, row_max, inv_t, &lo, &hi, false, f32(top_k));
+            bisect_pass(lid, base, first, last, false, row_max, inv_t, &lo, &hi, false, f32(top_k));
         }
         tau = lo;
     }
     if (top_p < 1.0) {
         var mass = 0.0;
+        var survivors = 0u;
         for (var i = first; i < last; i++) {
             let s = (logits[base + i] - row_max) * inv_t;
-            mass += select(0.0, exp(s), s >= tau);
+            if (s >= tau) {
+                mass += exp(s);
+                survivors++;
+            }
         }
         let need = top_p * sum_all(lid, mass);
+        // Where this invocation's survivors go in sh_kept: an exclusive prefix in invocation
+        // order. A pass over those few then sums exactly what a pass over the row would (the
+        // others add nothing: they lie below every threshold the bisection tests).
+        sh_u[lid] = survivors;
+        workgroupBarrier();
+        if (lid == 0u) {
+            var running = 0u;
+            for (var j = 0u; j < WG; j++) {
+                let here = sh_u[j];
+                sh_u[j] = running;
+                running += here;
+            }
+            sh_kept_total = running;
+        }
+        let compacted = workgroupUniformLoad(&sh_kept_total) <= KEPT_CAP;
+        let offset = sh_u[lid];
+        var start = first;
+        var end = last;
+        if (compacted) {
+            start = offset;
+            end = offset + survivors;
+            var at = offset;
+            for (var i = first; i < last; i++) {
+                let s = (logits[base + i] - row_max) * inv_t;
+                if (s >= tau) {
+                    sh_kept[at] = s;
+                    at++;
+                }
+            }
+        }
         // Invariant: the mass at or above lo is >= need.
         var lo = tau;
         var hi = 1.0;
         for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
-            bisect_pass(lid, base, first, last, row_max, inv_t, &lo, &hi, true, need);
+            bisect_pass(lid, base, start, end, compacted, row_max, inv_t, &lo, &hi, true, need);
         }
         tau = lo;
     }

@@ -5,6 +5,9 @@
 //! f32 there; so a draw `u` within 1e-4 of a token boundary may legitimately land on the
 //! neighbour. Such draws are counted, not failed; everything else must pick the same token.
 //! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
+//! Top-p's bisection runs over top-k's survivors gathered in workgroup memory where they fit
+//! (top-k set, or a 1000-token vocabulary) and over the whole row where they do not (top-p
+//! alone over 49152 tokens): the cases below take both ways.
 
 use weft::DType;
 use weft::gpu::Recording;
