@@ -86,8 +86,8 @@ const POSITIONS: u32 = 8u; // 2^STEPS_PER_PASS
 
 var<workgroup> sh_a: array<vec4<f32>, WG>;
 var<workgroup> sh_b: array<vec4<f32>, WG>;
-// Top-k's survivors, for top-p's bisection: each invocation's in order, the invocations' one
-// after another (when they fit).
+// The tokens the bisections can count, as s: each invocation's in the row's order, the
+// invocations' one after another (when they fit).
 const KEPT_CAP: u32 = 1024u;
 var<workgroup> sh_kept: array<f32, KEPT_CAP>;
 var<workgroup> sh_kept_total: u32;
@@ -135,12 +135,7 @@ fn bisect_pass(
     var cb{{j}} = vec4<f32>(0.0);
 #end
     for (var i = start; i < end; i++) {
-        var s = 0.0;
-        if (compacted) {
-            s = sh_kept[i];
-        } else {
-            s = (logits[base + i] - row_max) * inv_t;
-        }
+        let s = entry_s(i, compacted, base, row_max, inv_t);
         // Counts stay below 2^24, so summing them in f32 is exact.
         var w = 1.0;
         if (mass) {
@@ -182,11 +177,40 @@ fn bisect_pass(
     }
 }
 
+// Entry i of what an invocation reads: s of the row's token i, or with `compacted` sh_kept[i].
+fn entry_s(i: u32, compacted: bool, base: u32, row_max: f32, inv_t: f32) -> f32 {
+    if (compacted) {
+        return sh_kept[i];
+    }
+    return (logits[base + i] - row_max) * inv_t;
+}
+
+// The largest of v within each of `groups` sets of invocations (invocation l in set
+// l % groups), then the least of those: at least `groups` invocations hold a value at or above
+// it. `groups` is a power of two up to WG.
+fn group_floor(lid: u32, v: f32, groups: u32) -> f32 {
+    workgroupBarrier();
+    sh_f[lid] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            if (stride >= groups) {
+                sh_f[lid] = max(sh_f[lid], sh_f[lid + stride]);
+            } else {
+                sh_f[lid] = min(sh_f[lid], sh_f[lid + stride]);
+            }
+        }
+        workgroupBarrier();
+    }
+    return sh_f[0];
+}
+
 // The filter threshold τ of the row at `base` (largest logit row_max): the kept tokens are
 // those with s = (logit - row_max) · inv_t >= τ. Top-k keeps s >= τk, the largest τ with at
 // least k survivors; top-p keeps s >= τp, the largest τ whose survivors (among top-k's) hold at
 // least top_p of the mass; min-p keeps s >= ln(min_p). τk and τp are found by BISECT_STEPS
-// steps of bisection, STEPS_PER_PASS of them a pass over the row (bisect_pass).
+// steps of bisection, STEPS_PER_PASS of them a pass (bisect_pass) over the row or, where they
+// fit in sh_kept, over the only tokens those passes can count: the ones at or above a floor.
 fn filter_threshold(
     lid: u32, base: u32, first: u32, last: u32, vocab: u32, row_max: f32, inv_t: f32,
     top_k: u32, top_p: f32, min_p: f32,
@@ -194,63 +218,84 @@ fn filter_threshold(
     // s lies in [lowest, 0]. Tokens masked by token_mask.wgsl stay out: their far-off value
     // would stretch the bisections below past their precision.
     var local_low = 0.0;
+    var local_high = NEG_MAX;
     for (var i = first; i < last; i++) {
+        let s = (logits[base + i] - row_max) * inv_t;
         if (logits[base + i] > MASKED) {
-            local_low = min(local_low, (logits[base + i] - row_max) * inv_t);
+            local_low = min(local_low, s);
         }
+        local_high = max(local_high, s);
     }
     let lowest = -max_all(lid, -local_low);
+    let top_k_on = top_k > 0u && top_k < vocab;
+    if (!top_k_on && top_p >= 1.0) {
+        return select(lowest, max(lowest, log(min_p)), min_p > 0.0);
+    }
+    // The floor: every threshold either bisection tests is at or above `lowest`, and top-k's
+    // τk is at or above the least of the largest s of k or more sets of invocations (that many
+    // tokens lie at or above it). Counted at a threshold below the floor, the tokens at or
+    // above it are already k or more, so the bisections decide as they would over the row.
+    var floor = lowest;
+    if (top_k_on && top_k <= WG) {
+        var groups = 1u;
+        while (groups < top_k) {
+            groups <<= 1u;
+        }
+        floor = max(lowest, group_floor(lid, local_high, groups));
+    }
+    // Where this invocation's tokens at or above the floor go in sh_kept: an exclusive prefix
+    // in invocation order, so each invocation sums its own in the row's order.
+    var above = 0u;
+    for (var i = first; i < last; i++) {
+        above += select(0u, 1u, (logits[base + i] - row_max) * inv_t >= floor);
+    }
+    workgroupBarrier();
+    sh_u[lid] = above;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var running = 0u;
+        for (var j = 0u; j < WG; j++) {
+            let here = sh_u[j];
+            sh_u[j] = running;
+            running += here;
+        }
+        sh_kept_total = running;
+    }
+    let compacted = workgroupUniformLoad(&sh_kept_total) <= KEPT_CAP;
+    let offset = sh_u[lid];
+    var start = first;
+    var end = last;
+    if (compacted) {
+        start = offset;
+        end = offset + above;
+        var at = offset;
+        for (var i = first; i < last; i++) {
+            let s = (logits[base + i] - row_max) * inv_t;
+            if (s >= floor) {
+                sh_kept[at] = s;
+                at++;
+            }
+        }
+    }
     var tau = lowest;
-    if (top_k > 0u && top_k < vocab) {
+    if (top_k_on) {
         // Invariant: count(s >= lo) >= k; hi fails it (or is above every s).
         var lo = lowest;
         var hi = 1.0;
         for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
-            bisect_pass(lid, base, first, last, false, row_max, inv_t, &lo, &hi, false, f32(top_k));
+            bisect_pass(lid, base, start, end, compacted, row_max, inv_t, &lo, &hi, false, f32(top_k));
         }
         tau = lo;
     }
     if (top_p < 1.0) {
         var mass = 0.0;
-        var survivors = 0u;
-        for (var i = first; i < last; i++) {
-            let s = (logits[base + i] - row_max) * inv_t;
+        for (var i = start; i < end; i++) {
+            let s = entry_s(i, compacted, base, row_max, inv_t);
             if (s >= tau) {
                 mass += exp(s);
-                survivors++;
             }
         }
         let need = top_p * sum_all(lid, mass);
-        // Where this invocation's survivors go in sh_kept: an exclusive prefix in invocation
-        // order. A pass over those few then sums exactly what a pass over the row would (the
-        // others add nothing: they lie below every threshold the bisection tests).
-        sh_u[lid] = survivors;
-        workgroupBarrier();
-        if (lid == 0u) {
-            var running = 0u;
-            for (var j = 0u; j < WG; j++) {
-                let here = sh_u[j];
-                sh_u[j] = running;
-                running += here;
-            }
-            sh_kept_total = running;
-        }
-        let compacted = workgroupUniformLoad(&sh_kept_total) <= KEPT_CAP;
-        let offset = sh_u[lid];
-        var start = first;
-        var end = last;
-        if (compacted) {
-            start = offset;
-            end = offset + survivors;
-            var at = offset;
-            for (var i = first; i < last; i++) {
-                let s = (logits[base + i] - row_max) * inv_t;
-                if (s >= tau) {
-                    sh_kept[at] = s;
-                    at++;
-                }
-            }
-        }
         // Invariant: the mass at or above lo is >= need.
         var lo = tau;
         var hi = 1.0;

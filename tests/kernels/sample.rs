@@ -5,9 +5,9 @@
 //! f32 there; so a draw `u` within 1e-4 of a token boundary may legitimately land on the
 //! neighbour. Such draws are counted, not failed; everything else must pick the same token.
 //! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
-//! Top-p's bisection runs over top-k's survivors gathered in workgroup memory where they fit
-//! (top-k set, or a 1000-token vocabulary) and over the whole row where they do not (top-p
-//! alone over 49152 tokens): the cases below take both ways.
+//! The bisections run over the tokens at or above a floor, gathered in workgroup memory, where
+//! they fit (top-k up to 256, or a 1000-token vocabulary), and over the whole row where they do
+//! not (top-p alone, or top-k 300, over 49152 tokens): the cases below take both ways.
 
 use weft::DType;
 use weft::gpu::Recording;
@@ -36,6 +36,7 @@ fn cases() -> Vec<SamplingParams> {
         p(1.3, 0, 1.0, 0.05, 1),
         p(1.0, 1, 1.0, 0.0, 0),
         p(2.0, 5, 0.5, 0.1, 2),
+        p(1.0, 300, 1.0, 0.0, 0),
     ]
 }
 
