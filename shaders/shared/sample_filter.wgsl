@@ -231,23 +231,56 @@ fn filter_threshold(
     if (!top_k_on && top_p >= 1.0) {
         return select(lowest, max(lowest, log(min_p)), min_p > 0.0);
     }
-    // The floor: every threshold either bisection tests is at or above `lowest`, and top-k's
-    // τk is at or above the least of the largest s of k or more sets of invocations (that many
-    // tokens lie at or above it). Counted at a threshold below the floor, the tokens at or
-    // above it are already k or more, so the bisections decide as they would over the row.
+    // The floor: every threshold either bisection tests is at or above `lowest`. Top-k's τk is
+    // at or above the least of the largest s of k or more sets of invocations (that many tokens
+    // lie at or above it), so counted at any lower threshold the tokens at or above the floor
+    // are already k or more, and the bisection decides as it would over the row. Top-p alone
+    // takes such a least largest s of 64 sets, else of every invocation, where the tokens at
+    // or above it hold the mass it needs (their sum, in the same order, is at most the sum at
+    // any lower threshold) and fit in sh_kept.
     var floor = lowest;
+    var floor_wide = lowest;
     if (top_k_on && top_k <= WG) {
         var groups = 1u;
         while (groups < top_k) {
             groups <<= 1u;
         }
         floor = max(lowest, group_floor(lid, local_high, groups));
+    } else if (!top_k_on) {
+        floor = max(lowest, group_floor(lid, local_high, 64u));
+        floor_wide = max(lowest, group_floor(lid, local_high, WG));
     }
-    // Where this invocation's tokens at or above the floor go in sh_kept: an exclusive prefix
-    // in invocation order, so each invocation sums its own in the row's order.
     var above = 0u;
+    var above_wide = 0u;
+    var above_lowest = 0u;
+    var mass = 0.0;
+    var mass_above = 0.0;
+    var mass_wide = 0.0;
     for (var i = first; i < last; i++) {
-        above += select(0u, 1u, (logits[base + i] - row_max) * inv_t >= floor);
+        let s = (logits[base + i] - row_max) * inv_t;
+        above += select(0u, 1u, s >= floor);
+        above_wide += select(0u, 1u, s >= floor_wide);
+        above_lowest += select(0u, 1u, s >= lowest);
+        if (!top_k_on && s >= lowest) {
+            let e = exp(s);
+            mass += e;
+            mass_above += select(0.0, e, s >= floor);
+            mass_wide += select(0.0, e, s >= floor_wide);
+        }
+    }
+    // Top-p alone: the mass to keep, over every token (τ is `lowest`).
+    var need = 0.0;
+    if (!top_k_on) {
+        need = top_p * sum_all(lid, mass);
+        let held = sum_all(lid, mass_above) >= need;
+        let held_wide = sum_all(lid, mass_wide) >= need && sum_all(lid, f32(above_wide)) <= f32(KEPT_CAP);
+        if (!held && held_wide) {
+            floor = floor_wide;
+            above = above_wide;
+        } else if (!held) {
+            floor = lowest;
+            above = above_lowest;
+        }
     }
     workgroupBarrier();
     sh_u[lid] = above;
@@ -288,14 +321,16 @@ fn filter_threshold(
         tau = lo;
     }
     if (top_p < 1.0) {
-        var mass = 0.0;
-        for (var i = start; i < end; i++) {
-            let s = entry_s(i, compacted, base, row_max, inv_t);
-            if (s >= tau) {
-                mass += exp(s);
+        if (top_k_on) {
+            var kept_mass = 0.0;
+            for (var i = start; i < end; i++) {
+                let s = entry_s(i, compacted, base, row_max, inv_t);
+                if (s >= tau) {
+                    kept_mass += exp(s);
+                }
             }
+            need = top_p * sum_all(lid, kept_mass);
         }
-        let need = top_p * sum_all(lid, mass);
         // Invariant: the mass at or above lo is >= need.
         var lo = tau;
         var hi = 1.0;

@@ -6,8 +6,9 @@
 //! neighbour. Such draws are counted, not failed; everything else must pick the same token.
 //! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
 //! The bisections run over the tokens at or above a floor, gathered in workgroup memory, where
-//! they fit (top-k up to 256, or a 1000-token vocabulary), and over the whole row where they do
-//! not (top-p alone, or top-k 300, over 49152 tokens): the cases below take both ways.
+//! they fit (top-k up to 256, top-p alone where the largest tokens hold its mass, or a
+//! 1000-token vocabulary), and over the whole row where they do not (top-k 300, or top-p 0.99
+//! at temperature 2, over 49152 tokens): the cases below take both ways.
 
 use weft::DType;
 use weft::gpu::Recording;
@@ -37,6 +38,7 @@ fn cases() -> Vec<SamplingParams> {
         p(1.0, 1, 1.0, 0.0, 0),
         p(2.0, 5, 0.5, 0.1, 2),
         p(1.0, 300, 1.0, 0.0, 0),
+        p(2.0, 0, 0.99, 0.0, 0),
     ]
 }
 
