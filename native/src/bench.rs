@@ -53,6 +53,9 @@ pub struct Options {
     pub constrained: f64,
     pub task: Task,
     pub speculation: crate::generate::Speculation,
+    /// Every request's temperature, top-k and top-p (greedy by default); each request gets its
+    /// own seed, the same from run to run.
+    pub sampling: SamplingParams,
 }
 
 /// The prompts of an in-process run.
@@ -186,6 +189,7 @@ pub fn run(opts: Options) -> Result<()> {
     if !(0.0..=1.0).contains(&opts.constrained) {
         return Err(bad(format!("invalid --constrained {}: a fraction between 0 and 1", opts.constrained)));
     }
+    opts.sampling.validate().map_err(|e| bad(format!("invalid sampling flags: {e}")))?;
     let (adapter, model, runs) = match &opts.url {
         Some(url) => {
             let target = HttpTarget::parse(url, opts.api_key.clone())?;
@@ -196,8 +200,9 @@ pub fn run(opts: Options) -> Result<()> {
                     for r in 0..opts.repeats {
                         let level = i * 1000 + r;
                         // Prefill: a lone prompt's time to its first (and only) token.
-                        let lone = target.run_level(level + 500, 1, prompt_len, 1, 0.0)?;
-                        let traces = target.run_level(level, n, prompt_len, opts.gen_len, opts.constrained)?;
+                        let lone = target.run_level(level + 500, 1, prompt_len, 1, 0.0, &opts.sampling)?;
+                        let traces =
+                            target.run_level(level, n, prompt_len, opts.gen_len, opts.constrained, &opts.sampling)?;
                         let mut run = summarize(n, prompt_len, opts.gen_len, &traces, None);
                         run.prefill_tok_s = prefill_rate(&lone, prompt_len);
                         repeats.push(run);
@@ -228,6 +233,10 @@ pub fn run(opts: Options) -> Result<()> {
         }
         if opts.constrained > 0.0 {
             doc["constrained"] = json!(opts.constrained);
+        }
+        let SamplingParams { temperature, top_k, top_p, .. } = opts.sampling;
+        if temperature > 0.0 {
+            doc["sampling"] = json!({"temperature": temperature, "top_k": top_k, "top_p": top_p});
         }
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
@@ -279,9 +288,16 @@ struct Shape {
     constrained: f64,
 }
 
-/// `n` greedy requests of `shape`, different for every request (so nothing hits a cache; random
-/// token ids avoid the low, often special ones), generating exactly `gen_len` tokens.
-fn requests(n: usize, shape: Shape, vocab: usize, serial: &mut usize) -> Vec<InferenceRequest> {
+/// `n` requests of `shape` with `sampling` (each its own seed), different for every request (so
+/// nothing hits a cache; random token ids avoid the low, often special ones), generating
+/// exactly `gen_len` tokens.
+fn requests(
+    n: usize,
+    shape: Shape,
+    sampling: &SamplingParams,
+    vocab: usize,
+    serial: &mut usize,
+) -> Vec<InferenceRequest> {
     // Ids above the low ones (often special tokens), or above the first eighth of a small
     // vocabulary.
     let low = (vocab / 8).min(1000);
@@ -299,7 +315,7 @@ fn requests(n: usize, shape: Shape, vocab: usize, serial: &mut usize) -> Vec<Inf
             let constraint = is_constrained(constrained, j, n)
                 .then(|| Constraint::new("response_format", Grammar::JsonSchema(bench_schema(*serial))));
             let params = GenerationParams {
-                sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+                sampling: SamplingParams { seed: Some(*serial as u64), ..sampling.clone() },
                 max_tokens: Some(gen_len),
                 ignore_eos: true,
                 constraint,
@@ -368,18 +384,20 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     let mut serial = 0usize;
     // One short request first: pipelines compile, the workspace grows.
     let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2, constrained: 0.0 };
-    traces(&engine, requests(1, warm, vocab, &mut serial))?;
+    traces(&engine, requests(1, warm, &opts.sampling, vocab, &mut serial))?;
     let mut runs = Vec::new();
     for &prompt_len in &opts.prompt_len {
         for &n in &opts.concurrency {
             let mut repeats = Vec::new();
             let shape = Shape { task: opts.task, prompt_len, gen_len: opts.gen_len, constrained: opts.constrained };
             for _ in 0..opts.repeats {
-                let lone =
-                    traces(&engine, requests(1, Shape { gen_len: 1, constrained: 0.0, ..shape }, vocab, &mut serial))?;
+                let lone = traces(
+                    &engine,
+                    requests(1, Shape { gen_len: 1, constrained: 0.0, ..shape }, &opts.sampling, vocab, &mut serial),
+                )?;
                 engine.take_step_records();
                 let before = engine.metrics();
-                let t = traces(&engine, requests(n, shape, vocab, &mut serial))?;
+                let t = traces(&engine, requests(n, shape, &opts.sampling, vocab, &mut serial))?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
                 run.prefill_tok_s = prefill_rate(&lone, prompt_len);
@@ -404,7 +422,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     if opts.profile {
         let gen_len = opts.gen_len.min(16);
         let shape = Shape { task: opts.task, prompt_len: opts.prompt_len[0], gen_len, constrained: opts.constrained };
-        profile(&engine, &opts.concurrency, shape, vocab, &mut serial)?;
+        profile(&engine, &opts.concurrency, shape, &opts.sampling, vocab, &mut serial)?;
     }
     engine.shutdown();
     let info = ctx.adapter_info();
@@ -432,6 +450,7 @@ fn profile(
     engine: &ContinuousBatchEngine,
     levels: &[usize],
     shape: Shape,
+    sampling: &SamplingParams,
     vocab: usize,
     serial: &mut usize,
 ) -> Result<()> {
@@ -442,10 +461,10 @@ fn profile(
             steps.into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect()
         };
         engine.take_step_records();
-        traces(engine, requests(n, shape, vocab, serial))?;
+        traces(engine, requests(n, shape, sampling, vocab, serial))?;
         let served = decodes(engine.take_step_records());
         engine.set_profiling(true);
-        traces(engine, requests(n, shape, vocab, serial))?;
+        traces(engine, requests(n, shape, sampling, vocab, serial))?;
         let all_profiled = engine.take_step_records();
         engine.set_profiling(false);
         let prefills: Vec<StepRecord> =
@@ -767,6 +786,7 @@ impl HttpTarget {
         prompt_len: usize,
         gen_len: usize,
         constrained: f64,
+        sampling: &SamplingParams,
     ) -> Result<Vec<Trace>> {
         let barrier = std::sync::Barrier::new(n);
         std::thread::scope(|s| {
@@ -776,7 +796,10 @@ impl HttpTarget {
                     let mut body = json!({
                         "prompt": word_prompt((level * 100_003 + i) as u64, prompt_len),
                         "max_tokens": gen_len,
-                        "temperature": 0,
+                        "temperature": sampling.temperature,
+                        "top_k": sampling.top_k,
+                        "top_p": sampling.top_p,
+                        "seed": level * n + i,
                         "ignore_eos": true,
                         "stream": true,
                         "stream_options": {"include_usage": true},

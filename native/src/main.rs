@@ -147,6 +147,17 @@ enum Command {
         /// output), to measure what token masks cost.
         #[arg(long, default_value_t = 0.0)]
         constrained: f64,
+        /// Sampling temperature of every request; 0 (the default) is greedy. With --top-k and
+        /// --top-p, measures what sampling costs (e.g. llama.cpp's defaults: --temperature 0.8
+        /// --top-k 40 --top-p 0.95); each request is seeded, so runs repeat.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Keep only the k most likely tokens when sampling (0 = off).
+        #[arg(long, default_value_t = 0)]
+        top_k: u32,
+        /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health (liveness), /ready (readiness) and /metrics (Prometheus text, weft's names and
@@ -329,6 +340,9 @@ fn main() -> ExitCode {
             task,
             spec,
             constrained,
+            temperature,
+            top_k,
+            top_p,
         } => bench::run(bench::Options {
             model,
             url,
@@ -344,6 +358,7 @@ fn main() -> ExitCode {
             task,
             speculation: spec.speculation(),
             constrained,
+            sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, ..Default::default() },
         }),
         Command::Serve {
             model,

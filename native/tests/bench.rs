@@ -211,9 +211,38 @@ fn bench_help_explains_every_flag() {
         "--draft-model",
         "--spec-ngram",
         "--spec-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
+}
+
+/// Sampled requests (llama.cpp's default filters) on the tiny model: the JSON names the
+/// sampling and every run generates its tokens; a temperature no sampler takes is refused
+/// before anything loads, naming the flag's field.
+#[test]
+fn sampling_flags_reach_every_request() {
+    let tiny = tiny_model("sampling");
+    let tiny = tiny.to_str().unwrap();
+    let base =
+        ["bench", "--model", tiny, "--kv-memory", "16MiB", "--prompt-len", "8", "--gen-len", "4", "--repeats", "1"];
+    let sampled = ["--concurrency", "1,2", "--temperature", "0.8", "--top-k", "40", "--top-p", "0.95", "--json"];
+    let (ok, stdout, stderr) = weft(&[&base[..], &sampled].concat());
+    if !ok && no_gpu(&stderr) {
+        return;
+    }
+    assert!(ok, "{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    assert_eq!(doc["sampling"], serde_json::json!({"temperature": 0.8f32, "top_k": 40, "top_p": 0.95f32}), "{doc}");
+    for run in doc["runs"].as_array().unwrap() {
+        positive(run, &["decode_tok_s_per_seq"]);
+        positive(run, &["aggregate_tok_s"]);
+    }
+    let (ok, _, stderr) = weft(&[&base[..], &["--temperature", "3"]].concat());
+    assert!(!ok);
+    assert!(stderr.contains("temperature") && stderr.contains("between 0 and 2"), "{stderr}");
 }
 
 /// The tiny random model, written to a temporary file (fast on lavapipe).
