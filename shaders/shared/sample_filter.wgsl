@@ -272,8 +272,11 @@ fn filter_threshold(
     var need = 0.0;
     if (!top_k_on) {
         need = top_p * sum_all(lid, mass);
+        // Every sum first: each has barriers, which a short-circuit would put under a branch.
         let held = sum_all(lid, mass_above) >= need;
-        let held_wide = sum_all(lid, mass_wide) >= need && sum_all(lid, f32(above_wide)) <= f32(KEPT_CAP);
+        let wide_mass = sum_all(lid, mass_wide);
+        let wide_count = sum_all(lid, f32(above_wide));
+        let held_wide = wide_mass >= need && wide_count <= f32(KEPT_CAP);
         if (!held && held_wide) {
             floor = floor_wide;
             above = above_wide;
