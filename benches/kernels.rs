@@ -52,14 +52,7 @@ fn main() -> weft::Result<()> {
             for m in MS {
                 let x = factory.upload_activations(&[m, k], &vec![0.5; m * k])?;
                 let y = factory.zeros(&[m, n], DType::F32)?;
-                let record = |reps: usize| -> weft::Result<Recording> {
-                    let mut rec = Recording::new();
-                    for _ in 0..reps {
-                        matmul(&ctx, &mut rec, &x, &w, &y)?;
-                    }
-                    Ok(rec)
-                };
-                let seconds = median_seconds(&ctx, record)?;
+                let seconds = median_seconds(&ctx, |rec| matmul(&ctx, rec, &x, &w, &y))?;
                 let flops = 2.0 * (m * n * k) as f64;
                 let bytes = (w.size_bytes() + 4 * m * k + 4 * m * n) as f64;
                 println!(
@@ -82,77 +75,6 @@ fn main() -> weft::Result<()> {
     }
     if filter.as_ref().is_none_or(|f| f == "SAMPLE") {
         sampler(&ctx, &factory)?;
-    }
-    Ok(())
-}
-
-/// The sampler over the default model's vocabulary: greedy, and at temperature 0.8 unfiltered
-/// and filtered (top-k and top-p are what llama.cpp's CLI applies by default).
-fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
-    const VOCAB: usize = 49152;
-    println!(
-        "
-sample, vocabulary of {VOCAB}, median of {RUNS} runs, {}",
-        clock(ctx)
-    );
-    let filtered = |top_k, top_p| SamplingParams { temperature: 0.8, top_k, top_p, ..Default::default() };
-    let cases = [
-        ("greedy", SamplingParams::greedy()),
-        ("t 0.8", filtered(0, 1.0)),
-        ("t 0.8, top-k 40", filtered(40, 1.0)),
-        ("t 0.8, top-p 0.95", filtered(0, 0.95)),
-        ("t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95)),
-    ];
-    for (label, params) in cases {
-        for rows in [1, 16] {
-            // Logits shaped like a model's: a few large, a long tail.
-            let logits: Vec<f32> = (0..rows * VOCAB)
-                .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 10.0 + ((i * 31) % 97 == 0) as u8 as f32 * 8.0)
-                .collect();
-            let settings: Vec<u32> =
-                (0..rows).flat_map(|r| settings_row(&params, (r as f32 + 0.5) / rows as f32)).collect();
-            let logits = factory.upload_f32(&[rows, VOCAB], &logits)?;
-            let settings = factory.upload_u32(&[rows, SETTINGS_PER_ROW], &settings)?;
-            let out = factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?;
-            let record = |reps: usize| -> weft::Result<Recording> {
-                let mut rec = Recording::new();
-                for _ in 0..reps {
-                    sample(ctx, &mut rec, &logits, &settings, &out)?;
-                }
-                Ok(rec)
-            };
-            let seconds = median_seconds(ctx, record)?;
-            println!("{:<36} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
-        }
-    }
-    Ok(())
-}
-
-/// The residual add and RMSNorm between two of the default model's layers (576 wide), as a
-/// step records it: 1 and 16 decoding sequences, a 128-token prefill.
-fn norm(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
-    const N: usize = 576;
-    println!(
-        "
-add_rms_norm, rows of {N}, median of {RUNS} runs, {}",
-        clock(ctx)
-    );
-    let weight = factory.upload_f32(&[N], &vec![1.0; N])?;
-    for rows in [1, 16, 128] {
-        let values =
-            |salt: usize| -> Vec<f32> { (0..rows * N).map(|i| ((i * salt) % 1000) as f32 / 1000.0 - 0.5).collect() };
-        let x = factory.upload_f32(&[rows, N], &values(7919))?;
-        let delta = factory.upload_f32(&[rows, N], &values(104_729))?;
-        let y = factory.zeros(&[rows, N], DType::F32)?;
-        let record = |reps: usize| -> weft::Result<Recording> {
-            let mut rec = Recording::new();
-            for _ in 0..reps {
-                add_rms_norm(ctx, &mut rec, &x, &delta, &weight, &y, 1e-5)?;
-            }
-            Ok(rec)
-        };
-        let seconds = median_seconds(ctx, record)?;
-        println!("{:<28} {:>10.1} us", format!("{rows} rows"), seconds * 1e6);
     }
     Ok(())
 }
@@ -185,22 +107,73 @@ fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
         let qkv = factory.upload_activations(&[n, layout.row_stride()], &vec![0.01; n * layout.row_stride()])?;
         let out = factory.zeros(&[n, 9 * 64], DType::F32)?;
         let partials = factory.zeros(&[n, attention_partials_cols(false, 9, 64)], DType::F32)?;
-        let record = |reps: usize| -> weft::Result<Recording> {
-            let mut rec = Recording::new();
-            for _ in 0..reps {
-                paged_attention(ctx, &mut rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125)?;
-            }
-            Ok(rec)
-        };
-        let seconds = median_seconds(ctx, record)?;
+        let seconds = median_seconds(ctx, |rec| {
+            paged_attention(ctx, rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125)
+        })?;
         println!("{label:<28} {:>10.1} us", seconds * 1e6);
     }
     Ok(())
 }
 
-/// The median time of one repetition of what `record` records, repeated in one submission for
-/// about TARGET_SECONDS.
-fn median_seconds(ctx: &GpuContext, record: impl Fn(usize) -> weft::Result<Recording>) -> weft::Result<f64> {
+/// The residual add and RMSNorm between two of the default model's layers (576 wide), as a
+/// step records it: 1 and 16 decoding sequences, a 128-token prefill.
+fn norm(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const N: usize = 576;
+    println!("\nadd_rms_norm, rows of {N}, median of {RUNS} runs, {}", clock(ctx));
+    let weight = factory.upload_f32(&[N], &vec![1.0; N])?;
+    for rows in [1, 16, 128] {
+        let values =
+            |salt: usize| -> Vec<f32> { (0..rows * N).map(|i| ((i * salt) % 1000) as f32 / 1000.0 - 0.5).collect() };
+        let x = factory.upload_f32(&[rows, N], &values(7919))?;
+        let delta = factory.upload_f32(&[rows, N], &values(104_729))?;
+        let y = factory.zeros(&[rows, N], DType::F32)?;
+        let seconds = median_seconds(ctx, |rec| add_rms_norm(ctx, rec, &x, &delta, &weight, &y, 1e-5))?;
+        println!("{:<28} {:>10.1} us", format!("{rows} rows"), seconds * 1e6);
+    }
+    Ok(())
+}
+
+/// The sampler over the default model's vocabulary: greedy, and at temperature 0.8 unfiltered
+/// and filtered (top-k and top-p are what llama.cpp's CLI applies by default).
+fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const VOCAB: usize = 49152;
+    println!("\nsample, vocabulary of {VOCAB}, median of {RUNS} runs, {}", clock(ctx));
+    let filtered = |top_k, top_p| SamplingParams { temperature: 0.8, top_k, top_p, ..Default::default() };
+    let cases = [
+        ("greedy", SamplingParams::greedy()),
+        ("t 0.8", filtered(0, 1.0)),
+        ("t 0.8, top-k 40", filtered(40, 1.0)),
+        ("t 0.8, top-p 0.95", filtered(0, 0.95)),
+        ("t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95)),
+    ];
+    for (label, params) in cases {
+        for rows in [1, 16] {
+            // Logits shaped like a model's: a few large, a long tail.
+            let logits: Vec<f32> = (0..rows * VOCAB)
+                .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 10.0 + ((i * 31) % 97 == 0) as u8 as f32 * 8.0)
+                .collect();
+            let settings: Vec<u32> =
+                (0..rows).flat_map(|r| settings_row(&params, (r as f32 + 0.5) / rows as f32)).collect();
+            let logits = factory.upload_f32(&[rows, VOCAB], &logits)?;
+            let settings = factory.upload_u32(&[rows, SETTINGS_PER_ROW], &settings)?;
+            let out = factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?;
+            let seconds = median_seconds(ctx, |rec| sample(ctx, rec, &logits, &settings, &out))?;
+            println!("{:<36} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
+        }
+    }
+    Ok(())
+}
+
+/// The median time of what `dispatch` records, recorded over and over into one submission that
+/// takes about TARGET_SECONDS.
+fn median_seconds(ctx: &GpuContext, dispatch: impl Fn(&mut Recording) -> weft::Result<()>) -> weft::Result<f64> {
+    let record = |reps: usize| -> weft::Result<Recording> {
+        let mut rec = Recording::new();
+        for _ in 0..reps {
+            dispatch(&mut rec)?;
+        }
+        Ok(rec)
+    };
     let once = time(ctx, &record(1)?)?; // also warms the pipeline
     let reps = ((TARGET_SECONDS / once.max(1e-6)) as usize).clamp(1, 200);
     let rec = record(reps)?;
