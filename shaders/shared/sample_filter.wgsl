@@ -126,14 +126,11 @@ fn bisect_pass(
             t[p] = 0.5 * (t[p - h] + t[p + h]);
         }
     }
-    // Per invocation, positions 8j+1 .. 8j+8 in (ta_j, tb_j), summed into (ca_j, cb_j), for
-    // j below POSITIONS / 8 (position POSITIONS, hi, rides along unused).
-#for j in 0..1
-    let ta{{j}} = vec4<f32>(t[8 * {{j}} + 1], t[8 * {{j}} + 2], t[8 * {{j}} + 3], t[8 * {{j}} + 4]);
-    let tb{{j}} = vec4<f32>(t[8 * {{j}} + 5], t[8 * {{j}} + 6], t[8 * {{j}} + 7], t[8 * {{j}} + 8]);
-    var ca{{j}} = vec4<f32>(0.0);
-    var cb{{j}} = vec4<f32>(0.0);
-#end
+    // Per invocation, the counts or masses at positions 1..4 and 5..8 (8 is hi, unused).
+    let ta = vec4<f32>(t[1], t[2], t[3], t[4]);
+    let tb = vec4<f32>(t[5], t[6], t[7], t[8]);
+    var ca = vec4<f32>(0.0);
+    var cb = vec4<f32>(0.0);
     for (var i = start; i < end; i++) {
         let s = entry_s(i, compacted, base, row_max, inv_t);
         // Counts stay below 2^24, so summing them in f32 is exact.
@@ -142,26 +139,11 @@ fn bisect_pass(
             w = exp(s);
         }
         let vs = vec4<f32>(s);
-        let vw = vec4<f32>(w);
-#for j in 0..1
-        ca{{j}} += select(vec4<f32>(0.0), vw, vs >= ta{{j}});
-        cb{{j}} += select(vec4<f32>(0.0), vw, vs >= tb{{j}});
-#end
+        ca += select(vec4<f32>(0.0), vec4<f32>(w), vs >= ta);
+        cb += select(vec4<f32>(0.0), vec4<f32>(w), vs >= tb);
     }
-    var total: array<f32, 9>;
-#for j in 0..1
-    {
-        let r = sum_all8(lid, ca{{j}}, cb{{j}});
-        total[8 * {{j}} + 1] = r[0].x;
-        total[8 * {{j}} + 2] = r[0].y;
-        total[8 * {{j}} + 3] = r[0].z;
-        total[8 * {{j}} + 4] = r[0].w;
-        total[8 * {{j}} + 5] = r[1].x;
-        total[8 * {{j}} + 6] = r[1].y;
-        total[8 * {{j}} + 7] = r[1].z;
-        total[8 * {{j}} + 8] = r[1].w;
-    }
-#end
+    let r = sum_all8(lid, ca, cb);
+    var total = array<f32, 9>(0.0, r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w);
     // The steps: from the middle position, up or down by half as far each time.
     var p = POSITIONS / 2u;
     var h = POSITIONS / 2u;
