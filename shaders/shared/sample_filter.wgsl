@@ -30,17 +30,9 @@ fn sum_all(lid: u32, v: f32) -> f32 {
     return sh_f[0];
 }
 
+// The largest v of the workgroup: group_floor's tree with every invocation in one set.
 fn max_all(lid: u32, v: f32) -> f32 {
-    workgroupBarrier();
-    sh_f[lid] = v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            sh_f[lid] = max(sh_f[lid], sh_f[lid + stride]);
-        }
-        workgroupBarrier();
-    }
-    return sh_f[0];
+    return group_floor(lid, v, 1u);
 }
 
 // Whether (va, ia) ranks above (vb, ib): larger value first, lower index on ties.
@@ -202,8 +194,9 @@ fn filter_threshold(
     var local_low = 0.0;
     var local_high = NEG_MAX;
     for (var i = first; i < last; i++) {
-        let s = (logits[base + i] - row_max) * inv_t;
-        if (logits[base + i] > MASKED) {
+        let logit = logits[base + i];
+        let s = (logit - row_max) * inv_t;
+        if (logit > MASKED) {
             local_low = min(local_low, s);
         }
         local_high = max(local_high, s);
