@@ -18,8 +18,9 @@ pub struct GpuOptions {
     /// Force a family of kernel variants instead of the adapter's own choice.
     pub kernels: Option<KernelFamily>,
     /// Threads a CPU driver spreads a dispatch's workgroups over, which the CPU family sizes
-    /// its matmul tiles for (default: llvmpipe's own count, `LP_NUM_THREADS` where set, else
-    /// the CPUs this process may run on). Tests set it to reach every tile.
+    /// its matmul tiles for (default: natively llvmpipe's own count, `LP_NUM_THREADS` where
+    /// set, else the CPUs this process may run on; in a browser unknown, see
+    /// [`CpuDriver::threads`]). Tests set it to reach every tile.
     pub cpu_threads: Option<usize>,
 }
 
@@ -31,10 +32,10 @@ pub enum KernelFamily {
     /// GPUs run.
     Baseline,
     /// For drivers that run on the CPU (lavapipe, SwiftShader): one SIMD group (8 or 16 lanes)
-    /// per workgroup, tiles unrolled into registers and sized for the driver's threads, and
-    /// natively weights in textures and matmul activations in uniform windows, which llvmpipe
-    /// loads vectorized where it loads storage buffers lane by lane (see
-    /// `GpuContext::reads_textures`).
+    /// per workgroup, tiles unrolled into registers and sized for the driver's threads (few and
+    /// small in a browser, which cannot count them), and natively weights in textures and
+    /// matmul activations in uniform windows, which llvmpipe loads vectorized where it loads
+    /// storage buffers lane by lane (see `GpuContext::reads_textures`).
     Cpu,
     /// GPUs with subgroups of one fixed size of at least 8 lanes: the baseline with matmuls
     /// whose subgroup lanes share each weight row (coalesced reads, joined by `subgroupAdd`).
@@ -139,7 +140,7 @@ pub struct GpuContext {
     max_binding_bytes: u64,
     pub(crate) pipelines: PipelineCache,
     family: KernelFamily,
-    cpu_threads: usize,
+    cpu_threads: Option<usize>,
     pub(crate) creations: CreationCounters,
     /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
     staged: AtomicU64,
@@ -229,6 +230,11 @@ impl GpuContext {
             )));
         }
         tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, kernels = family.name(), "GPU opened");
+        let cpu_threads = match options.cpu_threads {
+            Some(threads) => Some(threads.max(1)),
+            None if info.backend == wgpu::Backend::BrowserWebGpu => None,
+            None => Some(driver_threads()),
+        };
         Ok(Arc::new(GpuContext {
             device,
             queue,
@@ -238,7 +244,7 @@ impl GpuContext {
             max_binding_bytes,
             pipelines: PipelineCache::default(),
             family,
-            cpu_threads: options.cpu_threads.unwrap_or_else(driver_threads).max(1),
+            cpu_threads,
             creations: CreationCounters::default(),
             staged: AtomicU64::new(0),
             uncaptured,

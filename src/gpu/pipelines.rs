@@ -111,12 +111,19 @@ pub const MAX_QUERY_HEADS: u16 = 4;
 /// KV head over `tokens` query tokens. On CPU drivers the largest divisor of the group up to
 /// [`MAX_QUERY_HEADS`] (each lane gathers its K and V vec4s lane by lane there, and grouped
 /// heads share every gather), unless that leaves fewer than two workgroups per thread of the
-/// driver (a lone sequence's decode): then one, so every thread has heads to take. Elsewhere one.
+/// driver (a lone sequence's decode): then one, so every thread has heads to take; where the
+/// threads are unknown (a browser), as for one. Elsewhere one.
 /// Only those two counts, growing with `tokens`, so the shapes `GpuExecutor::warm_up` records
 /// compile every variant serving dispatches.
-pub fn attention_query_heads(kv_in: KvSource, heads: usize, group: usize, tokens: usize, threads: usize) -> u16 {
+pub fn attention_query_heads(
+    kv_in: KvSource,
+    heads: usize,
+    group: usize,
+    tokens: usize,
+    threads: Option<usize>,
+) -> u16 {
     let grouped = (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1);
-    let busy = heads / usize::from(grouped) * tokens >= 2 * threads;
+    let busy = heads / usize::from(grouped) * tokens >= 2 * threads.unwrap_or(1);
     if kv_in == KvSource::Texture && busy { grouped } else { 1 }
 }
 
@@ -292,7 +299,11 @@ const WORKGROUP_OVERHEAD_ROWS: usize = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuDriver {
     pub lanes: u16,
-    pub threads: usize,
+    /// `None` in a browser, whose CPU adapter (SwiftShader) runs workgroups on threads a page
+    /// cannot count, and compiles each matmul variant at load for 1 to 13 s (headless
+    /// Chromium, growing with the tile): there the tile takes one width per output class and
+    /// at most 4 rows of x ([`matmul_tile`]).
+    pub threads: Option<usize>,
 }
 
 /// The tile of `matmul` (the CPU family), (WG, TN, TM), for m rows of x, n outputs with
@@ -307,21 +318,32 @@ pub struct CpuDriver {
 ///   past the end) or 2 of 18 (one round, none wasted: 1.2-1.6x the GFLOP/s at 1 to 128 rows).
 ///   16 unless another width is at least 10% cheaper: where workgroups are plentiful the
 ///   widths tie and 16 is the one measured best.
+///
+/// In a browser (threads unknown) the tiles are fewer and smaller, because each costs seconds
+/// of SwiftShader's compiler at load: 16 weight rows per lane from 512 outputs, else 8, and TM
+/// at most 4. Against the fitted tiles there, the tiny test model loads in 14-18 s instead of
+/// 68-84 s and the default model in 33-38 s instead of 70-79 s; a lone sequence decodes as
+/// fast, prompts' prefill is about a quarter slower (bench/README.md, "The browser's load").
 pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, cpu: CpuDriver) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
+        _ if cpu.threads.is_none() => 4,
         _ => 8,
     };
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let g = epilogue.rows_per_output() as u16;
+    let Some(threads) = cpu.threads else {
+        let rows_per_lane = if n >= 512 { 16 } else { 8 };
+        return [cpu.lanes, rows_per_lane / g, tm];
+    };
     // Workgroups down a dispatch: one below 8 rows; from 8 as many as a window holds (or 8), not
     // as many as m makes, so that m picks the tile only through TM and a warm-up of one batch
     // size per TM (`GpuExecutor::warm_up`) compiles every tile serving dispatches.
     let groups_down = if tm == 8 { (window_rows.min(64) / 8).max(1) } else { 1 };
     let cost = |rows_per_lane: u16| {
         let groups = n.div_ceil(usize::from(cpu.lanes * (rows_per_lane / g))) * groups_down;
-        groups.div_ceil(cpu.threads.max(1)) * (usize::from(rows_per_lane) + WORKGROUP_OVERHEAD_ROWS)
+        groups.div_ceil(threads.max(1)) * (usize::from(rows_per_lane) + WORKGROUP_OVERHEAD_ROWS)
     };
     let best = CPU_ROWS_PER_LANE.into_iter().min_by_key(|&r| cost(r)).unwrap_or(16);
     let rows_per_lane = if cost(best) * 10 <= cost(16) * 9 { best } else { 16 };

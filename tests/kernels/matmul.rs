@@ -211,7 +211,9 @@ fn a_tall_matrix_matches_cpu_and_rows_do_not_depend_on_the_batch() {
 /// per lane where workgroups are plentiful (the default model's shapes, at 16 lanes).
 #[test]
 fn the_cpu_tile_fits_the_output_to_the_threads() {
-    let tile = |m, n, epilogue, threads| matmul_tile(m, n, usize::MAX, epilogue, CpuDriver { lanes: 16, threads });
+    let tile = |m, n, epilogue, threads| {
+        matmul_tile(m, n, usize::MAX, epilogue, CpuDriver { lanes: 16, threads: Some(threads) })
+    };
     let none = Epilogue::None;
     // Attention's output (576 wide): 2 workgroups of 18 rows on 2 threads, not 3 of 16;
     // 3 of 12 on 4; 5 of 8 on 16.
@@ -232,8 +234,24 @@ fn the_cpu_tile_fits_the_output_to_the_threads() {
         }
     }
     // A uniform window of 10 rows (k = 1536) takes 8 rows a dispatch: one workgroup down.
-    let windowed = matmul_tile(64, 576, 10, none, CpuDriver { lanes: 16, threads: 2 });
+    let windowed = matmul_tile(64, 576, 10, none, CpuDriver { lanes: 16, threads: Some(2) });
     assert_eq!(windowed, [16, 18, 8]);
+}
+
+/// In a browser (the driver's threads unknown) the CPU tile is one of few, each compiled at
+/// load: 16 weight rows per lane from 512 outputs, else 8, and at most 4 rows of x.
+#[test]
+fn the_browser_cpu_tile_is_one_of_few() {
+    let tile = |m, n, epilogue| matmul_tile(m, n, usize::MAX, epilogue, CpuDriver { lanes: 8, threads: None });
+    let none = Epilogue::None;
+    assert_eq!(tile(1, 576, none), [8, 16, 1]);
+    assert_eq!(tile(4, 576, none), [8, 16, 4]);
+    assert_eq!(tile(100, 576, none), [8, 16, 4]);
+    assert_eq!(tile(1, 192, none), [8, 8, 1]);
+    assert_eq!(tile(16, 64, none), [8, 8, 4]);
+    assert_eq!(tile(16, 1536, Epilogue::SiluMul), [8, 8, 4]);
+    assert_eq!(tile(1, 256, Epilogue::GeluMul), [8, 4, 1]);
+    assert_eq!(tile(1, 49152, none), [8, 16, 1]);
 }
 
 /// Every width of the CPU tile against the CPU, and bit-identical to every other: devices
