@@ -184,6 +184,11 @@ async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) 
   await waitState(page, 'ready', loadTimeout);
   const loadSeconds = (Date.now() - tLoad) / 1000;
   const cacheStatus = await page.textContent('#cache-status');
+  // The demo's model panel: "Kernels compiled" is what most of a CPU adapter's load went to.
+  const kernels = await page.$$eval('#model-info dt', (dts) => {
+    const dt = dts.find((d) => d.textContent === 'Kernels compiled');
+    return dt ? Number(dt.nextElementSibling.textContent.replace(/\D/g, '')) : NaN;
+  });
 
   const tRun = Date.now();
   await page.click('#run-all');
@@ -201,6 +206,7 @@ async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) 
   })));
   const aggregate = await page.$eval('#aggregate', (el) => ({ tps: Number(el.dataset.tokensPerSecond), tokens: Number(el.dataset.tokens), text: el.textContent }));
   const problems = [];
+  if (!(kernels > 0)) problems.push(`the model panel shows no "Kernels compiled" count (${kernels})`);
   panes.forEach((p, i) => {
     if (p.state !== 'done') problems.push(`pane ${i} ended ${show(p.state)}: ${p.error.slice(0, 2000)}`);
     else if (p.output !== spec.outputs[i]) problems.push(`pane ${i} (${show(spec.prompts[i])}): browser ${show(p.output)} != native ${show(spec.outputs[i])}`);
@@ -250,7 +256,7 @@ async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) 
 
   const batchTps = batch.error ? NaN : batch.tokens / batch.seconds;
   const soloTps = solo.error ? NaN : solo.tokens / solo.seconds;
-  const line = `load ${loadSeconds.toFixed(1)} s; page, 4 panes: ${aggregate.tps.toFixed(2)} tokens/s aggregate ` +
+  const line = `load ${loadSeconds.toFixed(1)} s (${kernels} kernels compiled); page, 4 panes: ${aggregate.tps.toFixed(2)} tokens/s aggregate ` +
     `(${aggregate.tokens} tokens, run ${runSeconds.toFixed(1)} s; panes ${panes.map((p) => p.tps.toFixed(2)).join(', ')} tokens/s); ` +
     `then the same prompts through the API (prefix-cached): 1 alone ${soloTps.toFixed(2)} tokens/s (${solo.tokens} tokens in ${solo.seconds?.toFixed(1)} s), ` +
     `4 at once ${batchTps.toFixed(2)} tokens/s (${batch.tokens} tokens in ${batch.seconds?.toFixed(1)} s); ` +

@@ -226,6 +226,9 @@ impl WebEngine {
             .map_err(js)?;
         model["hasChatTemplate"] = json!(engine.tokenizer().chat_template().is_some());
         model["maxModelLen"] = json!(engine.config().max_model_len);
+        // What loading compiled: on a CPU adapter (SwiftShader) each kernel takes seconds, so
+        // this count is most of the load's time there.
+        model["kernels"] = json!(ctx.creations().pipelines);
         engine.start_loop().map_err(js)?;
         Ok(WebEngine { engine, ctx, model, live: Rc::default() })
     }

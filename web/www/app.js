@@ -187,6 +187,7 @@ function renderModel(m, bytes) {
     ['Vocabulary', num(m.vocab)],
     ['Context length', num(m.contextLength)],
     ['File size', bytes ? `${mb(bytes)} MB` : undefined],
+    ['Kernels compiled', num(m.kernels)],
     ['Chat template', m.hasChatTemplate ? '<span class="yes">yes</span> <span class="muted">— chat completions</span>' : '<span class="no">no</span> <span class="muted">— text completions</span>', true],
   ]);
 }

@@ -78,7 +78,9 @@
  *   - `abort(id)` → boolean: aborts a running request by id (true if it was running).
  *   - `adapterInfo()`: {name, vendor, device, backend, driver, driverInfo, shaderF16, subgroups,
  *     subgroupMinSize, subgroupMaxSize, timestampQuery, limits: {…}}.
- *   - `modelInfo()`: {name, architecture, layers, hidden, vocab, contextLength, hasChatTemplate}.
+ *   - `modelInfo()`: {name, architecture, layers, hidden, vocab, contextLength, hasChatTemplate,
+ *     maxModelLen, kernels}: `kernels` counts the GPU kernels loading compiled (on a CPU adapter
+ *     such as SwiftShader each takes seconds, most of the load).
  *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
  *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages.
  *   - `dispose()` → Promise: terminates the worker and frees the GPU; pending requests end with an error.
