@@ -322,20 +322,20 @@ pub struct CpuDriver {
 /// In a browser (threads unknown) the tiles are fewer and smaller, because each costs seconds
 /// of SwiftShader's compiler at load: 16 weight rows per lane from 512 outputs, else 8, and TM
 /// at most 4. Against the fitted tiles there, the tiny test model loads in 14-18 s instead of
-/// 68-84 s and the default model in 33-38 s instead of 70-79 s; a lone sequence decodes as
-/// fast, prompts' prefill is about a quarter slower (bench/README.md, "The browser's load").
+/// 68-84 s and the default model in 32-38 s instead of 60-79 s; a lone sequence decodes as
+/// fast, but prefill loses the 8-row tile: the default model's demo page runs about a quarter
+/// slower, a 0.5B model's first prompt up to 1.9x (bench/README.md, "The browser's load").
 pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, cpu: CpuDriver) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
         3..=7 => 4,
-        _ if cpu.threads.is_none() => 4,
         _ => 8,
     };
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let g = epilogue.rows_per_output() as u16;
     let Some(threads) = cpu.threads else {
         let rows_per_lane = if n >= 512 { 16 } else { 8 };
-        return [cpu.lanes, rows_per_lane / g, tm];
+        return [cpu.lanes, rows_per_lane / g, tm.min(4)];
     };
     // Workgroups down a dispatch: one below 8 rows; from 8 as many as a window holds (or 8), not
     // as many as m makes, so that m picks the tile only through TM and a warm-up of one batch
