@@ -290,6 +290,11 @@ pub(crate) const CPU_LANES: [u16; 2] = [8, 16];
 /// output into as many workgroups as the driver has threads.
 pub(crate) const CPU_ROWS_PER_LANE: [u16; 4] = [8, 12, 16, 18];
 
+/// Weight rows a lane of the CPU family's matmul owns in a browser (threads unknown), whatever
+/// the output's width: SwiftShader compiles a tile of 8 in about half the time of one of 16,
+/// and runs it as fast.
+const BROWSER_ROWS_PER_LANE: u16 = 8;
+
 /// A workgroup's cost beyond its weight rows (loading its rows of x, its loop), in weight
 /// rows, as [`matmul_tile`] weighs tiles.
 const WORKGROUP_OVERHEAD_ROWS: usize = 4;
@@ -301,8 +306,8 @@ pub struct CpuDriver {
     pub lanes: u16,
     /// `None` in a browser, whose CPU adapter (SwiftShader) runs workgroups on threads a page
     /// cannot count, and compiles each matmul variant at load for 1 to 13 s (headless
-    /// Chromium, growing with the tile): there the tile takes one width per output class and
-    /// at most 4 rows of x ([`matmul_tile`]).
+    /// Chromium, growing with the tile): there the tile takes one width and at most 4 rows of x
+    /// ([`matmul_tile`]).
     pub threads: Option<usize>,
 }
 
@@ -319,12 +324,13 @@ pub struct CpuDriver {
 ///   16 unless another width is at least 10% cheaper: where workgroups are plentiful the
 ///   widths tie and 16 is the one measured best.
 ///
-/// In a browser (threads unknown) the tiles are fewer and smaller, because each costs seconds
-/// of SwiftShader's compiler at load: 16 weight rows per lane from 512 outputs, else 8, and TM
-/// at most 4. Against the fitted tiles there, the tiny test model loads in 14-18 s instead of
-/// 68-84 s and the default model in 32-38 s instead of 60-79 s; a lone sequence decodes as
-/// fast, but prefill loses the 8-row tile: the default model's demo page runs about a quarter
-/// slower, a 0.5B model's first prompt up to 1.9x (bench/README.md, "The browser's load").
+/// In a browser (threads unknown) the tiles are few and small, because each costs seconds of
+/// SwiftShader's compiler at load: 8 weight rows per lane at every width and TM at most 4, so
+/// a model compiles two tiles (TM 1 and 4) per weight format and epilogue. Against the fitted
+/// tiles there, the default model loaded in half the time and its demo page's prefill ran
+/// about a quarter slower (the 8-row tile is gone); one width instead of 16 weight rows from
+/// 512 outputs halved the load again (Qwen2.5-Coder 0.5B: 43-64 s to 22-28 s) at the same
+/// speed (bench/README.md, "The browser's load").
 pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, cpu: CpuDriver) -> [u16; 3] {
     let tm: u16 = match m {
         0..=2 => 1,
@@ -334,8 +340,7 @@ pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, c
     let tm = [8, 4, 1].into_iter().find(|&t| t <= tm && usize::from(t) <= window_rows).unwrap_or(1);
     let g = epilogue.rows_per_output() as u16;
     let Some(threads) = cpu.threads else {
-        let rows_per_lane = if n >= 512 { 16 } else { 8 };
-        return [cpu.lanes, rows_per_lane / g, tm.min(4)];
+        return [cpu.lanes, BROWSER_ROWS_PER_LANE / g, tm.min(4)];
     };
     // Workgroups down a dispatch: one below 8 rows; from 8 as many as a window holds (or 8), not
     // as many as m makes, so that m picks the tile only through TM and a warm-up of one batch

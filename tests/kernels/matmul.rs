@@ -239,19 +239,20 @@ fn the_cpu_tile_fits_the_output_to_the_threads() {
 }
 
 /// In a browser (the driver's threads unknown) the CPU tile is one of few, each compiled at
-/// load: 16 weight rows per lane from 512 outputs, else 8, and at most 4 rows of x.
+/// load: 8 weight rows per lane at every width (4 outputs of 2 rows, gated), at most 4 rows of x.
 #[test]
 fn the_browser_cpu_tile_is_one_of_few() {
     let tile = |m, n, epilogue| matmul_tile(m, n, usize::MAX, epilogue, CpuDriver { lanes: 8, threads: None });
     let none = Epilogue::None;
-    assert_eq!(tile(1, 576, none), [8, 16, 1]);
-    assert_eq!(tile(4, 576, none), [8, 16, 4]);
-    assert_eq!(tile(100, 576, none), [8, 16, 4]);
+    assert_eq!(tile(1, 576, none), [8, 8, 1]);
+    assert_eq!(tile(4, 576, none), [8, 8, 4]);
+    assert_eq!(tile(100, 576, none), [8, 8, 4]);
     assert_eq!(tile(1, 192, none), [8, 8, 1]);
     assert_eq!(tile(16, 64, none), [8, 8, 4]);
-    assert_eq!(tile(16, 1536, Epilogue::SiluMul), [8, 8, 4]);
+    assert_eq!(tile(16, 1536, Epilogue::SiluMul), [8, 4, 4]);
     assert_eq!(tile(1, 256, Epilogue::GeluMul), [8, 4, 1]);
-    assert_eq!(tile(1, 49152, none), [8, 16, 1]);
+    assert_eq!(tile(1, 49152, none), [8, 8, 1]);
+    assert_eq!(tile(1, 49152, none), tile(1, 64, none), "one width whatever the output's");
 }
 
 /// Every width of the CPU tile against the CPU, and bit-identical to every other: devices

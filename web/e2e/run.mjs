@@ -177,6 +177,14 @@ function demoUrl(base, spec) {
  * native output, then time one request alone through window.weftDemo.engine. Throws when the page
  * never gets there; returns the page and the list of mismatches (`problems`) otherwise.
  */
+// The demo's model panel: "Kernels compiled" is what most of a CPU adapter's load went to.
+async function kernelsCompiled(page) {
+  return page.$$eval('#model-info dt', (dts) => {
+    const dt = dts.find((d) => d.textContent === 'Kernels compiled');
+    return dt ? Number(dt.nextElementSibling.textContent.replace(/\D/g, '')) : NaN;
+  });
+}
+
 async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) {
   const { page, errors } = await newPage(context, label);
   const tLoad = Date.now();
@@ -184,11 +192,7 @@ async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) 
   await waitState(page, 'ready', loadTimeout);
   const loadSeconds = (Date.now() - tLoad) / 1000;
   const cacheStatus = await page.textContent('#cache-status');
-  // The demo's model panel: "Kernels compiled" is what most of a CPU adapter's load went to.
-  const kernels = await page.$$eval('#model-info dt', (dts) => {
-    const dt = dts.find((d) => d.textContent === 'Kernels compiled');
-    return dt ? Number(dt.nextElementSibling.textContent.replace(/\D/g, '')) : NaN;
-  });
+  const kernels = await kernelsCompiled(page);
 
   const tRun = Date.now();
   await page.click('#run-all');
@@ -448,6 +452,8 @@ async function main() {
         const loadSeconds = (Date.now() - t0) / 1000;
         const info = await page.textContent('#model-info');
         check(info.includes(file), `#model-info does not name the picked file: ${show(info)}`);
+        const kernels = await kernelsCompiled(page);
+        check(kernels > 0, `the model panel shows no "Kernels compiled" count (${kernels})`);
         const t1 = Date.now();
         const texts = await page.evaluate(({ prompts, maxTokens, chat }) => Promise.all(prompts.map((prompt) => chat
           ? window.weftDemo.engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0 })
@@ -459,7 +465,7 @@ async function main() {
         check(problems.length === 0, problems.join('\n'));
         check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
         await context.close();
-        return `load ${loadSeconds.toFixed(1)} s; ${texts.length} prompt(s) at once, ${spec.maxTokens} tokens each, in ${runSeconds.toFixed(1)} s: ${texts.map(show).join(', ')}`;
+        return `load ${loadSeconds.toFixed(1)} s (${kernels} kernels compiled); ${texts.length} prompt(s) at once, ${spec.maxTokens} tokens each, in ${runSeconds.toFixed(1)} s: ${texts.map(show).join(', ')}`;
       });
     }
   } finally {
