@@ -172,11 +172,6 @@ function demoUrl(base, spec) {
   return `${base}/index.html?${q}`;
 }
 
-/**
- * Load the demo with `spec`'s model and prompts, click "Generate all", compare every pane with the
- * native output, then time one request alone through window.weftDemo.engine. Throws when the page
- * never gets there; returns the page and the list of mismatches (`problems`) otherwise.
- */
 // The demo's model panel: "Kernels compiled" is what most of a CPU adapter's load went to.
 async function kernelsCompiled(page) {
   return page.$$eval('#model-info dt', (dts) => {
@@ -185,6 +180,11 @@ async function kernelsCompiled(page) {
   });
 }
 
+/**
+ * Load the demo with `spec`'s model and prompts, click "Generate all", compare every pane with the
+ * native output, then time one request alone through window.weftDemo.engine. Throws when the page
+ * never gets there; returns the page and the list of mismatches (`problems`) otherwise.
+ */
 async function demoRun(context, base, spec, { loadTimeout, runTimeout, label }) {
   const { page, errors } = await newPage(context, label);
   const tLoad = Date.now();
