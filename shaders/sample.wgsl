@@ -26,6 +26,7 @@ struct Params {
 const MAX_TOP: u32 = 20u;
 const OUT_STRIDE: u32 = 42u; // 2 + 2 * MAX_TOP
 const SETTINGS: u32 = 8u;
+const NONE: u32 = 0xffffffffu;
 
 #include shared/sample_filter.wgsl
 
@@ -61,10 +62,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let log_z = log(sum_all(lid, local_sum));
 
-    var token = 0u;
-    if (temperature <= 0.0) {
-        token = argmax_below(lid, base, first, last, POS_MAX, 0u);
-    } else {
+    // NONE until a draw picks a token: a greedy row, or a draw whose goal rounding left past
+    // the last kept token, takes the argmax (below).
+    var token = NONE;
+    if (temperature > 0.0) {
         let inv_t = 1.0 / temperature;
         let tau = filter_threshold(lid, base, first, last, vocab, row_max, inv_t, top_k, top_p, min_p);
 
@@ -93,10 +94,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         // The invocation whose slice holds the goal walks it; rounding can leave the goal
         // past the last kept token, which then wins (the invocation holding it sees no winner).
-        sh_u[lid] = 0xffffffffu;
+        sh_u[lid] = NONE;
         if (goal >= start && (goal < start + kept || lid == WG - 1u)) {
             var running = start;
-            var last_kept = 0xffffffffu;
+            var last_kept = NONE;
             for (var i = first; i < last; i++) {
                 let s = (logits[base + i] - row_max) * inv_t;
                 if (s >= tau) {
@@ -111,9 +112,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         if (lid == 0u) {
-            var pick = 0xffffffffu;
+            var pick = NONE;
             for (var j = 0u; j < WG; j++) {
-                if (sh_u[j] != 0xffffffffu) {
+                if (sh_u[j] != NONE) {
                     pick = sh_u[j];
                     break;
                 }
@@ -121,25 +122,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             sh_u[0] = pick;
         }
         token = workgroupUniformLoad(&sh_u[0]);
-        if (token == 0xffffffffu) {
-            token = argmax_below(lid, base, first, last, POS_MAX, 0u);
-        }
     }
 
+    // The argmax is the first of the top-n alternatives, so one ranking scan serves both (a
+    // single call of argmax_below: shaders inline each call, and SwiftShader compiles every
+    // copy again).
     let o = row * OUT_STRIDE;
-    if (lid == 0u) {
-        out[o] = token;
-        out[o + 1u] = bitcast<u32>(logits[base + token] - row_max - log_z);
-    }
+    let ranks = max(top_n, select(0u, 1u, token == NONE));
     var cap_v = POS_MAX;
     var cap_i = 0u;
-    for (var n = 0u; n < top_n; n++) {
+    for (var n = 0u; n < ranks; n++) {
         let best = argmax_below(lid, base, first, last, cap_v, cap_i);
         cap_v = logits[base + best];
         cap_i = best;
-        if (lid == 0u) {
+        if (n == 0u && token == NONE) {
+            token = best;
+        }
+        if (lid == 0u && n < top_n) {
             out[o + 2u + 2u * n] = best;
             out[o + 3u + 2u * n] = bitcast<u32>(cap_v - row_max - log_z);
         }
+    }
+    if (lid == 0u) {
+        out[o] = token;
+        out[o + 1u] = bitcast<u32>(logits[base + token] - row_max - log_z);
     }
 }

@@ -201,10 +201,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let accepted = workgroupUniformLoad(&sh_u[0]) == 1u;
     var token = drafted;
     if (!accepted) {
-        token = draw(lid, first, last, ur, true);
-        if (token == NONE) {
-            // No residual mass left (p and q agree to rounding): p itself is the residual.
-            token = draw(lid, first, last, ur, false);
+        // From the residual, or where none is left (p and q agree to rounding) from p itself:
+        // one call of draw, which shaders inline (SwiftShader compiles every copy again).
+        token = NONE;
+        for (var attempt = 0u; attempt < 2u && token == NONE; attempt++) {
+            token = draw(lid, first, last, ur, attempt == 0u);
         }
     }
     if (lid == 0u) {

@@ -30,9 +30,9 @@ fn sum_all(lid: u32, v: f32) -> f32 {
     return sh_f[0];
 }
 
-// The largest v of the workgroup: group_floor's tree with every invocation in one set.
+// The largest v of the workgroup: group_floors' tree with every invocation in one set.
 fn max_all(lid: u32, v: f32) -> f32 {
-    return group_floor(lid, v, 1u);
+    return group_floors(lid, vec4<f32>(v), vec4<u32>(1u)).x;
 }
 
 // Whether (va, ia) ranks above (vb, ib): larger value first, lower index on ties.
@@ -73,7 +73,7 @@ fn argmax_below(lid: u32, base: u32, first: u32, last: u32, cap_v: f32, cap_i: u
 // each computed as the step reaching it computes it, and then takes the 3 steps: the same τ as
 // one step a pass, in a third of the passes over the row. BISECT_STEPS is a multiple. (Five
 // steps a pass, 31 thresholds, made a pass 2.6x dearer on llvmpipe, for a fifth of the passes.)
-const STEPS_PER_PASS: u32 = 3u;
+const STEPS_PER_PASS: u32 = 3u; // bisect_pass writes its 7 midpoints out for 3
 const POSITIONS: u32 = 8u; // 2^STEPS_PER_PASS
 
 var<workgroup> sh_a: array<vec4<f32>, WG>;
@@ -108,19 +108,17 @@ fn bisect_pass(
     lid: u32, base: u32, start: u32, end: u32, compacted: bool, row_max: f32, inv_t: f32,
     lo: ptr<function, f32>, hi: ptr<function, f32>, mass: bool, goal: f32,
 ) {
-    // t[p] = 0.5 · (t[p - h] + t[p + h]), h the lowest set bit of p: the midpoint of the
-    // interval a bisection has narrowed to when it tests position p.
-    var t: array<f32, 9>;
-    t[0] = *lo;
-    t[POSITIONS] = *hi;
-    for (var h = POSITIONS / 2u; h > 0u; h >>= 1u) {
-        for (var p = h; p < POSITIONS; p += 2u * h) {
-            t[p] = 0.5 * (t[p - h] + t[p + h]);
-        }
-    }
+    // t_p = 0.5 · (t_(p - h) + t_(p + h)), h the lowest set bit of p: the midpoint of the
+    // interval a bisection has narrowed to when it tests position p. Named values, not a
+    // private array indexed in loops, which CPU drivers keep in memory.
+    let t0 = *lo;
+    let t8 = *hi;
+    let t4 = 0.5 * (t0 + t8);
+    let t2 = 0.5 * (t0 + t4);
+    let t6 = 0.5 * (t4 + t8);
     // Per invocation, the counts or masses at positions 1..4 and 5..8 (8 is hi, unused).
-    let ta = vec4<f32>(t[1], t[2], t[3], t[4]);
-    let tb = vec4<f32>(t[5], t[6], t[7], t[8]);
+    let ta = vec4<f32>(0.5 * (t0 + t2), t2, 0.5 * (t2 + t4), t4);
+    let tb = vec4<f32>(0.5 * (t4 + t6), t6, 0.5 * (t6 + t8), t8);
     var ca = vec4<f32>(0.0);
     var cb = vec4<f32>(0.0);
     for (var i = start; i < end; i++) {
@@ -135,17 +133,18 @@ fn bisect_pass(
         cb += select(vec4<f32>(0.0), vec4<f32>(w), vs >= tb);
     }
     let r = sum_all8(lid, ca, cb);
-    var total = array<f32, 9>(0.0, r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w);
     // The steps: from the middle position, up or down by half as far each time.
     var p = POSITIONS / 2u;
     var h = POSITIONS / 2u;
     for (var level = 0u; level < STEPS_PER_PASS; level++) {
         h >>= 1u;
-        if (total[p] >= goal) {
-            *lo = t[p];
+        let i = (p - 1u) & 3u;
+        let in_a = p <= 4u;
+        if (select(r[1][i], r[0][i], in_a) >= goal) {
+            *lo = select(tb[i], ta[i], in_a);
             p += h;
         } else {
-            *hi = t[p];
+            *hi = select(tb[i], ta[i], in_a);
             p -= h;
         }
     }
@@ -159,24 +158,24 @@ fn entry_s(i: u32, compacted: bool, base: u32, row_max: f32, inv_t: f32) -> f32 
     return (logits[base + i] - row_max) * inv_t;
 }
 
-// The largest of v within each of `groups` sets of invocations (invocation l in set
-// l % groups), then the least of those: at least `groups` invocations hold a value at or above
-// it. `groups` is a power of two up to WG.
-fn group_floor(lid: u32, v: f32, groups: u32) -> f32 {
+// Per component c: the largest of v[c] within each of groups[c] sets of invocations
+// (invocation l in set l % groups[c]), then the least of those: at least groups[c]
+// invocations hold a value at or above it. Each groups[c] is a power of two up to WG. Four
+// floors in one tree: shaders inline each call, and a browser's SwiftShader compiles every
+// inlined tree again.
+fn group_floors(lid: u32, v: vec4<f32>, groups: vec4<u32>) -> vec4<f32> {
     workgroupBarrier();
-    sh_f[lid] = v;
+    sh_a[lid] = v;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
         if (lid < stride) {
-            if (stride >= groups) {
-                sh_f[lid] = max(sh_f[lid], sh_f[lid + stride]);
-            } else {
-                sh_f[lid] = min(sh_f[lid], sh_f[lid + stride]);
-            }
+            let a = sh_a[lid];
+            let b = sh_a[lid + stride];
+            sh_a[lid] = select(min(a, b), max(a, b), vec4<u32>(stride) >= groups);
         }
         workgroupBarrier();
     }
-    return sh_f[0];
+    return sh_a[0];
 }
 
 // The filter threshold τ of the row at `base` (largest logit row_max): the kept tokens are
@@ -201,8 +200,15 @@ fn filter_threshold(
         }
         local_high = max(local_high, s);
     }
-    let lowest = -max_all(lid, -local_low);
     let top_k_on = top_k > 0u && top_k < vocab;
+    // Sets for top-k's floor (below): the least power of two at or above k, where k <= WG.
+    var k_groups = 1u;
+    while (k_groups < top_k && k_groups < WG) {
+        k_groups <<= 1u;
+    }
+    // The lowest s, and the three floors the filters below may take, in one tree.
+    let floors = group_floors(lid, vec4<f32>(-local_low, local_high, local_high, local_high), vec4<u32>(1u, k_groups, 64u, WG));
+    let lowest = -floors.x;
     if (!top_k_on && top_p >= 1.0) {
         return select(lowest, max(lowest, log(min_p)), min_p > 0.0);
     }
@@ -216,14 +222,10 @@ fn filter_threshold(
     var floor = lowest;
     var floor_wide = lowest;
     if (top_k_on && top_k <= WG) {
-        var groups = 1u;
-        while (groups < top_k) {
-            groups <<= 1u;
-        }
-        floor = max(lowest, group_floor(lid, local_high, groups));
+        floor = max(lowest, floors.y);
     } else if (!top_k_on) {
-        floor = max(lowest, group_floor(lid, local_high, 64u));
-        floor_wide = max(lowest, group_floor(lid, local_high, WG));
+        floor = max(lowest, floors.z);
+        floor_wide = max(lowest, floors.w);
     }
     var above = 0u;
     var above_wide = 0u;
@@ -246,12 +248,11 @@ fn filter_threshold(
     // Top-p alone: the mass to keep, over every token (τ is `lowest`).
     var need = 0.0;
     if (!top_k_on) {
-        need = top_p * sum_all(lid, mass);
-        // Every sum first: each has barriers, which a short-circuit would put under a branch.
-        let held = sum_all(lid, mass_above) >= need;
-        let wide_mass = sum_all(lid, mass_wide);
-        let wide_count = sum_all(lid, f32(above_wide));
-        let held_wide = wide_mass >= need && wide_count <= f32(KEPT_CAP);
+        // The four sums in one tree (each component in sum_all's order).
+        let sums = sum_all8(lid, vec4<f32>(mass, mass_above, mass_wide, f32(above_wide)), vec4<f32>(0.0))[0];
+        need = top_p * sums.x;
+        let held = sums.y >= need;
+        let held_wide = sums.z >= need && sums.w <= f32(KEPT_CAP);
         if (!held && held_wide) {
             floor = floor_wide;
             above = above_wide;
@@ -288,32 +289,34 @@ fn filter_threshold(
             }
         }
     }
+    // Top-k's bisection (a count), then top-p's (a mass) over what top-k kept, from one call
+    // of bisect_pass: shaders inline each call, and SwiftShader took ~0.9 s to compile a copy.
     var tau = lowest;
-    if (top_k_on) {
-        // Invariant: count(s >= lo) >= k; hi fails it (or is above every s).
-        var lo = lowest;
-        var hi = 1.0;
-        for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
-            bisect_pass(lid, base, start, end, compacted, row_max, inv_t, &lo, &hi, false, f32(top_k));
+    for (var phase = 0u; phase < 2u; phase++) {
+        let by_mass = phase == 1u;
+        if ((!by_mass && !top_k_on) || (by_mass && top_p >= 1.0)) {
+            continue;
         }
-        tau = lo;
-    }
-    if (top_p < 1.0) {
-        if (top_k_on) {
-            var kept_mass = 0.0;
-            for (var i = start; i < end; i++) {
-                let s = entry_s(i, compacted, base, row_max, inv_t);
-                if (s >= tau) {
-                    kept_mass += exp(s);
+        var goal = f32(top_k);
+        if (by_mass) {
+            if (top_k_on) {
+                var kept_mass = 0.0;
+                for (var i = start; i < end; i++) {
+                    let s = entry_s(i, compacted, base, row_max, inv_t);
+                    if (s >= tau) {
+                        kept_mass += exp(s);
+                    }
                 }
+                need = top_p * sum_all(lid, kept_mass);
             }
-            need = top_p * sum_all(lid, kept_mass);
+            goal = need;
         }
-        // Invariant: the mass at or above lo is >= need.
+        // Invariant: the count (or mass) at or above lo reaches the goal; hi fails it (or is
+        // above every s).
         var lo = tau;
         var hi = 1.0;
         for (var round = 0u; round < BISECT_STEPS / STEPS_PER_PASS; round++) {
-            bisect_pass(lid, base, start, end, compacted, row_max, inv_t, &lo, &hi, true, need);
+            bisect_pass(lid, base, start, end, compacted, row_max, inv_t, &lo, &hi, by_mass, goal);
         }
         tau = lo;
     }
