@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // sample: pick each row's next token from its logits — greedy, or temperature with top-k,
 // top-p and min-p filtering driven by a uniform random number drawn on the CPU — and report the
-// chosen token's log-probability and the row's top-n log-probabilities (of the raw logits).
+// chosen token's log-probability and the row's top-n log-probabilities (of the raw logits)
+// when it asks for top_n > 0 (the engine's `top_logprobs`); without, the logprob is 0.
 //
 // Bindings (group 0)
 //   0 params    uniform     Params                 mirrors gpu::kernels::sample::Params
@@ -51,16 +52,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let u = bitcast<f32>(settings[cfg + 4u]);
     let top_n = min(settings[cfg + 5u], MAX_TOP);
 
-    var local_max = NEG_MAX;
-    for (var i = first; i < last; i++) {
-        local_max = max(local_max, logits[base + i]);
+    // The row's max is where a draw's s starts and log-softmax's shift; its log-sum-exp only
+    // log-probabilities need, and a greedy row that reports none needs neither (its argmax
+    // below is a pass of its own).
+    let logprobs = top_n > 0u;
+    var row_max = 0.0;
+    if (temperature > 0.0 || logprobs) {
+        var local_max = NEG_MAX;
+        for (var i = first; i < last; i++) {
+            local_max = max(local_max, logits[base + i]);
+        }
+        row_max = max_all(lid, local_max);
     }
-    let row_max = max_all(lid, local_max);
-    var local_sum = 0.0;
-    for (var i = first; i < last; i++) {
-        local_sum += exp(logits[base + i] - row_max);
+    var log_z = 0.0;
+    if (logprobs) {
+        var local_sum = 0.0;
+        for (var i = first; i < last; i++) {
+            local_sum += exp(logits[base + i] - row_max);
+        }
+        log_z = log(sum_all(lid, local_sum));
     }
-    let log_z = log(sum_all(lid, local_sum));
 
     // NONE until a draw picks a token: a greedy row, or a draw whose goal rounding left past
     // the last kept token, takes the argmax (below).
@@ -145,6 +156,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     if (lid == 0u) {
         out[o] = token;
-        out[o + 1u] = bitcast<u32>(logits[base + token] - row_max - log_z);
+        out[o + 1u] = bitcast<u32>(select(0.0, logits[base + token] - row_max - log_z, logprobs));
     }
 }

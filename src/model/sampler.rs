@@ -42,7 +42,8 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
     debug_assert_eq!(row.len(), OUT_PER_ROW);
     Sampled {
         token: row[0],
-        logprob: f32::from_bits(row[1]),
+        // The sampler works out the log-sum-exp only for rows that asked for log-probabilities.
+        logprob: if top_logprobs > 0 { f32::from_bits(row[1]) } else { 0.0 },
         top_logprobs: (0..top_logprobs.min(MAX_TOP_LOGPROBS))
             .map(|n| (row[2 + 2 * n], f32::from_bits(row[3 + 2 * n])))
             // Tokens a mask forbade are not alternatives (rows with fewer allowed tokens than

@@ -4,7 +4,8 @@
 //! Thresholds are exact on the CPU and found by bisection on the GPU, and the running sums are
 //! f32 there; so a draw `u` within 1e-4 of a token boundary may legitimately land on the
 //! neighbour. Such draws are counted, not failed; everything else must pick the same token.
-//! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute.
+//! Log-probabilities: f32 log-sum-exp over the vocabulary, within 1e-4 absolute, for rows that
+//! ask for them (top_logprobs > 0); the others report 0.
 //! The bisections run over the tokens at or above a floor, gathered in workgroup memory, where
 //! they fit (top-k up to 256, top-p alone where the largest tokens hold its mass, or a
 //! 1000-token vocabulary), and over the whole row where they do not (top-k 300, or top-p 0.99
@@ -30,6 +31,7 @@ fn cases() -> Vec<SamplingParams> {
     };
     vec![
         p(0.0, 0, 1.0, 0.0, 5),
+        p(0.0, 0, 1.0, 0.0, 0),
         p(1.0, 0, 1.0, 0.0, 0),
         p(0.7, 40, 1.0, 0.0, 3),
         p(1.0, 0, 0.9, 0.0, 0),
@@ -72,7 +74,11 @@ fn sampling_matches_cpu() {
                 near_boundary += 1;
             }
             let lsm = weft::cpu::log_softmax(l);
-            assert!((f64::from(s.logprob) - lsm[s.token as usize]).abs() < 1e-4, "logprob of row {r}");
+            if p.top_logprobs > 0 {
+                assert!((f64::from(s.logprob) - lsm[s.token as usize]).abs() < 1e-4, "logprob of row {r}");
+            } else {
+                assert_eq!(got[r * OUT_PER_ROW + 1], 0, "row {r} asked for no logprob, so none is worked out");
+            }
             let mut order: Vec<usize> = (0..vocab).collect();
             order.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
             for (n, &(id, lp)) in s.top_logprobs.iter().enumerate() {
