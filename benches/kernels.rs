@@ -20,9 +20,10 @@ use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::kernels::reduce::add_rms_norm;
 use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
+use weft::gpu::kernels::spec_sample::{SPEC_PER_ROW, spec_sample};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
-use weft::model::sampler::settings_row;
-use weft::sampling::SamplingParams;
+use weft::model::sampler::{settings_row, spec_row};
+use weft::sampling::{DraftRow, SamplingParams};
 use weft::tensor::TensorFactory;
 
 const MS: [usize; 3] = [1, 16, 64];
@@ -134,7 +135,9 @@ fn norm(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
 }
 
 /// The sampler over the default model's vocabulary: greedy, and at temperature 0.8 unfiltered
-/// and filtered (top-k and top-p are what llama.cpp's CLI applies by default).
+/// and filtered (top-k and top-p are what llama.cpp's CLI applies by default); then the
+/// speculative rule's rows at the filtered setting: a draft's row keeping its distribution, a
+/// target's row verifying a drafted token.
 fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     const VOCAB: usize = 49152;
     println!("\nsample, vocabulary of {VOCAB}, median of {RUNS} runs, {}", clock(ctx));
@@ -148,20 +151,54 @@ fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     ];
     for (label, params) in cases {
         for rows in [1, 16] {
-            // Logits shaped like a model's: a few large, a long tail.
-            let logits: Vec<f32> = (0..rows * VOCAB)
-                .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 10.0 + ((i * 31) % 97 == 0) as u8 as f32 * 8.0)
-                .collect();
+            let logits = model_like_logits(rows * VOCAB);
             let settings: Vec<u32> =
                 (0..rows).flat_map(|r| settings_row(&params, (r as f32 + 0.5) / rows as f32)).collect();
             let logits = factory.upload_f32(&[rows, VOCAB], &logits)?;
             let settings = factory.upload_u32(&[rows, SETTINGS_PER_ROW], &settings)?;
             let out = factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?;
             let seconds = median_seconds(ctx, |rec| sample(ctx, rec, &logits, &settings, &out))?;
-            println!("{:<36} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
+            println!("{:<52} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
+        }
+    }
+    let draft_rows = [
+        ("spec keep, t 0.8", filtered(0, 1.0), DraftRow::Keep { slot: 0 }),
+        ("spec keep, t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95), DraftRow::Keep { slot: 0 }),
+        ("spec verify, t 0.8", filtered(0, 1.0), DraftRow::Verify { slot: 0, token: 7, accept_uniform: 0.5 }),
+        (
+            "spec verify, t 0.8, top-k 40, top-p 0.95",
+            filtered(40, 0.95),
+            DraftRow::Verify { slot: 0, token: 7, accept_uniform: 0.5 },
+        ),
+    ];
+    for (label, params, draft) in draft_rows {
+        for rows in [1, 16] {
+            let logits = factory.upload_f32(&[rows, VOCAB], &model_like_logits(rows * VOCAB))?;
+            let spec: Vec<u32> = (0..rows as u32)
+                .flat_map(|r| {
+                    // Each row its own slot, as the engine hands them out.
+                    let draft = match draft {
+                        DraftRow::Keep { .. } => DraftRow::Keep { slot: r },
+                        DraftRow::Verify { token, accept_uniform, .. } => {
+                            DraftRow::Verify { slot: r, token, accept_uniform }
+                        }
+                    };
+                    spec_row(r, &params, 0.5, draft)
+                })
+                .collect();
+            let spec = factory.upload_u32(&[rows, SPEC_PER_ROW], &spec)?;
+            let probs = factory.upload_f32(&[rows, VOCAB], &vec![1.0 / VOCAB as f32; rows * VOCAB])?;
+            let out = factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?;
+            let seconds = median_seconds(ctx, |rec| spec_sample(ctx, rec, &logits, &spec, &probs, &out))?;
+            println!("{:<52} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
         }
     }
     Ok(())
+}
+
+/// Logits shaped like a model's: a few large, a long tail.
+fn model_like_logits(len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 10.0 + ((i * 31) % 97 == 0) as u8 as f32 * 8.0).collect()
 }
 
 /// The median time of what `dispatch` records, recorded over and over into one submission that

@@ -7,7 +7,8 @@
 //   verify (2) a target's row checking drafted token d drawn from the distribution q kept in a
 //              slot: keep d when ua · q(d) < p(d) (probability min(1, p(d)/q(d))), else draw
 //              from the normalised residual max(0, p − q) with ur by inverse CDF in vocabulary
-//              order; write the token and its log-probability over the sampler's output row.
+//              order; write the token and its log-probability (0 unless the row reports
+//              log-probabilities) over the sampler's output row.
 // The result is distributed exactly as p whatever q is (the standard speculative sampling
 // lemma), and a rejected row never picks d (the residual is 0 there).
 //
@@ -17,7 +18,8 @@
 //   2 spec      read        u32 (rows, 12)           per row: logit row, mode, slot, draft token,
 //                                                    temperature (f32 bits; 0 = greedy), top_k,
 //                                                    top_p (f32 bits), min_p (f32 bits),
-//                                                    ua (f32 bits), ur (f32 bits), 0, 0
+//                                                    ua (f32 bits), ur (f32 bits), 1 when
+//                                                    the row reports log-probabilities, 0
 //   3 probs     read_write  f32 (slots, vocab)       the draft distributions
 //   4 out       read_write  u32 (logit_rows, 42)     sample.wgsl's output rows: token, logprob bits, …
 // A slot is written (keep) or read (verify) by at most one row of a dispatch.
@@ -148,6 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let min_p = bitcast<f32>(spec[r + 7u]);
     let ua = bitcast<f32>(spec[r + 8u]);
     let ur = bitcast<f32>(spec[r + 9u]);
+    let logprobs = spec[r + 10u] != 0u;
     let vocab = params.vocab;
     base = logit_row * vocab;
     slot_base = slot * vocab;
@@ -160,11 +163,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         local_max = max(local_max, logits[base + i]);
     }
     row_max = max_all(lid, local_max);
-    var local_sum = 0.0;
-    for (var i = first; i < last; i++) {
-        local_sum += exp(logits[base + i] - row_max);
+    // The log-sum-exp only a verify row that reports its token's log-probability needs.
+    var log_z = 0.0;
+    if (mode == VERIFY && logprobs) {
+        var local_sum = 0.0;
+        for (var i = first; i < last; i++) {
+            local_sum += exp(logits[base + i] - row_max);
+        }
+        log_z = log(sum_all(lid, local_sum));
     }
-    let log_z = log(sum_all(lid, local_sum));
 
     // The kept set, found exactly as sample.wgsl finds it.
     greedy_token = NONE;
@@ -211,6 +218,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid == 0u) {
         let o = logit_row * OUT_STRIDE;
         out[o] = token;
-        out[o + 1u] = bitcast<u32>(logits[base + token] - row_max - log_z);
+        out[o + 1u] = bitcast<u32>(select(0.0, logits[base + token] - row_max - log_z, logprobs));
     }
 }

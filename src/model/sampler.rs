@@ -152,7 +152,7 @@ impl SamplerInputs {
 }
 
 /// The settings of logit row `row` for `spec_sample` (`SPEC` in shaders/spec_sample.wgsl).
-fn spec_row(row: u32, params: &SamplingParams, uniform: f32, draft: DraftRow) -> [u32; SPEC_PER_ROW] {
+pub fn spec_row(row: u32, params: &SamplingParams, uniform: f32, draft: DraftRow) -> [u32; SPEC_PER_ROW] {
     let (mode, slot, token, accept_uniform) = match draft {
         DraftRow::Keep { slot } => (MODE_KEEP, slot, 0, 0.0f32),
         DraftRow::Verify { slot, token, accept_uniform } => (MODE_VERIFY, slot, token, accept_uniform),
@@ -168,7 +168,7 @@ fn spec_row(row: u32, params: &SamplingParams, uniform: f32, draft: DraftRow) ->
         params.min_p.to_bits(),
         accept_uniform.to_bits(),
         uniform.to_bits(),
-        0,
+        u32::from(params.top_logprobs > 0),
         0,
     ]
 }

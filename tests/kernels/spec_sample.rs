@@ -42,7 +42,7 @@ fn spec_row(logit_row: usize, mode: u32, slot: usize, token: u32, p: &SamplingPa
         p.min_p.to_bits(),
         ua.to_bits(),
         ur.to_bits(),
-        0,
+        u32::from(p.top_logprobs > 0),
         0,
     ]
 }
@@ -117,6 +117,8 @@ fn verify_rows_follow_the_cpu_rule() {
             let q = cpu_probs(&near, &params(1.2, if repeat % 2 == 0 { 0 } else { 20 }, 1.0, 0.0));
             let d = draw(&q, rng.next_uniform());
             let (ua, ur) = (rng.next_uniform(), rng.next_uniform());
+            // Half the rows report their token's log-probability.
+            let p = &SamplingParams { top_logprobs: (repeat / 2) % 2, ..p.clone() };
             spec.extend(spec_row(row, MODE_VERIFY, row, d, p, ua, ur));
             probs.extend(q.iter().map(|&x| x as f32));
             want.push((p.clone(), l.clone(), q, d, ua, ur));
@@ -142,7 +144,11 @@ fn verify_rows_follow_the_cpu_rule() {
         assert_ne!(pp[got as usize], 0.0, "row {row}: the token is outside the target's kept set");
         let lsm = weft::cpu::log_softmax(l);
         let logprob = f32::from_bits(out[row * OUT_PER_ROW + 1]);
-        assert!((f64::from(logprob) - lsm[got as usize]).abs() < 1e-4, "logprob of row {row}");
+        if p.top_logprobs > 0 {
+            assert!((f64::from(logprob) - lsm[got as usize]).abs() < 1e-4, "logprob of row {row}");
+        } else {
+            assert_eq!(logprob, 0.0, "row {row} reports no log-probability");
+        }
         assert_eq!(out[row * OUT_PER_ROW + 2], 0xdead, "top log-probabilities stay the sampler's");
     }
     assert!(

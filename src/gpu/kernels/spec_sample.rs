@@ -11,7 +11,8 @@ use crate::quant::DType;
 shader_params!(Params { rows: u32, vocab: u32 });
 
 /// u32 settings per speculative row (`SPEC` in the shader): logit row, mode, slot, drafted
-/// token, temperature, top_k, top_p, min_p, accept draw, residual draw, two zeros.
+/// token, temperature, top_k, top_p, min_p, accept draw, residual draw, 1 when the row reports
+/// log-probabilities (else 0), a zero.
 pub const SPEC_PER_ROW: usize = 12;
 /// Mode of a draft's row: keep its distribution.
 pub const MODE_KEEP: u32 = 1;
