@@ -136,8 +136,8 @@ fn norm(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
 
 /// The sampler over the default model's vocabulary: greedy, and at temperature 0.8 unfiltered
 /// and filtered (top-k and top-p are what llama.cpp's CLI applies by default); then the
-/// speculative rule's rows at the filtered setting: a draft's row keeping its distribution, a
-/// target's row verifying a drafted token.
+/// speculative rule's rows at temperature 0.8, unfiltered and filtered: a draft's row keeping
+/// its distribution, a target's row verifying a drafted token.
 fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     const VOCAB: usize = 49152;
     println!("\nsample, vocabulary of {VOCAB}, median of {RUNS} runs, {}", clock(ctx));
@@ -161,29 +161,25 @@ fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
             println!("{:<52} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
         }
     }
+    // (label, setting, a target's verify row rather than a draft's keep row)
     let draft_rows = [
-        ("spec keep, t 0.8", filtered(0, 1.0), DraftRow::Keep { slot: 0 }),
-        ("spec keep, t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95), DraftRow::Keep { slot: 0 }),
-        ("spec verify, t 0.8", filtered(0, 1.0), DraftRow::Verify { slot: 0, token: 7, accept_uniform: 0.5 }),
-        (
-            "spec verify, t 0.8, top-k 40, top-p 0.95",
-            filtered(40, 0.95),
-            DraftRow::Verify { slot: 0, token: 7, accept_uniform: 0.5 },
-        ),
+        ("spec keep, t 0.8", filtered(0, 1.0), false),
+        ("spec keep, t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95), false),
+        ("spec verify, t 0.8", filtered(0, 1.0), true),
+        ("spec verify, t 0.8, top-k 40, top-p 0.95", filtered(40, 0.95), true),
     ];
-    for (label, params, draft) in draft_rows {
+    for (label, params, verify) in draft_rows {
         for rows in [1, 16] {
             let logits = factory.upload_f32(&[rows, VOCAB], &model_like_logits(rows * VOCAB))?;
+            // Each row its own slot, as the engine hands them out.
             let spec: Vec<u32> = (0..rows as u32)
-                .flat_map(|r| {
-                    // Each row its own slot, as the engine hands them out.
-                    let draft = match draft {
-                        DraftRow::Keep { .. } => DraftRow::Keep { slot: r },
-                        DraftRow::Verify { token, accept_uniform, .. } => {
-                            DraftRow::Verify { slot: r, token, accept_uniform }
-                        }
+                .flat_map(|slot| {
+                    let draft = if verify {
+                        DraftRow::Verify { slot, token: 7, accept_uniform: 0.5 }
+                    } else {
+                        DraftRow::Keep { slot }
                     };
-                    spec_row(r, &params, 0.5, draft)
+                    spec_row(slot, &params, 0.5, draft)
                 })
                 .collect();
             let spec = factory.upload_u32(&[rows, SPEC_PER_ROW], &spec)?;

@@ -7,8 +7,9 @@
 
 use weft::gpu::Recording;
 use weft::gpu::kernels::sample::OUT_PER_ROW;
-use weft::gpu::kernels::spec_sample::{MODE_KEEP, MODE_VERIFY, SPEC_PER_ROW, spec_sample};
-use weft::sampling::{SamplerRng, SamplingParams};
+use weft::gpu::kernels::spec_sample::{SPEC_PER_ROW, spec_sample};
+use weft::model::sampler::spec_row;
+use weft::sampling::{DraftRow, SamplerRng, SamplingParams};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -26,24 +27,6 @@ fn cases() -> Vec<SamplingParams> {
         params(1.3, 0, 1.0, 0.05),
         params(2.0, 5, 0.5, 0.1),
         params(0.0, 0, 1.0, 0.0),
-    ]
-}
-
-/// One speculative row's settings.
-fn spec_row(logit_row: usize, mode: u32, slot: usize, token: u32, p: &SamplingParams, ua: f32, ur: f32) -> Vec<u32> {
-    vec![
-        logit_row as u32,
-        mode,
-        slot as u32,
-        token,
-        p.temperature.to_bits(),
-        p.top_k,
-        p.top_p.to_bits(),
-        p.min_p.to_bits(),
-        ua.to_bits(),
-        ur.to_bits(),
-        u32::from(p.top_logprobs > 0),
-        0,
     ]
 }
 
@@ -87,8 +70,11 @@ fn keep_rows_hold_the_samplers_distribution() {
     let cases = cases();
     let logits: Vec<f32> = (0..cases.len()).flat_map(|c| random(vocab, 40 + c as u64, 6.0)).collect();
     // Row c keeps its distribution in slot c.
-    let spec: Vec<u32> =
-        cases.iter().enumerate().flat_map(|(c, p)| spec_row(c, MODE_KEEP, c, 0, p, 0.0, 0.0)).collect();
+    let spec: Vec<u32> = cases
+        .iter()
+        .enumerate()
+        .flat_map(|(c, p)| spec_row(c as u32, p, 0.0, DraftRow::Keep { slot: c as u32 }))
+        .collect();
     let (probs, out) = run_spec(vocab, &logits, &spec, &vec![-1.0; cases.len() * vocab], 7);
     assert!(out.iter().all(|&w| w == 7), "keep rows leave the sampler's output alone");
     for (c, p) in cases.iter().enumerate() {
@@ -119,7 +105,12 @@ fn verify_rows_follow_the_cpu_rule() {
             let (ua, ur) = (rng.next_uniform(), rng.next_uniform());
             // Half the rows report their token's log-probability.
             let p = &SamplingParams { top_logprobs: (repeat / 2) % 2, ..p.clone() };
-            spec.extend(spec_row(row, MODE_VERIFY, row, d, p, ua, ur));
+            spec.extend(spec_row(
+                row as u32,
+                p,
+                ur,
+                DraftRow::Verify { slot: row as u32, token: d, accept_uniform: ua },
+            ));
             probs.extend(q.iter().map(|&x| x as f32));
             want.push((p.clone(), l.clone(), q, d, ua, ur));
             logits.extend(l);
@@ -195,7 +186,7 @@ fn histogram(logits: &[f32], p: &SamplingParams, q_true: &[f64], q_told: &[f64],
     for row in 0..n {
         let d = draw(q_true, rng.next_uniform());
         let (ua, ur) = (rng.next_uniform(), rng.next_uniform());
-        spec.extend(spec_row(row, MODE_VERIFY, 0, d, p, ua, ur));
+        spec.extend(spec_row(row as u32, p, ur, DraftRow::Verify { slot: 0, token: d, accept_uniform: ua }));
     }
     let all_logits: Vec<f32> = (0..n).flat_map(|_| logits.iter().copied()).collect();
     let told: Vec<f32> = q_told.iter().map(|&x| x as f32).collect();
