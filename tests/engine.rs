@@ -182,6 +182,37 @@ fn a_shared_prefix_hits_the_cache_and_changes_nothing() {
     assert!(small.prefix_cache_stats().evictions > 0);
 }
 
+/// A burst of requests that share a prefix new to the cache, sent while the engine is busy (so
+/// they reach one step together): the scheduler admits one of them and holds the others back
+/// until its shared blocks are computed, then they take those blocks from the cache. Outputs
+/// are those of each request alone, and only one request computes the shared prefix.
+#[test]
+fn a_burst_sharing_a_new_prefix_computes_it_once() {
+    let Some(f) = factory() else { return };
+    let system = "Shared instructions that every request of the burst begins with. ".repeat(2);
+    let requests: Vec<InferenceRequest> = (0..6).map(|i| greedy(&format!("{system}Ask {i}."), 3)).collect();
+    let want = alone(&f, &requests);
+    let e = engine(&f, 256, EngineConfig::default());
+    e.start_loop().unwrap();
+    let busy = e.infer_stream(greedy("something else entirely", 40)).unwrap();
+    weft::rt::block_on(async {
+        let mut busy = Box::pin(busy);
+        busy.next().await.unwrap().unwrap();
+        let got = futures::future::join_all(requests.iter().map(|r| e.infer(r.clone()))).await;
+        let shared_tokens = e.tokenizer().encode(&system, false).unwrap().len();
+        let mut from_cache = 0;
+        for (got, want) in got.into_iter().zip(&want) {
+            let got = got.unwrap();
+            assert_eq!(got.token_ids, want.token_ids);
+            if got.usage.cached_prompt_tokens >= (shared_tokens - 1) / 4 * 4 {
+                from_cache += 1;
+            }
+        }
+        assert_eq!(from_cache, requests.len() - 1, "all but one take the shared blocks from the cache");
+        while busy.next().await.is_some() {}
+    });
+}
+
 #[test]
 fn dropped_streams_free_their_blocks_and_the_rest_finish() {
     let Some(f) = factory() else { return };

@@ -52,6 +52,8 @@ pub struct Options {
     /// Fraction of each run's requests generated under a JSON schema.
     pub constrained: f64,
     pub task: Task,
+    /// Tokens every request of a run begins with (random task; 0: none, prefix cache off).
+    pub shared_prefix: usize,
     pub speculation: crate::generate::Speculation,
     /// Every request's temperature, top-k and top-p (greedy by default); each request gets its
     /// own seed, the same from run to run.
@@ -186,6 +188,15 @@ pub fn run(opts: Options) -> Result<()> {
     if opts.repeats == 0 {
         return Err(bad("--repeats must be at least 1"));
     }
+    if opts.shared_prefix > 0 && opts.task != Task::Random {
+        return Err(bad("--shared-prefix takes --task random (chat prompts share their template's system prompt)"));
+    }
+    if opts.prompt_len.iter().any(|&p| p <= opts.shared_prefix) {
+        return Err(bad(format!(
+            "--shared-prefix {} leaves nothing of its own to a --prompt-len of at most that: give a longer prompt",
+            opts.shared_prefix
+        )));
+    }
     if !(0.0..=1.0).contains(&opts.constrained) {
         return Err(bad(format!("invalid --constrained {}: a fraction between 0 and 1", opts.constrained)));
     }
@@ -286,11 +297,13 @@ struct Shape {
     gen_len: usize,
     /// The fraction of the requests under a JSON schema.
     constrained: f64,
+    /// Tokens the requests of one call to [`requests`] begin with (random task).
+    shared_prefix: usize,
 }
 
 /// `n` requests of `shape` with `sampling` (each its own seed), different for every request (so
-/// nothing hits a cache; random token ids avoid the low, often special ones), generating
-/// exactly `gen_len` tokens.
+/// nothing hits a cache; random token ids avoid the low, often special ones) but for the
+/// shape's shared prefix, new to each call, generating exactly `gen_len` tokens.
 fn requests(
     n: usize,
     shape: Shape,
@@ -302,13 +315,21 @@ fn requests(
     // vocabulary.
     let low = (vocab / 8).min(1000);
     let usable = (vocab - low).max(1);
-    let Shape { task, prompt_len, gen_len, constrained } = shape;
+    let Shape { task, prompt_len, gen_len, constrained, shared_prefix } = shape;
+    let prefix_offset = *serial * 7919 + 104_729;
+    let prefix: Vec<u32> = (0..shared_prefix).map(|i| (low + (prefix_offset + 3 * i) % usable) as u32).collect();
     (0..n)
         .map(|j| {
             let offset = *serial * 7919;
             *serial += 1;
             let prompt = match task {
-                Task::Random => Prompt::Tokens((0..prompt_len).map(|i| (low + (offset + i) % usable) as u32).collect()),
+                Task::Random => Prompt::Tokens(
+                    prefix
+                        .iter()
+                        .copied()
+                        .chain((shared_prefix..prompt_len).map(|i| (low + (offset + i) % usable) as u32))
+                        .collect(),
+                ),
                 Task::Copy => Prompt::Chat(vec![ChatMessage::user(copy_prompt(*serial as u64, prompt_len))]),
                 Task::Chat => Prompt::Chat(vec![ChatMessage::user(chat_prompt(*serial))]),
             };
@@ -359,8 +380,9 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     let config = EngineConfig {
         max_num_seqs: max_c,
         max_model_len: EngineConfig::default().max_model_len.max(max_p + opts.gen_len),
-        // Every prompt differs anyway; keep the cache from making later runs look faster.
-        enable_prefix_cache: false,
+        // Every prompt differs but for a --shared-prefix, new to each run: only then can the
+        // cache help, and it cannot make a later run look faster.
+        enable_prefix_cache: opts.shared_prefix > 0,
         ..EngineConfig::default()
     };
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
@@ -383,13 +405,19 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     }
     let mut serial = 0usize;
     // One short request first: pipelines compile, the workspace grows.
-    let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2, constrained: 0.0 };
+    let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2, constrained: 0.0, shared_prefix: 0 };
     traces(&engine, requests(1, warm, &opts.sampling, vocab, &mut serial))?;
     let mut runs = Vec::new();
     for &prompt_len in &opts.prompt_len {
         for &n in &opts.concurrency {
             let mut repeats = Vec::new();
-            let shape = Shape { task: opts.task, prompt_len, gen_len: opts.gen_len, constrained: opts.constrained };
+            let shape = Shape {
+                task: opts.task,
+                prompt_len,
+                gen_len: opts.gen_len,
+                constrained: opts.constrained,
+                shared_prefix: opts.shared_prefix,
+            };
             for _ in 0..opts.repeats {
                 let lone = traces(
                     &engine,
@@ -421,7 +449,13 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     }
     if opts.profile {
         let gen_len = opts.gen_len.min(16);
-        let shape = Shape { task: opts.task, prompt_len: opts.prompt_len[0], gen_len, constrained: opts.constrained };
+        let shape = Shape {
+            task: opts.task,
+            prompt_len: opts.prompt_len[0],
+            gen_len,
+            constrained: opts.constrained,
+            shared_prefix: opts.shared_prefix,
+        };
         profile(&engine, &opts.concurrency, shape, &opts.sampling, vocab, &mut serial)?;
     }
     engine.shutdown();

@@ -141,6 +141,11 @@ enum Command {
         /// (ordinary questions in the chat template).
         #[arg(long, value_enum, default_value_t = bench::Task::Random, conflicts_with = "url")]
         task: bench::Task,
+        /// With `--task random`: the requests of a run begin with the same N tokens, new to
+        /// the run (a system prompt a burst of requests shares), and the prefix cache is on, so
+        /// the engine can compute them once. 0 (the default): every prompt differs, no cache.
+        #[arg(long, default_value_t = 0, conflicts_with = "url")]
+        shared_prefix: usize,
         #[command(flatten)]
         spec: SpecArgs,
         /// Fraction (0 to 1) of each run's requests to generate under a JSON schema (structured
@@ -338,6 +343,7 @@ fn main() -> ExitCode {
             json,
             profile,
             task,
+            shared_prefix,
             spec,
             constrained,
             temperature,
@@ -356,6 +362,7 @@ fn main() -> ExitCode {
             json,
             profile,
             task,
+            shared_prefix,
             speculation: spec.speculation(),
             constrained,
             sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, ..Default::default() },

@@ -208,6 +208,7 @@ fn bench_help_explains_every_flag() {
         "TTFT",
         "inter-token",
         "--task",
+        "--shared-prefix",
         "--draft-model",
         "--spec-ngram",
         "--spec-tokens",
@@ -243,6 +244,32 @@ fn sampling_flags_reach_every_request() {
     let (ok, _, stderr) = weft(&[&base[..], &["--temperature", "3"]].concat());
     assert!(!ok);
     assert!(stderr.contains("temperature") && stderr.contains("between 0 and 2"), "{stderr}");
+}
+
+/// `--shared-prefix`: the requests of each run begin with the same tokens, with the prefix
+/// cache on; a prefix that leaves a prompt nothing of its own, or one asked of chat prompts, is
+/// refused before anything loads, saying what to change.
+#[test]
+fn shared_prefix_runs_and_its_bad_uses_are_refused() {
+    let tiny = tiny_model("prefix");
+    let tiny = tiny.to_str().unwrap();
+    let base = ["bench", "--model", tiny, "--kv-memory", "16MiB", "--gen-len", "4", "--repeats", "1"];
+    let run = ["--shared-prefix", "8", "--prompt-len", "12", "--concurrency", "1,4", "--json"];
+    let (ok, stdout, stderr) = weft(&[&base[..], &run].concat());
+    if !ok && no_gpu(&stderr) {
+        return;
+    }
+    assert!(ok, "{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    for run in doc["runs"].as_array().unwrap() {
+        positive(run, &["aggregate_tok_s"]);
+    }
+    let (ok, _, stderr) = weft(&[&base[..], &["--shared-prefix", "12", "--prompt-len", "12"]].concat());
+    assert!(!ok);
+    assert!(stderr.contains("--shared-prefix 12") && stderr.contains("longer prompt"), "{stderr}");
+    let (ok, _, stderr) = weft(&[&base[..], &["--shared-prefix", "4", "--task", "chat"]].concat());
+    assert!(!ok);
+    assert!(stderr.contains("--task random"), "{stderr}");
 }
 
 /// The tiny random model, written to a temporary file (fast on lavapipe).

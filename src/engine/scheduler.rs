@@ -345,7 +345,10 @@ impl ContinuousBatchScheduler {
     /// running sequence (the most recently admitted among equals, possibly the one asking) is
     /// preempted until the grow succeeds or the asker itself was preempted. Then, only if
     /// nobody was preempted, waiting sequences are admitted in queue order while sequences and
-    /// budget remain, stopping at the first whose blocks (or state slot) are not available.
+    /// budget remain, stopping at the first whose blocks (or state slot) are not available. A
+    /// waiting sequence whose prompt begins with full blocks a running one is still computing
+    /// is passed over (it keeps its place) until they are cached: a burst of requests with one
+    /// new system prompt computes it once, not once per request in the same step.
     pub fn schedule(&mut self) -> StepBatch {
         let mut token_budget = self.config.max_num_batched_tokens;
         // (id, num_new_tokens, num_drafted) in scheduling order; drafted tokens are part of
@@ -424,10 +427,17 @@ impl ContinuousBatchScheduler {
 
         // Admitting after a preemption would only take back the blocks just freed.
         if preempted.is_empty() {
+            // Waiting sequences passed over this step (they wait for a shared prefix) stay at
+            // the front of the queue, in order.
+            let mut next = 0;
             while token_budget > 0 && self.running.len() < self.config.max_num_seqs {
-                let Some(&id) = self.waiting.front() else { break };
+                let Some(&id) = self.waiting.get(next) else { break };
+                if self.waits_for_shared_prefix(id) {
+                    next += 1;
+                    continue;
+                }
                 let Some(seq) = self.req_to_seq.get_mut(&id) else {
-                    self.waiting.pop_front();
+                    self.waiting.remove(next);
                     continue;
                 };
                 if self.state.as_ref().is_some_and(|state| state.num_free_slots() == 0) {
@@ -452,7 +462,7 @@ impl ContinuousBatchScheduler {
                 let num_new_tokens = rules.chunk_len(seq, token_budget);
                 self.admission_clock += 1;
                 seq.admitted_at = self.admission_clock;
-                self.waiting.pop_front();
+                self.waiting.remove(next);
                 self.running.push(id);
                 if num_new_tokens == 0 {
                     // Admitted with its blocks and slot, but too little budget is left for a
@@ -607,6 +617,31 @@ impl ContinuousBatchScheduler {
     /// The state slots, for a model with recurrent layers.
     pub fn recurrent_state(&self) -> Option<&RecurrentStateManager> {
         self.state.as_ref()
+    }
+
+    /// Whether waiting `id` should stay waiting this step because its prompt begins with full
+    /// blocks that a running sequence is still computing and the prefix cache does not hold
+    /// yet (requests sent together with one system prompt): admitted once they are computed, it
+    /// takes them from the cache instead of computing them again in the same token budget.
+    /// Never with recurrent state (its cache hits stop at snapshots) or the cache off; never
+    /// for long, since running sequences are scheduled before any admission.
+    fn waits_for_shared_prefix(&self, id: SeqId) -> bool {
+        if self.state.is_some() || !self.kv.prefix_cache_enabled() {
+            return false;
+        }
+        let Some(seq) = self.req_to_seq.get(&id) else { return false };
+        let block_size = self.kv.block_size();
+        // A sequence computes at least its last token, so at most these blocks can be hits.
+        let max_blocks = (seq.tokens.len() - 1) / block_size;
+        if max_blocks == 0 {
+            return false;
+        }
+        let cached = self.kv.num_cached_blocks(&seq.tokens);
+        self.running.iter().filter_map(|r| self.req_to_seq.get(r)).any(|other| {
+            let common = seq.tokens.iter().zip(&other.tokens).take_while(|(a, b)| a == b).count();
+            let shared = (common / block_size).min(max_blocks);
+            shared > cached && other.num_computed_tokens < shared * block_size
+        })
     }
 
     /// Index in `running` of the sequence to preempt: lowest priority, then most recently
@@ -941,6 +976,69 @@ mod tests {
         assert_eq!(usage.used_blocks, 0);
         assert!(usage.cached_blocks >= 5, "a's 5 full blocks stay cached: {usage:?}");
         assert!(!sched.has_unfinished());
+    }
+
+    /// Three prompts sent together, two of them beginning with the same 3 blocks (a system
+    /// prompt), one unrelated.
+    fn shared_prefix_requests(sched: &mut ContinuousBatchScheduler) -> (Vec<u32>, Vec<u32>) {
+        let system: Vec<u32> = (0..12).collect();
+        let a = [system.clone(), vec![40, 41, 42]].concat();
+        let b = [system, vec![50, 51]].concat();
+        sched.add_request(request(1, a.clone(), 4, 0)).unwrap();
+        sched.add_request(request(2, b.clone(), 4, 0)).unwrap();
+        sched.add_request(request(3, vec![7; 6], 4, 0)).unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn a_shared_prefix_sent_twice_at_once_is_computed_once() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, true));
+        shared_prefix_requests(&mut sched);
+        // Step 1: the first of the two and the unrelated prompt; the second waits.
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 3]);
+        assert_eq!(out.num_batched_tokens, 15 + 6);
+        assert_eq!(sched.stats().waiting, 1);
+        run_step(&mut sched, &out, 60);
+        // Step 2: it finds the 3 blocks cached and computes only its own 2 tokens.
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 3, 2]);
+        let s = &out.seqs[2];
+        assert_eq!((s.start_pos, s.tokens.as_slice()), (12, &[50, 51][..]));
+        assert_eq!(s.block_table[..3], out.seqs[0].block_table[..3]);
+        assert_eq!(sched.kv().prefix_cache_stats().hits, 3);
+        run_step(&mut sched, &out, 61);
+        for id in 1..=3 {
+            sched.finish(id);
+        }
+        assert_eq!(sched.kv().usage().used_blocks, 0);
+    }
+
+    #[test]
+    fn without_the_cache_a_shared_prefix_does_not_wait() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        shared_prefix_requests(&mut sched);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2, 3]);
+        assert_eq!(out.num_batched_tokens, 15 + 14 + 6);
+    }
+
+    #[test]
+    fn a_shared_prefix_longer_than_a_step_is_waited_for_until_it_is_computed() {
+        // Budget 8: the first prompt's 15 tokens take two steps; the second waits for both,
+        // then computes only its own 2 tokens; the unrelated one is admitted as budget allows.
+        let mut sched = ContinuousBatchScheduler::new(config(8, 8), KvCacheManager::new(64, 4, true));
+        shared_prefix_requests(&mut sched);
+        let out = sched.schedule();
+        assert_eq!((ids(&out), out.seqs[0].tokens.len()), (vec![1], 8));
+        run_step(&mut sched, &out, 60);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 3]);
+        assert_eq!((out.seqs[0].start_pos, out.seqs[0].tokens.len()), (8, 7));
+        run_step(&mut sched, &out, 60);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 3, 2]);
+        assert_eq!((out.seqs[2].start_pos, out.seqs[2].tokens.as_slice()), (12, &[50, 51][..]));
     }
 
     #[test]

@@ -472,6 +472,15 @@ impl KvCacheManager {
         }
     }
 
+    /// How many full blocks of `tokens`' prefix [`allocate`](Self::allocate) would take from
+    /// the cache now (nothing is taken).
+    pub fn num_cached_blocks(&self, tokens: &[u32]) -> usize {
+        if !self.enable_prefix_cache {
+            return 0;
+        }
+        self.find_cached_prefix(tokens, tokens.len().saturating_sub(1) / self.block_size).0.len()
+    }
+
     /// The longest run of cached blocks matching `tokens` block by block, at most
     /// `max_cached_blocks`, with the chain state after the last one.
     fn find_cached_prefix(&self, tokens: &[u32], max_cached_blocks: usize) -> (Vec<u32>, Option<(u64, BlockRef)>) {
