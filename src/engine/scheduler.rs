@@ -636,12 +636,23 @@ impl ContinuousBatchScheduler {
         if max_blocks == 0 {
             return false;
         }
-        let cached = self.kv.num_cached_blocks(&seq.tokens);
-        self.running.iter().filter_map(|r| self.req_to_seq.get(r)).any(|other| {
-            let common = seq.tokens.iter().zip(&other.tokens).take_while(|(a, b)| a == b).count();
-            let shared = (common / block_size).min(max_blocks);
-            shared > cached && other.num_computed_tokens < shared * block_size
-        })
+        let reach = max_blocks * block_size;
+        // The most full blocks it shares with a running sequence that has yet to compute them.
+        // Only sequences still computing within reach can (decoding ones are skipped before any
+        // comparison), and only that far is compared; the cache is asked last.
+        let pending = self
+            .running
+            .iter()
+            .filter_map(|r| self.req_to_seq.get(r))
+            .filter(|other| other.num_computed_tokens < reach)
+            .map(|other| {
+                let common = seq.tokens[..reach].iter().zip(&other.tokens).take_while(|(a, b)| a == b).count();
+                (common / block_size, other.num_computed_tokens)
+            })
+            .filter(|&(shared, computed)| computed < shared * block_size)
+            .map(|(shared, _)| shared)
+            .max();
+        pending.is_some_and(|shared| shared > self.kv.num_cached_blocks(&seq.tokens))
     }
 
     /// Index in `running` of the sequence to preempt: lowest priority, then most recently
