@@ -54,6 +54,8 @@ pub struct Options {
     pub task: Task,
     /// Tokens every request of a run begins with (random task; 0: none, prefix cache off).
     pub shared_prefix: usize,
+    /// Requests sent per second in a run (in-process); `None`: all at once.
+    pub request_rate: Option<f64>,
     pub speculation: crate::generate::Speculation,
     /// Every request's temperature, top-k and top-p (greedy by default); each request gets its
     /// own seed, the same from run to run.
@@ -187,6 +189,9 @@ pub fn run(opts: Options) -> Result<()> {
     }
     if opts.repeats == 0 {
         return Err(bad("--repeats must be at least 1"));
+    }
+    if opts.request_rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err(bad("--request-rate must be a positive number of requests per second, e.g. 2 or 0.5"));
     }
     if opts.shared_prefix > 0 && opts.task != Task::Random {
         return Err(bad("--shared-prefix takes --task random (chat prompts share their template's system prompt)"));
@@ -347,30 +352,59 @@ fn requests(
         .collect()
 }
 
-/// Run `requests` at once on the engine and time every token's arrival.
-fn traces(engine: &ContinuousBatchEngine, requests: Vec<InferenceRequest>) -> Result<Vec<Trace>> {
-    weft::rt::block_on(async {
-        let mut streams = Vec::new();
-        for r in requests {
-            streams.push((Instant::now(), engine.infer_stream(r)?));
+/// Run `requests` on the engine and time every token's arrival: all sent at once, or with
+/// `rate`, request i sent i / rate seconds after the first (arrivals at a busy engine).
+fn traces(engine: &ContinuousBatchEngine, requests: Vec<InferenceRequest>, rate: Option<f64>) -> Result<Vec<Trace>> {
+    let n = requests.len();
+    // A thread ticks when each request is due, so that the streams already sent keep being read
+    // (and their tokens timed) while the next one waits.
+    let (tick, mut ticks) = futures::channel::mpsc::unbounded::<()>();
+    let ticker = std::thread::spawn(move || {
+        let first = Instant::now();
+        for i in 0..n {
+            if let Some(rate) = rate {
+                std::thread::sleep(
+                    (first + Duration::from_secs_f64(i as f64 / rate)).saturating_duration_since(Instant::now()),
+                );
+            }
+            if tick.unbounded_send(()).is_err() {
+                break;
+            }
         }
-        let runs = streams.into_iter().map(|(start, stream)| async move {
-            let mut stream = Box::pin(stream);
-            let mut trace = Trace { start, prompt_tokens: 0, completion_tokens: 0, arrivals: Vec::new() };
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                if !chunk.token_ids.is_empty() {
-                    trace.arrivals.push((Instant::now(), chunk.token_ids.len()));
-                }
-                if let Some(u) = chunk.usage {
-                    trace.prompt_tokens = u.prompt_tokens;
-                    trace.completion_tokens = u.completion_tokens;
+    });
+    let out = weft::rt::block_on(async {
+        let (sent, streams) = futures::channel::mpsc::unbounded();
+        let send = async move {
+            for r in requests {
+                ticks.next().await;
+                if sent.unbounded_send((Instant::now(), engine.infer_stream(r))).is_err() {
+                    break;
                 }
             }
-            Ok::<Trace, WeftError>(trace)
-        });
-        futures::future::join_all(runs).await.into_iter().collect::<Result<Vec<Trace>>>()
-    })
+        };
+        let read = streams
+            .map(|(start, stream): (Instant, Result<_>)| async move {
+                let mut stream = Box::pin(stream?);
+                let mut trace = Trace { start, prompt_tokens: 0, completion_tokens: 0, arrivals: Vec::new() };
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk?;
+                    if !chunk.token_ids.is_empty() {
+                        trace.arrivals.push((Instant::now(), chunk.token_ids.len()));
+                    }
+                    if let Some(u) = chunk.usage {
+                        trace.prompt_tokens = u.prompt_tokens;
+                        trace.completion_tokens = u.completion_tokens;
+                    }
+                }
+                Ok::<Trace, WeftError>(trace)
+            })
+            .buffer_unordered(n.max(1))
+            .collect::<Vec<_>>();
+        let ((), traces) = futures::join!(send, read);
+        traces.into_iter().collect::<Result<Vec<Trace>>>()
+    });
+    let _ = ticker.join();
+    out
 }
 
 fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
@@ -406,7 +440,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     let mut serial = 0usize;
     // One short request first: pipelines compile, the workspace grows.
     let warm = Shape { task: Task::Random, prompt_len: 8, gen_len: 2, constrained: 0.0, shared_prefix: 0 };
-    traces(&engine, requests(1, warm, &opts.sampling, vocab, &mut serial))?;
+    traces(&engine, requests(1, warm, &opts.sampling, vocab, &mut serial), None)?;
     let mut runs = Vec::new();
     for &prompt_len in &opts.prompt_len {
         for &n in &opts.concurrency {
@@ -422,10 +456,11 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
                 let lone = traces(
                     &engine,
                     requests(1, Shape { gen_len: 1, constrained: 0.0, ..shape }, &opts.sampling, vocab, &mut serial),
+                    None,
                 )?;
                 engine.take_step_records();
                 let before = engine.metrics();
-                let t = traces(&engine, requests(n, shape, &opts.sampling, vocab, &mut serial))?;
+                let t = traces(&engine, requests(n, shape, &opts.sampling, vocab, &mut serial), opts.request_rate)?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
                 run.prefill_tok_s = prefill_rate(&lone, prompt_len);
@@ -495,10 +530,10 @@ fn profile(
             steps.into_iter().filter(|s| s.num_tokens == s.num_seqs && s.num_seqs == n).collect()
         };
         engine.take_step_records();
-        traces(engine, requests(n, shape, sampling, vocab, serial))?;
+        traces(engine, requests(n, shape, sampling, vocab, serial), None)?;
         let served = decodes(engine.take_step_records());
         engine.set_profiling(true);
-        traces(engine, requests(n, shape, sampling, vocab, serial))?;
+        traces(engine, requests(n, shape, sampling, vocab, serial), None)?;
         let all_profiled = engine.take_step_records();
         engine.set_profiling(false);
         let prefills: Vec<StepRecord> =

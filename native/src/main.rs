@@ -146,6 +146,10 @@ enum Command {
         /// the engine can compute them once. 0 (the default): every prompt differs, no cache.
         #[arg(long, default_value_t = 0, conflicts_with = "url")]
         shared_prefix: usize,
+        /// Send each run's requests this many per second, evenly spaced, instead of all at once
+        /// (in-process): requests then arrive while the engine is busy with earlier ones.
+        #[arg(long, conflicts_with = "url")]
+        request_rate: Option<f64>,
         #[command(flatten)]
         spec: SpecArgs,
         /// Fraction (0 to 1) of each run's requests to generate under a JSON schema (structured
@@ -344,6 +348,7 @@ fn main() -> ExitCode {
             profile,
             task,
             shared_prefix,
+            request_rate,
             spec,
             constrained,
             temperature,
@@ -363,6 +368,7 @@ fn main() -> ExitCode {
             profile,
             task,
             shared_prefix,
+            request_rate,
             speculation: spec.speculation(),
             constrained,
             sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, ..Default::default() },

@@ -209,6 +209,7 @@ fn bench_help_explains_every_flag() {
         "inter-token",
         "--task",
         "--shared-prefix",
+        "--request-rate",
         "--draft-model",
         "--spec-ngram",
         "--spec-tokens",
@@ -247,14 +248,15 @@ fn sampling_flags_reach_every_request() {
 }
 
 /// `--shared-prefix`: the requests of each run begin with the same tokens, with the prefix
-/// cache on; a prefix that leaves a prompt nothing of its own, or one asked of chat prompts, is
-/// refused before anything loads, saying what to change.
+/// cache on, here sent at `--request-rate` 40 a second; a prefix that leaves a prompt nothing
+/// of its own, one asked of chat prompts, or a rate that is not positive is refused before
+/// anything loads, saying what to change.
 #[test]
-fn shared_prefix_runs_and_its_bad_uses_are_refused() {
+fn shared_prefix_and_request_rate_runs_and_their_bad_uses_are_refused() {
     let tiny = tiny_model("prefix");
     let tiny = tiny.to_str().unwrap();
     let base = ["bench", "--model", tiny, "--kv-memory", "16MiB", "--gen-len", "4", "--repeats", "1"];
-    let run = ["--shared-prefix", "8", "--prompt-len", "12", "--concurrency", "1,4", "--json"];
+    let run = ["--shared-prefix", "8", "--prompt-len", "12", "--concurrency", "1,4", "--request-rate", "40", "--json"];
     let (ok, stdout, stderr) = weft(&[&base[..], &run].concat());
     if !ok && no_gpu(&stderr) {
         return;
@@ -270,6 +272,9 @@ fn shared_prefix_runs_and_its_bad_uses_are_refused() {
     let (ok, _, stderr) = weft(&[&base[..], &["--shared-prefix", "4", "--task", "chat"]].concat());
     assert!(!ok);
     assert!(stderr.contains("--task random"), "{stderr}");
+    let (ok, _, stderr) = weft(&[&base[..], &["--request-rate", "0"]].concat());
+    assert!(!ok);
+    assert!(stderr.contains("--request-rate must be a positive number"), "{stderr}");
 }
 
 /// The tiny random model, written to a temporary file (fast on lavapipe).
