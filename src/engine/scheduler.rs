@@ -631,8 +631,7 @@ impl ContinuousBatchScheduler {
         }
         let Some(seq) = self.req_to_seq.get(&id) else { return false };
         let block_size = self.kv.block_size();
-        // A sequence computes at least its last token, so at most these blocks can be hits.
-        let max_blocks = (seq.tokens.len() - 1) / block_size;
+        let max_blocks = self.kv.max_cached_blocks(seq.tokens.len());
         if max_blocks == 0 {
             return false;
         }
@@ -991,14 +990,11 @@ mod tests {
 
     /// Three prompts sent together, two of them beginning with the same 3 blocks (a system
     /// prompt), one unrelated.
-    fn shared_prefix_requests(sched: &mut ContinuousBatchScheduler) -> (Vec<u32>, Vec<u32>) {
+    fn shared_prefix_requests(sched: &mut ContinuousBatchScheduler) {
         let system: Vec<u32> = (0..12).collect();
-        let a = [system.clone(), vec![40, 41, 42]].concat();
-        let b = [system, vec![50, 51]].concat();
-        sched.add_request(request(1, a.clone(), 4, 0)).unwrap();
-        sched.add_request(request(2, b.clone(), 4, 0)).unwrap();
+        sched.add_request(request(1, [system.clone(), vec![40, 41, 42]].concat(), 4, 0)).unwrap();
+        sched.add_request(request(2, [system, vec![50, 51]].concat(), 4, 0)).unwrap();
         sched.add_request(request(3, vec![7; 6], 4, 0)).unwrap();
-        (a, b)
     }
 
     #[test]

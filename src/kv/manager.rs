@@ -219,8 +219,8 @@ impl KvCacheManager {
     /// Admit `seq`, whose known tokens are `tokens`: reuse the longest run of cached full blocks
     /// matching the token prefix, then allocate fresh blocks for the rest of `tokens`.
     ///
-    /// The reuse is capped at `(tokens.len() - 1) / block_size` blocks: at least one token must
-    /// be computed, or the step would produce no logit to sample from.
+    /// The reuse is capped at [`max_cached_blocks`](Self::max_cached_blocks): at least one token
+    /// must be computed, or the step would produce no logit to sample from.
     ///
     /// Returns the number of tokens already computed (a multiple of `block_size`), or `None`,
     /// with nothing changed, when the blocks are not available or `seq` is already live.
@@ -241,7 +241,7 @@ impl KvCacheManager {
             return None;
         }
         let num_blocks = tokens.len().div_ceil(self.block_size);
-        let max_cached_blocks = tokens.len().saturating_sub(1) / self.block_size;
+        let max_cached_blocks = self.max_cached_blocks(tokens.len());
         let (mut hit_block_ids, mut chain) = if self.enable_prefix_cache {
             self.find_cached_prefix(tokens, max_cached_blocks)
         } else {
@@ -478,7 +478,13 @@ impl KvCacheManager {
         if !self.enable_prefix_cache {
             return 0;
         }
-        self.find_cached_prefix(tokens, tokens.len().saturating_sub(1) / self.block_size).0.len()
+        self.find_cached_prefix(tokens, self.max_cached_blocks(tokens.len())).0.len()
+    }
+
+    /// The most full blocks a sequence of `num_tokens` can take from the cache: at least its
+    /// last token is always computed, so that the step yields its logits.
+    pub fn max_cached_blocks(&self, num_tokens: usize) -> usize {
+        num_tokens.saturating_sub(1) / self.block_size
     }
 
     /// The longest run of cached blocks matching `tokens` block by block, at most
