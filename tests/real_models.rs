@@ -12,7 +12,10 @@
 //! Cost: the default model runs its 11 prompts always; CI runs the first prompt of each other
 //! model (`cargo xtask test` fetches the models and sets WEFT_REQUIRE_MODEL=1, so a missing one
 //! fails); `cargo xtask test --full` sets WEFT_FULL=1 and runs every prompt. Without the model
-//! (and without WEFT_REQUIRE_MODEL) the test skips.
+//! (and without WEFT_REQUIRE_MODEL) the test skips. CI runs these tests again in each GPU kernel
+//! family (`WEFT_KERNELS`, with `WEFT_ONE_PROMPT=1`: the first prompt of every model, the
+//! default's included, since those families run slowly on lavapipe), and each run prints and
+//! checks the family and limits it was asked for.
 
 use std::path::Path;
 
@@ -53,9 +56,11 @@ fn check_model(name: &str, file: &str, kv: DType, tolerance: f32, which: Prompts
     let text = std::fs::read_to_string(root.join("tests/fixtures").join(name).join("model.json")).unwrap();
     let fixture: Value = serde_json::from_str(&text).unwrap();
     let mut prompts = fixture["prompts"].as_array().unwrap().clone();
-    if which == Prompts::FirstInCi && std::env::var("WEFT_FULL").as_deref() != Ok("1") {
+    let one = which == Prompts::FirstInCi || std::env::var("WEFT_ONE_PROMPT").as_deref() == Ok("1");
+    if one && std::env::var("WEFT_FULL").as_deref() != Ok("1") {
         prompts.truncate(1);
     }
+    eprintln!("{name}: {}", ran_as_asked(&ctx));
     let files = ModelFiles::open(&path).unwrap();
     let tok = files.tokenizer.clone();
     for p in &prompts {
@@ -139,6 +144,28 @@ fn check_model(name: &str, file: &str, kv: DType, tolerance: f32, which: Prompts
             eprintln!("{name} {}: diverged at a near-tie at token {step}", p["name"]);
         }
     }
+}
+
+/// The kernel family and limits `ctx` runs, checked against what `WEFT_KERNELS` and
+/// `WEFT_LIMITS` ask for (a family the adapter cannot run fails to open, never falls back).
+fn ran_as_asked(ctx: &weft::gpu::GpuContext) -> String {
+    let plan = ctx.plan();
+    if let Ok(family) = std::env::var("WEFT_KERNELS") {
+        assert_eq!(plan.family.name(), family.trim(), "WEFT_KERNELS={family} was not the family run");
+    }
+    if let Ok(mode) = std::env::var("WEFT_LIMITS") {
+        assert_eq!(plan.limits_mode, weft::gpu::LimitsMode::parse(&mode).unwrap(), "WEFT_LIMITS={mode} not honoured");
+    }
+    let f = ctx.features();
+    format!(
+        "{} kernels (subgroups {}..={}), {} limits ({} MiB bindings, {} storage buffers per stage)",
+        plan.family.name(),
+        f.subgroup_min_size,
+        f.subgroup_max_size,
+        plan.limits_mode.name(),
+        plan.max_binding_bytes >> 20,
+        ctx.limits().max_storage_buffers_per_shader_stage
+    )
 }
 
 /// Tolerance: weft computes in f32 as the reference does but sums in another order over 30

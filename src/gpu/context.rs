@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
 use crate::gpu::pipelines::{CpuDriver, PipelineCache};
+use crate::gpu::plan::{AdapterProfile, DevicePlan, LimitsMode};
 use crate::quant::DType;
 
 /// Choices made when opening the device. Environment variables are read too (see [`GpuContext::new`]).
@@ -22,6 +23,37 @@ pub struct GpuOptions {
     /// set, else the CPUs this process may run on; in a browser unknown, see
     /// [`CpuDriver::threads`]). Tests set it to reach every tile.
     pub cpu_threads: Option<usize>,
+    /// Request the adapter's own limits (the default) or only WebGPU's default limits, as a
+    /// browser grants a page that asks for nothing.
+    pub limits: Option<LimitsMode>,
+}
+
+impl GpuOptions {
+    /// These options with what the environment says filled in where they leave a choice open:
+    /// `WEFT_KERNELS` (a family), `WEFT_MAX_BINDING_BYTES` (a cap on one storage binding) and
+    /// `WEFT_LIMITS` (`adapter` or `webgpu`). A value that does not parse is an error naming it.
+    pub fn with_env(mut self) -> Result<Self> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if self.kernels.is_none()
+            && let Some(name) = var("WEFT_KERNELS")
+        {
+            self.kernels = Some(KernelFamily::parse(&name)?);
+        }
+        if self.max_binding_bytes.is_none()
+            && let Some(bytes) = var("WEFT_MAX_BINDING_BYTES")
+        {
+            let parsed = bytes.trim().parse().map_err(|_| {
+                WeftError::Unsupported(format!("WEFT_MAX_BINDING_BYTES={bytes:?} is not a number of bytes"))
+            })?;
+            self.max_binding_bytes = Some(parsed);
+        }
+        if self.limits.is_none()
+            && let Some(mode) = var("WEFT_LIMITS")
+        {
+            self.limits = Some(LimitsMode::parse(&mode)?);
+        }
+        Ok(self)
+    }
 }
 
 /// Which kernel variants a device runs. Every family computes the same numbers to within
@@ -66,7 +98,7 @@ impl KernelFamily {
     /// The family an adapter runs unless told otherwise. Subgroup matmuls need one subgroup
     /// size for every pipeline (a size chosen per pipeline would let one tensor's sums differ
     /// between the batch sizes' tiles) and at least 8 lanes (8 weight rows per workgroup of 64).
-    fn default_for(device_type: wgpu::DeviceType, features: &GpuFeatures) -> Self {
+    pub(crate) fn default_for(device_type: wgpu::DeviceType, features: &GpuFeatures) -> Self {
         if device_type == wgpu::DeviceType::Cpu {
             KernelFamily::Cpu
         } else if Self::subgroups_fit(features) && features.subgroup_min_size == features.subgroup_max_size {
@@ -77,7 +109,7 @@ impl KernelFamily {
     }
 
     /// Whether the subgroup kernels can run at all: subgroups of at least 8 lanes.
-    fn subgroups_fit(features: &GpuFeatures) -> bool {
+    pub(crate) fn subgroups_fit(features: &GpuFeatures) -> bool {
         features.subgroups && features.subgroup_min_size >= 8
     }
 
@@ -103,6 +135,7 @@ pub struct Creations {
 
 /// The threads llvmpipe runs a dispatch's workgroups on: `LP_NUM_THREADS` where set (0 runs
 /// them on the submitting thread), else one per CPU, at most 32 (its `LP_MAX_THREADS`).
+#[cfg(not(target_arch = "wasm32"))]
 fn driver_threads() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = std::env::var("LP_NUM_THREADS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(cpus);
@@ -135,12 +168,8 @@ pub struct GpuContext {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
-    features: GpuFeatures,
-    limits: wgpu::Limits,
-    max_binding_bytes: u64,
+    plan: DevicePlan,
     pub(crate) pipelines: PipelineCache,
-    family: KernelFamily,
-    cpu_threads: Option<usize>,
     pub(crate) creations: CreationCounters,
     /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
     staged: AtomicU64,
@@ -154,40 +183,38 @@ impl std::fmt::Debug for GpuContext {
         f.debug_struct("GpuContext")
             .field("adapter", &self.info.name)
             .field("backend", &self.info.backend)
-            .field("features", &self.features)
-            .field("max_binding_bytes", &self.max_binding_bytes)
+            .field("features", &self.plan.features)
+            .field("max_binding_bytes", &self.plan.max_binding_bytes)
             .finish()
     }
 }
 
 impl GpuContext {
-    /// Open the best adapter.
+    /// Open the best adapter, with the device [`DevicePlan::choose`] plans for it.
     ///
     /// Honours wgpu's environment overrides: `WGPU_BACKEND` (e.g. `vulkan`, `metal`, `dx12`),
     /// `WGPU_ADAPTER_NAME` (substring of the adapter name), `WGPU_POWER_PREF` (`low`/`high`);
-    /// and weft's own `WEFT_MAX_BINDING_BYTES` (same as [`GpuOptions::max_binding_bytes`]).
+    /// and weft's own, where `options` leave the choice open ([`GpuOptions::with_env`]).
     pub async fn new(options: GpuOptions) -> Result<Arc<GpuContext>> {
+        let options = options.with_env()?;
         // The GL backend lacks what compute-only inference needs; it is not even compiled in.
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
         let instance = wgpu::Instance::new(desc.with_env());
         let adapter = pick_adapter(&instance).await?;
         let info = adapter.get_info();
-        let offered = adapter.features();
-
-        let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
-        if !options.baseline_only {
-            wanted |= wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
-        }
-        let required_features = offered & wanted;
-        // Ask for everything the adapter has: wgpu's defaults (128 MiB bindings, 256 MiB
-        // buffers) would split tensors the hardware could hold whole.
-        let limits = adapter.limits();
+        #[cfg(not(target_arch = "wasm32"))]
+        let driver_threads = Some(driver_threads());
+        #[cfg(target_arch = "wasm32")]
+        let driver_threads = None;
+        let profile = AdapterProfile { info, features: adapter.features(), limits: adapter.limits(), driver_threads };
+        let plan = DevicePlan::choose(&profile, &options)?;
+        let info = profile.info;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("weft"),
-                required_features,
-                required_limits: limits.clone(),
+                required_features: plan.required_features,
+                required_limits: plan.required_limits.clone(),
                 ..Default::default()
             })
             .await
@@ -199,52 +226,20 @@ impl GpuContext {
             // Keep the first: later errors are usually its consequences.
             sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
         }));
-
-        let adapter_info = adapter.get_info();
-        let features = GpuFeatures {
-            shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
-            subgroups: required_features.contains(wgpu::Features::SUBGROUP),
-            timestamp_query: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            subgroup_min_size: adapter_info.subgroup_min_size,
-            subgroup_max_size: adapter_info.subgroup_max_size,
-        };
-        let device_cap = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        let requested_cap = options
-            .max_binding_bytes
-            .or_else(|| std::env::var("WEFT_MAX_BINDING_BYTES").ok().and_then(|v| v.parse().ok()));
-        // Bindings must be 4-byte multiples, so the cap is rounded down to one.
-        let max_binding_bytes = requested_cap.map_or(device_cap, |c| c.min(device_cap)) & !3;
-        let family = match (options.kernels, std::env::var("WEFT_KERNELS")) {
-            (Some(family), _) => family,
-            (None, Ok(name)) => KernelFamily::parse(&name)?,
-            (None, Err(_)) => KernelFamily::default_for(info.device_type, &features),
-        };
-        if family == KernelFamily::Subgroup && !KernelFamily::subgroups_fit(&features) {
-            return Err(WeftError::Unsupported(format!(
-                "the subgroup kernels need subgroups of at least 8 lanes; {} offers {} (sizes {}..={}); use \
-                 WEFT_KERNELS=baseline",
-                info.name,
-                if features.subgroups { "subgroups" } else { "no subgroups" },
-                features.subgroup_min_size,
-                features.subgroup_max_size
-            )));
-        }
-        tracing::info!(adapter = %info.name, backend = ?info.backend, ?features, kernels = family.name(), "GPU opened");
-        let cpu_threads = match options.cpu_threads {
-            Some(threads) => Some(threads.max(1)),
-            None if info.backend == wgpu::Backend::BrowserWebGpu => None,
-            None => Some(driver_threads()),
-        };
+        tracing::info!(
+            adapter = %info.name,
+            backend = ?info.backend,
+            features = ?plan.features,
+            kernels = plan.family.name(),
+            limits = plan.limits_mode.name(),
+            "GPU opened"
+        );
         Ok(Arc::new(GpuContext {
             device,
             queue,
             info,
-            features,
-            limits,
-            max_binding_bytes,
+            plan,
             pipelines: PipelineCache::default(),
-            family,
-            cpu_threads,
             creations: CreationCounters::default(),
             staged: AtomicU64::new(0),
             uncaptured,
@@ -255,43 +250,38 @@ impl GpuContext {
         &self.info
     }
 
-    pub fn features(&self) -> GpuFeatures {
-        self.features
+    /// The device this context opened and the kernels it runs.
+    pub fn plan(&self) -> &DevicePlan {
+        &self.plan
     }
 
+    pub fn features(&self) -> GpuFeatures {
+        self.plan.features
+    }
+
+    /// The limits the device was opened with.
     pub fn limits(&self) -> &wgpu::Limits {
-        &self.limits
+        &self.plan.required_limits
     }
 
     /// The kernel variants this device runs.
     pub fn kernel_family(&self) -> KernelFamily {
-        self.family
+        self.plan.family
     }
 
-    /// Whether weights live in textures and matmuls read activations through uniform windows:
-    /// the CPU family on a native driver, where llvmpipe loads storage buffers lane by lane but
-    /// gathers image loads and broadcasts uniform loads. A browser's CPU adapter (SwiftShader)
-    /// reads storage buffers faster: the default model decoded at 3.3 tokens/s alone and 9.2
-    /// four at once from buffers, 2.6 and 7.6 from textures and windows (headless Chromium).
+    /// See [`DevicePlan::reads_textures`].
     pub fn reads_textures(&self) -> bool {
-        self.family == KernelFamily::Cpu && self.info.backend != wgpu::Backend::BrowserWebGpu
+        self.plan.reads_textures()
     }
 
-    /// Invocations in one SIMD group of a native CPU driver, which the CPU family's matmul puts
-    /// in a workgroup: llvmpipe's subgroup size, 8 with its default 256-bit vectors and 16 with
-    /// `LP_NATIVE_VECTOR_WIDTH=512` (on a CPU with AVX-512 the wider code runs the matmuls
-    /// 1.3-1.9x faster, bench/README.md). 8 for every other adapter.
+    /// See [`DevicePlan::cpu_lanes`].
     pub fn cpu_lanes(&self) -> u16 {
-        let f = self.features;
-        match (f.subgroup_min_size, f.subgroup_max_size) {
-            (16, 16) if self.reads_textures() => 16,
-            _ => 8,
-        }
+        self.plan.cpu_lanes()
     }
 
     /// What the CPU family's matmul tiles are sized for: the driver's SIMD width and threads.
     pub fn cpu_driver(&self) -> CpuDriver {
-        CpuDriver { lanes: self.cpu_lanes(), threads: self.cpu_threads }
+        self.plan.cpu_driver()
     }
 
     /// Buffers, textures and bind groups created so far (a warm engine step adds none).
@@ -320,18 +310,18 @@ impl GpuContext {
 
     /// Largest byte span of one storage binding; tensors above it are split by rows.
     pub fn max_binding_bytes(&self) -> u64 {
-        self.max_binding_bytes
+        self.plan.max_binding_bytes
     }
 
     /// A human-readable report of adapter, features and the limits weft cares about.
     pub fn describe(&self) -> String {
-        let l = &self.limits;
-        let f = &self.features;
+        let l = self.limits();
+        let f = &self.plan.features;
         format!(
             "adapter: {} ({:?}, {:?}, driver {} {})\n\
              features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
              kernels: {}\n\
-             limits: storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
+             limits ({}): storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
              invocations, workgroup memory {} KiB, {} storage buffers per stage",
             self.info.name,
             self.info.device_type,
@@ -343,7 +333,8 @@ impl GpuContext {
             f.subgroup_min_size,
             f.subgroup_max_size,
             f.timestamp_query,
-            self.family.name(),
+            self.plan.family.name(),
+            self.plan.limits_mode.name(),
             l.max_storage_buffer_binding_size >> 20,
             l.max_uniform_buffer_binding_size >> 10,
             l.max_buffer_size >> 20,
@@ -407,13 +398,13 @@ impl GpuContext {
     /// The shader variants this device's kernel family can dispatch.
     pub fn own_shader_variants(&self) -> Vec<crate::gpu::ShaderVariant> {
         use crate::gpu::pipelines::{KvSource, WeightSource, XSource};
-        let cpu = self.family == KernelFamily::Cpu;
+        let cpu = self.plan.family == KernelFamily::Cpu;
         let own = |v: &crate::gpu::ShaderVariant| {
             if v.weight.is_some() {
                 let embedding = v.kernel == "embedding";
                 // CPU drivers also read activations (stored in buffers) as embedding tables.
                 let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
-                return match self.family {
+                return match self.plan.family {
                     KernelFamily::Cpu => embedding || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
                     KernelFamily::Baseline => {
                         gpu_buffers && (embedding || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")

@@ -359,7 +359,7 @@ pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, c
 /// invocations, 8 weight rows per workgroup (8 lanes each), TM rows of x: 1 for a lone
 /// sequence's decode, else 4.
 ///
-/// [`TILED_MIN_ROWS`]: crate::gpu::kernels::matmul::TILED_MIN_ROWS
+/// [`TILED_MIN_ROWS`]: crate::gpu::TILED_MIN_ROWS
 pub(crate) fn rows_tile(m: usize) -> [u16; 3] {
     [64, 8, if m <= 2 { 1 } else { 4 }]
 }

@@ -336,7 +336,7 @@ fn the_gated_matmul_equals_matmul_then_the_gate() {
         }
     }
     if let Some(f) = gpu_with_family(KernelFamily::Baseline) {
-        let m = weft::gpu::kernels::matmul::TILED_MIN_ROWS;
+        let m = weft::gpu::TILED_MIN_ROWS;
         let (x, w, y) = (
             f.upload_f32(&[m, k], &vec![0.5; m * k]).unwrap(),
             f.upload_weight(&[2 * n, k], DType::F32, &vec![0; 2 * n * k * 4]).unwrap(),

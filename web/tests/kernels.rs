@@ -198,7 +198,7 @@ async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     let n = f.context().check_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
     assert!(f.context().own_shader_variants().iter().any(|v| v.kernel == "matmul_tiled"), "{n} variants");
     let (m, k, n) = (40usize, 96usize, 70usize);
-    assert!(m >= weft::gpu::kernels::matmul::TILED_MIN_ROWS);
+    assert!(m >= weft::gpu::TILED_MIN_ROWS);
     for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
         check_matmul(&f, dtype, m, k, n).await;
     }

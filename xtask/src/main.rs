@@ -143,40 +143,115 @@ fn test(args: &[String]) -> Result {
         [flag] if flag == "--full" => true,
         other => return Err(format!("unexpected arguments {other:?}; `cargo xtask test [--full]`")),
     };
-    lint()?;
-    ensure_gpu_driver()?;
-    fetch_model()?;
-    for name in CI_MODELS {
-        fetch(model_spec(name)?)?;
-    }
-    vocab::fetch_vocabs()?;
-    let mut cmd = cargo();
-    cmd.args(["test", "--release", "--workspace"]);
-    // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a missing
-    // adapter is a failure, not a skip.
-    cmd.env("WEFT_REQUIRE_GPU", "1");
-    // Likewise the default model was just fetched: tests that need it must not skip.
-    cmd.env("WEFT_REQUIRE_MODEL", "1");
-    if full {
-        cmd.env("WEFT_FULL", "1");
-    }
-    run(with_gpu_env(cmd))?;
+    let mut stages = Stages::default();
+    let outcome = test_stages(full, &mut stages);
+    stages.print(outcome.is_ok());
+    outcome
+}
+
+/// The test binaries that run again in each GPU kernel family ([`FAMILY_RUNS`]): the real
+/// models against transformers, the recurrent fixtures, the engine (batching, preemption,
+/// prefix cache, speculation) and the tiny models' forward passes.
+const FAMILY_TESTS: &[&str] = &["real_models", "recurrent", "transformer_fixtures", "engine", "spec"];
+
+/// The families' extra runs on lavapipe: (name, `WEFT_KERNELS`, lavapipe's vector width in bits
+/// (its subgroup size is a lane per 32 bits), `WEFT_LIMITS`). The first run of every test, the
+/// CPU family at the adapter's limits, is the main `cargo test`. The baseline runs at WebGPU's
+/// default limits, as a browser on a GPU runs it (and with it every weight split and kernel
+/// choice those limits force); the subgroup family at 8 and 16 lanes.
+const FAMILY_RUNS: &[(&str, &str, u32, &str)] = &[
+    ("baseline kernels, WebGPU default limits", "baseline", 512, "webgpu"),
+    ("subgroup kernels, 8 lanes", "subgroup", 256, "adapter"),
+    ("subgroup kernels, 16 lanes", "subgroup", 512, "adapter"),
+];
+
+fn test_stages(full: bool, stages: &mut Stages) -> Result {
+    stages.time("lint (fmt, clippy)", lint)?;
+    stages.time("set-up (driver, models, vocabularies)", || {
+        ensure_gpu_driver()?;
+        fetch_model()?;
+        for name in CI_MODELS {
+            fetch(model_spec(name)?)?;
+        }
+        vocab::fetch_vocabs()
+    })?;
+    let cargo_test = |args: &[&str]| {
+        let mut cmd = cargo();
+        cmd.args(["test", "--release"]).args(args);
+        // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a
+        // missing adapter is a failure, not a skip.
+        cmd.env("WEFT_REQUIRE_GPU", "1");
+        // Likewise the default model was just fetched: tests that need it must not skip.
+        cmd.env("WEFT_REQUIRE_MODEL", "1");
+        if full {
+            cmd.env("WEFT_FULL", "1");
+        }
+        with_gpu_env(cmd)
+    };
+    stages.time("cargo test (CPU kernel family)", || run(cargo_test(&["--workspace"])))?;
     if picks_wide_vectors() {
         // The kernels of lavapipe's default 256-bit vectors (8-lane matmul workgroups) are what a
         // CPU without AVX-512 runs: their tests again at that width.
-        let mut narrow = cargo();
-        narrow.args(["test", "--release", "-p", "weft", "--test", "kernels"]);
-        narrow.env("WEFT_REQUIRE_GPU", "1");
-        if full {
-            narrow.env("WEFT_FULL", "1");
-        }
-        let mut narrow = with_gpu_env(narrow);
-        narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
-        run(narrow)?;
+        stages.time("kernel tests at 256 bits", || {
+            let mut narrow = cargo_test(&["--workspace", "--test", "kernels"]);
+            narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
+            run(narrow)
+        })?;
     }
-    test_server_python()?;
-    check_wasm()?;
-    web::test_web()
+    let mut family_args = vec!["--workspace"];
+    for name in FAMILY_TESTS {
+        family_args.extend(["--test", name]);
+    }
+    for &(what, family, bits, limits) in FAMILY_RUNS {
+        if bits > 256 && !avx512() {
+            // llvmpipe only narrows its vectors below what the CPU has.
+            stages.not_run(what, "lavapipe runs 512-bit vectors only on a CPU with AVX-512");
+            continue;
+        }
+        stages.time(what, || {
+            let mut cmd = cargo_test(&family_args);
+            cmd.env("WEFT_KERNELS", family).env("WEFT_LIMITS", limits).env("WEFT_ONE_PROMPT", "1");
+            cmd.env("LP_NATIVE_VECTOR_WIDTH", bits.to_string());
+            run(cmd)
+        })?;
+    }
+    stages.time("server tests (pytest)", test_server_python)?;
+    stages.time("wasm32 build", check_wasm)?;
+    stages.time("browser tests", web::test_web)
+}
+
+/// Each stage of a run and how long it took, printed at the end.
+#[derive(Default)]
+struct Stages(Vec<(String, std::result::Result<std::time::Duration, String>)>);
+
+impl Stages {
+    fn time(&mut self, name: &str, f: impl FnOnce() -> Result) -> Result {
+        let started = std::time::Instant::now();
+        let outcome = f();
+        let took = started.elapsed();
+        self.0.push((
+            name.into(),
+            outcome.as_ref().map(|()| took).map_err(|_| format!("failed after {:.0} s", took.as_secs_f64())),
+        ));
+        outcome
+    }
+
+    fn not_run(&mut self, name: &str, why: &str) {
+        eprintln!("xtask: not run: {name} ({why})");
+        self.0.push((name.into(), Err(format!("not run: {why}"))));
+    }
+
+    fn print(&self, passed: bool) {
+        let total: f64 = self.0.iter().filter_map(|(_, t)| t.as_ref().ok()).map(|t| t.as_secs_f64()).sum();
+        eprintln!("\nxtask: stage times ({}):", if passed { "all passed" } else { "stopped at a failure" });
+        for (name, took) in &self.0 {
+            match took {
+                Ok(t) => eprintln!("  {:>7.1} s  {name}", t.as_secs_f64()),
+                Err(why) => eprintln!("  {:>9}  {name}: {why}", "-"),
+            }
+        }
+        eprintln!("  {total:>7.1} s  in all");
+    }
 }
 
 /// Cargo's target directory (CARGO_TARGET_DIR, relative to the checkout, or target/).
@@ -620,11 +695,15 @@ fn with_gpu_env(mut cmd: Command) -> Command {
 
 /// Whether [`with_gpu_env`] asks lavapipe for 512-bit vectors.
 fn picks_wide_vectors() -> bool {
+    avx512() && std::env::var_os("LP_NATIVE_VECTOR_WIDTH").is_none()
+}
+
+/// Whether this CPU has AVX-512, without which lavapipe cannot widen its vectors to 512 bits.
+fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    return std::arch::is_x86_feature_detected!("avx512f");
     #[cfg(not(target_arch = "x86_64"))]
-    let avx512 = false;
-    avx512 && std::env::var_os("LP_NATIVE_VECTOR_WIDTH").is_none()
+    false
 }
 
 #[cfg(test)]

@@ -8,10 +8,8 @@
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{
-    Epilogue, TILED_TILE, WeightSource, X_WINDOW_BYTES, XSource, matmul_tile, rows_tile, subgroup_tile,
-};
-use crate::gpu::{GpuContext, GpuTensor, KernelFamily, Recording, ShaderVariant};
+use crate::gpu::pipelines::{Epilogue, WeightSource, XSource};
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TILED_MIN_ROWS};
 use crate::quant::DType;
 
 shader_params!(Params {
@@ -28,7 +26,7 @@ shader_params!(Params {
 /// Record `y = x · wᵀ`: x (m, k) F32, w (n, k) in any weight format, y (m, n) F32; k must be a
 /// multiple of 32 (the kernels read whole 32-element blocks).
 pub fn matmul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<()> {
-    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()), Epilogue::None)
+    record(ctx, rec, x, w, y, 0, true, Epilogue::None)
 }
 
 /// Record an MLP's gated projection in one pass: w (2n, k) holds the gate rows then the up
@@ -65,43 +63,14 @@ pub fn matmul_gated(
             ),
         ));
     }
-    record(ctx, rec, x, w, y, 0, true, Recipe::of(ctx.kernel_family()), epilogue)
+    record(ctx, rec, x, w, y, 0, true, epilogue)
 }
 
 /// Whether this device multiplies an MLP's gate and up projections for `m` rows and applies
 /// its gate in one pass ([`matmul_gated`]): one dispatch fewer per layer (tens of microseconds
-/// on CPU drivers, a few on a GPU). Every family but the baseline's tiled matmul, from
-/// [`TILED_MIN_ROWS`] rows.
+/// on CPU drivers, a few on a GPU). See [`DevicePlan::supports_gated`](crate::gpu::DevicePlan::supports_gated).
 pub fn supports_gated(ctx: &GpuContext, m: usize) -> bool {
-    ctx.kernel_family() != KernelFamily::Baseline || m < TILED_MIN_ROWS
-}
-
-/// Rows of x from which the baseline family multiplies through workgroup-memory tiles
-/// (matmul_tiled.wgsl: each weight block read once per 32 rows instead of once per 4). Its sums
-/// are matmul_rows.wgsl's, so the switch changes no bits. A full tile: below it, rows of the tile
-/// are computed and discarded (not measured on a GPU yet; the device check should set it).
-pub const TILED_MIN_ROWS: usize = 32;
-
-/// How a matmul's lanes share the work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Recipe {
-    /// Each lane owns output columns (matmul.wgsl).
-    Columns,
-    /// 8 lanes split each weight row's blocks in chunks, joined in workgroup memory
-    /// (matmul_rows.wgsl), or from [`TILED_MIN_ROWS`] rows the same sums tiled (matmul_tiled.wgsl).
-    Rows,
-    /// The lanes of a subgroup split each weight row's blocks (matmul_subgroup.wgsl).
-    Subgroup,
-}
-
-impl Recipe {
-    fn of(family: KernelFamily) -> Recipe {
-        match family {
-            KernelFamily::Cpu => Recipe::Columns,
-            KernelFamily::Baseline => Recipe::Rows,
-            KernelFamily::Subgroup => Recipe::Subgroup,
-        }
-    }
+    ctx.plan().supports_gated(m)
 }
 
 /// Record `y[:, col..col + n] = x · wᵀ`: as [`matmul`], into columns of a wider y (m, n_total)
@@ -114,7 +83,7 @@ pub fn matmul_into(
     y: &GpuTensor,
     col: usize,
 ) -> Result<()> {
-    record(ctx, rec, x, w, y, col, false, Recipe::of(ctx.kernel_family()), Epilogue::None)
+    record(ctx, rec, x, w, y, col, false, Epilogue::None)
 }
 
 /// `exact`: y must have exactly w's n columns (else at least col + n).
@@ -127,7 +96,6 @@ fn record(
     y: &GpuTensor,
     col: usize,
     exact: bool,
-    recipe: Recipe,
     epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "matmul";
@@ -155,13 +123,7 @@ fn record(
     for part in w.parts() {
         // The output columns this part's weight rows make.
         let part_cols = part.num_rows() / epilogue.rows_per_output();
-        let window_rows = if ctx.reads_textures() { (X_WINDOW_BYTES / row_bytes) as usize } else { usize::MAX };
-        let (kernel, tile) = match recipe {
-            Recipe::Columns => ("matmul", matmul_tile(m, part_cols, window_rows, epilogue, ctx.cpu_driver())),
-            Recipe::Rows if m >= TILED_MIN_ROWS => ("matmul_tiled", TILED_TILE),
-            Recipe::Rows => ("matmul_rows", rows_tile(m)),
-            Recipe::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
-        };
+        let (kernel, tile) = ctx.plan().matmul_kernel(m, part_cols, k, epilogue);
         let (wg, tn, tm) = (tile[0] as usize, tile[1] as usize, tile[2] as usize);
         // A columns workgroup covers WG · TN rows of the weight; the others TN.
         let cols_per_group = if kernel == "matmul" { wg * tn } else { tn };
