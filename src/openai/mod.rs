@@ -10,13 +10,17 @@
 //! The native server (`weft serve`) and the browser build speak the same protocol through this
 //! module; they add only their transport (HTTP status codes and SSE framing, or JS messages).
 //! Every known request field is type-checked, and an error names the field in OpenAI's shape
-//! (`{"error": {"message", "type", "param", "code"}}`). Values are validated once, by the
-//! engine when the request is submitted; [`OpenAiError::from_engine`] gives that refusal
-//! OpenAI's shape.
+//! (`{"error": {"message", "type", "param", "code"}}`). Nothing is dropped silently: a field is
+//! honoured, refused naming it (`n` above 1, a non-empty `logit_bias`, a field weft does not
+//! know), or one of a few metadata fields ignored on purpose (`fields_tests` is the table).
+//! Values are validated once, by the engine when the request is submitted;
+//! [`OpenAiError::from_engine`] gives that refusal OpenAI's shape.
 //!
 //! **Boundary:** no HTTP, no async runtime; callers add status codes and framing.
 
 mod error;
+#[cfg(test)]
+mod fields_tests;
 mod parse;
 mod shape;
 mod structured;

@@ -87,10 +87,28 @@ fn wrong_types_name_the_field() {
         assert_invalid(full(Endpoint::Chat, &chat(json!({ field: value }))), Some(field), needle);
     }
     assert_invalid(
-        full(Endpoint::Chat, &chat(json!({"stream_options": {"include_usage": 1}}))),
+        full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": 1}}))),
         Some("stream_options"),
         "include_usage",
     );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"stop_token_ids": [1, -2]}))),
+        Some("stop_token_ids"),
+        "-2 is not a token id",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"stop_token_ids": 7}))),
+        Some("stop_token_ids"),
+        "expected a list of token ids",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"priority": 1_i64 << 40}))),
+        Some("priority"),
+        "32-bit integer",
+    );
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"metadata": {"a": 1}}))), Some("metadata"), "object of strings");
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"store": "yes"}))), Some("store"), "expected true or false");
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"logit_bias": [1]}))), Some("logit_bias"), "expected an object");
     assert_invalid(
         full(Endpoint::Completion, &completion(json!({"logprobs": true}))),
         Some("logprobs"),
@@ -103,8 +121,13 @@ fn wrong_types_name_the_field() {
 
 #[test]
 fn only_one_choice() {
-    assert_invalid(full(Endpoint::Chat, &chat(json!({"n": 2}))), Some("n"), "only n=1");
+    assert_invalid(
+        full(Endpoint::Chat, &chat(json!({"n": 2}))),
+        Some("n"),
+        "one choice per request (n=1): send 2 requests",
+    );
     assert_invalid(full(Endpoint::Completion, &completion(json!({"best_of": 3}))), Some("best_of"), "only best_of=1");
+    assert!(full(Endpoint::Completion, &completion(json!({"best_of": 1}))).is_ok());
     assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
 }
 
@@ -159,11 +182,24 @@ fn bad_messages() {
 fn bad_prompts() {
     assert_invalid(full(Endpoint::Completion, &body(json!({}))), Some("prompt"), "missing");
     assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": 5}))), Some("prompt"), "expected a string");
-    assert_invalid(
-        full(Endpoint::Completion, &body(json!({"prompt": ["a", "b"]}))),
-        Some("prompt"),
-        "list of one string",
-    );
+    let cases = [
+        (json!(["a", "b"]), "a batch of 2 prompts"),
+        (json!([[1, 2], [3]]), "a batch of 2 prompts"),
+        (json!([]), "the list is empty"),
+        (json!([[]]), "expected a string, a list of token ids"),
+        (json!([1, "a"]), "expected a string, a list of token ids"),
+        (json!([1, -1]), "-1 is not a token id"),
+        (json!([1.5]), "1.5 is not a token id"),
+        (json!([1_u64 << 33]), "is not a token id"),
+        (json!({"text": "a"}), "expected a string, a list of token ids"),
+    ];
+    for (prompt, needle) in cases {
+        assert_invalid(full(Endpoint::Completion, &body(json!({ "prompt": prompt }))), Some("prompt"), needle);
+    }
+    for prompt in [json!([5, 6, 7]), json!([[5, 6, 7]])] {
+        let r = full(Endpoint::Completion, &body(json!({ "prompt": prompt }))).unwrap();
+        assert_eq!(r.request.prompt, Prompt::Tokens(vec![5, 6, 7]));
+    }
     assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": ""}))), Some("prompt"), "empty");
     assert_invalid(full(Endpoint::Completion, &completion(json!({"echo": true}))), Some("echo"), "not supported");
     let r = full(Endpoint::Completion, &body(json!({"prompt": ["once"]}))).unwrap();
@@ -186,7 +222,7 @@ fn fields_and_defaults() {
         &chat(json!({
             "model": "m", "temperature": 0, "top_p": 0.5, "top_k": -1, "min_p": 0.1, "seed": 7,
             "stop": "x", "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
-            "max_completion_tokens": 9, "max_tokens": 99,
+            "max_completion_tokens": 9, "max_tokens": 9,
         })),
     )
     .unwrap();
@@ -194,7 +230,7 @@ fn fields_and_defaults() {
     assert_eq!(r.model.as_deref(), Some("m"));
     assert!(r.stream && r.include_usage);
     let p = &r.request.params;
-    assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
+    assert_eq!(p.max_tokens, Some(9));
     assert_eq!(
         (p.sampling.temperature, p.sampling.top_p, p.sampling.top_k, p.sampling.min_p, p.sampling.seed),
         (0.0, 0.5, 0, 0.1, Some(7))
@@ -401,7 +437,29 @@ fn against_a_tiny_engine() {
     let n = engine.tokenizer().encode("abc", true).unwrap().len();
     let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
     assert_eq!(whole.usage.completion_tokens, engine.config().max_model_len - n);
-    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "only n=1");
+    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "n=1");
+
+    // stop_token_ids reach the engine: the first of them generated ends the answer, "stop".
+    let greedy = json!({"prompt": "abc", "ignore_eos": true, "temperature": 0, "max_tokens": 4});
+    let r = parse(Endpoint::Completion, &body(greedy.clone())).unwrap();
+    let four = crate::rt::block_on(engine.infer(r.request)).unwrap();
+    assert_eq!(four.finish_reason, FinishReason::Length);
+    let stop_at = four.token_ids[2];
+    let first = four.token_ids.iter().position(|&t| t == stop_at).unwrap();
+    let mut b = body(greedy.clone());
+    b.insert("stop_token_ids".into(), json!([stop_at]));
+    let stopped = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &b).unwrap().request)).unwrap();
+    assert_eq!((stopped.finish_reason, stopped.usage.completion_tokens), (FinishReason::Stop, first + 1));
+    // One outside the vocabulary is refused, naming the field.
+    b.insert("stop_token_ids".into(), json!([1, 5000]));
+    let refused =
+        OpenAiError::from_engine(engine.submit(parse(Endpoint::Completion, &b).unwrap().request).unwrap_err());
+    assert_eq!(refused.param.as_deref(), Some("stop_token_ids"));
+    // A prompt of token ids is the prompt those ids spell.
+    let mut b = body(greedy);
+    b.insert("prompt".into(), json!([engine.tokenizer().encode("abc", true).unwrap()]));
+    let by_ids = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &b).unwrap().request)).unwrap();
+    assert_eq!(by_ids.token_ids, four.token_ids);
     // Lengths are the engine's to check, with OpenAI's error shape.
     let r = parse(Endpoint::Completion, &completion(json!({"max_tokens": 1000}))).unwrap();
     let refused = OpenAiError::from_engine(engine.submit(r.request).expect_err("max_tokens 1000 must be refused"));
