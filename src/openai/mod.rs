@@ -2,6 +2,8 @@
 //! (`parse`), and shaping responses and streamed chunks (`shape`) as JSON values, with
 //! OpenAI's error shape (`error`).
 //!
+//! vLLM's `/tokenize` and `/detokenize` bodies are read and answered here too (`tokenize`).
+//!
 //! Structured output (`response_format`, vLLM's `structured_outputs` and `guided_*`,
 //! llama.cpp's `grammar`) becomes the request's constraint (`structured`); `tools` are shown to
 //! the model by its chat template, a required or named `tool_choice` becomes a grammar, and
@@ -28,11 +30,13 @@ mod structured;
 mod structured_tests;
 #[cfg(test)]
 mod tests;
+mod tokenize;
 mod tools;
 
 pub use error::OpenAiError;
 pub use parse::{OpenAiRequest, parse, parse_body, requested_model};
 pub use shape::{ChunkShaper, finish_str, response_json, response_json_with, usage_json};
+pub use tokenize::{detokenize, tokenize};
 pub use tools::{ToolsRequest, call_id};
 
 /// Which OpenAI endpoint a request is for.

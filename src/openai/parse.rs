@@ -413,6 +413,11 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
     Ok(Common { params, stream, include_usage, logprobs })
 }
 
+/// `messages` of a body (for `/tokenize`), read as a chat completion reads them.
+pub(crate) fn parse_messages_of(body: &Map<String, Value>) -> ApiResult<Vec<ChatMessage>> {
+    parse_messages(&Fields(body))
+}
+
 fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
     let Some(v) = f.get("messages") else {
         return Err(OpenAiError::invalid("messages", "invalid messages: missing (a list of {role, content} objects)"));

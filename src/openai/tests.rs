@@ -487,3 +487,104 @@ fn against_a_tiny_engine() {
     assert_eq!(text, whole.text, "streamed and whole agree");
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
 }
+
+fn tiny_hf_tokenizer(template: bool) -> crate::tokenizer::HfTokenizer {
+    let meta: crate::model::gguf::Metadata = crate::model::tiny::tokenizer_metadata()
+        .into_iter()
+        .filter(|(k, _)| template || *k != "tokenizer.chat_template")
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    crate::tokenizer::HfTokenizer::from_gguf_metadata(&meta).unwrap()
+}
+
+#[test]
+fn tokenize_a_prompt_or_a_conversation() {
+    let tok = tiny_tokenizer();
+    let t = tok.as_ref();
+    let v = tokenize(t, 64, &body(json!({"model": "m", "prompt": "hi there", "return_token_strs": true}))).unwrap();
+    let ids = t.encode("hi there", true).unwrap();
+    assert_eq!(v["tokens"], json!(ids));
+    assert_eq!((v["count"].as_u64(), v["max_model_len"].as_u64()), (Some(8), Some(64)));
+    // As the vocabulary spells them: GPT-2's byte alphabet writes a space as "Ġ".
+    assert_eq!(v["token_strs"], json!(["h", "i", "Ġ", "t", "h", "e", "r", "e"]));
+    let v = tokenize(t, 64, &body(json!({"prompt": "hi"}))).unwrap();
+    assert!(v["token_strs"].is_null(), "token strings only when asked");
+
+    // A conversation: the tokens a chat completion's prompt is, generation prompt and all.
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let v = tokenize(t, 64, &body(json!({"messages": messages}))).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], true).unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n"), "{text:?}");
+    assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
+    assert_eq!(detokenize(t, &body(json!({"tokens": v["tokens"]}))).unwrap(), json!({ "prompt": text }));
+    let v = tokenize(t, 64, &body(json!({"messages": messages, "add_generation_prompt": false}))).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], false).unwrap();
+    assert!(!text.ends_with("<|im_start|>assistant\n"), "{text:?}");
+    assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
+    // The template shows the tools.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let v = tokenize(t, 64, &body(json!({"messages": messages, "tools": tools}))).unwrap();
+    let prompt = detokenize(t, &body(json!({"tokens": v["tokens"]}))).unwrap();
+    assert!(prompt["prompt"].as_str().unwrap().contains("get_weather"), "{prompt}");
+    // Special tokens are kept, and an empty list is an empty text.
+    assert_eq!(detokenize(t, &body(json!({"model": "m", "tokens": [258, 104]}))).unwrap()["prompt"], "<|im_start|>h");
+    assert_eq!(detokenize(t, &body(json!({"tokens": []}))).unwrap()["prompt"], "");
+}
+
+#[test]
+fn tokenize_errors_name_the_field() {
+    let tok = tiny_tokenizer();
+    let t = tok.as_ref();
+    let chat = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!({"prompt": "a", "messages": chat}), Some("messages"), "not both"),
+        (json!({"model": "m"}), None, "needs a prompt"),
+        (json!({"prompt": 5}), Some("prompt"), "expected a string"),
+        (json!({"prompt": "a", "add_generation_prompt": true}), Some("add_generation_prompt"), "unknown field"),
+        (json!({"prompt": "a", "add_special_tokens": "yes"}), Some("add_special_tokens"), "expected true or false"),
+        (json!({"prompt": "a", "return_token_strs": 1}), Some("return_token_strs"), "expected true or false"),
+        (json!({"messages": chat, "continue_final_message": true}), Some("continue_final_message"), "remove"),
+        (json!({"messages": chat, "chat_template_kwargs": {}}), Some("chat_template_kwargs"), "unknown field"),
+        (json!({"messages": "hi"}), Some("messages"), "expected a list"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": 3}), Some("tools"), "list of tools"),
+    ];
+    for (b, param, needle) in cases {
+        assert_invalid(tokenize(t, 64, &body(b)), param, needle);
+    }
+    let bare = tiny_hf_tokenizer(false);
+    assert_invalid(tokenize(&bare, 64, &body(json!({"messages": chat}))), Some("messages"), "no chat template");
+    let mut refusing = tiny_hf_tokenizer(false);
+    refusing.set_chat_template("{{ raise_exception('only one message, please') }}").unwrap();
+    assert_invalid(tokenize(&refusing, 64, &body(json!({"messages": chat}))), Some("messages"), "only one message");
+
+    let cases = [
+        (json!({}), Some("tokens"), "missing"),
+        (json!({"tokens": "1 2"}), Some("tokens"), "expected a list of token ids"),
+        (json!({"tokens": [1, -1]}), Some("tokens"), "-1 is not a token id"),
+        (json!({"tokens": [1.5]}), Some("tokens"), "1.5 is not a token id"),
+        (json!({"tokens": [1, 260]}), Some("tokens"), "token id 260 is outside the vocabulary (ids 0 to 259)"),
+        (json!({"tokens": [1], "prompt": "a"}), Some("prompt"), "unknown field"),
+    ];
+    for (b, param, needle) in cases {
+        assert_invalid(detokenize(t, &body(b)), param, needle);
+    }
+}
+
+#[test]
+fn a_chat_template_replaces_the_models() {
+    let mut tok = tiny_hf_tokenizer(true);
+    let own = tok.chat_template().unwrap().source().to_string();
+    let e = tok.set_chat_template("{% for %}").unwrap_err().to_string();
+    assert!(e.contains("does not parse"), "{e}");
+    assert_eq!(tok.chat_template().unwrap().source(), own, "a template that fails leaves the old one");
+    let source = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}\
+                  {% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}";
+    tok.set_chat_template(source).unwrap();
+    let v = tokenize(&tok, 64, &body(json!({"messages": [{"role": "user", "content": "hi"}]}))).unwrap();
+    let text = detokenize(&tok, &body(json!({"tokens": v["tokens"]}))).unwrap();
+    assert_eq!(text["prompt"], "[user]hi[assistant]<|endoftext|>");
+    // A model without a template gets one.
+    let mut bare = tiny_hf_tokenizer(false);
+    bare.set_chat_template(source).unwrap();
+    assert_eq!(bare.chat_template().unwrap().source(), source);
+}
