@@ -134,6 +134,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Render chat prompts with this Jinja chat template instead of the model's own (or give
+    /// one to a model without); an error if it does not parse.
+    pub fn chat_template(mut self, source: &str) -> Result<Self> {
+        Arc::make_mut(&mut self.files.tokenizer).set_chat_template(source)?;
+        Ok(self)
+    }
+
     /// Speculative decoding with these settings. Prompt lookup (`Drafter::PromptLookup`) needs
     /// nothing else; a draft model (`Drafter::DraftModel`) needs [`draft_model`](Self::draft_model).
     pub fn speculation(mut self, config: SpeculationConfig) -> Self {

@@ -307,8 +307,9 @@ fn bad_requests_are_refused_while_others_continue() {
     bad(&|r| r.params.max_tokens = Some(63), "max_tokens");
     bad(&|r| r.prompt = Prompt::Tokens(vec![1, 2, 100_000]), "outside the vocabulary");
     bad(&|r| r.prompt = Prompt::Chat(vec![]), "messages");
+    bad(&|r| r.params.stop_token_ids = vec![3, 100_000], "stop_token_ids");
     assert_eq!(running.join().unwrap().token_ids, want[0].token_ids);
-    assert_eq!(e.metrics().requests_rejected, 7);
+    assert_eq!(e.metrics().requests_rejected, 8);
     e.shutdown();
 }
 

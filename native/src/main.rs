@@ -169,8 +169,8 @@ enum Command {
         top_p: f32,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
-    /// /health (liveness), /ready (readiness) and /metrics (Prometheus text, weft's names and
-    /// vLLM's).
+    /// /tokenize and /detokenize (vLLM's), /health (liveness), /ready (readiness) and /metrics
+    /// (Prometheus text, weft's names and vLLM's).
     ///
     /// A request without max_tokens gets the rest of the context, at most 256 tokens.
     /// temperature defaults to 1.0 (as OpenAI's). Requests are refused with 503 and Retry-After
@@ -190,7 +190,8 @@ enum Command {
         /// Port to listen on (0 picks a free one; the address is printed on stderr).
         #[arg(long, default_value_t = 8000)]
         port: u16,
-        /// Require `Authorization: Bearer KEY` on /v1/* (/health and /metrics stay open) [default: none]
+        /// Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize (/health, /ready
+        /// and /metrics stay open) [default: none]
         #[arg(long, env = "WEFT_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
         /// Sequences in one engine step at most.
@@ -221,6 +222,15 @@ enum Command {
         /// are cancelled.
         #[arg(long, default_value = "30", value_parser = serve::parse_seconds)]
         drain_timeout: std::time::Duration,
+        /// Render chat prompts with this Jinja chat template file instead of the model's own
+        /// (read and checked at start).
+        #[arg(long, value_name = "FILE")]
+        chat_template: Option<PathBuf>,
+        /// Let web pages from ORIGIN (e.g. http://localhost:5173; repeat for several, or `*`
+        /// for any) call the server: answers CORS preflight requests and adds
+        /// Access-Control-Allow-Origin [default: none, no CORS headers]
+        #[arg(long, value_name = "ORIGIN", value_parser = serve::parse_origin)]
+        cors_origin: Vec<String>,
         #[command(flatten)]
         spec: SpecArgs,
     },
@@ -386,6 +396,8 @@ fn main() -> ExitCode {
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
+            chat_template,
+            cors_origin,
             spec,
         } => serve::run(serve::Options {
             model,
@@ -400,6 +412,8 @@ fn main() -> ExitCode {
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
+            chat_template,
+            cors_origins: cors_origin,
             speculation: spec.speculation(),
         }),
     };

@@ -6,6 +6,9 @@
 //! routing, loading, readiness and the drain (`metrics.rs` writes `/metrics`). Streaming
 //! responses are the engine's stream turned into server-sent events, so a client that goes away
 //! drops the stream, which cancels the request and frees its KV blocks at the next step.
+//! `/tokenize` and `/detokenize` are vLLM's (the protocol is `weft::openai::tokenize`).
+//! `--chat-template FILE` replaces the model's chat template; `--cors-origin` lets web pages of
+//! the given origins call the server (preflight answered here, before the API key is asked for).
 //!
 //! Made to run as one of many stateless replicas behind a load balancer: `/health` is liveness
 //! (the process and its GPU work), `/ready` is readiness (loaded and not draining). The first
@@ -25,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -62,7 +65,32 @@ pub struct Options {
     pub served_model_name: Option<String>,
     /// How long the requests in flight may take to finish once a drain starts.
     pub drain_timeout: Duration,
+    /// A Jinja chat template file used instead of the model's own.
+    pub chat_template: Option<PathBuf>,
+    /// Origins whose web pages may call the server (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
     pub speculation: crate::generate::Speculation,
+}
+
+/// `--cors-origin`: `*`, or an origin as browsers send it (`scheme://host[:port]`; one trailing
+/// slash is dropped).
+pub fn parse_origin(s: &str) -> std::result::Result<String, String> {
+    let t = s.trim();
+    if t == "*" {
+        return Ok(t.to_string());
+    }
+    let t = t.strip_suffix('/').unwrap_or(t);
+    let host = t.strip_prefix("http://").or_else(|| t.strip_prefix("https://"));
+    let valid =
+        host.is_some_and(|h| !h.is_empty() && !h.contains(['/', '?', '#', ' '])) && HeaderValue::from_str(t).is_ok();
+    if valid {
+        Ok(t.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not an origin: give scheme://host[:port] as the page's address bar shows it \
+             (e.g. http://localhost:5173), or * for any"
+        ))
+    }
 }
 
 /// Parse "256MiB", "1GiB", "512MB", "1048576" into bytes.
@@ -104,6 +132,8 @@ struct AppState {
     in_flight: AtomicUsize,
     /// Woken when `in_flight` drops to 0.
     idle: Notify,
+    /// `--cors-origin`: the origins (or `*`) whose pages may call; empty: no CORS.
+    cors_origins: Vec<String>,
 }
 
 /// Counts one completion request in `AppState::in_flight` while it lives.
@@ -338,6 +368,29 @@ async fn models(State(state): State<Shared>) -> ApiResult<Response> {
     .into_response())
 }
 
+/// vLLM's `/tokenize`: a prompt or a conversation (rendered as a chat completion's) to token ids.
+async fn tokenize(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?;
+    check_model(&state, &map)?;
+    let v = weft::openai::tokenize(engine.tokenizer().as_ref(), engine.config().max_model_len, &map)?;
+    Ok(Json(v).into_response())
+}
+
+/// vLLM's `/detokenize`: token ids to text.
+async fn detokenize(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?;
+    check_model(&state, &map)?;
+    Ok(Json(weft::openai::detokenize(engine.tokenizer().as_ref(), &map)?).into_response())
+}
+
 async fn health(State(state): State<Shared>) -> Response {
     let engine = match ready(&state) {
         Ok(e) => e.clone(),
@@ -439,11 +492,71 @@ async fn require_key(State(state): State<Shared>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
+/// CORS for `--cors-origin`: a preflight (`OPTIONS` with `Access-Control-Request-Method`) from
+/// an allowed origin is answered here, before routing and the API key (browsers send no
+/// credentials in it); other responses to an allowed origin get `Access-Control-Allow-Origin`.
+/// Without `--cors-origin`, nothing changes.
+async fn cors(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let origin = match req.headers().get(header::ORIGIN) {
+        Some(o) if !state.cors_origins.is_empty() => o.clone(),
+        _ => return next.run(req).await,
+    };
+    let any = state.cors_origins.iter().any(|o| o == "*");
+    let allowed = any || state.cors_origins.iter().any(|o| o.as_bytes() == origin.as_bytes());
+    let allow = |h: &mut HeaderMap| {
+        if any {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+        } else {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+    };
+    if req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD) {
+        if !allowed {
+            let shown = String::from_utf8_lossy(origin.as_bytes()).into_owned();
+            let message = format!("the origin {shown} may not call this server; start it with --cors-origin {shown}");
+            return ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", message).into_response();
+        }
+        let headers = req
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type"));
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        allow(h);
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, headers);
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from(600));
+        return r;
+    }
+    let mut r = next.run(req).await;
+    if allowed {
+        allow(r.headers_mut());
+    } else if !any {
+        // A cache must not hand this answer (without the header) to an allowed origin.
+        r.headers_mut().append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    r
+}
+
 // ---------------------------------------------------------------------------------------------
 // The server.
 
 pub fn run(opts: Options) -> Result<()> {
     let path = crate::generate::model_path(opts.model.clone())?;
+    // Read and checked before anything starts: a bad file is an error at once, not after loading.
+    let chat_template = match &opts.chat_template {
+        None => None,
+        Some(file) => {
+            let shown = file.display();
+            let source = std::fs::read_to_string(file)
+                .map_err(|e| WeftError::Unsupported(format!("cannot read --chat-template {shown}: {e}")))?;
+            weft::tokenizer::ChatTemplate::new(&source, None, None)
+                .map_err(|e| WeftError::Unsupported(format!("--chat-template {shown}: {e}")))?;
+            Some(source)
+        }
+    };
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
     let model_id = opts.served_model_name.clone().or(stem).unwrap_or_else(|| path.display().to_string());
     let state = Arc::new(AppState {
@@ -457,18 +570,19 @@ pub fn run(opts: Options) -> Result<()> {
         draining: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         idle: Notify::new(),
+        cors_origins: opts.cors_origins.clone(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| WeftError::Unsupported(format!("could not start the async runtime: {e}")))?;
-    let result = runtime.block_on(serve(opts, path, state));
+    let result = runtime.block_on(serve(opts, path, chat_template, state));
     // A model still loading (a drain can end first) must not hold the exit.
     runtime.shutdown_background();
     result
 }
 
-async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
+async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, state: Shared) -> Result<()> {
     // Before anything slow: a SIGTERM while the model loads drains (at once) instead of killing.
     let signals = Signals::new()?;
     let addr: SocketAddr = format!("{}:{}", opts.host, opts.port)
@@ -500,6 +614,10 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
             .and_then(|b| speculation.apply(b))
+            .and_then(|b| match &chat_template {
+                Some(source) => b.chat_template(source),
+                None => Ok(b),
+            })
             .and_then(|b| {
                 weft::rt::block_on(
                     b.config(config).kv_memory_bytes(kv).kv_cache_dtype(kv_dtype).on_progress(progress).build(),
@@ -532,6 +650,8 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let app = Router::new()
         .route("/health", get(health))
@@ -541,6 +661,7 @@ async fn serve(opts: Options, path: PathBuf, state: Shared) -> Result<()> {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), cors))
         .with_state(state.clone());
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_timeout = opts.drain_timeout;

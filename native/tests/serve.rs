@@ -356,6 +356,17 @@ fn bad_requests_get_json_errors() {
         ),
         ("negative max_tokens", chat_path, with(&|v| v["max_tokens"] = json!(-5)), vec![], 400, Some("max_tokens")),
         ("n=2", chat_path, with(&|v| v["n"] = json!(2)), vec![], 400, Some("n")),
+        ("logit_bias", chat_path, with(&|v| v["logit_bias"] = json!({"50": 5})), vec![], 400, Some("logit_bias")),
+        ("an unknown field", chat_path, with(&|v| v["frobnicate"] = json!(1)), vec![], 400, Some("frobnicate")),
+        ("bad JSON to /tokenize", "/tokenize", b"{\"prompt\": ".to_vec(), vec![], 400, None),
+        (
+            "an unknown token id",
+            "/detokenize",
+            json!({"tokens": [1, 10_000_000]}).to_string().into_bytes(),
+            vec![],
+            400,
+            Some("tokens"),
+        ),
         (
             "temperature out of range",
             chat_path,

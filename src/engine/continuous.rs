@@ -42,7 +42,7 @@ use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
 use crate::sampling::{Sampled, Sampler, SamplingParams, TokenMask};
 use crate::step::{ModelExecutor, StepBatch, accepted_len};
 use crate::tensor::TensorFactory;
-use crate::tokenizer::{DecodeStream, Tokenizer};
+use crate::tokenizer::{ChatMessage, DecodeStream, Tokenizer};
 
 /// Why speculation and recurrent layers do not mix yet: a rejected drafted token would stay in
 /// the state, and rolling it back needs per-position state checkpoints, which are not kept.
@@ -344,22 +344,14 @@ impl ContinuousBatchEngine {
             Prompt::Tokens(ids) => {
                 let vocab = self.inner.executor.vocab_size();
                 match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => {
-                        Err(WeftError::invalid("prompt", format!("token id {t} is outside the vocabulary of {vocab}")))
-                    }
+                    Some(t) => Err(WeftError::invalid(
+                        "prompt",
+                        format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
+                    )),
                     None => Ok(ids.clone()),
                 }
             }
-            Prompt::Chat(messages) => {
-                let template = tok.chat_template().ok_or_else(|| {
-                    WeftError::invalid("messages", "this model has no chat template; send a text prompt")
-                })?;
-                // A template that cannot show tools gets them in a system message instead.
-                let shows_tools = tools::template_shows_tools(template.source());
-                let messages = tools::messages_for_template(template.source(), messages, &request.tools);
-                let tools = if shows_tools { &request.tools[..] } else { &[] };
-                tok.encode(&template.render_with_tools(&messages, tools, true)?, false)
-            }
+            Prompt::Chat(messages) => tok.encode(&render_chat(tok.as_ref(), messages, &request.tools, true)?, false),
         }
     }
 
@@ -388,6 +380,13 @@ impl ContinuousBatchEngine {
         }
         let admitted = request.validate().and_then(|()| {
             let prompt = self.tokenize(&request)?;
+            let vocab = self.inner.executor.vocab_size();
+            if let Some(t) = request.params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(WeftError::invalid(
+                    "stop_token_ids",
+                    format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
+                ));
+            }
             // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
             let decoder = DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt)?;
             // Compiled here, once: a constraint that cannot be compiled never reaches a step.
@@ -790,4 +789,23 @@ fn compute_masks(jobs: Vec<MaskJob>) -> MaskReport {
         }
     }
     MaskReport { seconds: started.elapsed().as_secs_f64(), failed }
+}
+
+/// The text a chat prompt becomes: `messages` through the model's chat template, with the tool
+/// definitions (a template that cannot show tools gets them in a system message instead);
+/// `add_generation_prompt` ends it with the header of the assistant's turn. The engine encodes
+/// this text without adding special tokens (the template writes its own).
+pub fn render_chat(
+    tok: &dyn Tokenizer,
+    messages: &[ChatMessage],
+    tool_defs: &[serde_json::Value],
+    add_generation_prompt: bool,
+) -> Result<String> {
+    let template = tok
+        .chat_template()
+        .ok_or_else(|| WeftError::invalid("messages", "this model has no chat template; send a text prompt"))?;
+    let shows_tools = tools::template_shows_tools(template.source());
+    let messages = tools::messages_for_template(template.source(), messages, tool_defs);
+    let tool_defs = if shows_tools { tool_defs } else { &[] };
+    template.render_with_tools(&messages, tool_defs, add_generation_prompt)
 }

@@ -16,6 +16,6 @@ pub mod stop;
 mod stream;
 
 pub use crate::kv::RecurrentStateManager;
-pub use continuous::{ContinuousBatchEngine, EngineConfig};
+pub use continuous::{ContinuousBatchEngine, EngineConfig, render_chat};
 pub use spec::{Drafter, SpeculationConfig, SpeculativeDecodingConfig};
 pub use stream::collect_response;

@@ -2,6 +2,8 @@
 //! (`parse`), and shaping responses and streamed chunks (`shape`) as JSON values, with
 //! OpenAI's error shape (`error`).
 //!
+//! vLLM's `/tokenize` and `/detokenize` bodies are read and answered here too (`tokenize`).
+//!
 //! Structured output (`response_format`, vLLM's `structured_outputs` and `guided_*`,
 //! llama.cpp's `grammar`) becomes the request's constraint (`structured`); `tools` are shown to
 //! the model by its chat template, a required or named `tool_choice` becomes a grammar, and
@@ -10,13 +12,17 @@
 //! The native server (`weft serve`) and the browser build speak the same protocol through this
 //! module; they add only their transport (HTTP status codes and SSE framing, or JS messages).
 //! Every known request field is type-checked, and an error names the field in OpenAI's shape
-//! (`{"error": {"message", "type", "param", "code"}}`). Values are validated once, by the
-//! engine when the request is submitted; [`OpenAiError::from_engine`] gives that refusal
-//! OpenAI's shape.
+//! (`{"error": {"message", "type", "param", "code"}}`). Nothing is dropped silently: a field is
+//! honoured, refused naming it (`n` above 1, a non-empty `logit_bias`, a field weft does not
+//! know), or one of a few metadata fields ignored on purpose (`fields_tests` is the table).
+//! Values are validated once, by the engine when the request is submitted;
+//! [`OpenAiError::from_engine`] gives that refusal OpenAI's shape.
 //!
 //! **Boundary:** no HTTP, no async runtime; callers add status codes and framing.
 
 mod error;
+#[cfg(test)]
+mod fields_tests;
 mod parse;
 mod shape;
 mod structured;
@@ -24,11 +30,13 @@ mod structured;
 mod structured_tests;
 #[cfg(test)]
 mod tests;
+mod tokenize;
 mod tools;
 
 pub use error::OpenAiError;
 pub use parse::{OpenAiRequest, parse, parse_body, requested_model};
 pub use shape::{ChunkShaper, finish_str, response_json, response_json_with, usage_json};
+pub use tokenize::{detokenize, tokenize};
 pub use tools::{ToolsRequest, call_id};
 
 /// Which OpenAI endpoint a request is for.

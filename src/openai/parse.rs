@@ -1,16 +1,74 @@
 //! Reading chat and text completion request bodies: every known field is type-checked and an
 //! error names the field. What a value may be (ranges, lengths against the context) is checked
 //! once, by the engine at submission.
+//!
+//! Nothing is dropped silently: a field is honoured, refused with an error naming it (one weft
+//! cannot honour, or a value it cannot honour, such as `n` above 1 or a non-empty
+//! `logit_bias`), or one of the few metadata fields that change nothing about the answer
+//! ([`IGNORED_FIELDS`]). A field weft does not know is refused too.
 
 use serde_json::{Map, Value};
 
 use crate::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use crate::openai::Endpoint;
 use crate::openai::error::{ApiResult, OpenAiError};
-use crate::openai::structured::parse_constraint;
+use crate::openai::structured::{FIELDS as STRUCTURED_FIELDS, parse_constraint};
 use crate::openai::tools::{ToolsRequest, parse_tools, template_tool_calls};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
+
+/// Fields both endpoints read (OpenAI's, then vLLM's extensions: `top_k`, `min_p`,
+/// `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `priority`); the structured-output
+/// fields come on top.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "prompt_cache_retention",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "stop_token_ids",
+    "priority",
+];
+
+/// Fields only chat completions read.
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "web_search_options",
+    "functions",
+    "function_call",
+];
+
+/// Fields only text completions read.
+const COMPLETION_FIELDS: &[&str] = &["prompt", "logprobs", "echo", "best_of", "suffix"];
+
+/// Accepted and type-checked, then ignored on purpose: metadata about the caller or about
+/// OpenAI's own services (its dashboard, storage, service tiers, abuse detection, cache routing)
+/// that changes nothing about the tokens a single-model server answers with.
+pub(crate) const IGNORED_FIELDS: &[&str] =
+    &["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"];
 
 /// Parse a JSON request body, which must be an object.
 pub fn parse_body(text: &[u8]) -> ApiResult<Map<String, Value>> {
@@ -52,22 +110,15 @@ pub fn parse(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiR
     let model = f.string("model")?.map(str::to_string);
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(parse_messages(&f)?),
-        Endpoint::Completion => {
-            let prompt = parse_prompt(&f)?;
-            if f.bool("echo")?.unwrap_or(false) {
-                return Err(OpenAiError::invalid("echo", "invalid echo: echo is not supported"));
-            }
-            Prompt::Text(prompt)
-        }
+        Endpoint::Completion => parse_prompt(&f)?,
     };
+    refuse_unknown(endpoint, body)?;
+    refuse_unsupported(endpoint, &f)?;
     let mut common = parse_common(&f, endpoint == Endpoint::Chat)?;
     let constraint = parse_constraint(body)?;
     let parsed_tools = match endpoint {
         Endpoint::Chat => Some(parse_tools(body)?),
-        Endpoint::Completion => match f.get("tools") {
-            Some(_) => return Err(OpenAiError::invalid("tools", "invalid tools: tools are for chat completions")),
-            None => None,
-        },
+        Endpoint::Completion => None,
     };
     let (tools, tools_request, tool_constraint) = match parsed_tools {
         Some(t) => (t.tools, t.request, t.constraint),
@@ -93,6 +144,106 @@ pub fn parse(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiR
         model,
         tools: tools_request,
     })
+}
+
+/// Every field `endpoint` reads: honoured, refused unless it asks for nothing, or ignored.
+pub(crate) fn known_fields(endpoint: Endpoint) -> Vec<&'static str> {
+    let own = match endpoint {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completion => COMPLETION_FIELDS,
+    };
+    [COMMON_FIELDS, own, IGNORED_FIELDS, STRUCTURED_FIELDS].concat()
+}
+
+/// A field this endpoint does not know is refused, naming it (the first in name order; `null`
+/// asks for nothing).
+fn refuse_unknown(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<()> {
+    let known = known_fields(endpoint);
+    let mut unknown: Vec<&String> =
+        body.iter().filter(|(k, v)| !v.is_null() && !known.contains(&k.as_str())).map(|(k, _)| k).collect();
+    unknown.sort();
+    let Some(k) = unknown.first() else { return Ok(()) };
+    let other = match endpoint {
+        Endpoint::Chat if COMPLETION_FIELDS.contains(&k.as_str()) => " (it is for /v1/completions)",
+        Endpoint::Completion if CHAT_FIELDS.contains(&k.as_str()) => " (it is for /v1/chat/completions)",
+        _ => "",
+    };
+    Err(OpenAiError::invalid(
+        k,
+        format!("unknown field {k}{other}: weft does not support it; remove it from the request"),
+    ))
+}
+
+/// Fields weft knows but cannot honour: refused unless absent, `null` or their do-nothing value.
+fn refuse_unsupported(endpoint: Endpoint, f: &Fields) -> ApiResult<()> {
+    let refuse = |k: &str, why: &str| Err(OpenAiError::invalid(k, format!("invalid {k}: {why}")));
+    match f.get("logit_bias") {
+        None => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(Value::Object(_)) => {
+            return refuse("logit_bias", "weft does not apply logit biases; remove logit_bias (or send {})");
+        }
+        Some(v) => return refuse("logit_bias", &format!("expected an object of token ids to biases, got {v}")),
+    }
+    if let Some(n) = f.int("n")?
+        && n != 1
+    {
+        return refuse("n", &format!("{n}; weft answers one choice per request (n=1): send {n} requests instead"));
+    }
+    if endpoint == Endpoint::Completion {
+        if let Some(b) = f.int("best_of")?
+            && b != 1
+        {
+            return refuse("best_of", &format!("{b}; only best_of=1 is supported"));
+        }
+        if f.bool("echo")?.unwrap_or(false) {
+            return refuse("echo", "echoing the prompt is not supported; remove echo (or send false)");
+        }
+        if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
+            return refuse("suffix", "weft does not insert text before a suffix; remove suffix");
+        }
+    }
+    match f.string("prompt_cache_retention")? {
+        None | Some("in_memory") => {}
+        Some(other) => {
+            return refuse(
+                "prompt_cache_retention",
+                &format!("{other:?}: weft's prefix cache is in memory only (send \"in_memory\" or nothing)"),
+            );
+        }
+    }
+    if endpoint == Endpoint::Chat {
+        match f.get("modalities") {
+            None => {}
+            Some(Value::Array(a)) if a.iter().all(|m| m == "text") => {}
+            Some(v) => return refuse("modalities", &format!("{v}: weft answers with text only (send [\"text\"])")),
+        }
+        let unsupported: [(&str, &str); 7] = [
+            ("audio", "weft answers with text only; remove audio"),
+            ("prediction", "predicted outputs are not supported; remove prediction"),
+            ("reasoning_effort", "weft cannot set a model's reasoning effort; remove reasoning_effort"),
+            ("verbosity", "weft cannot set a model's verbosity; remove verbosity"),
+            ("web_search_options", "weft does not search the web; remove web_search_options"),
+            ("functions", "the deprecated functions are not supported; send tools instead"),
+            ("function_call", "the deprecated function_call is not supported; send tool_choice instead"),
+        ];
+        for (k, why) in unsupported {
+            if f.get(k).is_some() {
+                return refuse(k, why);
+            }
+        }
+    }
+    // The ignored metadata is type-checked all the same.
+    for k in ["user", "service_tier", "prompt_cache_key", "safety_identifier"] {
+        f.string(k)?;
+    }
+    f.bool("store")?;
+    match f.get("metadata") {
+        None => {}
+        Some(Value::Object(m)) if m.values().all(Value::is_string) => {}
+        Some(v) => return refuse("metadata", &format!("expected an object of strings, got {v}")),
+    }
+    Ok(())
 }
 
 /// Reading request fields: every known field is type-checked and named in the error. `null`
@@ -145,6 +296,14 @@ impl<'a> Fields<'a> {
                 .ok_or_else(|| OpenAiError::invalid(k, format!("invalid {k}: expected a string, got {v}"))),
         }
     }
+    /// A list of token ids.
+    fn token_ids(&self, k: &str) -> ApiResult<Vec<u32>> {
+        match self.get(k) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(a)) => token_ids(k, a),
+            Some(v) => Err(OpenAiError::invalid(k, format!("invalid {k}: expected a list of token ids, got {v}"))),
+        }
+    }
     /// A string or a list of strings.
     fn strings(&self, k: &str) -> ApiResult<Vec<String>> {
         match self.get(k) {
@@ -175,20 +334,17 @@ struct Common {
 }
 
 fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
-    if let Some(n) = f.int("n")?
-        && n != 1
-    {
-        return Err(OpenAiError::invalid("n", format!("invalid n: {n}; only n=1 is supported")));
-    }
-    if let Some(b) = f.int("best_of")?
-        && b != 1
-    {
-        return Err(OpenAiError::invalid("best_of", format!("invalid best_of: {b}; only best_of=1 is supported")));
-    }
-    let _ = f.string("user")?;
-    let max_tokens = match f.uint("max_completion_tokens")? {
-        Some(x) => Some(x),
-        None => f.uint("max_tokens")?,
+    let max_tokens = match (f.uint("max_completion_tokens")?, f.uint("max_tokens")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(OpenAiError::invalid(
+                "max_completion_tokens",
+                format!(
+                    "invalid max_completion_tokens: {a}, but max_tokens is {b}; send one of them \
+                     (max_completion_tokens is the newer name of max_tokens)"
+                ),
+            ));
+        }
+        (a, b) => a.or(b),
     };
     let mut sampling = SamplingParams { temperature: 1.0, ..Default::default() };
     if let Some(x) = f.f32("temperature")? {
@@ -236,24 +392,30 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
     let stop = f.strings("stop")?;
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match f.get("stream_options") {
-        None => false,
-        Some(Value::Object(o)) => Fields(o)
-            .bool("include_usage")
-            .map_err(|_| {
-                OpenAiError::invalid("stream_options", "invalid stream_options: include_usage must be true or false")
-            })?
-            .unwrap_or(false),
-        Some(v) => {
-            return Err(OpenAiError::invalid(
-                "stream_options",
-                format!("invalid stream_options: expected an object, got {v}"),
-            ));
-        }
+    let include_usage = parse_stream_options(f, stream)?;
+    let stop_token_ids = f.token_ids("stop_token_ids")?;
+    // vLLM's priority: lower is handled earlier; the engine's runs higher first.
+    let priority = match f.int("priority")? {
+        None => 0,
+        Some(p) => match i32::try_from(p) {
+            Ok(p) if p > i32::MIN => -p,
+            _ => {
+                return Err(OpenAiError::invalid(
+                    "priority",
+                    format!("invalid priority: {p} (must be a 32-bit integer, lower runs first)"),
+                ));
+            }
+        },
     };
     let max_tokens = max_tokens.map(|x| x as usize);
-    let params = GenerationParams { sampling, max_tokens, stop, ignore_eos, ..Default::default() };
+    let params =
+        GenerationParams { sampling, max_tokens, stop, stop_token_ids, ignore_eos, priority, ..Default::default() };
     Ok(Common { params, stream, include_usage, logprobs })
+}
+
+/// `messages` of a body (for `/tokenize`), read as a chat completion reads them.
+pub(crate) fn parse_messages_of(body: &Map<String, Value>) -> ApiResult<Vec<ChatMessage>> {
+    parse_messages(&Fields(body))
 }
 
 fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
@@ -318,14 +480,73 @@ fn parse_messages(f: &Fields) -> ApiResult<Vec<ChatMessage>> {
     Ok(out)
 }
 
-fn parse_prompt(f: &Fields) -> ApiResult<String> {
-    match f.get("prompt") {
-        None => Err(OpenAiError::invalid("prompt", "invalid prompt: missing")),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Ok(a[0].as_str().unwrap_or_default().to_string()),
-        Some(Value::Array(_)) => {
-            Err(OpenAiError::invalid("prompt", "invalid prompt: only a string or a list of one string is supported"))
-        }
-        Some(v) => Err(OpenAiError::invalid("prompt", format!("invalid prompt: expected a string, got {v}"))),
+/// `stream_options`: `include_usage` (a last chunk with the usage), and OpenAI's
+/// `include_obfuscation`, which weft cannot do (it never pads chunks).
+fn parse_stream_options(f: &Fields, stream: bool) -> ApiResult<bool> {
+    const K: &str = "stream_options";
+    let o = match f.get(K) {
+        None => return Ok(false),
+        Some(Value::Object(o)) => o,
+        Some(v) => return Err(OpenAiError::invalid(K, format!("invalid {K}: expected an object, got {v}"))),
+    };
+    if !stream {
+        return Err(OpenAiError::invalid(K, format!("invalid {K}: it applies only with stream: true")));
     }
+    let flag = |k: &str| {
+        Fields(o).bool(k).map_err(|_| OpenAiError::invalid(K, format!("invalid {K}: {k} must be true or false")))
+    };
+    if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "include_usage" | "include_obfuscation")) {
+        return Err(OpenAiError::invalid(
+            K,
+            format!("invalid {K}: unknown option {k} (include_usage, include_obfuscation); remove it"),
+        ));
+    }
+    if flag("include_obfuscation")? == Some(true) {
+        return Err(OpenAiError::invalid(
+            K,
+            format!("invalid {K}: weft does not pad streamed chunks; send include_obfuscation: false or nothing"),
+        ));
+    }
+    Ok(flag("include_usage")?.unwrap_or(false))
+}
+
+/// A completions prompt: a string, a list of token ids, or a list of one of either (a batch of
+/// several prompts is refused: one request per prompt).
+fn parse_prompt(f: &Fields) -> ApiResult<Prompt> {
+    let bad = |why: String| Err(OpenAiError::invalid("prompt", format!("invalid prompt: {why}")));
+    let one = |v: &Value| -> Option<ApiResult<Prompt>> {
+        match v {
+            Value::String(s) => Some(Ok(Prompt::Text(s.clone()))),
+            Value::Array(ids) if !ids.is_empty() && ids.iter().all(Value::is_number) => {
+                Some(token_ids("prompt", ids).map(Prompt::Tokens))
+            }
+            _ => None,
+        }
+    };
+    let what = "a string, a list of token ids, or a list of one of either";
+    match f.get("prompt") {
+        None => bad(format!("missing ({what})")),
+        Some(Value::Array(a)) if a.is_empty() => bad("the list is empty".into()),
+        Some(v) if one(v).is_some() => one(v).unwrap_or_else(|| bad(what.into())),
+        Some(Value::Array(a)) if a.len() == 1 => match one(&a[0]) {
+            Some(p) => p,
+            None => bad(format!("expected {what}, got {v}", v = a[0])),
+        },
+        Some(Value::Array(a)) if a.iter().all(|p| one(p).is_some()) => {
+            bad(format!("a batch of {} prompts; weft takes one prompt per request: send {} requests", a.len(), a.len()))
+        }
+        Some(v) => bad(format!("expected {what}, got {v}")),
+    }
+}
+
+/// A list of token ids (each a whole number from 0 to 2^32 - 1); whether they are in the
+/// vocabulary is the engine's to check.
+fn token_ids(k: &str, list: &[Value]) -> ApiResult<Vec<u32>> {
+    list.iter()
+        .map(|v| {
+            v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| {
+                OpenAiError::invalid(k, format!("invalid {k}: {v} is not a token id (a whole number, 0 or more)"))
+            })
+        })
+        .collect()
 }

@@ -11,7 +11,7 @@ use crate::constraint::{Constraint, Grammar};
 use crate::openai::error::{ApiResult, OpenAiError};
 
 /// The fields that carry a constraint, in the order they are read.
-const FIELDS: &[&str] = &[
+pub(crate) const FIELDS: &[&str] = &[
     "response_format",
     "structured_outputs",
     "guided_json",

@@ -87,10 +87,28 @@ fn wrong_types_name_the_field() {
         assert_invalid(full(Endpoint::Chat, &chat(json!({ field: value }))), Some(field), needle);
     }
     assert_invalid(
-        full(Endpoint::Chat, &chat(json!({"stream_options": {"include_usage": 1}}))),
+        full(Endpoint::Chat, &chat(json!({"stream": true, "stream_options": {"include_usage": 1}}))),
         Some("stream_options"),
         "include_usage",
     );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"stop_token_ids": [1, -2]}))),
+        Some("stop_token_ids"),
+        "-2 is not a token id",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"stop_token_ids": 7}))),
+        Some("stop_token_ids"),
+        "expected a list of token ids",
+    );
+    assert_invalid(
+        full(Endpoint::Completion, &completion(json!({"priority": 1_i64 << 40}))),
+        Some("priority"),
+        "32-bit integer",
+    );
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"metadata": {"a": 1}}))), Some("metadata"), "object of strings");
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"store": "yes"}))), Some("store"), "expected true or false");
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"logit_bias": [1]}))), Some("logit_bias"), "expected an object");
     assert_invalid(
         full(Endpoint::Completion, &completion(json!({"logprobs": true}))),
         Some("logprobs"),
@@ -103,8 +121,13 @@ fn wrong_types_name_the_field() {
 
 #[test]
 fn only_one_choice() {
-    assert_invalid(full(Endpoint::Chat, &chat(json!({"n": 2}))), Some("n"), "only n=1");
+    assert_invalid(
+        full(Endpoint::Chat, &chat(json!({"n": 2}))),
+        Some("n"),
+        "one choice per request (n=1): send 2 requests",
+    );
     assert_invalid(full(Endpoint::Completion, &completion(json!({"best_of": 3}))), Some("best_of"), "only best_of=1");
+    assert!(full(Endpoint::Completion, &completion(json!({"best_of": 1}))).is_ok());
     assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
 }
 
@@ -159,11 +182,24 @@ fn bad_messages() {
 fn bad_prompts() {
     assert_invalid(full(Endpoint::Completion, &body(json!({}))), Some("prompt"), "missing");
     assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": 5}))), Some("prompt"), "expected a string");
-    assert_invalid(
-        full(Endpoint::Completion, &body(json!({"prompt": ["a", "b"]}))),
-        Some("prompt"),
-        "list of one string",
-    );
+    let cases = [
+        (json!(["a", "b"]), "a batch of 2 prompts"),
+        (json!([[1, 2], [3]]), "a batch of 2 prompts"),
+        (json!([]), "the list is empty"),
+        (json!([[]]), "expected a string, a list of token ids"),
+        (json!([1, "a"]), "expected a string, a list of token ids"),
+        (json!([1, -1]), "-1 is not a token id"),
+        (json!([1.5]), "1.5 is not a token id"),
+        (json!([1_u64 << 33]), "is not a token id"),
+        (json!({"text": "a"}), "expected a string, a list of token ids"),
+    ];
+    for (prompt, needle) in cases {
+        assert_invalid(full(Endpoint::Completion, &body(json!({ "prompt": prompt }))), Some("prompt"), needle);
+    }
+    for prompt in [json!([5, 6, 7]), json!([[5, 6, 7]])] {
+        let r = full(Endpoint::Completion, &body(json!({ "prompt": prompt }))).unwrap();
+        assert_eq!(r.request.prompt, Prompt::Tokens(vec![5, 6, 7]));
+    }
     assert_invalid(full(Endpoint::Completion, &body(json!({"prompt": ""}))), Some("prompt"), "empty");
     assert_invalid(full(Endpoint::Completion, &completion(json!({"echo": true}))), Some("echo"), "not supported");
     let r = full(Endpoint::Completion, &body(json!({"prompt": ["once"]}))).unwrap();
@@ -186,7 +222,7 @@ fn fields_and_defaults() {
         &chat(json!({
             "model": "m", "temperature": 0, "top_p": 0.5, "top_k": -1, "min_p": 0.1, "seed": 7,
             "stop": "x", "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
-            "max_completion_tokens": 9, "max_tokens": 99,
+            "max_completion_tokens": 9, "max_tokens": 9,
         })),
     )
     .unwrap();
@@ -194,7 +230,7 @@ fn fields_and_defaults() {
     assert_eq!(r.model.as_deref(), Some("m"));
     assert!(r.stream && r.include_usage);
     let p = &r.request.params;
-    assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
+    assert_eq!(p.max_tokens, Some(9));
     assert_eq!(
         (p.sampling.temperature, p.sampling.top_p, p.sampling.top_k, p.sampling.min_p, p.sampling.seed),
         (0.0, 0.5, 0, 0.1, Some(7))
@@ -401,7 +437,29 @@ fn against_a_tiny_engine() {
     let n = engine.tokenizer().encode("abc", true).unwrap().len();
     let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
     assert_eq!(whole.usage.completion_tokens, engine.config().max_model_len - n);
-    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "only n=1");
+    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "n=1");
+
+    // stop_token_ids reach the engine: the first of them generated ends the answer, "stop".
+    let greedy = json!({"prompt": "abc", "ignore_eos": true, "temperature": 0, "max_tokens": 4});
+    let r = parse(Endpoint::Completion, &body(greedy.clone())).unwrap();
+    let four = crate::rt::block_on(engine.infer(r.request)).unwrap();
+    assert_eq!(four.finish_reason, FinishReason::Length);
+    let stop_at = four.token_ids[2];
+    let first = four.token_ids.iter().position(|&t| t == stop_at).unwrap();
+    let mut b = body(greedy.clone());
+    b.insert("stop_token_ids".into(), json!([stop_at]));
+    let stopped = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &b).unwrap().request)).unwrap();
+    assert_eq!((stopped.finish_reason, stopped.usage.completion_tokens), (FinishReason::Stop, first + 1));
+    // One outside the vocabulary is refused, naming the field.
+    b.insert("stop_token_ids".into(), json!([1, 5000]));
+    let refused =
+        OpenAiError::from_engine(engine.submit(parse(Endpoint::Completion, &b).unwrap().request).unwrap_err());
+    assert_eq!(refused.param.as_deref(), Some("stop_token_ids"));
+    // A prompt of token ids is the prompt those ids spell.
+    let mut b = body(greedy);
+    b.insert("prompt".into(), json!([engine.tokenizer().encode("abc", true).unwrap()]));
+    let by_ids = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &b).unwrap().request)).unwrap();
+    assert_eq!(by_ids.token_ids, four.token_ids);
     // Lengths are the engine's to check, with OpenAI's error shape.
     let r = parse(Endpoint::Completion, &completion(json!({"max_tokens": 1000}))).unwrap();
     let refused = OpenAiError::from_engine(engine.submit(r.request).expect_err("max_tokens 1000 must be refused"));
@@ -428,4 +486,105 @@ fn against_a_tiny_engine() {
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, whole.text, "streamed and whole agree");
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+}
+
+fn tiny_hf_tokenizer(template: bool) -> crate::tokenizer::HfTokenizer {
+    let meta: crate::model::gguf::Metadata = crate::model::tiny::tokenizer_metadata()
+        .into_iter()
+        .filter(|(k, _)| template || *k != "tokenizer.chat_template")
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    crate::tokenizer::HfTokenizer::from_gguf_metadata(&meta).unwrap()
+}
+
+#[test]
+fn tokenize_a_prompt_or_a_conversation() {
+    let tok = tiny_tokenizer();
+    let t = tok.as_ref();
+    let v = tokenize(t, 64, &body(json!({"model": "m", "prompt": "hi there", "return_token_strs": true}))).unwrap();
+    let ids = t.encode("hi there", true).unwrap();
+    assert_eq!(v["tokens"], json!(ids));
+    assert_eq!((v["count"].as_u64(), v["max_model_len"].as_u64()), (Some(8), Some(64)));
+    // As the vocabulary spells them: GPT-2's byte alphabet writes a space as "Ġ".
+    assert_eq!(v["token_strs"], json!(["h", "i", "Ġ", "t", "h", "e", "r", "e"]));
+    let v = tokenize(t, 64, &body(json!({"prompt": "hi"}))).unwrap();
+    assert!(v["token_strs"].is_null(), "token strings only when asked");
+
+    // A conversation: the tokens a chat completion's prompt is, generation prompt and all.
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let v = tokenize(t, 64, &body(json!({"messages": messages}))).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], true).unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n"), "{text:?}");
+    assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
+    assert_eq!(detokenize(t, &body(json!({"tokens": v["tokens"]}))).unwrap(), json!({ "prompt": text }));
+    let v = tokenize(t, 64, &body(json!({"messages": messages, "add_generation_prompt": false}))).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], false).unwrap();
+    assert!(!text.ends_with("<|im_start|>assistant\n"), "{text:?}");
+    assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
+    // The template shows the tools.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let v = tokenize(t, 64, &body(json!({"messages": messages, "tools": tools}))).unwrap();
+    let prompt = detokenize(t, &body(json!({"tokens": v["tokens"]}))).unwrap();
+    assert!(prompt["prompt"].as_str().unwrap().contains("get_weather"), "{prompt}");
+    // Special tokens are kept, and an empty list is an empty text.
+    assert_eq!(detokenize(t, &body(json!({"model": "m", "tokens": [258, 104]}))).unwrap()["prompt"], "<|im_start|>h");
+    assert_eq!(detokenize(t, &body(json!({"tokens": []}))).unwrap()["prompt"], "");
+}
+
+#[test]
+fn tokenize_errors_name_the_field() {
+    let tok = tiny_tokenizer();
+    let t = tok.as_ref();
+    let chat = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!({"prompt": "a", "messages": chat}), Some("messages"), "not both"),
+        (json!({"model": "m"}), None, "needs a prompt"),
+        (json!({"prompt": 5}), Some("prompt"), "expected a string"),
+        (json!({"prompt": "a", "add_generation_prompt": true}), Some("add_generation_prompt"), "unknown field"),
+        (json!({"prompt": "a", "add_special_tokens": "yes"}), Some("add_special_tokens"), "expected true or false"),
+        (json!({"prompt": "a", "return_token_strs": 1}), Some("return_token_strs"), "expected true or false"),
+        (json!({"messages": chat, "continue_final_message": true}), Some("continue_final_message"), "remove"),
+        (json!({"messages": chat, "chat_template_kwargs": {}}), Some("chat_template_kwargs"), "unknown field"),
+        (json!({"messages": "hi"}), Some("messages"), "expected a list"),
+        (json!({"messages": [{"role": "user", "content": "hi"}], "tools": 3}), Some("tools"), "list of tools"),
+    ];
+    for (b, param, needle) in cases {
+        assert_invalid(tokenize(t, 64, &body(b)), param, needle);
+    }
+    let bare = tiny_hf_tokenizer(false);
+    assert_invalid(tokenize(&bare, 64, &body(json!({"messages": chat}))), Some("messages"), "no chat template");
+    let mut refusing = tiny_hf_tokenizer(false);
+    refusing.set_chat_template("{{ raise_exception('only one message, please') }}").unwrap();
+    assert_invalid(tokenize(&refusing, 64, &body(json!({"messages": chat}))), Some("messages"), "only one message");
+
+    let cases = [
+        (json!({}), Some("tokens"), "missing"),
+        (json!({"tokens": "1 2"}), Some("tokens"), "expected a list of token ids"),
+        (json!({"tokens": [1, -1]}), Some("tokens"), "-1 is not a token id"),
+        (json!({"tokens": [1.5]}), Some("tokens"), "1.5 is not a token id"),
+        (json!({"tokens": [1, 260]}), Some("tokens"), "token id 260 is outside the vocabulary (ids 0 to 259)"),
+        (json!({"tokens": [1], "prompt": "a"}), Some("prompt"), "unknown field"),
+    ];
+    for (b, param, needle) in cases {
+        assert_invalid(detokenize(t, &body(b)), param, needle);
+    }
+}
+
+#[test]
+fn a_chat_template_replaces_the_models() {
+    let mut tok = tiny_hf_tokenizer(true);
+    let own = tok.chat_template().unwrap().source().to_string();
+    let e = tok.set_chat_template("{% for %}").unwrap_err().to_string();
+    assert!(e.contains("does not parse"), "{e}");
+    assert_eq!(tok.chat_template().unwrap().source(), own, "a template that fails leaves the old one");
+    let source = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}\
+                  {% if add_generation_prompt %}[assistant]{% endif %}{{ eos_token }}";
+    tok.set_chat_template(source).unwrap();
+    let v = tokenize(&tok, 64, &body(json!({"messages": [{"role": "user", "content": "hi"}]}))).unwrap();
+    let text = detokenize(&tok, &body(json!({"tokens": v["tokens"]}))).unwrap();
+    assert_eq!(text["prompt"], "[user]hi[assistant]<|endoftext|>");
+    // A model without a template gets one.
+    let mut bare = tiny_hf_tokenizer(false);
+    bare.set_chat_template(source).unwrap();
+    assert_eq!(bare.chat_template().unwrap().source(), source);
 }

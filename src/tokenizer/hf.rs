@@ -28,6 +28,7 @@ pub(super) const END_OF_GENERATION_TOKENS: &[&str] = &[
 ///
 /// Build it with [`HfTokenizer::from_file`] (a Hugging Face model directory) or
 /// [`HfTokenizer::from_gguf_metadata`] (the vocabulary inside a GGUF file).
+#[derive(Clone)]
 pub struct HfTokenizer {
     pub(super) inner: tokenizers::Tokenizer,
     /// Names the file (or metadata) this came from, in error messages.
@@ -148,6 +149,17 @@ impl HfTokenizer {
         self.add_bos
     }
 
+    /// Replace the model's chat template (or give one to a model without) with the Jinja
+    /// `source`; it sees this vocabulary's BOS and EOS tokens as `bos_token` / `eos_token`.
+    /// A template that does not parse is an error, and the old one stays.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<()> {
+        let text = |id: Option<u32>| id.and_then(|id| self.inner.id_to_token(id));
+        let template =
+            ChatTemplate::new(source, text(self.bos).as_deref(), text(self.eos_ids.first().copied()).as_deref())?;
+        self.chat_template = Some(template);
+        Ok(())
+    }
+
     /// The id of a token by its text as the vocabulary spells it.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
@@ -223,6 +235,13 @@ impl Tokenizer for HfTokenizer {
 
     fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
+    }
+
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        if id as usize >= self.vocab_size {
+            return None;
+        }
+        self.inner.id_to_token(id)
     }
 
     fn token_bytes(&self) -> Vec<TokenBytes> {

@@ -64,6 +64,13 @@ pub trait Tokenizer: Send + Sync {
     /// The model's chat template, if it has one.
     fn chat_template(&self) -> Option<&ChatTemplate>;
 
+    /// The token as the vocabulary spells it (`Ġworld` in a byte-level BPE, `▁world` in a
+    /// SentencePiece one); `None` for an id outside the vocabulary. The default is its text,
+    /// [`token_to_piece`](Self::token_to_piece).
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        self.token_to_piece(id)
+    }
+
     /// Every id's bytes, in id order. The default spells each id with
     /// [`token_to_piece`](Self::token_to_piece), which is lossy for tokens holding part of a
     /// UTF-8 character; tokenizers that know their byte encoding override it.

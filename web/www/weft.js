@@ -54,8 +54,13 @@
  *
  * WeftEngine
  *   - `chat.completions.create(params)` / `completions.create(params)`: OpenAI request bodies
- *     (`messages` / `prompt`, max_tokens, temperature, top_p, seed, stop, n, stream,
- *     stream_options, …). Concurrent calls are batched by the engine in each GPU step.
+ *     (`messages` / `prompt` (a string or token ids), max_tokens or max_completion_tokens,
+ *     temperature, top_p, seed, stop, stream, stream_options.include_usage, …, and vLLM's top_k,
+ *     min_p, repetition_penalty, ignore_eos, stop_token_ids, priority). Concurrent calls are
+ *     batched by the engine in each GPU step. A field weft cannot honour (`n` above 1, a
+ *     non-empty `logit_bias`, `audio`, `reasoning_effort`, …) or does not know rejects with a
+ *     WeftError whose `.param` names it; user, metadata, store, service_tier, prompt_cache_key
+ *     and safety_identifier are accepted and ignored.
  *     - Structured output: `response_format` ({type: 'json_object'} or {type: 'json_schema',
  *       json_schema: {name, schema, strict}}), vLLM's `structured_outputs` / `guided_json`,
  *       `guided_regex`, `guided_choice`, `guided_grammar`, and llama.cpp's `grammar` (GBNF): the
