@@ -116,6 +116,9 @@ pub struct StepTimings {
     /// Encoding the next step's commands while the GPU runs this one (overlapped with the GPU,
     /// so not part of [`host_s`](Self::host_s)).
     pub ahead_s: f64,
+    /// Applying the step's samples: appending them, detokenizing, matching stops, sending
+    /// stream chunks, retiring finished requests (the engine's part after the GPU).
+    pub output_s: f64,
     /// Dispatches recorded.
     pub dispatches: usize,
     /// The GPU's time for the step's pass, where the adapter has timestamps.
@@ -127,7 +130,7 @@ pub struct StepTimings {
 impl StepTimings {
     /// Host time spent on the step, the GPU wait excluded.
     pub fn host_s(&self) -> f64 {
-        self.schedule_s + self.record_s + self.encode_s + self.submit_s
+        self.schedule_s + self.record_s + self.encode_s + self.submit_s + self.output_s
     }
 }
 

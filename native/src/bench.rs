@@ -31,7 +31,7 @@ use weft::constraint::{Constraint, Grammar};
 use weft::engine::metrics::{EngineMetrics, StepRecord};
 use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
-use weft::gpu::{GpuContext, GpuOptions};
+use weft::gpu::{FakeAdapter, GpuContext, GpuOptions};
 use weft::sampling::SamplingParams;
 use weft::tokenizer::ChatMessage;
 use weft::{Result, WeftError};
@@ -60,6 +60,9 @@ pub struct Options {
     /// Every request's temperature, top-k and top-p (greedy by default); each request gets its
     /// own seed, the same from run to run.
     pub sampling: SamplingParams,
+    /// Run on a fake discrete GPU (wgpu's no-op backend): GPU time is zero, so the figures are
+    /// the host's alone, with each step's phases.
+    pub host_only: bool,
 }
 
 /// The prompts of an in-process run.
@@ -130,6 +133,58 @@ struct Run {
     /// Mean host time computing token masks per step that had constrained rows (in-process
     /// with --constrained only).
     token_mask_ms_per_step: Option<f64>,
+    /// Where a decode step's time goes (in-process only).
+    phases: Option<Phases>,
+}
+
+/// Medians over a run's decode steps (every sequence of the level decoding one token) of where
+/// a step's time went, in ms, and the command submissions per step of the whole run.
+#[derive(Clone, Copy, Debug, Default)]
+struct Phases {
+    schedule: f64,
+    record: f64,
+    encode: f64,
+    submit: f64,
+    /// Waiting for the GPU and the readback, `ahead` included.
+    wait: f64,
+    /// Encoding the next step's commands while the GPU runs this one (inside `wait`).
+    ahead: f64,
+    output: f64,
+    /// A whole step, end to end.
+    step: f64,
+    submissions_per_step: f64,
+}
+
+impl Phases {
+    /// From the decode steps of `steps` (a run of `n` sequences) and the submissions made
+    /// during the run; `None` when the run had no decode step of all `n`.
+    fn of(steps: &[StepRecord], n: usize, submissions: u64) -> Option<Phases> {
+        let decodes: Vec<&StepRecord> = steps.iter().filter(|s| s.num_tokens == n && s.num_seqs == n).collect();
+        if decodes.is_empty() || steps.is_empty() {
+            return None;
+        }
+        let med = |f: &dyn Fn(&StepRecord) -> f64| median(decodes.iter().map(|s| f(s) * 1e3).collect());
+        Some(Phases {
+            schedule: med(&|s| s.timings.schedule_s),
+            record: med(&|s| s.timings.record_s),
+            encode: med(&|s| s.timings.encode_s),
+            submit: med(&|s| s.timings.submit_s),
+            wait: med(&|s| s.timings.wait_s),
+            ahead: med(&|s| s.timings.ahead_s),
+            output: med(&|s| s.timings.output_s),
+            step: med(&|s| s.timings.host_s() + s.timings.wait_s),
+            submissions_per_step: submissions as f64 / steps.len() as f64,
+        })
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "schedule_ms": self.schedule, "record_ms": self.record, "encode_ms": self.encode,
+            "submit_ms": self.submit, "wait_ms": self.wait, "ahead_ms": self.ahead, "output_ms": self.output,
+            "step_ms": self.step, "steps_per_s": 1e3 / self.step.max(1e-9),
+            "submissions_per_step": self.submissions_per_step,
+        })
+    }
 }
 
 /// Speculative decoding's counts over some steps.
@@ -264,6 +319,9 @@ pub fn run(opts: Options) -> Result<()> {
             );
         }
         print_table(&runs);
+        if opts.host_only {
+            print_phases(&runs);
+        }
     }
     Ok(())
 }
@@ -290,6 +348,9 @@ fn run_json(r: &Run) -> Value {
     }
     if let Some(ms) = r.token_mask_ms_per_step {
         v["token_mask_ms_per_step"] = json!(ms);
+    }
+    if let Some(p) = &r.phases {
+        v["decode_step"] = p.json();
     }
     v
 }
@@ -419,7 +480,8 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         enable_prefix_cache: opts.shared_prefix > 0,
         ..EngineConfig::default()
     };
-    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
+    let fake_adapter = opts.host_only.then(FakeAdapter::discrete_gpu);
+    let ctx = weft::rt::block_on(GpuContext::new(GpuOptions { fake_adapter, ..Default::default() }))?;
     let builder = opts.speculation.apply(EngineBuilder::from_model(&path)?)?;
     // By default the pool holds every request of the largest level at once (as the peer's
     // context does): no preemption, and memory figures comparable with other engines. Chat
@@ -460,9 +522,11 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
                 )?;
                 engine.take_step_records();
                 let before = engine.metrics();
+                let submitted = ctx.submissions();
                 let t = traces(&engine, requests(n, shape, &opts.sampling, vocab, &mut serial), opts.request_rate)?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
+                run.phases = Phases::of(&steps, n, ctx.submissions() - submitted);
                 run.prefill_tok_s = prefill_rate(&lone, prompt_len);
                 run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
                 run.host_rss_mib = peak_rss_mib();
@@ -631,7 +695,25 @@ fn median_run(repeats: &[Run]) -> Run {
         host_rss_mib: opt(&|r| r.host_rss_mib),
         speculation: repeats.iter().filter_map(|r| r.speculation).reduce(SpecCounts::add),
         token_mask_ms_per_step: opt(&|r| r.token_mask_ms_per_step),
+        phases: median_phases(repeats),
     }
+}
+
+/// Each phase's median over the repeats that measured one.
+fn median_phases(repeats: &[Run]) -> Option<Phases> {
+    let all: Vec<Phases> = repeats.iter().filter_map(|r| r.phases).collect();
+    let m = |f: &dyn Fn(&Phases) -> f64| median(all.iter().map(f).collect());
+    (!all.is_empty()).then(|| Phases {
+        schedule: m(&|p| p.schedule),
+        record: m(&|p| p.record),
+        encode: m(&|p| p.encode),
+        submit: m(&|p| p.submit),
+        wait: m(&|p| p.wait),
+        ahead: m(&|p| p.ahead),
+        output: m(&|p| p.output),
+        step: m(&|p| p.step),
+        submissions_per_step: m(&|p| p.submissions_per_step),
+    })
 }
 
 /// Nearest-rank percentile of sorted values (0 when there are none).
@@ -764,6 +846,45 @@ fn print_table(runs: &[Run]) {
                 s.mean_accepted_len()
             );
         }
+    }
+}
+
+/// A decode step's phases per run, in microseconds: what the host costs a step when the GPU
+/// takes no time (`--host-only`).
+fn print_phases(runs: &[Run]) {
+    println!("\nhost per decode step (median µs; a fake GPU, so the host is all a step costs):");
+    println!(
+        "{:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "conc",
+        "prompt",
+        "steps/s",
+        "step",
+        "schedule",
+        "record",
+        "encode",
+        "submit",
+        "wait",
+        "(ahead)",
+        "output",
+        "submits/step"
+    );
+    for r in runs {
+        let Some(p) = r.phases else { continue };
+        println!(
+            "{:>5} {:>6} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2}",
+            r.concurrency,
+            r.prompt_len,
+            1e3 / p.step.max(1e-9),
+            p.step * 1e3,
+            p.schedule * 1e3,
+            p.record * 1e3,
+            p.encode * 1e3,
+            p.submit * 1e3,
+            p.wait * 1e3,
+            p.ahead * 1e3,
+            p.output * 1e3,
+            p.submissions_per_step
+        );
     }
 }
 

@@ -167,6 +167,12 @@ enum Command {
         /// Nucleus sampling: keep the most likely tokens holding this much probability (1 = off).
         #[arg(long, default_value_t = 1.0)]
         top_p: f32,
+        /// Run on a fake discrete GPU (wgpu's no-op backend, the subgroup kernel family) whose
+        /// work takes no time, and print where each decode step's host time goes (schedule,
+        /// record, encode, submit, wait, output) and the submissions per step: the host's cost
+        /// at GPU speed. Every generated token is id 0 there.
+        #[arg(long, conflicts_with = "url")]
+        host_only: bool,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /tokenize and /detokenize (vLLM's), /health (liveness), /ready (readiness) and /metrics
@@ -364,6 +370,7 @@ fn main() -> ExitCode {
             temperature,
             top_k,
             top_p,
+            host_only,
         } => bench::run(bench::Options {
             model,
             url,
@@ -382,6 +389,7 @@ fn main() -> ExitCode {
             speculation: spec.speculation(),
             constrained,
             sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, ..Default::default() },
+            host_only,
         }),
         Command::Serve {
             model,

@@ -216,6 +216,7 @@ fn bench_help_explains_every_flag() {
         "--temperature",
         "--top-k",
         "--top-p",
+        "--host-only",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
@@ -339,4 +340,25 @@ fn speculation_counts_are_reported_per_run() {
         assert!(stderr.contains("the draft model's tokenizer has 49152 tokens but the target's has 260"), "{stderr}");
     }
     let _ = std::fs::remove_file(tiny);
+}
+
+/// `--host-only` runs the real engine on a fake GPU (no adapter needed): each level's decode
+/// steps have their phases, one submission each, and the table names them.
+#[test]
+fn host_only_reports_each_decode_steps_phases() {
+    let tiny = tiny_model("host-only");
+    let args = ["--concurrency", "1,4", "--prompt-len", "8", "--gen-len", "6", "--repeats", "1", "--host-only"];
+    let (ok, stdout, stderr) = weft(&[&["bench", "--model", tiny.to_str().unwrap()][..], &args, &["--json"]].concat());
+    assert!(ok, "{stderr}");
+    let doc: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(doc["adapter"]["backend"], "noop", "{doc}");
+    assert_eq!(doc["adapter"]["kernels"], "subgroup", "{doc}");
+    for run in doc["runs"].as_array().unwrap() {
+        positive(run, &["decode_step", "steps_per_s"]);
+        positive(run, &["decode_step", "output_ms"]);
+        assert_eq!(run["decode_step"]["submissions_per_step"], 1.0, "{run}");
+    }
+    let (ok, table, stderr) = weft(&[&["bench", "--model", tiny.to_str().unwrap()][..], &args].concat());
+    assert!(ok, "{stderr}");
+    assert!(table.contains("host per decode step") && table.contains("submits/step"), "{table}");
 }

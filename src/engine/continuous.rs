@@ -493,7 +493,10 @@ impl ContinuousBatchEngine {
                 if state.step_records.len() == MAX_STEP_RECORDS {
                     state.step_records.pop_front();
                 }
-                let timings = crate::step::StepTimings { schedule_s, ..output.timings };
+                let applying = Instant::now();
+                self.apply(&mut state, &batch, output.samples);
+                let output_s = applying.elapsed().as_secs_f64();
+                let timings = crate::step::StepTimings { schedule_s, output_s, ..output.timings };
                 let record = StepRecord {
                     num_seqs: batch.seqs.len(),
                     num_tokens: batch.num_batched_tokens,
@@ -501,7 +504,6 @@ impl ContinuousBatchEngine {
                     timings,
                 };
                 state.step_records.push_back(record);
-                self.apply(&mut state, &batch, output.samples);
                 Ok(true)
             }
             Err(e) => {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Result, WeftError};
 use crate::gpu::pipelines::{CpuDriver, PipelineCache};
-use crate::gpu::plan::{AdapterProfile, DevicePlan, LimitsMode};
+use crate::gpu::plan::{AdapterProfile, DevicePlan, FakeAdapter, LimitsMode};
 use crate::quant::DType;
 
 /// Choices made when opening the device. Environment variables are read too (see [`GpuContext::new`]).
@@ -26,12 +26,15 @@ pub struct GpuOptions {
     /// Request the adapter's own limits (the default) or only WebGPU's default limits, as a
     /// browser grants a page that asks for nothing.
     pub limits: Option<LimitsMode>,
+    /// Open wgpu's no-op backend reporting this adapter instead of a real one (natively only;
+    /// see [`FakeAdapter`]). `WEFT_HOST_ONLY=1` asks for [`FakeAdapter::discrete_gpu`].
+    pub fake_adapter: Option<FakeAdapter>,
 }
 
 impl GpuOptions {
     /// These options with what the environment says filled in where they leave a choice open:
     /// `WEFT_KERNELS` (a family), `WEFT_MAX_BINDING_BYTES` (a cap on one storage binding) and
-    /// `WEFT_LIMITS` (`adapter` or `webgpu`). A value that does not parse is an error naming it.
+    /// `WEFT_LIMITS` (`adapter` or `webgpu`) and `WEFT_HOST_ONLY=1` (a fake GPU). A value that does not parse is an error naming it.
     pub fn with_env(mut self) -> Result<Self> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if self.kernels.is_none()
@@ -51,6 +54,9 @@ impl GpuOptions {
             && let Some(mode) = var("WEFT_LIMITS")
         {
             self.limits = Some(LimitsMode::parse(&mode)?);
+        }
+        if self.fake_adapter.is_none() && var("WEFT_HOST_ONLY").is_some_and(|v| v.trim() == "1") {
+            self.fake_adapter = Some(FakeAdapter::discrete_gpu());
         }
         Ok(self)
     }
@@ -173,6 +179,8 @@ pub struct GpuContext {
     pub(crate) creations: CreationCounters,
     /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
     staged: AtomicU64,
+    /// Command submissions so far (each a round trip when waited for).
+    submissions: AtomicU64,
     /// The first error wgpu raised outside any error scope (e.g. a shader that failed to
     /// compile when its pipeline was built); reported with the next failed submission.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -197,12 +205,20 @@ impl GpuContext {
     /// and weft's own, where `options` leave the choice open ([`GpuOptions::with_env`]).
     pub async fn new(options: GpuOptions) -> Result<Arc<GpuContext>> {
         let options = options.with_env()?;
-        // The GL backend lacks what compute-only inference needs; it is not even compiled in.
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-        desc.backends = wgpu::Backends::PRIMARY;
-        let instance = wgpu::Instance::new(desc.with_env());
-        let adapter = pick_adapter(&instance).await?;
-        let info = adapter.get_info();
+        let adapter = match &options.fake_adapter {
+            Some(fake) => fake_adapter(fake).await?,
+            None => {
+                // The GL backend lacks what compute-only inference needs; it is not even compiled in.
+                let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+                desc.backends = wgpu::Backends::PRIMARY;
+                pick_adapter(&wgpu::Instance::new(desc.with_env())).await?
+            }
+        };
+        let mut info = adapter.get_info();
+        if let Some(fake) = &options.fake_adapter {
+            // wgpu 30's no-op backend reports itself a CPU whatever type it was given.
+            info.device_type = fake.device_type;
+        }
         #[cfg(not(target_arch = "wasm32"))]
         let driver_threads = Some(driver_threads());
         #[cfg(target_arch = "wasm32")]
@@ -242,6 +258,7 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             creations: CreationCounters::default(),
             staged: AtomicU64::new(0),
+            submissions: AtomicU64::new(0),
             uncaptured,
         }))
     }
@@ -262,6 +279,11 @@ impl GpuContext {
     /// The limits the device was opened with.
     pub fn limits(&self) -> &wgpu::Limits {
         &self.plan.required_limits
+    }
+
+    /// The limits the device reports having (what it was granted).
+    pub fn device_limits(&self) -> wgpu::Limits {
+        self.device.limits()
     }
 
     /// The kernel variants this device runs.
@@ -294,6 +316,18 @@ impl GpuContext {
             bytes: c.bytes.load(Ordering::Relaxed),
             pipelines: self.pipelines.len() as u64,
         }
+    }
+
+    /// Command buffers handed to the queue so far: an engine step makes one (a draft model's
+    /// passes one each).
+    pub fn submissions(&self) -> u64 {
+        self.submissions.load(Ordering::Relaxed)
+    }
+
+    /// Hand `commands` to the queue, counted in [`submissions`](Self::submissions).
+    pub(crate) fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) {
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.queue.submit(commands);
     }
 
     /// Make a buffer, counted in [`creations`](Self::creations).
@@ -432,7 +466,7 @@ impl GpuContext {
             return Ok(());
         }
         self.staged.store(0, Ordering::Relaxed);
-        self.queue.submit([]);
+        self.submit_commands([]);
         #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -451,6 +485,30 @@ impl GpuContext {
             .map_err(|e| WeftError::Gpu { context: "waiting for the GPU".into(), reason: e.to_string() })?;
         Ok(future.await)
     }
+}
+
+/// wgpu's no-op backend, reporting `fake`.
+#[cfg(not(target_arch = "wasm32"))]
+async fn fake_adapter(fake: &FakeAdapter) -> Result<wgpu::Adapter> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::NOOP;
+    desc.backend_options.noop = wgpu::NoopBackendOptions {
+        enable: true,
+        limits: Some(fake.limits.clone()),
+        features: Some(fake.features),
+        device_type: Some(fake.device_type),
+        subgroup_min_size: Some(fake.subgroup_sizes.0),
+        subgroup_max_size: Some(fake.subgroup_sizes.1),
+    };
+    wgpu::Instance::new(desc)
+        .request_adapter(&wgpu::RequestAdapterOptions::default())
+        .await
+        .map_err(|e| WeftError::Device { adapter: "wgpu's no-op backend".into(), reason: e.to_string() })
+}
+
+#[cfg(target_arch = "wasm32")]
+async fn fake_adapter(_: &FakeAdapter) -> Result<wgpu::Adapter> {
+    Err(WeftError::Unsupported("a fake adapter (wgpu's no-op backend) exists only natively".into()))
 }
 
 async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {

@@ -18,6 +18,6 @@ pub use pipelines::{
     BindingKind, CpuDriver, Epilogue, KvSource, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource,
     attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, matmul_tile, shader_variants,
 };
-pub use plan::{AdapterProfile, DevicePlan, LimitsMode, TILED_MIN_ROWS};
+pub use plan::{AdapterProfile, DevicePlan, FakeAdapter, LimitsMode, TILED_MIN_ROWS};
 pub use recording::{Dispatch, Recording, SubmitTimes};
 pub use tensor::{GpuTensor, GpuTensorFactory, TEXTURE_WIDTH, TensorPart};

@@ -24,6 +24,45 @@ pub struct AdapterProfile {
     pub driver_threads: Option<usize>,
 }
 
+/// An adapter that is not there: wgpu's no-op backend reporting this profile's type,
+/// subgroup sizes, features and limits. Nothing given to it runs (dispatches and copies do
+/// nothing; a readback reads zeros: every sampled token is id 0), so a step costs only the
+/// host's work: how weft measures its host cost at GPU speed (`weft bench --host-only`), and
+/// how tests open a device on an adapter this machine lacks. Natively only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FakeAdapter {
+    pub device_type: wgpu::DeviceType,
+    pub subgroup_sizes: (u32, u32),
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+impl FakeAdapter {
+    /// A discrete GPU like NVIDIA's: 32-lane subgroups, shader-f16, timestamps, 2 GiB bindings
+    /// and 4 GiB buffers, 48 KiB of workgroup memory, 1024 invocations (what its Vulkan driver
+    /// reports in the limits weft reads). Weft runs the subgroup family there.
+    pub fn discrete_gpu() -> Self {
+        FakeAdapter {
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            subgroup_sizes: (32, 32),
+            features: wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY,
+            limits: wgpu::Limits {
+                max_storage_buffer_binding_size: 2 << 30,
+                max_buffer_size: 4 << 30,
+                max_compute_workgroup_storage_size: 49152,
+                max_compute_invocations_per_workgroup: 1024,
+                max_compute_workgroup_size_x: 1024,
+                max_compute_workgroup_size_y: 1024,
+                max_storage_buffers_per_shader_stage: 1 << 20,
+                max_storage_textures_per_shader_stage: 1 << 20,
+                min_uniform_buffer_offset_alignment: 64,
+                min_storage_buffer_offset_alignment: 32,
+                ..wgpu::Limits::defaults()
+            },
+        }
+    }
+}
+
 /// Which limits weft requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LimitsMode {
