@@ -23,6 +23,14 @@ pub enum WeftError {
     #[error("GPU error in {context}: {reason}")]
     Gpu { context: String, reason: String },
 
+    /// The GPU device was lost (a driver reset or crash, the GPU removed, a step past the
+    /// operating system's watchdog): nothing more can run on it.
+    #[error(
+        "the GPU device {adapter:?} was lost ({reason}); restart weft to open it again. A driver resets a GPU whose \
+         work runs too long (Windows after 2 s): if that is what happened, lower --max-num-batched-tokens"
+    )]
+    DeviceLost { adapter: String, reason: String },
+
     /// Reading a buffer back from the GPU failed (device lost, mapping refused).
     #[error("reading GPU buffer back failed: {0}")]
     Readback(String),

@@ -331,6 +331,36 @@ fn shutdown_cancels_what_is_in_flight_and_refuses_the_rest() {
     assert_eq!(e.kv_usage().used_blocks, 0);
 }
 
+/// A lost device (a driver reset, the GPU removed; here destroyed on purpose) ends the
+/// requests in flight with an error that says so and what to do, the engine's health check
+/// reports it, later requests fail the same way, and no KV block stays taken.
+#[test]
+fn a_lost_device_ends_the_requests_in_flight_and_fails_the_health_check() {
+    use weft::engine::api::InferenceEngine;
+    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let f = GpuTensorFactory::new(ctx.clone());
+    let e = engine(&f, 256, EngineConfig::default());
+    let (_, mut a) = e.submit(greedy("first", 100)).unwrap();
+    let (_, mut b) = e.submit(greedy("second", 100)).unwrap();
+    weft::rt::block_on(e.step()).unwrap();
+    assert!(weft::rt::block_on(e.health_check()).healthy);
+    ctx.destroy_device();
+    let err = weft::rt::block_on(e.step()).unwrap_err().to_string();
+    assert!(err.contains("was lost") && err.contains("restart weft"), "{err}");
+    for rx in [&mut a, &mut b] {
+        let chunks: Vec<_> = weft::rt::block_on(rx.collect::<Vec<_>>());
+        let error = chunks.iter().find_map(|c| c.as_ref().err()).map(|e| e.to_string());
+        assert!(error.as_deref().is_some_and(|e| e.contains("was lost")), "{chunks:?}");
+        let last = chunks.last().unwrap().as_ref().unwrap();
+        assert_eq!(last.finish_reason, Some(FinishReason::Error));
+    }
+    let health = weft::rt::block_on(e.health_check());
+    assert!(!health.healthy && health.detail.contains("was lost"), "{health:?}");
+    let late = weft::rt::block_on(e.infer(greedy("late", 4))).err().unwrap().to_string();
+    assert!(late.contains("was lost"), "{late}");
+    assert_eq!(e.kv_usage().used_blocks, 0);
+}
+
 #[test]
 fn penalties_discourage_repeats() {
     let Some(f) = factory() else { return };

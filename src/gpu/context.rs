@@ -181,6 +181,8 @@ pub struct GpuContext {
     staged: AtomicU64,
     /// Command submissions so far (each a round trip when waited for).
     submissions: AtomicU64,
+    /// Why the device was lost, once it is (wgpu's device-lost callback).
+    lost: Arc<Mutex<Option<String>>>,
     /// The first error wgpu raised outside any error scope (e.g. a shader that failed to
     /// compile when its pipeline was built); reported with the next failed submission.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -242,6 +244,13 @@ impl GpuContext {
             // Keep the first: later errors are usually its consequences.
             sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
         }));
+        let lost = Arc::new(Mutex::new(None));
+        let sink = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            tracing::error!("GPU device lost: {reason:?} {message}");
+            let why = if message.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {message}") };
+            sink.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(why);
+        });
         tracing::info!(
             adapter = %info.name,
             backend = ?info.backend,
@@ -259,6 +268,7 @@ impl GpuContext {
             creations: CreationCounters::default(),
             staged: AtomicU64::new(0),
             submissions: AtomicU64::new(0),
+            lost,
             uncaptured,
         }))
     }
@@ -318,6 +328,23 @@ impl GpuContext {
         }
     }
 
+    /// `Err(DeviceLost)` once the device is lost: every submission and wait checks it, so a
+    /// step on a lost device fails with the reason instead of hanging or reading garbage.
+    pub fn check_lost(&self) -> Result<()> {
+        match self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            Some(reason) => Err(WeftError::DeviceLost { adapter: self.info.name.clone(), reason }),
+            None => Ok(()),
+        }
+    }
+
+    /// Destroy the device, as a driver reset would: everything after fails with
+    /// [`WeftError::DeviceLost`]. For tests of what a lost device does to the engine.
+    pub fn destroy_device(&self) {
+        self.device.destroy();
+        // wgpu reports the loss from its next poll; make it known now.
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| "destroyed".into());
+    }
+
     /// Command buffers handed to the queue so far: an engine step makes one (a draft model's
     /// passes one each).
     pub fn submissions(&self) -> u64 {
@@ -325,9 +352,11 @@ impl GpuContext {
     }
 
     /// Hand `commands` to the queue, counted in [`submissions`](Self::submissions).
-    pub(crate) fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) {
+    pub(crate) fn submit_commands(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) -> Result<()> {
+        self.check_lost()?;
         self.submissions.fetch_add(1, Ordering::Relaxed);
         self.queue.submit(commands);
+        Ok(())
     }
 
     /// Make a buffer, counted in [`creations`](Self::creations).
@@ -466,7 +495,7 @@ impl GpuContext {
             return Ok(());
         }
         self.staged.store(0, Ordering::Relaxed);
-        self.submit_commands([]);
+        self.submit_commands([])?;
         #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -479,11 +508,15 @@ impl GpuContext {
     /// Natively nothing advances wgpu's callbacks unless someone polls, so this blocks in
     /// `poll`; in the browser the event loop delivers them and this only awaits.
     pub(crate) async fn settle<T>(&self, future: impl std::future::Future<Output = T>) -> Result<T> {
+        self.check_lost()?;
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| WeftError::Gpu { context: "waiting for the GPU".into(), reason: e.to_string() })?;
-        Ok(future.await)
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check_lost()?;
+            return Err(WeftError::Gpu { context: "waiting for the GPU".into(), reason: e.to_string() });
+        }
+        let out = future.await;
+        self.check_lost()?;
+        Ok(out)
     }
 }
 

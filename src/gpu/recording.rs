@@ -324,7 +324,7 @@ impl GpuContext {
         let groups = self.prepare(recording)?;
         let mut encoder = self.device.create_command_encoder(&Default::default());
         self.encode_into(&mut encoder, recording, &groups, None);
-        self.submit_commands([encoder.finish()]);
+        self.submit_commands([encoder.finish()])?;
         if let Some(error) = self.settle(scope.pop()).await? {
             return Err(self.gpu_error(recording, error));
         }
@@ -357,7 +357,7 @@ impl GpuContext {
             None => self.encode_with_readback(recording, result, spans.clone())?,
         };
         let encoded = web_time::Instant::now();
-        self.submit_commands([commands]);
+        self.submit_commands([commands])?;
         let submitted = web_time::Instant::now();
         let next = self.encode_with_readback(recording, result, spans)?;
         let timestamps = recording.arena().timestamps.is_some();
@@ -467,7 +467,7 @@ impl GpuContext {
             encoder.resolve_query_set(set, 0..n, &resolve, 8 * u64::from(first));
         }
         encoder.copy_buffer_to_buffer(&resolve, 0, &readback, 0, bytes);
-        self.submit_commands([encoder.finish()]);
+        self.submit_commands([encoder.finish()])?;
         let (sender, receiver) = futures::channel::oneshot::channel();
         readback.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = sender.send(r);

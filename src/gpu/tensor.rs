@@ -740,7 +740,7 @@ impl GpuContext {
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let staging = self.create_buffer("readback", self.readback_bytes(tensor), usage);
         let readback = self.encode_readback_into(&mut encoder, tensor, staging);
-        self.submit_commands([encoder.finish()]);
+        self.submit_commands([encoder.finish()])?;
         self.finish_readback(readback).await
     }
 }
