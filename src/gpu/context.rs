@@ -384,7 +384,7 @@ impl GpuContext {
             "adapter: {} ({:?}, {:?}, driver {} {})\n\
              features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
              kernels: {}\n\
-             limits ({}): storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
+             limits: {} ({}), storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
              invocations, workgroup memory {} KiB, {} storage buffers per stage",
             self.info.name,
             self.info.device_type,
@@ -398,6 +398,7 @@ impl GpuContext {
             f.timestamp_query,
             self.plan.family.name(),
             self.plan.limits_mode.name(),
+            if self.plan.limits_mode == LimitsMode::Adapter { "the adapter's own" } else { "WebGPU's defaults" },
             l.max_storage_buffer_binding_size >> 20,
             l.max_uniform_buffer_binding_size >> 10,
             l.max_buffer_size >> 20,
