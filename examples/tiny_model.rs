@@ -3,12 +3,16 @@
 //! same bytes. The browser tests (`cargo xtask test-web`) compare the page's output on it with
 //! `weft generate`'s.
 //!
+//! Beside it, `<name>-qwen3.gguf`: the tiny Qwen3 (`weft::model::tiny::qwen3_gguf`: `<think>`
+//! and `</think>` in the vocabulary, Qwen3's real chat template), which the server tests
+//! (tests/server/test_reasoning.py) separate reasoning on.
+//!
 //! ```sh
 //! cargo run --release --example tiny_model -- target/web-test/tiny.gguf
 //! ```
 
 use weft::DType;
-use weft::model::tiny::{gguf_bytes, random_weights, tiny_config};
+use weft::model::tiny::{gguf_bytes, qwen3_gguf, random_weights, tiny_config};
 
 /// The seed and weight format of the file. Seed 6 is picked because its greedy replies differ
 /// from prompt to prompt (runs of `>`, `*`, newlines, U+FFFD from lone UTF-8 bytes), which makes
@@ -31,10 +35,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     }
-    if let Err(e) = std::fs::write(&out, &bytes) {
-        eprintln!("tiny_model: writing {}: {e}", out.display());
-        return std::process::ExitCode::FAILURE;
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let qwen3 = out.with_file_name(format!("{stem}-qwen3.gguf"));
+    for (path, bytes) in [(&out, bytes), (&qwen3, qwen3_gguf(SEED, DTYPE))] {
+        if let Err(e) = std::fs::write(path, &bytes) {
+            eprintln!("tiny_model: writing {}: {e}", path.display());
+            return std::process::ExitCode::FAILURE;
+        }
+        eprintln!("tiny_model: wrote {} ({} bytes)", path.display(), bytes.len());
     }
-    eprintln!("tiny_model: wrote {} ({} bytes)", out.display(), bytes.len());
     std::process::ExitCode::SUCCESS
 }

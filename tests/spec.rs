@@ -529,3 +529,58 @@ fn the_default_model_as_its_own_draft_changes_no_token() {
     let m = spec.metrics();
     assert!(m.spec_drafted_tokens == 2 && m.spec_accepted_tokens == 2, "{m:?}");
 }
+
+/// A constraint that starts after a thinking model's end-of-reasoning token
+/// (`GenerationParams::constraint_after`) under speculation, on the tiny Qwen3 drafting for
+/// itself (greedy, so every draft is accepted until the grammar refuses one): drafted rows up
+/// to the token stay free, those after it get the grammar's masks, and the tokens are those of
+/// the engine that does not speculate. The stand-in for `</think>` is a token the free answer
+/// writes (the random model never writes the real one).
+#[test]
+fn a_constraint_after_a_marker_under_speculation() {
+    use weft::constraint::{Constraint, Grammar};
+    let Some(f) = factory() else { return };
+    let qwen3 = || ModelFiles::from_gguf_bytes("tiny-qwen3.gguf", tiny::qwen3_gguf(6, DType::Q8_0)).unwrap();
+    let build = |speculate: bool| {
+        let files = qwen3();
+        let target = Arc::new(files.executor(&f, KvCacheConfig::new(4, 64)).unwrap());
+        let kv = KvCacheManager::new(64, 4, false);
+        let (tok, sampler, tf) = (files.tokenizer.clone(), Arc::new(GpuSampler), Arc::new(f.clone()));
+        if !speculate {
+            return ContinuousBatchEngine::new(EngineConfig::default(), tok, sampler, kv, target, tf).unwrap();
+        }
+        let draft = shared(qwen3().executor(&f, KvCacheConfig::new(4, 64)).unwrap());
+        let spec =
+            SpeculationConfig { drafter: Drafter::DraftModel, max_batch_size: 64, ..SpeculationConfig::default() };
+        ContinuousBatchEngine::new_with_speculation(
+            EngineConfig::default(),
+            tok,
+            sampler,
+            kv,
+            target,
+            tf,
+            Some(draft),
+            Some(spec),
+        )
+        .unwrap()
+    };
+    let plain = build(false);
+    let free = alone(&plain, &[greedy("hello", 12)]).remove(0);
+    let first = (3..12).find(|&i| !free.token_ids[..i].contains(&free.token_ids[i])).expect("a new token");
+    let end = free.token_ids[first];
+    let mut r = greedy("hello", 40);
+    r.params.constraint = Some(Constraint::new("response_format", Grammar::Regex("( one two){1,2} done".into())));
+    r.params.constraint_after = Some(end);
+    let want = alone(&plain, std::slice::from_ref(&r)).remove(0);
+    assert_eq!(want.token_ids[..=first], free.token_ids[..=first], "free up to the marker");
+    let tok = qwen3().tokenizer.clone();
+    let answer = weft::tokenizer::Tokenizer::decode(tok.as_ref(), &want.token_ids[first + 1..], true).unwrap();
+    let ok = [" one two done", " one two one two done"];
+    assert!(ok.contains(&answer.as_str()), "{answer:?} must match ( one two){{1,2}} done");
+    assert_eq!(want.finish_reason, FinishReason::Stop);
+    let e = build(true);
+    let got = alone(&e, std::slice::from_ref(&r));
+    assert_same(&got, std::slice::from_ref(&want), "drafting for itself");
+    let m = e.metrics();
+    assert!(m.spec_drafted_tokens > 0 && m.spec_accepted_tokens > 0, "{m:?}");
+}

@@ -237,6 +237,11 @@ enum Command {
         /// Access-Control-Allow-Origin [default: none, no CORS headers]
         #[arg(long, value_name = "ORIGIN", value_parser = serve::parse_origin)]
         cors_origin: Vec<String>,
+        /// Separate a thinking model's reasoning from its answer (`reasoning_content`) with
+        /// vLLM's parser NAME (qwen3, deepseek_r1), or `none` to leave it in the content
+        /// [default: chosen from the model's chat template and vocabulary]
+        #[arg(long, value_name = "NAME", value_parser = serve::parse_reasoning_parser)]
+        reasoning_parser: Option<String>,
         #[command(flatten)]
         spec: SpecArgs,
     },
@@ -406,6 +411,7 @@ fn main() -> ExitCode {
             drain_timeout,
             chat_template,
             cors_origin,
+            reasoning_parser,
             spec,
         } => serve::run(serve::Options {
             model,
@@ -422,6 +428,7 @@ fn main() -> ExitCode {
             drain_timeout,
             chat_template,
             cors_origins: cors_origin,
+            reasoning_parser,
             speculation: spec.speculation(),
         }),
     };

@@ -8,7 +8,9 @@
 //! drops the stream, which cancels the request and frees its KV blocks at the next step.
 //! `/tokenize` and `/detokenize` are vLLM's (the protocol is `weft::openai::tokenize`).
 //! `--chat-template FILE` replaces the model's chat template; `--cors-origin` lets web pages of
-//! the given origins call the server (preflight answered here, before the API key is asked for).
+//! the given origins call the server (preflight answered here, before the API key is asked for);
+//! `--reasoning-parser` picks how a thinking model's reasoning is separated (`weft::openai::
+//! reasoning`). A request's `n` choices are `n` engine requests, their streams merged.
 //!
 //! Made to run as one of many stateless replicas behind a load balancer: `/health` is liveness
 //! (the process and its GPU work), `/ready` is readiness (loaded and not draining). The first
@@ -41,7 +43,7 @@ use weft::EngineBuilder;
 use weft::engine::api::{InferenceEngine, LlmInferenceEngine};
 use weft::engine::request::StreamChunk;
 use weft::engine::{ContinuousBatchEngine, EngineConfig};
-use weft::openai::{ChunkShaper, Endpoint, OpenAiError, OpenAiRequest};
+use weft::openai::{ChunkShaper, Endpoint, OpenAiError, OpenAiRequest, ReasoningParser};
 use weft::{Result, WeftError};
 
 /// Largest request body accepted.
@@ -69,7 +71,19 @@ pub struct Options {
     pub chat_template: Option<PathBuf>,
     /// Origins whose web pages may call the server (`*`: any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// `--reasoning-parser`: a family of `weft::openai::reasoning::FAMILIES` or `none`;
+    /// `None`: chosen from the model.
+    pub reasoning_parser: Option<String>,
     pub speculation: crate::generate::Speculation,
+}
+
+/// `--reasoning-parser`: one of vLLM's parser names weft knows, or `none`.
+pub fn parse_reasoning_parser(s: &str) -> std::result::Result<String, String> {
+    match s {
+        "none" => Ok(s.to_string()),
+        _ if weft::openai::reasoning::family(s).is_some() => Ok(s.to_string()),
+        _ => Err(weft::openai::reasoning::unknown_parser(s)),
+    }
 }
 
 /// `--cors-origin`: `*`, or an origin as browsers send it (`scheme://host[:port]`; one trailing
@@ -134,6 +148,8 @@ struct AppState {
     idle: Notify,
     /// `--cors-origin`: the origins (or `*`) whose pages may call; empty: no CORS.
     cors_origins: Vec<String>,
+    /// How chat answers separate a thinking model's reasoning (set with the engine).
+    reasoning: OnceLock<Option<ReasoningParser>>,
 }
 
 /// Counts one completion request in `AppState::in_flight` while it lives.
@@ -287,7 +303,9 @@ async fn handle(
     let map = parse_body(body)?;
     let engine = ready(&state)?.clone();
     check_model(&state, &map)?;
-    let req = weft::openai::parse(endpoint, &map)?;
+    let mut req = weft::openai::parse(endpoint, &map)?;
+    let parser = state.reasoning.get().copied().flatten();
+    req.apply_reasoning(engine.tokenizer().as_ref(), parser.as_ref())?;
     check_queue(&engine)?;
     generate(state, engine, req, in_flight).await
 }
@@ -302,10 +320,16 @@ async fn generate(
     let created = weft::openai::unix_now();
     let model = state.model_id.clone();
     if req.stream {
-        let stream =
-            LlmInferenceEngine::infer_stream(&engine, req.request.clone()).map_err(OpenAiError::from_engine)?;
+        // Each choice is its own engine request; their chunks interleave as they come, each
+        // tagged with its choice.
+        let mut streams = Vec::with_capacity(req.n);
+        for (i, r) in req.choice_requests().into_iter().enumerate() {
+            let s = LlmInferenceEngine::infer_stream(&engine, r).map_err(OpenAiError::from_engine)?;
+            streams.push(s.map(move |item| (i, item)).boxed());
+        }
+        let stream = futures::stream::select_all(streams).boxed();
         let mut shaper = ChunkShaper::new(engine, &req, id, created, model);
-        // Chat's role chunk goes out at once, before the first token is ready.
+        // Chat's role chunks go out at once, before the first token is ready.
         let pending = shaper.start().into_iter().map(|v| Event::default().data(v.to_string())).collect();
         let sse = SseState { shaper, stream: Some(stream), pending, _in_flight: in_flight };
         let events = futures::stream::unfold(sse, |mut s| async move {
@@ -319,15 +343,17 @@ async fn generate(
         });
         return Ok(Sse::new(events).into_response());
     }
-    let response = LlmInferenceEngine::infer(&engine, req.request.clone()).await.map_err(OpenAiError::from_engine)?;
-    let body = weft::openai::response_json(&engine, &req, &id, created, &model, &response)?;
+    let choices = req.choice_requests().into_iter().map(|r| LlmInferenceEngine::infer(&engine, r));
+    let responses = futures::future::try_join_all(choices).await.map_err(OpenAiError::from_engine)?;
+    let body = weft::openai::response_json_with(engine.tokenizer().as_ref(), &req, &id, created, &model, &responses)?;
     Ok(Json(body).into_response())
 }
 
 /// The state of one streamed response: the engine's stream and the events not yet sent.
 struct SseState {
     shaper: ChunkShaper,
-    stream: Option<weft::rt::BoxStream<'static, Result<StreamChunk>>>,
+    /// The choices' engine streams, merged: (choice, item).
+    stream: Option<futures::stream::BoxStream<'static, (usize, Result<StreamChunk>)>>,
     pending: VecDeque<Event>,
     /// Held (for its `Drop`) until the response body ends or the client goes away.
     _in_flight: InFlight,
@@ -344,8 +370,8 @@ impl SseState {
         let Some(stream) = self.stream.as_mut() else { return };
         match stream.next().await {
             None => self.done(),
-            Some(item) => {
-                for v in self.shaper.shape(item) {
+            Some((choice, item)) => {
+                for v in self.shaper.shape_choice(choice, item) {
                     self.pending.push_back(Event::default().data(v.to_string()));
                 }
                 if self.shaper.finished() {
@@ -571,6 +597,7 @@ pub fn run(opts: Options) -> Result<()> {
         in_flight: AtomicUsize::new(0),
         idle: Notify::new(),
         cors_origins: opts.cors_origins.clone(),
+        reasoning: OnceLock::new(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -608,6 +635,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let loader = state.clone();
     let (kv, kv_dtype) = (opts.kv_memory_bytes, opts.kv_cache_dtype);
     let speculation = opts.speculation.clone();
+    let reasoning_parser = opts.reasoning_parser.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
@@ -623,10 +651,19 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
                     b.config(config).kv_memory_bytes(kv).kv_cache_dtype(kv_dtype).on_progress(progress).build(),
                 )
             })
-            .and_then(|e| e.start_loop().map(|()| e));
+            .and_then(|e| e.start_loop().map(|()| e))
+            .and_then(|e| {
+                let parser = ReasoningParser::resolve(reasoning_parser.as_deref(), e.tokenizer().as_ref())
+                    .map_err(|why| WeftError::Unsupported(format!("--reasoning-parser: {why}")))?;
+                Ok((e, parser))
+            });
         match built {
-            Ok(engine) => {
+            Ok((engine, parser)) => {
                 let a = engine.admission_snapshot();
+                if let Some(p) = &parser {
+                    eprintln!("weft serve: reasoning parser {} (reasoning_content)", p.family.name);
+                }
+                let _ = loader.reasoning.set(parser);
                 let _ = loader.engine.set(engine);
                 eprintln!(
                     "weft serve: model {} ready in {:.1}s (max_model_len {}, max_num_seqs {}, {} KV blocks free)",

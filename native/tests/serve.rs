@@ -355,7 +355,7 @@ fn bad_requests_get_json_errors() {
             Some("messages"),
         ),
         ("negative max_tokens", chat_path, with(&|v| v["max_tokens"] = json!(-5)), vec![], 400, Some("max_tokens")),
-        ("n=2", chat_path, with(&|v| v["n"] = json!(2)), vec![], 400, Some("n")),
+        ("n=17", chat_path, with(&|v| v["n"] = json!(17)), vec![], 400, Some("n")),
         ("logit_bias", chat_path, with(&|v| v["logit_bias"] = json!({"50": 5})), vec![], 400, Some("logit_bias")),
         ("an unknown field", chat_path, with(&|v| v["frobnicate"] = json!(1)), vec![], 400, Some("frobnicate")),
         ("bad JSON to /tokenize", "/tokenize", b"{\"prompt\": ".to_vec(), vec![], 400, None),
@@ -547,5 +547,88 @@ fn speculation_shows_in_metrics() {
     assert!((metric(&m, "weft_spec_acceptance_rate") - accepted / drafted).abs() < 1e-9, "{m}");
     assert!(metric(&m, "weft_spec_mean_accepted_length") >= 1.0, "{m}");
     assert!(metric(&m, "weft_spec_verify_steps_total") > 0.0, "{m}");
+    let _ = std::fs::remove_file(&tiny);
+}
+
+/// The tiny Qwen3 (its real chat template, `<think>` and `</think>` in its vocabulary) over
+/// HTTP: `n: 3` seeded choices are three single requests' answers, whole and streamed; the
+/// reasoning comes back as `reasoning_content` unless `enable_thinking: false` or
+/// `--reasoning-parser none`; an unknown parser name stops the server at start.
+#[test]
+fn n_choices_and_reasoning_over_http() {
+    if weft::gpu::open_or_skip(Default::default()).unwrap().is_none() {
+        return;
+    }
+    let tiny = std::env::temp_dir().join(format!("weft-serve-qwen3-{}.gguf", std::process::id()));
+    std::fs::write(&tiny, weft::model::tiny::qwen3_gguf(6, weft::DType::Q8_0)).unwrap();
+    let server = Server::start_with(&tiny, &["--kv-memory", "16MiB", "--enable-prefix-cache"]);
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 6, "ignore_eos": true,
+                           "temperature": 1.0, "seed": 11});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let singles: Vec<Value> = (0..3)
+        .map(|i| {
+            let r = server.post("/v1/chat/completions", &ask(json!({"seed": 11 + i})));
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()["choices"][0]["message"]["reasoning_content"].clone()
+        })
+        .collect();
+    assert!(singles.iter().all(Value::is_string), "{singles:?}");
+    let r = server.post("/v1/chat/completions", &ask(json!({"n": 3})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    for (i, want) in singles.iter().enumerate() {
+        assert_eq!(v["choices"][i]["index"], i, "{v}");
+        assert_eq!(&v["choices"][i]["message"]["reasoning_content"], want, "choice {i}: {v}");
+        assert!(v["choices"][i]["message"]["content"].is_null(), "{v}");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 18, "{v}");
+    // Streamed: each choice's reasoning deltas, by index, make its single answer.
+    let r = server.post("/v1/chat/completions", &ask(json!({"n": 3, "stream": true})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut got = vec![String::new(); 3];
+    let mut finishes = 0;
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        got[i].push_str(choice["delta"]["reasoning_content"].as_str().unwrap_or_default());
+        assert!(choice["delta"]["content"].as_str().unwrap_or_default().is_empty(), "{e}");
+        finishes += usize::from(!choice["finish_reason"].is_null());
+    }
+    assert_eq!(finishes, 3);
+    for (i, want) in singles.iter().enumerate() {
+        assert_eq!(got[i], want.as_str().unwrap(), "streamed choice {i}");
+    }
+    // Thinking off: the same kind of answer is all content.
+    let r = server.post("/v1/chat/completions", &ask(json!({"chat_template_kwargs": {"enable_thinking": false}})));
+    let m = &r.json()["choices"][0]["message"];
+    assert!(m["reasoning_content"].is_null() && m["content"].is_string(), "{m}");
+    // /tokenize renders with the kwargs too.
+    let messages = json!([{"role": "user", "content": "2+2?"}]);
+    let on = server.post("/tokenize", &json!({"messages": messages}));
+    let off =
+        server.post("/tokenize", &json!({"messages": messages, "chat_template_kwargs": {"enable_thinking": false}}));
+    assert_eq!(off.json()["count"].as_u64().unwrap(), on.json()["count"].as_u64().unwrap() + 6, "{}", off.body);
+    drop(server);
+
+    let server = Server::start_with(&tiny, &["--kv-memory", "16MiB", "--reasoning-parser", "none"]);
+    let r = server.post("/v1/chat/completions", &ask(json!({})));
+    let m = &r.json()["choices"][0]["message"];
+    assert!(m.get("reasoning_content").is_none() && m["content"].is_string(), "{m}");
+    drop(server);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--reasoning-parser", "granite", "--model"])
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("unknown reasoning parser \"granite\""), "{err}");
+    assert!(err.contains("deepseek_r1, qwen3, none"), "{err}");
     let _ = std::fs::remove_file(&tiny);
 }

@@ -351,7 +351,10 @@ impl ContinuousBatchEngine {
                     None => Ok(ids.clone()),
                 }
             }
-            Prompt::Chat(messages) => tok.encode(&render_chat(tok.as_ref(), messages, &request.tools, true)?, false),
+            Prompt::Chat(messages) => {
+                let text = render_chat(tok.as_ref(), messages, &request.tools, &request.chat_template_kwargs, true)?;
+                tok.encode(&text, false)
+            }
         }
     }
 
@@ -384,6 +387,12 @@ impl ContinuousBatchEngine {
             if let Some(t) = request.params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(WeftError::invalid(
                     "stop_token_ids",
+                    format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
+                ));
+            }
+            if let Some(t) = request.params.constraint_after.filter(|&t| t as usize >= vocab) {
+                return Err(WeftError::invalid(
+                    "constraint_after",
                     format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
                 ));
             }
@@ -425,6 +434,7 @@ impl ContinuousBatchEngine {
             submitted_at: Instant::now(),
             scheduled_at: None,
             last_token_at: None,
+            constraint_after: request.params.constraint_after.filter(|_| constraint.is_some()),
             constraint: constraint.map(|c| Arc::new(Mutex::new(c))),
             request,
         };
@@ -539,12 +549,20 @@ impl ContinuousBatchEngine {
                 speculator.verify_rows(s, &mut spec, live.seed, output.len());
             }
             if let Some(constraint) = &live.constraint {
-                let masks: Vec<TokenMask> = spec.rows.iter().map(|_| TokenMask::pending()).collect();
-                for (row, mask) in spec.rows.iter_mut().zip(&masks) {
-                    row.allowed = Some(mask.clone());
+                // Rows before a thinking model's end-of-reasoning token are free; the constraint
+                // starts at the row after it, which may be a drafted one.
+                let first = match live.constraint_after {
+                    None => Some(0),
+                    Some(end) => s.drafted().iter().position(|&t| t == end).map(|i| i + 1),
+                };
+                if let Some(first) = first.filter(|&f| f < spec.rows.len()) {
+                    let masks: Vec<TokenMask> = spec.rows[first..].iter().map(|_| TokenMask::pending()).collect();
+                    for (row, mask) in spec.rows[first..].iter_mut().zip(&masks) {
+                        row.allowed = Some(mask.clone());
+                    }
+                    let drafted = s.drafted()[first..].to_vec();
+                    mask_jobs.push(MaskJob { id: s.id, constraint: constraint.clone(), drafted, masks });
                 }
-                let drafted = s.drafted().to_vec();
-                mask_jobs.push(MaskJob { id: s.id, constraint: constraint.clone(), drafted, masks });
             }
             s.sampling = Some(spec);
         }
@@ -794,13 +812,15 @@ fn compute_masks(jobs: Vec<MaskJob>) -> MaskReport {
 }
 
 /// The text a chat prompt becomes: `messages` through the model's chat template, with the tool
-/// definitions (a template that cannot show tools gets them in a system message instead);
+/// definitions (a template that cannot show tools gets them in a system message instead) and
+/// the request's extra template variables (`chat_template_kwargs`);
 /// `add_generation_prompt` ends it with the header of the assistant's turn. The engine encodes
 /// this text without adding special tokens (the template writes its own).
 pub fn render_chat(
     tok: &dyn Tokenizer,
     messages: &[ChatMessage],
     tool_defs: &[serde_json::Value],
+    kwargs: &serde_json::Map<String, serde_json::Value>,
     add_generation_prompt: bool,
 ) -> Result<String> {
     let template = tok
@@ -809,5 +829,5 @@ pub fn render_chat(
     let shows_tools = tools::template_shows_tools(template.source());
     let messages = tools::messages_for_template(template.source(), messages, tool_defs);
     let tool_defs = if shows_tools { tool_defs } else { &[] };
-    template.render_with_tools(&messages, tool_defs, add_generation_prompt)
+    template.render_with_kwargs(&messages, tool_defs, add_generation_prompt, kwargs)
 }

@@ -1,7 +1,8 @@
 //! Output processing: what happens to the tokens a request keeps from a step. Each live request
 //! detokenizes them incrementally, matches stop tokens, stop strings and its length limit,
-//! advances its structured-output constraint (a complete one ends the request), and turns the
-//! result into one [`StreamChunk`].
+//! advances its structured-output constraint (a complete one ends the request; a thinking
+//! model's starts after its end-of-reasoning token), and turns the result into one
+//! [`StreamChunk`].
 //!
 //! **Invariant:** a request's text never contains a stop string or half a UTF-8 character, and
 //! its last chunk (the one with a finish reason) carries the usage; nothing follows it.
@@ -35,6 +36,10 @@ pub(crate) struct Live {
     /// Structured output: the request's position in its grammar (shared with the step's mask
     /// computation, which runs beside the executor).
     pub constraint: Option<Arc<Mutex<ConstraintState>>>,
+    /// A thinking model's end-of-reasoning token, until it is generated: the constraint
+    /// starts with the token after it (`GenerationParams::constraint_after`). `None` once it
+    /// came, or for a request whose constraint applies from the start.
+    pub constraint_after: Option<u32>,
 }
 
 impl Live {
@@ -91,7 +96,12 @@ impl Live {
                     finish = Some(FinishReason::Error);
                 }
             }
-            if finish.is_none()
+            if finish.is_none() && self.constraint_after.is_some() {
+                // Still reasoning: free, until the end marker, after which the constraint starts.
+                if self.constraint_after == Some(x.token) {
+                    self.constraint_after = None;
+                }
+            } else if finish.is_none()
                 && let Some(constraint) = &self.constraint
             {
                 match constraint.lock().unwrap_or_else(|p| p.into_inner()).advance(x.token) {

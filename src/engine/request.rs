@@ -36,6 +36,10 @@ pub struct GenerationParams {
     /// Structured output: what the generated text must match (compiled when the request is
     /// submitted; a request whose constraint is complete ends with `Stop`).
     pub constraint: Option<Constraint>,
+    /// A thinking model's end-of-reasoning token (`</think>`): the constraint applies to the
+    /// answer after it, so the tokens up to and including it are free, and the constraint
+    /// starts with the token after. Without a constraint it changes nothing.
+    pub constraint_after: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,11 +49,14 @@ pub struct InferenceRequest {
     /// Tool definitions a chat prompt's template shows the model (OpenAI's `{"type":
     /// "function", "function": {...}}` objects, its `tools` variable); empty: none.
     pub tools: Vec<serde_json::Value>,
+    /// Extra variables for a chat prompt's template (`chat_template_kwargs`, e.g.
+    /// `{"enable_thinking": false}`); empty: none.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl InferenceRequest {
     pub fn new(prompt: Prompt, params: GenerationParams) -> Self {
-        InferenceRequest { prompt, params, tools: Vec::new() }
+        InferenceRequest { prompt, params, tools: Vec::new(), chat_template_kwargs: serde_json::Map::new() }
     }
 
     /// Reject values no engine can honour, naming the field. The engine calls this at its door

@@ -116,6 +116,59 @@ pub fn tokenizer_metadata() -> Vec<(&'static str, MetaValue)> {
     ]
 }
 
+/// Qwen3-0.6B's chat template, as Qwen published it (via llama.cpp's
+/// `models/templates/Qwen-Qwen3-0.6B.jinja`): thinking on by default, `enable_thinking: false`
+/// appends an empty `<think>\n\n</think>\n\n` to the generation prompt.
+pub const QWEN3_CHAT_TEMPLATE: &str = include_str!("../../tests/fixtures/qwen3-0.6b.chat_template.jinja");
+
+/// The tiny Qwen3's extra tokens after the tiny vocabulary: Qwen3's reasoning markers, plain
+/// added tokens (USER_DEFINED, decoded into the text) as in Qwen3's own vocabulary.
+pub const QWEN3_EXTRA_TOKENS: [&str; 2] = ["<think>", "</think>"];
+/// `<think>` and `</think>` in the tiny Qwen3's vocabulary.
+pub const QWEN3_THINK: u32 = 260;
+pub const QWEN3_END_THINK: u32 = 261;
+
+/// A tiny random Qwen3 (per-head q/k norms) with the tiny vocabulary plus `<think>` and
+/// `</think>`, and Qwen3's real chat template: what reasoning separation is tested on.
+pub fn qwen3_config() -> ModelConfig {
+    ModelConfig {
+        architecture: "qwen3".into(),
+        vocab_size: TINY_VOCAB.len() + QWEN3_EXTRA_TOKENS.len(),
+        qk_norm: true,
+        // Its own output matrix: tied to the embeddings, a random model repeats the prompt's
+        // last token (every chat prompt here ends with a newline) whatever the seed.
+        tie_word_embeddings: false,
+        ..tiny_config()
+    }
+}
+
+/// The tokenizer metadata of the tiny Qwen3: the tiny vocabulary, `<think>`, `</think>`, and
+/// Qwen3's chat template.
+pub fn qwen3_tokenizer_metadata() -> Vec<(&'static str, MetaValue)> {
+    let mut meta = tokenizer_metadata();
+    for (k, v) in &mut meta {
+        match *k {
+            "tokenizer.ggml.tokens" => {
+                let tokens = TINY_VOCAB.iter().chain(&QWEN3_EXTRA_TOKENS);
+                *v = MetaValue::Array(tokens.map(|s| MetaValue::String(s.to_string())).collect());
+            }
+            "tokenizer.ggml.token_type" => {
+                let types = (0..TINY_VOCAB.len()).map(|i| if i >= 257 { 3 } else { 1 });
+                *v = MetaValue::Array(types.chain([4, 4]).map(MetaValue::I32).collect());
+            }
+            "tokenizer.chat_template" => *v = MetaValue::String(QWEN3_CHAT_TEMPLATE.into()),
+            _ => {}
+        }
+    }
+    meta
+}
+
+/// The tiny Qwen3 ([`qwen3_config`]) as GGUF bytes, from `seed`.
+pub fn qwen3_gguf(seed: u64, dtype: DType) -> Vec<u8> {
+    let c = qwen3_config();
+    gguf_bytes_with(&c, &random_weights(&c, seed, dtype), dtype, qwen3_tokenizer_metadata())
+}
+
 /// Deterministic values in [-scale, scale) (also test data for kernels, e.g. in the browser).
 pub fn random_values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut rng = crate::sampling::SamplerRng::new(seed);
@@ -225,6 +278,16 @@ fn ggml_type(dtype: DType) -> GgmlType {
 /// The weights as a GGUF file the way llama.cpp's converter writes a Llama checkpoint: matrices
 /// in `dtype` (or its [`storage_dtype`] fallback), norms and biases in F32, q/k rows permuted.
 pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
+    gguf_bytes_with(c, w, dtype, tokenizer_metadata())
+}
+
+/// [`gguf_bytes`] with another tokenizer's metadata.
+pub fn gguf_bytes_with(
+    c: &ModelConfig,
+    w: &HfWeights,
+    dtype: DType,
+    tokenizer: Vec<(&'static str, MetaValue)>,
+) -> Vec<u8> {
     let arch = c.architecture.clone();
     let mut g = GgufWriter::new();
     let key = |k: &str| format!("{arch}.{k}");
@@ -238,7 +301,7 @@ pub fn gguf_bytes(c: &ModelConfig, w: &HfWeights, dtype: DType) -> Vec<u8> {
         .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
         .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta))
         .metadata(&key("rope.dimension_count"), MetaValue::U32(c.head_dim as u32));
-    for (k, v) in tokenizer_metadata() {
+    for (k, v) in tokenizer {
         g.metadata(k, v);
     }
     let permute = arch == "llama" || arch == "mistral";

@@ -129,7 +129,9 @@ fn common_rows() -> Vec<Row> {
         row("max_tokens", Honoured(json!(7), |r| r.request.params.max_tokens == Some(7))),
         row("max_completion_tokens", Honoured(json!(7), |r| r.request.params.max_tokens == Some(7))),
         row_with("max_completion_tokens", json!({"max_tokens": 8}), Refused(json!(7), vec![json!(8)])),
-        row("n", Refused(json!(2), vec![json!(1)])),
+        // Each choice its own engine request, seeded seed + i (the engine tests check the tokens).
+        row("n", Honoured(json!(3), |r| r.n == 3 && r.choice_requests().len() == 3)),
+        row("n", Refused(json!(17), vec![json!(1)])),
         row("seed", Honoured(json!(7), |r| r.request.params.sampling.seed == Some(7))),
         row("stop", Honoured(json!(["x", "y"]), |r| r.request.params.stop == ["x", "y"])),
         row("stream", Honoured(json!(true), |r| r.stream)),
@@ -195,6 +197,14 @@ fn chat_rows() -> Vec<Row> {
         ),
         row_with("top_logprobs", json!({"logprobs": true}), Honoured(json!(3), |r| r.logprobs == Some(3))),
         row("tools", Honoured(json!([tool()]), |r| r.request.tools == [tool()] && r.tools.is_some())),
+        // vLLM's extra chat template variables.
+        row(
+            "chat_template_kwargs",
+            Honoured(json!({"enable_thinking": false}), |r| {
+                r.request.chat_template_kwargs.get("enable_thinking") == Some(&json!(false))
+            }),
+        ),
+        row("chat_template_kwargs", Refused(json!({"messages": []}), vec![json!({})])),
         row_with(
             "tool_choice",
             json!({"tools": [tool()]}),

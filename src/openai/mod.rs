@@ -13,17 +13,26 @@
 //! module; they add only their transport (HTTP status codes and SSE framing, or JS messages).
 //! Every known request field is type-checked, and an error names the field in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`). Nothing is dropped silently: a field is
-//! honoured, refused naming it (`n` above 1, a non-empty `logit_bias`, a field weft does not
+//! honoured, refused naming it (`n` above 16, a non-empty `logit_bias`, a field weft does not
 //! know), or one of a few metadata fields ignored on purpose (`fields_tests` is the table).
+//! A request's `n` choices are `n` engine requests, seeded `seed + i`
+//! ([`OpenAiRequest::choice_requests`]), shaped back into one response.
+//!
+//! A thinking model's reasoning (Qwen3's and DeepSeek-R1's `<think>` … `</think>`) is
+//! separated from its answer as `reasoning_content` (`reasoning`), and `chat_template_kwargs`
+//! reaches the chat template (`enable_thinking: false`).
 //! Values are validated once, by the engine when the request is submitted;
 //! [`OpenAiError::from_engine`] gives that refusal OpenAI's shape.
 //!
 //! **Boundary:** no HTTP, no async runtime; callers add status codes and framing.
 
+#[cfg(test)]
+mod choices_tests;
 mod error;
 #[cfg(test)]
 mod fields_tests;
 mod parse;
+pub mod reasoning;
 mod shape;
 mod structured;
 #[cfg(test)]
@@ -34,7 +43,8 @@ mod tokenize;
 mod tools;
 
 pub use error::OpenAiError;
-pub use parse::{OpenAiRequest, parse, parse_body, requested_model};
+pub use parse::{MAX_N, OpenAiRequest, parse, parse_body, requested_model};
+pub use reasoning::{Reasoning, ReasoningParser};
 pub use shape::{ChunkShaper, finish_str, response_json, response_json_with, usage_json};
 pub use tokenize::{detokenize, tokenize};
 pub use tools::{ToolsRequest, call_id};

@@ -3,7 +3,7 @@
 //! once, by the engine at submission.
 //!
 //! Nothing is dropped silently: a field is honoured, refused with an error naming it (one weft
-//! cannot honour, or a value it cannot honour, such as `n` above 1 or a non-empty
+//! cannot honour, or a value it cannot honour, such as `n` above 16 or a non-empty
 //! `logit_bias`), or one of the few metadata fields that change nothing about the answer
 //! ([`IGNORED_FIELDS`]). A field weft does not know is refused too.
 
@@ -12,10 +12,11 @@ use serde_json::{Map, Value};
 use crate::engine::request::{GenerationParams, InferenceRequest, Prompt};
 use crate::openai::Endpoint;
 use crate::openai::error::{ApiResult, OpenAiError};
+use crate::openai::reasoning::Reasoning;
 use crate::openai::structured::{FIELDS as STRUCTURED_FIELDS, parse_constraint};
 use crate::openai::tools::{ToolsRequest, parse_tools, template_tool_calls};
 use crate::sampling::SamplingParams;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, RESERVED_VARIABLES};
 
 /// Fields both endpoints read (OpenAI's, then vLLM's extensions: `top_k`, `min_p`,
 /// `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `priority`); the structured-output
@@ -43,9 +44,10 @@ const COMMON_FIELDS: &[&str] = &[
     "priority",
 ];
 
-/// Fields only chat completions read.
+/// Fields only chat completions read (`chat_template_kwargs` is vLLM's).
 const CHAT_FIELDS: &[&str] = &[
     "messages",
+    "chat_template_kwargs",
     "logprobs",
     "top_logprobs",
     "tools",
@@ -100,6 +102,31 @@ pub struct OpenAiRequest {
     /// Chat with `tools`: which may be called and how calls are chosen, for reading calls out
     /// of the answer.
     pub tools: Option<ToolsRequest>,
+    /// How many choices (`n`, 1 to [`MAX_N`]): each is its own engine request
+    /// ([`OpenAiRequest::choice_requests`]).
+    pub n: usize,
+    /// A thinking model's reasoning, separated from the answer: set by
+    /// [`OpenAiRequest::apply_reasoning`]; `None` after `parse`.
+    pub reasoning: Option<Reasoning>,
+}
+
+/// The most choices one request may ask for (`n`).
+pub const MAX_N: usize = 16;
+
+impl OpenAiRequest {
+    /// The engine requests of the `n` choices: choice `i` is this request with seed `seed + i`
+    /// (wrapping) when a seed is given, so a choice's tokens are those of a single request
+    /// with that seed; without a seed each draws its own. They share the prompt, so with the
+    /// prefix cache on the later choices reuse the first one's KV blocks.
+    pub fn choice_requests(&self) -> Vec<InferenceRequest> {
+        (0..self.n.max(1) as u64)
+            .map(|i| {
+                let mut r = self.request.clone();
+                r.params.sampling.seed = r.params.sampling.seed.map(|s| s.wrapping_add(i));
+                r
+            })
+            .collect()
+    }
 }
 
 /// Read a JSON body (already an object) for an endpoint. Fields are type-checked in a fixed
@@ -135,6 +162,9 @@ pub fn parse(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiR
     };
     let mut request = InferenceRequest::new(prompt, common.params);
     request.tools = tools;
+    if endpoint == Endpoint::Chat {
+        request.chat_template_kwargs = parse_template_kwargs(body)?;
+    }
     Ok(OpenAiRequest {
         endpoint,
         request,
@@ -143,6 +173,8 @@ pub fn parse(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<OpenAiR
         logprobs: common.logprobs,
         model,
         tools: tools_request,
+        n: common.n,
+        reasoning: None,
     })
 }
 
@@ -184,11 +216,6 @@ fn refuse_unsupported(endpoint: Endpoint, f: &Fields) -> ApiResult<()> {
             return refuse("logit_bias", "weft does not apply logit biases; remove logit_bias (or send {})");
         }
         Some(v) => return refuse("logit_bias", &format!("expected an object of token ids to biases, got {v}")),
-    }
-    if let Some(n) = f.int("n")?
-        && n != 1
-    {
-        return refuse("n", &format!("{n}; weft answers one choice per request (n=1): send {n} requests instead"));
     }
     if endpoint == Endpoint::Completion {
         if let Some(b) = f.int("best_of")?
@@ -331,6 +358,7 @@ struct Common {
     include_usage: bool,
     /// Report log-probabilities, with this many alternatives each.
     logprobs: Option<usize>,
+    n: usize,
 }
 
 fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
@@ -407,10 +435,48 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
             }
         },
     };
+    let n = match f.int("n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(OpenAiError::invalid(
+                "n",
+                format!(
+                    "invalid n: {n}; weft answers 1 to {MAX_N} choices per request (send several requests for more)"
+                ),
+            ));
+        }
+    };
     let max_tokens = max_tokens.map(|x| x as usize);
     let params =
         GenerationParams { sampling, max_tokens, stop, stop_token_ids, ignore_eos, priority, ..Default::default() };
-    Ok(Common { params, stream, include_usage, logprobs })
+    Ok(Common { params, stream, include_usage, logprobs, n })
+}
+
+/// vLLM's `chat_template_kwargs`: an object of extra variables for the chat template (e.g.
+/// `{"enable_thinking": false}`); the variables a render always sets cannot be replaced.
+pub(crate) fn parse_template_kwargs(body: &Map<String, Value>) -> ApiResult<Map<String, Value>> {
+    const K: &str = "chat_template_kwargs";
+    match Fields(body).get(K) {
+        None => Ok(Map::new()),
+        Some(Value::Object(m)) => match m.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+            Some(k) => Err(OpenAiError::invalid(
+                K,
+                format!(
+                    "invalid {K}: {k} is set by the request itself, not by {K}; remove it (the template's own \
+                     variables are {})",
+                    RESERVED_VARIABLES.join(", ")
+                ),
+            )),
+            None => Ok(m.clone()),
+        },
+        Some(v) => Err(OpenAiError::invalid(
+            K,
+            format!(
+                "invalid {K}: expected an object of template variables (e.g. {{\"enable_thinking\": false}}), got {v}"
+            ),
+        )),
+    }
 }
 
 /// `messages` of a body (for `/tokenize`), read as a chat completion reads them.

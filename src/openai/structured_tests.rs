@@ -215,7 +215,7 @@ fn answers_with_calls_become_tool_calls() {
     let tok = tiny_tokenizer();
     let shape = |extra: Value, text: &str| {
         let req = parse(Endpoint::Chat, &chat(extra)).unwrap();
-        response_json_with(tok.as_ref(), &req, "id", 0, "m", &response(text)).unwrap()
+        response_json_with(tok.as_ref(), &req, "id", 0, "m", &[response(text)]).unwrap()
     };
     let v = shape(json!({"tools": [weather()]}), CALL);
     let choice = &v["choices"][0];

@@ -120,12 +120,21 @@ fn wrong_types_name_the_field() {
 }
 
 #[test]
-fn only_one_choice() {
-    assert_invalid(
-        full(Endpoint::Chat, &chat(json!({"n": 2}))),
-        Some("n"),
-        "one choice per request (n=1): send 2 requests",
-    );
+fn choices() {
+    for n in [0, 17, -1] {
+        assert_invalid(full(Endpoint::Chat, &chat(json!({"n": n}))), Some("n"), "1 to 16 choices per request");
+    }
+    assert_invalid(full(Endpoint::Completion, &completion(json!({"n": 99}))), Some("n"), "invalid n: 99");
+    assert_invalid(full(Endpoint::Chat, &chat(json!({"n": "2"}))), Some("n"), "expected an integer");
+    // Choice i is seeded seed + i; without a seed each draws its own.
+    let r = full(Endpoint::Chat, &chat(json!({"n": 3, "seed": 7}))).unwrap();
+    let seeds: Vec<Option<u64>> = r.choice_requests().iter().map(|c| c.params.sampling.seed).collect();
+    assert_eq!(seeds, [Some(7), Some(8), Some(9)]);
+    let r = full(Endpoint::Completion, &completion(json!({"n": 2, "seed": -1}))).unwrap();
+    let seeds: Vec<Option<u64>> = r.choice_requests().iter().map(|c| c.params.sampling.seed).collect();
+    assert_eq!(seeds, [Some(u64::MAX), Some(0)], "seeds wrap");
+    let r = full(Endpoint::Chat, &chat(json!({"n": 2}))).unwrap();
+    assert!(r.choice_requests().iter().all(|c| c.params.sampling.seed.is_none() && c.prompt == r.request.prompt));
     assert_invalid(full(Endpoint::Completion, &completion(json!({"best_of": 3}))), Some("best_of"), "only best_of=1");
     assert!(full(Endpoint::Completion, &completion(json!({"best_of": 1}))).is_ok());
     assert!(full(Endpoint::Chat, &chat(json!({"n": 1}))).is_ok());
@@ -301,7 +310,7 @@ fn response(finish_reason: FinishReason) -> InferenceResponse {
 fn whole_responses() {
     let tok = tiny_tokenizer();
     let req = full(Endpoint::Chat, &chat(json!({"logprobs": true, "top_logprobs": 2}))).unwrap();
-    let v = response_json_with(tok.as_ref(), &req, "chatcmpl-1", 5, "tiny", &response(FinishReason::Eos)).unwrap();
+    let v = response_json_with(tok.as_ref(), &req, "chatcmpl-1", 5, "tiny", &[response(FinishReason::Eos)]).unwrap();
     assert_eq!(
         (v["id"].as_str(), v["object"].as_str(), v["created"].as_u64(), v["model"].as_str()),
         (Some("chatcmpl-1"), Some("chat.completion"), Some(5), Some("tiny"))
@@ -318,7 +327,7 @@ fn whole_responses() {
     );
 
     let req = full(Endpoint::Completion, &completion(json!({"logprobs": 1}))).unwrap();
-    let v = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Length)).unwrap();
+    let v = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &[response(FinishReason::Length)]).unwrap();
     assert_eq!(v["object"], "text_completion");
     let c = &v["choices"][0];
     assert_eq!((c["text"].as_str(), c["finish_reason"].as_str()), (Some("ab"), Some("length")));
@@ -328,12 +337,12 @@ fn whole_responses() {
     assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 1);
     let req = full(Endpoint::Completion, &completion(json!({}))).unwrap();
     assert!(
-        response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Stop)).unwrap()["choices"]
+        response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &[response(FinishReason::Stop)]).unwrap()["choices"]
             [0]["logprobs"]
             .is_null()
     );
 
-    let e = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &response(FinishReason::Error)).unwrap_err();
+    let e = response_json_with(tok.as_ref(), &req, "cmpl-1", 5, "tiny", &[response(FinishReason::Error)]).unwrap_err();
     assert_eq!(e.kind, "internal_error");
 }
 
@@ -437,7 +446,6 @@ fn against_a_tiny_engine() {
     let n = engine.tokenizer().encode("abc", true).unwrap().len();
     let whole = crate::rt::block_on(engine.infer(r.request.clone())).unwrap();
     assert_eq!(whole.usage.completion_tokens, engine.config().max_model_len - n);
-    assert_invalid(parse(Endpoint::Chat, &chat(json!({"n": 3}))), Some("n"), "n=1");
 
     // stop_token_ids reach the engine: the first of them generated ends the answer, "stop".
     let greedy = json!({"prompt": "abc", "ignore_eos": true, "temperature": 0, "max_tokens": 4});
@@ -513,12 +521,12 @@ fn tokenize_a_prompt_or_a_conversation() {
     // A conversation: the tokens a chat completion's prompt is, generation prompt and all.
     let messages = json!([{"role": "user", "content": "hi"}]);
     let v = tokenize(t, 64, &body(json!({"messages": messages}))).unwrap();
-    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], true).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], &Default::default(), true).unwrap();
     assert!(text.ends_with("<|im_start|>assistant\n"), "{text:?}");
     assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
     assert_eq!(detokenize(t, &body(json!({"tokens": v["tokens"]}))).unwrap(), json!({ "prompt": text }));
     let v = tokenize(t, 64, &body(json!({"messages": messages, "add_generation_prompt": false}))).unwrap();
-    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], false).unwrap();
+    let text = crate::engine::render_chat(t, &[ChatMessage::user("hi")], &[], &Default::default(), false).unwrap();
     assert!(!text.ends_with("<|im_start|>assistant\n"), "{text:?}");
     assert_eq!(v["tokens"], json!(t.encode(&text, false).unwrap()));
     // The template shows the tools.
@@ -544,7 +552,13 @@ fn tokenize_errors_name_the_field() {
         (json!({"prompt": "a", "add_special_tokens": "yes"}), Some("add_special_tokens"), "expected true or false"),
         (json!({"prompt": "a", "return_token_strs": 1}), Some("return_token_strs"), "expected true or false"),
         (json!({"messages": chat, "continue_final_message": true}), Some("continue_final_message"), "remove"),
-        (json!({"messages": chat, "chat_template_kwargs": {}}), Some("chat_template_kwargs"), "unknown field"),
+        (json!({"messages": chat, "chat_template_kwargs": []}), Some("chat_template_kwargs"), "expected an object"),
+        (
+            json!({"messages": chat, "chat_template_kwargs": {"tools": []}}),
+            Some("chat_template_kwargs"),
+            "tools is set",
+        ),
+        (json!({"prompt": "a", "chat_template_kwargs": {}}), Some("chat_template_kwargs"), "unknown field"),
         (json!({"messages": "hi"}), Some("messages"), "expected a list"),
         (json!({"messages": [{"role": "user", "content": "hi"}], "tools": 3}), Some("tools"), "list of tools"),
     ];

@@ -2,8 +2,8 @@
 //!
 //! `/tokenize` takes a text prompt (`{model, prompt, add_special_tokens = true,
 //! return_token_strs = false}`) or a conversation (`{model, messages, add_generation_prompt =
-//! true, add_special_tokens = false, tools, return_token_strs = false}`, rendered with the chat
-//! template exactly as a chat completion is) and answers `{count, max_model_len, tokens,
+//! true, add_special_tokens = false, tools, chat_template_kwargs, return_token_strs = false}`,
+//! rendered with the chat template exactly as a chat completion is) and answers `{count, max_model_len, tokens,
 //! token_strs}` (`token_strs`: the tokens as the vocabulary spells them, or `null` unless asked).
 //! `/detokenize` takes `{model, tokens}` and answers `{prompt}` (special tokens kept). As in the
 //! completion endpoints, a field weft does not read is refused, naming it.
@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use crate::engine::render_chat;
 use crate::error::WeftError;
 use crate::openai::error::{ApiResult, OpenAiError};
-use crate::openai::parse::parse_messages_of;
+use crate::openai::parse::{parse_messages_of, parse_template_kwargs};
 use crate::openai::tools::parse_tools;
 use crate::tokenizer::Tokenizer;
 
@@ -74,6 +74,7 @@ pub fn tokenize(tok: &dyn Tokenizer, max_model_len: usize, body: &Map<String, Va
                     "add_special_tokens",
                     "continue_final_message",
                     "tools",
+                    "chat_template_kwargs",
                     "return_token_strs",
                 ],
                 "/tokenize with messages",
@@ -88,7 +89,8 @@ pub fn tokenize(tok: &dyn Tokenizer, max_model_len: usize, body: &Map<String, Va
             }
             let add_special = flag(body, "add_special_tokens")?.unwrap_or(false);
             let tools = parse_tools(body)?.tools;
-            let text = render_chat(tok, &messages, &tools, add_generation_prompt).map_err(|e| match e {
+            let kwargs = parse_template_kwargs(body)?;
+            let text = render_chat(tok, &messages, &tools, &kwargs, add_generation_prompt).map_err(|e| match e {
                 WeftError::InvalidRequest { .. } => OpenAiError::from_engine(e),
                 e => bad("messages", e),
             })?;

@@ -4,7 +4,8 @@
 //! What transformers sets up and templates rely on:
 //! - `trim_blocks` and `lstrip_blocks` on, no autoescaping, `{% break %}` / `{% continue %}`;
 //! - the variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` /
-//!   `documents` defined as `none`;
+//!   `documents` defined as `none`, plus whatever a request's `chat_template_kwargs` adds
+//!   (`enable_thinking: false` turns Qwen3's thinking off);
 //! - `raise_exception(msg)` (the template refuses the conversation: an error carrying `msg`)
 //!   and `strftime_now(format)` (the current date; UTC here, local time in transformers);
 //! - a `tojson` filter that writes what Python's `json.dumps(x, ensure_ascii=False)` writes
@@ -22,6 +23,10 @@ use serde::{Deserialize, Serialize};
 use crate::{Result, WeftError};
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// The variables every render sets; `chat_template_kwargs` may add others, not replace these.
+pub const RESERVED_VARIABLES: &[&str] =
+    &["messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents"];
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +168,26 @@ impl ChatTemplate {
         tools: &[serde_json::Value],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// [`render_with_tools`](Self::render_with_tools) with extra template variables (a
+    /// request's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), as transformers'
+    /// `apply_chat_template(**kwargs)` passes them. The variables the template is always given
+    /// ([`RESERVED_VARIABLES`]) cannot be replaced: such a key is an error naming it.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        if let Some(k) = kwargs.keys().find(|k| RESERVED_VARIABLES.contains(&k.as_str())) {
+            return Err(WeftError::invalid(
+                "chat_template_kwargs",
+                format!("{k} is set by the request itself, not by chat_template_kwargs; remove it"),
+            ));
+        }
         let messages: Vec<Value> = messages.iter().map(|m| Value::from_object(MessageValue(m.clone()))).collect();
         let tools = if tools.is_empty() { Value::from(()) } else { Value::from(minijinja::value::Serde(tools)) };
         let ctx = minijinja::context! {
@@ -172,6 +197,7 @@ impl ChatTemplate {
             eos_token => self.eos_token.clone().map(Value::from).unwrap_or(Value::UNDEFINED),
             tools => tools,
             documents => (),
+            ..Value::from(minijinja::value::Serde(kwargs))
         };
         let template =
             self.env.get_template(TEMPLATE_NAME).map_err(|e| template_error("the chat template is missing", &e))?;

@@ -21,7 +21,7 @@ mod gguf;
 mod hf;
 mod stream;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, RESERVED_VARIABLES};
 pub use hf::HfTokenizer;
 pub use stream::DecodeStream;
 

@@ -156,7 +156,7 @@ def test_logprobs(client):
 
 def test_errors(server, client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=2, n=2)
+        client.chat.completions.create(model=MODEL_ID, messages=QUESTION, max_tokens=2, n=17)
     assert "n" == e.value.body.get("param")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=2)

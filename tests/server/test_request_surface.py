@@ -1,6 +1,9 @@
 """`weft serve`'s request surface on the tiny model: every request field honoured or refused
-(through the official OpenAI client), vLLM's /tokenize and /detokenize, `--chat-template FILE`
-and `--cors-origin`.
+(through the official OpenAI client), `n` choices, vLLM's /tokenize and /detokenize,
+`--chat-template FILE` and `--cors-origin`; and on the tiny Qwen3 (`tiny_model` writes it
+beside the tiny model as `<name>-qwen3.gguf`: Qwen3's real chat template, `<think>` and
+`</think>` in its vocabulary), reasoning separated into `reasoning_content` and
+`chat_template_kwargs`.
 
     WEFT_BIN=target/release/weft WEFT_TINY_MODEL=target/tiny.gguf \\
         target/pyvenv/bin/python -m pytest tests/server/test_request_surface.py
@@ -24,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("WEFT_BIN", ROOT / "target" / "release" / "weft"))
 TINY = Path(os.environ.get("WEFT_TINY_MODEL", ROOT / "target" / "tiny.gguf"))
+QWEN3 = TINY.with_name(TINY.stem + "-qwen3.gguf")
 ASK = [{"role": "user", "content": "hi"}]
 TEMPLATE = (
     "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
@@ -37,13 +41,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _serve(*flags):
+def _serve(*flags, model=TINY):
     if not BIN.exists():
         pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
-    if not TINY.exists():
-        pytest.fail(f"{TINY} is missing: `cargo run --release --example tiny_model -- {TINY}` or set WEFT_TINY_MODEL")
+    if not model.exists():
+        pytest.fail(f"{model} is missing: `cargo run --release --example tiny_model -- {TINY}` or set WEFT_TINY_MODEL")
     port = _free_port()
-    proc = subprocess.Popen([str(BIN), "serve", "--model", str(TINY), "--port", str(port), *flags])
+    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port), *flags])
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -132,7 +136,8 @@ def test_unsupported_fields_are_refused_by_name(plain):
     _, client = plain
     chat = lambda **kw: client.chat.completions.create(model=TINY.stem, messages=ASK, max_tokens=2, **kw)  # noqa: E731
     text = lambda **kw: client.completions.create(**{"model": TINY.stem, "prompt": "hi", "max_tokens": 2, **kw})  # noqa: E731
-    assert "send 3 requests" in _refused(lambda: chat(n=3), "n")
+    assert "1 to 16 choices" in _refused(lambda: chat(n=17), "n")
+    _refused(lambda: chat(n=0), "n")
     _refused(lambda: chat(logit_bias={"50": -100}), "logit_bias")
     _refused(lambda: text(logit_bias={"50": 5}), "logit_bias")
     _refused(lambda: chat(reasoning_effort="low"), "reasoning_effort")
@@ -178,6 +183,111 @@ def test_honoured_fields(plain):
     assert all(c.usage is None for c in chunks[:-1])
     _refused(lambda: client.chat.completions.create(model=TINY.stem, messages=ASK, max_tokens=1,
                                                     stream_options={"include_usage": True}), "stream_options")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reasoning (the tiny Qwen3).
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    proc, base = _serve("--kv-memory", "16MiB", model=QWEN3)
+    try:
+        yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
+    finally:
+        _stop(proc)
+
+
+def test_reasoning_content(qwen3):
+    """Qwen3 thinks by default: the random model never writes </think>, so its whole answer is
+    reasoning, whole and streamed alike; with enable_thinking false it is all content."""
+    base, client = qwen3
+    kw = dict(model=QWEN3.stem, messages=ASK, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(**kw)
+    m = r.choices[0].message
+    reasoning = m.model_extra["reasoning_content"]
+    assert isinstance(reasoning, str) and reasoning and m.content is None, m
+    streamed = list(client.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == ""
+    off = dict(kw, extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
+    m = client.chat.completions.create(**off).choices[0].message
+    assert m.model_extra["reasoning_content"] is None and isinstance(m.content, str), m
+    # The prompt differs exactly as Qwen3's template says.
+    _, on_tokens = _json(base, "/tokenize", {"messages": ASK})
+    _, off_tokens = _json(base, "/tokenize", {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False},
+                                              "return_token_strs": True})
+    assert off_tokens["tokens"][:-6] == on_tokens["tokens"]
+    assert off_tokens["token_strs"][-6:] == ["<think>", "Ċ", "Ċ", "</think>", "Ċ", "Ċ"]
+    assert "chat_template_kwargs" in _refused(
+        lambda: client.chat.completions.create(**dict(kw, extra_body={"chat_template_kwargs": {"tools": []}})),
+        "chat_template_kwargs")
+    assert "expected an object" in _refused(
+        lambda: client.chat.completions.create(**dict(kw, extra_body={"chat_template_kwargs": True})),
+        "chat_template_kwargs")
+
+
+def test_structured_output_applies_after_thinking(qwen3):
+    """With thinking off the constraint holds from the first token; with thinking on it waits for
+    </think>, which the random model never writes, so nothing constrained comes back as content."""
+    _, client = qwen3
+    kw = dict(model=QWEN3.stem, messages=ASK, max_tokens=8, temperature=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}
+    off = client.chat.completions.create(response_format=fmt, extra_body=no_thinking, **kw)
+    int(off.choices[0].message.content)
+    on = client.chat.completions.create(response_format=fmt, extra_body={"ignore_eos": True}, **kw)
+    assert on.choices[0].message.content is None and on.choices[0].message.model_extra["reasoning_content"]
+
+
+def test_reasoning_parser_flag(tmp_path):
+    proc, base = _serve("--kv-memory", "16MiB", "--reasoning-parser", "none", model=QWEN3)
+    try:
+        status, r = _json(base, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2})
+        assert status == 200 and "reasoning_content" not in r["choices"][0]["message"], r
+    finally:
+        _stop(proc)
+    out = subprocess.run([str(BIN), "serve", "--reasoning-parser", "granite", "--model", str(QWEN3)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "unknown reasoning parser" in out.stderr and "qwen3" in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# n choices.
+
+
+def test_n_seeded_choices_are_single_requests(qwen3):
+    """Choice i of a seeded request is the single request seeded seed + i, whole and streamed,
+    chat and text; the usage counts the prompt once. (On the tiny Qwen3 with thinking off: the
+    tiny model's chat answers are newlines whatever the seed.)"""
+    _, client = qwen3
+    kw = dict(model=QWEN3.stem, max_tokens=6, temperature=1.0,
+              extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
+    singles = [client.chat.completions.create(messages=ASK, seed=5 + i, **kw) for i in range(3)]
+    want = [s.choices[0].message.content for s in singles]
+    assert len(set(want)) > 1, want
+    r = client.chat.completions.create(messages=ASK, seed=5, n=3, **kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.message.content for c in r.choices] == want
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == 18
+    got = ["", "", ""]
+    finished = set()
+    chunks = list(client.chat.completions.create(messages=ASK, seed=5, n=3, stream=True,
+                                                 stream_options={"include_usage": True}, **kw))
+    for c in chunks[:-1]:
+        for choice in c.choices:
+            got[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert got == want and finished == {0, 1, 2}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 18
+    kw = dict(kw, extra_body={"ignore_eos": True})
+    texts = [client.completions.create(prompt="hello", seed=9 + i, **kw).choices[0].text for i in range(2)]
+    assert texts[0] != texts[1]
+    r = client.completions.create(prompt="hello", seed=9, n=2, **kw)
+    assert [c.text for c in r.choices] == texts
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ use wasm_bindgen::prelude::*;
 use weft::EngineBuilder;
 use weft::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use weft::gpu::{GpuContext, GpuOptions, KernelFamily};
-use weft::openai::{ChunkShaper, Endpoint, OpenAiError};
+use weft::openai::{ChunkShaper, Endpoint, OpenAiError, ReasoningParser};
 
 #[wasm_bindgen(start)]
 fn start() {
@@ -82,8 +82,11 @@ pub struct WebEngine {
     engine: ContinuousBatchEngine,
     ctx: Arc<GpuContext>,
     model: Value,
-    /// Live requests by the id the caller gave them, for `abort`.
-    live: Rc<RefCell<HashMap<String, u64>>>,
+    /// Live requests by the id the caller gave them (one engine request per choice), for
+    /// `abort`.
+    live: Rc<RefCell<HashMap<String, Vec<u64>>>>,
+    /// How chat answers separate a thinking model's reasoning (chosen from the model).
+    reasoning: Option<ReasoningParser>,
 }
 
 /// Engine limits a page may set; anything not given keeps a browser-sized default.
@@ -230,7 +233,9 @@ impl WebEngine {
         // this count is most of the load's time there.
         model["kernels"] = json!(ctx.creations().pipelines);
         engine.start_loop().map_err(js)?;
-        Ok(WebEngine { engine, ctx, model, live: Rc::default() })
+        let reasoning = ReasoningParser::detect(engine.tokenizer().as_ref());
+        model["reasoningParser"] = json!(reasoning.map(|p| p.family.name));
+        Ok(WebEngine { engine, ctx, model, live: Rc::default(), reasoning })
     }
 
     /// The WebGPU adapter: name, backend, optional features and the limits that matter here.
@@ -287,13 +292,26 @@ impl WebEngine {
             return Err(js_error(&OpenAiError::invalid_body(format!("a request with id {id:?} is already running"))));
         }
         let map = weft::openai::parse_body(body.as_bytes()).map_err(|e| js_error(&e))?;
-        let req = weft::openai::parse(endpoint, &map).map_err(|e| js_error(&e))?;
-        let (seq, stream) = self
-            .engine
-            .infer_stream_with_id(req.request.clone())
-            .map_err(|e| js_error(&OpenAiError::from_engine(e)))?;
-        let mut stream = Box::pin(stream);
-        self.live.borrow_mut().insert(id.clone(), seq);
+        let mut req = weft::openai::parse(endpoint, &map).map_err(|e| js_error(&e))?;
+        req.apply_reasoning(self.engine.tokenizer().as_ref(), self.reasoning.as_ref()).map_err(|e| js_error(&e))?;
+        // Each choice is its own engine request; their chunks interleave, tagged by choice.
+        let mut seqs = Vec::with_capacity(req.n);
+        let mut streams = Vec::with_capacity(req.n);
+        for (i, r) in req.choice_requests().into_iter().enumerate() {
+            match self.engine.infer_stream_with_id(r) {
+                Ok((seq, stream)) => {
+                    seqs.push(seq);
+                    streams.push(stream.map(move |item| (i, item)).boxed_local());
+                }
+                Err(e) => {
+                    for seq in seqs {
+                        self.engine.cancel(seq);
+                    }
+                    return Err(js_error(&OpenAiError::from_engine(e)));
+                }
+            }
+        }
+        self.live.borrow_mut().insert(id.clone(), seqs);
         let engine = self.engine.clone();
         let live = self.live.clone();
         let model = self.model["name"].as_str().unwrap_or_default().to_string();
@@ -303,12 +321,13 @@ impl WebEngine {
         };
         wasm_bindgen_futures::spawn_local(async move {
             if req.stream {
+                let mut stream = futures::stream::select_all(streams);
                 let mut shaper = ChunkShaper::new(engine, &req, id.clone(), created, model);
                 for chunk in shaper.start() {
                     emit(&chunk.to_string());
                 }
-                while let Some(item) = stream.next().await {
-                    for chunk in shaper.shape(item) {
+                while let Some((choice, item)) = stream.next().await {
+                    for chunk in shaper.shape_choice(choice, item) {
                         emit(&chunk.to_string());
                     }
                     if shaper.finished() {
@@ -316,9 +335,22 @@ impl WebEngine {
                     }
                 }
             } else {
-                let result = match weft::engine::collect_response(&mut stream).await {
-                    Ok(response) => weft::openai::response_json(&engine, &req, &id, created, &model, &response),
-                    Err(e) => Err(OpenAiError::from_engine(e)),
+                let mut responses = Vec::with_capacity(streams.len());
+                let mut failed = None;
+                for stream in streams {
+                    let mut stream = stream.map(|(_, item)| item);
+                    match weft::engine::collect_response(&mut stream).await {
+                        Ok(r) => responses.push(r),
+                        Err(e) => {
+                            failed = Some(OpenAiError::from_engine(e));
+                            break;
+                        }
+                    }
+                }
+                let tok = engine.tokenizer().clone();
+                let result = match failed {
+                    Some(e) => Err(e),
+                    None => weft::openai::response_json_with(tok.as_ref(), &req, &id, created, &model, &responses),
                 };
                 emit(&result.unwrap_or_else(|e| e.body()).to_string());
             }
@@ -330,8 +362,8 @@ impl WebEngine {
 
     /// Stop request `id`: it ends with finish_reason "abort". False if it is not running.
     pub fn abort(&self, id: &str) -> bool {
-        let seq = self.live.borrow().get(id).copied();
-        seq.is_some_and(|seq| self.engine.cancel(seq))
+        let seqs = self.live.borrow().get(id).cloned().unwrap_or_default();
+        seqs.into_iter().fold(false, |any, seq| self.engine.cancel(seq) | any)
     }
 
     /// Requests running or queued right now.
