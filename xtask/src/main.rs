@@ -175,9 +175,21 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
         }
         vocab::fetch_vocabs()
     })?;
+    let nextest = has_nextest();
+    if !nextest {
+        eprintln!("xtask: cargo-nextest is not installed: tests run with cargo test, one binary at a time (slower)");
+    }
     let cargo_test = |args: &[&str]| {
         let mut cmd = cargo();
-        cmd.args(["test", "--release"]).args(args);
+        // nextest runs every test in a process of its own, many binaries at once: on 2 cores
+        // the suite takes about a quarter of cargo test's time (whose tests share each binary's
+        // device and wait on one another).
+        if nextest {
+            cmd.args(["nextest", "run", "--release", "--status-level", "fail", "--final-status-level", "slow"]);
+        } else {
+            cmd.args(["test", "--release"]);
+        }
+        cmd.args(args);
         // Tests skip GPU cases when no adapter exists; here a driver was just ensured, so a
         // missing adapter is a failure, not a skip.
         cmd.env("WEFT_REQUIRE_GPU", "1");
@@ -188,7 +200,16 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
         }
         with_gpu_env(cmd)
     };
-    stages.time("cargo test (CPU kernel family)", || run(cargo_test(&["--workspace"])))?;
+    stages.time("cargo test (CPU kernel family)", || {
+        run(cargo_test(&["--workspace"]))?;
+        if nextest {
+            // nextest does not run doc tests.
+            let mut doc = cargo();
+            doc.args(["test", "--release", "--workspace", "--doc"]);
+            run(doc)?;
+        }
+        Ok(())
+    })?;
     if picks_wide_vectors() {
         // The kernels of lavapipe's default 256-bit vectors (8-lane matmul workgroups) are what a
         // CPU without AVX-512 runs: their tests again at that width.
@@ -218,6 +239,11 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
     stages.time("server tests (pytest)", test_server_python)?;
     stages.time("wasm32 build", check_wasm)?;
     stages.time("browser tests", web::test_web)
+}
+
+/// Whether `cargo nextest` is installed.
+fn has_nextest() -> bool {
+    cargo().args(["nextest", "--version"]).output().is_ok_and(|o| o.status.success())
 }
 
 /// Each stage of a run and how long it took, printed at the end.
