@@ -15,7 +15,11 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,6 +63,43 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve(model, *flags):
+    """Start `weft serve` on `model` with `flags` on a free port and wait until /health answers
+    200; returns (process, base URL). Fails the test, saying what is missing, when the binary
+    or the model is not there or the server exits or stays unhealthy for 120 s."""
+    if not BIN.exists():
+        pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
+    if not Path(model).exists():
+        pytest.fail(f"{model} is missing: `cargo run --release --example tiny_model -- PATH` writes the tiny models")
+    port = free_port()
+    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port), *flags])
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"weft serve exited early with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return proc, base
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("weft serve did not get healthy in 120 s")
+        time.sleep(0.2)
+
+
+def stop(proc):
+    """End a server started by `serve`: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Replica:

@@ -14,15 +14,15 @@ special tokens (257 <|endoftext|>, 258 <|im_start|>, 259 <|im_end|>); it adds no
 
 import json
 import os
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+
+from replica import serve, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("WEFT_BIN", ROOT / "target" / "release" / "weft"))
@@ -35,43 +35,10 @@ TEMPLATE = (
 )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _serve(*flags, model=TINY):
-    if not BIN.exists():
-        pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
-    if not model.exists():
-        pytest.fail(f"{model} is missing: `cargo run --release --example tiny_model -- {TINY}` or set WEFT_TINY_MODEL")
-    port = _free_port()
-    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port), *flags])
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"weft serve exited early with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc, base
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("weft serve did not get healthy in 120 s")
-        time.sleep(0.2)
 
 
-def _stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _call(base, method, path, body=None, headers=None):
@@ -94,11 +61,11 @@ def _json(base, path, body, headers=None):
 
 @pytest.fixture(scope="module")
 def plain():
-    proc, base = _serve()
+    proc, base = serve(TINY)
     try:
         yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +73,8 @@ def custom(tmp_path_factory):
     """--chat-template, two --cors-origin and an API key."""
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
-    proc, base = _serve(
+    proc, base = serve(
+        TINY,
         "--chat-template", str(template),
         "--cors-origin", "http://a.test",
         "--cors-origin", "http://b.test:8080/",
@@ -115,7 +83,7 @@ def custom(tmp_path_factory):
     try:
         yield base
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,11 +159,11 @@ def test_honoured_fields(plain):
 
 @pytest.fixture(scope="module")
 def qwen3():
-    proc, base = _serve("--kv-memory", "16MiB", model=QWEN3)
+    proc, base = serve(QWEN3, "--kv-memory", "16MiB")
     try:
         yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_reasoning_content(qwen3):
@@ -242,12 +210,12 @@ def test_structured_output_applies_after_thinking(qwen3):
 
 
 def test_reasoning_parser_flag(tmp_path):
-    proc, base = _serve("--kv-memory", "16MiB", "--reasoning-parser", "none", model=QWEN3)
+    proc, base = serve(QWEN3, "--kv-memory", "16MiB", "--reasoning-parser", "none")
     try:
         status, r = _json(base, "/v1/chat/completions", {"messages": ASK, "max_tokens": 2})
         assert status == 200 and "reasoning_content" not in r["choices"][0]["message"], r
     finally:
-        _stop(proc)
+        stop(proc)
     out = subprocess.run([str(BIN), "serve", "--reasoning-parser", "granite", "--model", str(QWEN3)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "unknown reasoning parser" in out.stderr and "qwen3" in out.stderr, out.stderr
@@ -408,7 +376,7 @@ def test_cors_preflight_and_headers(custom, plain):
 
 
 def test_cors_any_origin(tmp_path):
-    proc, base = _serve("--cors-origin", "*")
+    proc, base = serve(TINY, "--cors-origin", "*")
     try:
         preflight = {"Origin": "http://anywhere.test", "Access-Control-Request-Method": "POST"}
         status, headers, _ = _call(base, "OPTIONS", "/v1/completions", headers=preflight)
@@ -417,4 +385,4 @@ def test_cors_any_origin(tmp_path):
         status, headers, _ = _call(base, "GET", "/v1/models", headers={"Origin": "http://x.test"})
         assert status == 200 and headers["access-control-allow-origin"] == "*"
     finally:
-        _stop(proc)
+        stop(proc)

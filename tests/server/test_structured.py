@@ -12,9 +12,6 @@ One short check runs the default model (`WEFT_MODEL`).
 import concurrent.futures
 import json
 import os
-import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,6 +22,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from replica import serve, stop
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("WEFT_BIN", ROOT / "target" / "release" / "weft"))
 TINY = Path(os.environ.get("WEFT_TINY_MODEL", ROOT / "target" / "tiny.gguf"))
@@ -32,52 +31,19 @@ MODEL = Path(os.environ.get("WEFT_MODEL", ROOT / "models" / "SmolLM2-135M-Instru
 ASK = [{"role": "user", "content": "Answer in JSON."}]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _serve(model):
-    if not BIN.exists():
-        pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
-    if not model.exists():
-        pytest.fail(f"{model} is missing (see this file's docstring)")
-    port = _free_port()
-    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port)])
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"weft serve exited early with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return proc, base
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("weft serve did not get healthy in 120 s")
-        time.sleep(0.2)
 
 
-def _stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    proc, base = _serve(TINY)
+    proc, base = serve(TINY)
     try:
         yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0), TINY.stem
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def create(tiny, **kwargs):
@@ -348,7 +314,7 @@ class Capital(BaseModel):
 
 def test_the_default_model_answers_a_schema():
     """The one real-model check: a BPE vocabulary of 49k tokens under a schema."""
-    proc, base = _serve(MODEL)
+    proc, base = serve(MODEL)
     try:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
         r = client.chat.completions.parse(
@@ -356,4 +322,4 @@ def test_the_default_model_answers_a_schema():
             response_format=Capital, max_tokens=16, temperature=0)
         assert r.choices[0].message.parsed == Capital(city="Paris")
     finally:
-        _stop(proc)
+        stop(proc)
