@@ -137,10 +137,16 @@ struct Run {
     phases: Option<Phases>,
 }
 
-/// Medians over a run's decode steps (every sequence of the level decoding one token) of where
-/// a step's time went, in ms, and the command submissions per step of the whole run.
+/// Medians over a run's widest decode steps (steps in which every sequence decodes one token,
+/// as many sequences as any such step of the run had: all of the level's where they decoded
+/// together) of where a step's time went, in ms, and the command submissions per step of the
+/// whole run.
 #[derive(Clone, Copy, Debug, Default)]
 struct Phases {
+    /// Sequences in the steps measured. On a fake GPU a level's requests can finish their
+    /// prefills steps apart, and a step takes microseconds: its widest decodes may hold fewer
+    /// than all of them.
+    seqs: usize,
     schedule: f64,
     record: f64,
     encode: f64,
@@ -156,15 +162,15 @@ struct Phases {
 }
 
 impl Phases {
-    /// From the decode steps of `steps` (a run of `n` sequences) and the submissions made
-    /// during the run; `None` when the run had no decode step of all `n`.
-    fn of(steps: &[StepRecord], n: usize, submissions: u64) -> Option<Phases> {
-        let decodes: Vec<&StepRecord> = steps.iter().filter(|s| s.num_tokens == n && s.num_seqs == n).collect();
-        if decodes.is_empty() || steps.is_empty() {
-            return None;
-        }
+    /// From the widest decode steps of `steps` and the submissions made during the run; `None`
+    /// when the run had no decode step.
+    fn of(steps: &[StepRecord], submissions: u64) -> Option<Phases> {
+        let is_decode = |s: &&StepRecord| s.num_tokens == s.num_seqs;
+        let seqs = steps.iter().filter(is_decode).map(|s| s.num_seqs).max()?;
+        let decodes: Vec<&StepRecord> = steps.iter().filter(is_decode).filter(|s| s.num_seqs == seqs).collect();
         let med = |f: &dyn Fn(&StepRecord) -> f64| median(decodes.iter().map(|s| f(s) * 1e3).collect());
         Some(Phases {
+            seqs,
             schedule: med(&|s| s.timings.schedule_s),
             record: med(&|s| s.timings.record_s),
             encode: med(&|s| s.timings.encode_s),
@@ -179,7 +185,7 @@ impl Phases {
 
     fn json(&self) -> Value {
         json!({
-            "schedule_ms": self.schedule, "record_ms": self.record, "encode_ms": self.encode,
+            "seqs": self.seqs, "schedule_ms": self.schedule, "record_ms": self.record, "encode_ms": self.encode,
             "submit_ms": self.submit, "wait_ms": self.wait, "ahead_ms": self.ahead, "output_ms": self.output,
             "step_ms": self.step, "steps_per_s": 1e3 / self.step.max(1e-9),
             "submissions_per_step": self.submissions_per_step,
@@ -526,7 +532,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
                 let t = traces(&engine, requests(n, shape, &opts.sampling, vocab, &mut serial), opts.request_rate)?;
                 let steps = engine.take_step_records();
                 let mut run = summarize(n, prompt_len, opts.gen_len, &t, Some(&steps));
-                run.phases = Phases::of(&steps, n, ctx.submissions() - submitted);
+                run.phases = Phases::of(&steps, ctx.submissions() - submitted);
                 run.prefill_tok_s = prefill_rate(&lone, prompt_len);
                 run.gpu_mem_mib = Some(ctx.creations().bytes as f64 / (1 << 20) as f64);
                 run.host_rss_mib = peak_rss_mib();
@@ -704,6 +710,7 @@ fn median_phases(repeats: &[Run]) -> Option<Phases> {
     let all: Vec<Phases> = repeats.iter().filter_map(|r| r.phases).collect();
     let m = |f: &dyn Fn(&Phases) -> f64| median(all.iter().map(f).collect());
     (!all.is_empty()).then(|| Phases {
+        seqs: all.iter().map(|p| p.seqs).min().unwrap_or(0),
         schedule: m(&|p| p.schedule),
         record: m(&|p| p.record),
         encode: m(&|p| p.encode),
@@ -854,9 +861,10 @@ fn print_table(runs: &[Run]) {
 fn print_phases(runs: &[Run]) {
     println!("\nhost per decode step (median µs; a fake GPU, so the host is all a step costs):");
     println!(
-        "{:>5} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "{:>5} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
         "conc",
         "prompt",
+        "seqs",
         "steps/s",
         "step",
         "schedule",
@@ -871,9 +879,10 @@ fn print_phases(runs: &[Run]) {
     for r in runs {
         let Some(p) = r.phases else { continue };
         println!(
-            "{:>5} {:>6} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2}",
+            "{:>5} {:>6} {:>5} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.2}",
             r.concurrency,
             r.prompt_len,
+            p.seqs,
             1e3 / p.step.max(1e-9),
             p.step * 1e3,
             p.schedule * 1e3,

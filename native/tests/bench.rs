@@ -342,8 +342,10 @@ fn speculation_counts_are_reported_per_run() {
     let _ = std::fs::remove_file(tiny);
 }
 
-/// `--host-only` runs the real engine on a fake GPU (no adapter needed): each level's decode
-/// steps have their phases, one submission each, and the table names them.
+/// `--host-only` runs the real engine on a fake GPU (no adapter needed): each level's widest
+/// decode steps have their phases (how many sequences they held said: at a fake GPU's speed a
+/// level's requests need not all decode in one step), one submission each, and the table
+/// names them.
 #[test]
 fn host_only_reports_each_decode_steps_phases() {
     let tiny = tiny_model("host-only");
@@ -354,6 +356,8 @@ fn host_only_reports_each_decode_steps_phases() {
     assert_eq!(doc["adapter"]["backend"], "noop", "{doc}");
     assert_eq!(doc["adapter"]["kernels"], "subgroup", "{doc}");
     for run in doc["runs"].as_array().unwrap() {
+        let seqs = positive(run, &["decode_step", "seqs"]);
+        assert!(seqs <= positive(run, &["concurrency"]), "{run}");
         positive(run, &["decode_step", "steps_per_s"]);
         positive(run, &["decode_step", "output_ms"]);
         assert_eq!(run["decode_step"]["submissions_per_step"], 1.0, "{run}");
