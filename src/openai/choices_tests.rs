@@ -322,23 +322,10 @@ fn n_choices_in_one_response() {
 
 /// The tiny Qwen3 engine on the GPU (lavapipe in CI), or `None` to skip.
 fn qwen3_engine(prefix_cache: bool) -> Option<ContinuousBatchEngine> {
-    use crate::engine::EngineConfig;
-    use crate::gpu::{GpuOptions, GpuTensorFactory};
-    let ctx = crate::gpu::open_or_skip(GpuOptions::default()).unwrap()?;
-    let f = GpuTensorFactory::new(ctx);
     let bytes = crate::model::tiny::qwen3_gguf(6, crate::DType::Q8_0);
-    let files = crate::model::load::ModelFiles::from_gguf_bytes("tiny-qwen3.gguf", bytes).unwrap();
-    let exec = files.executor(&f, crate::kv::KvCacheConfig::new(4, 64)).unwrap();
-    let config = EngineConfig { max_model_len: 96, enable_prefix_cache: prefix_cache, ..EngineConfig::default() };
-    let engine = ContinuousBatchEngine::new_plan_runtime(
-        config,
-        files.tokenizer.clone(),
-        Arc::new(crate::sampling::GpuSampler),
-        Arc::new(exec),
-        Arc::new(f.clone()),
-    )
-    .unwrap();
-    Some(engine)
+    let config =
+        crate::engine::EngineConfig { max_model_len: 96, enable_prefix_cache: prefix_cache, ..Default::default() };
+    super::tests::engine_on("tiny-qwen3.gguf", bytes, config)
 }
 
 fn run(engine: &ContinuousBatchEngine, r: &OpenAiRequest) -> Vec<InferenceResponse> {

@@ -413,32 +413,40 @@ fn streamed_errors() {
     assert!(s.finished());
 }
 
-/// Against a tiny engine on the GPU: the default max_tokens, and a request end to end.
-#[test]
-fn against_a_tiny_engine() {
-    use crate::engine::EngineConfig;
+/// An engine on the GPU (lavapipe in CI) over the GGUF `bytes`, with 64 KV blocks of 4 tokens,
+/// or `None` to skip where there is no adapter.
+pub(super) fn engine_on(
+    name: &str,
+    bytes: Vec<u8>,
+    config: crate::engine::EngineConfig,
+) -> Option<ContinuousBatchEngine> {
     use crate::gpu::{GpuOptions, GpuTensorFactory};
-    use futures::StreamExt;
-
-    let Some(ctx) = crate::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let ctx = crate::gpu::open_or_skip(GpuOptions::default()).unwrap()?;
     let f = GpuTensorFactory::new(ctx);
-    let c = crate::model::tiny::tiny_config();
-    let w = crate::model::tiny::random_weights(&c, 21, crate::DType::Q8_0);
-    let files = crate::model::load::ModelFiles::from_gguf_bytes(
-        "tiny.gguf",
-        crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0),
-    )
-    .unwrap();
+    let files = crate::model::load::ModelFiles::from_gguf_bytes(name, bytes).unwrap();
     let exec = files.executor(&f, crate::kv::KvCacheConfig::new(4, 64)).unwrap();
-    let config = EngineConfig { max_model_len: 64, ..EngineConfig::default() };
     let engine = ContinuousBatchEngine::new_plan_runtime(
         config,
         files.tokenizer.clone(),
         Arc::new(crate::sampling::GpuSampler),
         Arc::new(exec),
-        Arc::new(f.clone()),
+        Arc::new(f),
     )
     .unwrap();
+    Some(engine)
+}
+
+/// Against a tiny engine on the GPU: the default max_tokens, and a request end to end.
+#[test]
+fn against_a_tiny_engine() {
+    use crate::engine::EngineConfig;
+    use futures::StreamExt;
+
+    let c = crate::model::tiny::tiny_config();
+    let w = crate::model::tiny::random_weights(&c, 21, crate::DType::Q8_0);
+    let bytes = crate::model::tiny::gguf_bytes(&c, &w, crate::DType::Q8_0);
+    let config = EngineConfig { max_model_len: 64, ..EngineConfig::default() };
+    let Some(engine) = engine_on("tiny.gguf", bytes, config) else { return };
 
     // Without max_tokens, the rest of the context: here 64 minus the prompt.
     let r = parse(Endpoint::Completion, &completion(json!({"prompt": "abc", "ignore_eos": true, "temperature": 0})))

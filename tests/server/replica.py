@@ -65,16 +65,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve(model, *flags):
-    """Start `weft serve` on `model` with `flags` on a free port and wait until /health answers
-    200; returns (process, base URL). Fails the test, saying what is missing, when the binary
+def serve(model, *flags, env=None):
+    """Start `weft serve` on `model` with `flags` (and the environment `env`, else this one's) on
+    a free port and wait until /health answers 200; returns (process, base URL). Fails the test, saying what is missing, when the binary
     or the model is not there or the server exits or stays unhealthy for 120 s."""
     if not BIN.exists():
         pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
     if not Path(model).exists():
-        pytest.fail(f"{model} is missing: `cargo run --release --example tiny_model -- PATH` writes the tiny models")
+        pytest.fail(
+            f"{model} is missing: `cargo xtask fetch-model` fetches the default model and "
+            "`cargo run --release --example tiny_model -- PATH` writes the tiny ones"
+        )
     port = free_port()
-    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port), *flags])
+    proc = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--port", str(port), *flags], env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

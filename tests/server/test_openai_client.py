@@ -13,15 +13,13 @@ Generation on a software GPU (lavapipe) is slow, so every request asks for a few
 
 import json
 import os
-import socket
-import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+
+from replica import serve, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("WEFT_BIN", ROOT / "target" / "release" / "weft"))
@@ -31,48 +29,15 @@ API_KEY = "test-key"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    if not BIN.exists():
-        pytest.fail(f"{BIN} is missing: build it with `cargo build --release -p weft-native` or set WEFT_BIN")
-    if not MODEL.exists():
-        pytest.fail(f"{MODEL} is missing: run `cargo xtask fetch-model` or set WEFT_MODEL")
-    port = _free_port()
     env = dict(os.environ)
     env.pop("WEFT_API_KEY", None)
-    proc = subprocess.Popen(
-        [str(BIN), "serve", "--model", str(MODEL), "--port", str(port), "--api-key", API_KEY],
-        env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = serve(MODEL, "--api-key", API_KEY, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"weft serve exited early with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("weft serve did not get healthy in 120 s")
-            time.sleep(0.2)
         yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
