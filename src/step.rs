@@ -175,6 +175,12 @@ pub trait ModelExecutor: Send + Sync {
     fn health_check(&self) -> BoxFuture<'_, Result<()>>;
     /// Time every kernel of the next steps on the GPU (slower: one pass per dispatch), or stop.
     fn set_profiling(&self, _on: bool) {}
+    /// Prefill tokens per second of GPU time this device surely manages, to size the first
+    /// step before one is measured (`engine::step_budget`); `None`: the device needs no time
+    /// budget (a CPU driver), unless the engine's config asks for one.
+    fn cautious_tokens_per_second(&self) -> Option<f64> {
+        None
+    }
 
     /// The drafted rows' distribution store this executor shares with its draft (or target),
     /// if any. Without one, sampled requests are not speculated with a draft model.

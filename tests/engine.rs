@@ -156,6 +156,49 @@ fn a_tiny_kv_pool_preempts_and_still_gives_identical_outputs() {
     e.shutdown();
 }
 
+/// A step budget the device cannot meet (a nanosecond) holds every step to the fewest tokens
+/// (`MIN_STEP_TOKENS`): long prompts are prefilled in chunks of that size, beside decodes, and
+/// every token comes out as without the limit. A budget that is not a number of seconds is
+/// refused.
+#[test]
+fn a_step_budget_chunks_long_prompts_and_changes_no_token() {
+    use weft::engine::step_budget::MIN_STEP_TOKENS;
+    let Some(f) = factory() else { return };
+    let requests: Vec<InferenceRequest> = (0..6)
+        .map(|i| {
+            let prompt: String = (0..(40 + i * 13)).map(|j| char::from(b'a' + ((i * 5 + j) % 26) as u8)).collect();
+            greedy(&prompt, 6)
+        })
+        .collect();
+    let want = alone(&f, &requests);
+    let e = engine(&f, 256, EngineConfig { max_step_seconds: Some(1e-9), ..Default::default() });
+    let got = together(&e, &requests);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.token_ids, w.token_ids, "request {i}");
+    }
+    let steps = e.take_step_records();
+    let widest = steps.iter().map(|s| s.num_tokens).max().unwrap();
+    assert_eq!(widest, MIN_STEP_TOKENS, "the widest of {} steps", steps.len());
+    e.shutdown();
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let c = tiny::tiny_config();
+        let w = tiny::random_weights(&c, 21, DType::Q8_0);
+        let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+        let exec = files.executor(&f, KvCacheConfig::new(4, 16)).unwrap();
+        let err = ContinuousBatchEngine::new_plan_runtime(
+            EngineConfig { max_step_seconds: Some(bad), ..Default::default() },
+            files.tokenizer.clone(),
+            Arc::new(GpuSampler),
+            Arc::new(exec),
+            Arc::new(f.clone()),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("max_step_seconds must be a number of seconds (0 for no limit)"), "{err}");
+    }
+}
+
 #[test]
 fn a_shared_prefix_hits_the_cache_and_changes_nothing() {
     let Some(f) = factory() else { return };

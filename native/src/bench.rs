@@ -63,6 +63,8 @@ pub struct Options {
     /// Run on a fake discrete GPU (wgpu's no-op backend): GPU time is zero, so the figures are
     /// the host's alone, with each step's phases.
     pub host_only: bool,
+    /// Measure the adapter's copy bandwidth and the weight bytes a decode step reads.
+    pub bandwidth: bool,
 }
 
 /// The prompts of an in-process run.
@@ -305,6 +307,9 @@ pub fn run(opts: Options) -> Result<()> {
                 "max_batch_size": c.max_batch_size,
             });
         }
+        if opts.bandwidth {
+            doc["decode_read_bytes"] = json!(decode_read_bytes(&opts)?);
+        }
         if opts.task != Task::Random && opts.url.is_none() {
             doc["task"] = json!(task_name(opts.task));
         }
@@ -325,11 +330,34 @@ pub fn run(opts: Options) -> Result<()> {
             );
         }
         print_table(&runs);
+        if let Some(rate) = adapter["copy_gb_s"].as_f64() {
+            let read = decode_read_bytes(&opts)?.map_or("–".into(), |b| format!("{:.3} GB", b as f64 / 1e9));
+            println!("copy bandwidth {rate:.1} GB/s (reads and writes); a decode step reads {read} of weights");
+        }
         if opts.host_only {
             print_phases(&runs);
         }
     }
     Ok(())
+}
+
+/// The weight bytes one decode step reads from a GGUF model: every tensor once but the token
+/// embeddings, of which it reads one row per sequence (unless they are the output matrix too).
+/// None for a Hugging Face directory.
+fn decode_read_bytes(opts: &Options) -> Result<Option<u64>> {
+    let path = crate::generate::model_path(opts.model.clone())?;
+    if path.is_dir() {
+        return Ok(None);
+    }
+    let gguf = weft::model::gguf::GgufFile::open(&path)?;
+    let tied = gguf.tensor("output.weight").is_none();
+    Ok(Some(
+        gguf.tensors
+            .iter()
+            .filter(|t| tied || t.name != "token_embd.weight")
+            .map(|t| gguf.tensor_bytes(t).len() as u64)
+            .sum(),
+    ))
 }
 
 fn run_json(r: &Run) -> Value {
@@ -488,6 +516,8 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
     };
     let fake_adapter = opts.host_only.then(FakeAdapter::discrete_gpu);
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions { fake_adapter, ..Default::default() }))?;
+    // Before the model loads: the probe's buffers come and go while nothing else is resident.
+    let copy_bytes_per_s = if opts.bandwidth { Some(weft::rt::block_on(ctx.copy_bandwidth())?) } else { None };
     let builder = opts.speculation.apply(EngineBuilder::from_model(&path)?)?;
     // By default the pool holds every request of the largest level at once (as the peer's
     // context does): no preemption, and memory figures comparable with other engines. Chat
@@ -571,7 +601,7 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
             .into_iter()
             .filter_map(|(name, on)| on.then_some(name))
             .collect();
-    let adapter = json!({
+    let mut adapter = json!({
         "name": info.name,
         "backend": format!("{:?}", info.backend).to_lowercase(),
         "driver": format!("{} {}", info.driver, info.driver_info).trim().to_string(),
@@ -579,6 +609,9 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         "features": features,
         "kernels": ctx.kernel_family().name(),
     });
+    if let Some(rate) = copy_bytes_per_s {
+        adapter["copy_gb_s"] = json!(rate / 1e9);
+    }
     let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     Ok((adapter, model, runs))
 }

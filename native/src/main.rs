@@ -173,6 +173,11 @@ enum Command {
         /// at GPU speed. Every generated token is id 0 there.
         #[arg(long, conflicts_with = "url")]
         host_only: bool,
+        /// Also measure the adapter's memory bandwidth (buffer copies, reads and writes
+        /// counted) and report it with the weight bytes a decode step reads, the two figures
+        /// of a decode's bandwidth bound.
+        #[arg(long, conflicts_with_all = ["url", "host_only"])]
+        bandwidth: bool,
     },
     /// Serve an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, /v1/models,
     /// /tokenize and /detokenize (vLLM's), /health (liveness), /ready (readiness) and /metrics
@@ -376,6 +381,7 @@ fn main() -> ExitCode {
             top_k,
             top_p,
             host_only,
+            bandwidth,
         } => bench::run(bench::Options {
             model,
             url,
@@ -395,6 +401,7 @@ fn main() -> ExitCode {
             constrained,
             sampling: weft::sampling::SamplingParams { temperature, top_k, top_p, ..Default::default() },
             host_only,
+            bandwidth,
         }),
         Command::Serve {
             model,

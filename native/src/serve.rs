@@ -631,6 +631,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
         max_num_batched_tokens: opts.max_num_batched_tokens,
         max_model_len: opts.max_model_len,
         enable_prefix_cache: opts.enable_prefix_cache,
+        ..EngineConfig::default()
     };
     let loader = state.clone();
     let (kv, kv_dtype) = (opts.kv_memory_bytes, opts.kv_cache_dtype);

@@ -35,6 +35,7 @@ use crate::engine::output::Live;
 use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
 use crate::engine::scheduler::{ContinuousBatchScheduler, SchedRequest, SchedulerConfig};
 use crate::engine::spec::{Drafter, SpeculationConfig, Speculator};
+use crate::engine::step_budget::{DEFAULT_STEP_SECONDS, StepBudget};
 use crate::engine::stop::StopMatcher;
 use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
@@ -59,11 +60,22 @@ pub struct EngineConfig {
     /// Longest prompt plus generation; at most the model's context.
     pub max_model_len: usize,
     pub enable_prefix_cache: bool,
+    /// Seconds of GPU work one step aims at: steps hold fewer tokens than
+    /// `max_num_batched_tokens` where the device would take longer (a GPU watchdog resets a
+    /// submission past about 2 s; see `engine::step_budget`). `None`: the device decides
+    /// (half a second on GPUs, no limit on CPU drivers); `Some(0.0)`: no limit.
+    pub max_step_seconds: Option<f64>,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 512, max_model_len: 4096, enable_prefix_cache: true }
+        EngineConfig {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len: 4096,
+            enable_prefix_cache: true,
+            max_step_seconds: None,
+        }
     }
 }
 
@@ -76,6 +88,8 @@ pub(crate) struct State {
     step_records: VecDeque<StepRecord>,
     /// Speculative decoding, when the engine was built with it.
     speculator: Option<Speculator>,
+    /// Tokens a step may hold for its GPU work to stay within the time budget.
+    step_budget: StepBudget,
 }
 
 pub(crate) struct Inner {
@@ -144,6 +158,11 @@ impl ContinuousBatchEngine {
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
             return Err(WeftError::Unsupported("max_num_seqs and max_num_batched_tokens must be at least 1".into()));
         }
+        if let Some(s) = config.max_step_seconds.filter(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(WeftError::Unsupported(format!(
+                "max_step_seconds must be a number of seconds (0 for no limit), not {s}"
+            )));
+        }
         let state = match (recurrent_state_manager, model_executor.state_config()) {
             (None, None) => None,
             (None, Some(pool)) => Some(RecurrentStateManager::new(pool)),
@@ -187,6 +206,9 @@ impl ContinuousBatchEngine {
             scheduler = scheduler.with_recurrent_state(state);
         }
         let config = EngineConfig { max_model_len, enable_prefix_cache, ..config };
+        let guess = model_executor.cautious_tokens_per_second();
+        let target = config.max_step_seconds.unwrap_or(if guess.is_some() { DEFAULT_STEP_SECONDS } else { 0.0 });
+        let step_budget = StepBudget::new(target, guess);
         Ok(ContinuousBatchEngine {
             inner: Arc::new(Inner {
                 config,
@@ -201,6 +223,7 @@ impl ContinuousBatchEngine {
                     last_step_error: None,
                     step_records: VecDeque::new(),
                     speculator: None,
+                    step_budget,
                 }),
                 constraints: OnceLock::new(),
                 step_lock: futures::lock::Mutex::new(()),
@@ -451,10 +474,11 @@ impl ContinuousBatchEngine {
         let (mut batch, draft_job) = {
             let mut state = self.state();
             self.drop_cancelled(&mut state);
-            let State { scheduler, live, metrics, speculator, .. } = &mut *state;
+            let State { scheduler, live, metrics, speculator, step_budget, .. } = &mut *state;
             if let Some(speculator) = speculator.as_mut() {
                 speculator.propose(scheduler, live);
             }
+            scheduler.set_step_token_cap(step_budget.tokens());
             let mut batch = scheduler.schedule();
             if batch.seqs.is_empty() {
                 return Ok(false);
@@ -507,6 +531,8 @@ impl ContinuousBatchEngine {
                 self.apply(&mut state, &batch, output.samples);
                 let output_s = applying.elapsed().as_secs_f64();
                 let timings = crate::step::StepTimings { schedule_s, output_s, ..output.timings };
+                // The GPU's own time where the adapter has timestamps, else the wait for it.
+                state.step_budget.observe(batch.num_batched_tokens, timings.gpu_s.unwrap_or(timings.wait_s));
                 let record = StepRecord {
                     num_seqs: batch.seqs.len(),
                     num_tokens: batch.num_batched_tokens,

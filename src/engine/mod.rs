@@ -12,6 +12,7 @@ mod output;
 pub mod request;
 pub mod scheduler;
 pub mod spec;
+pub mod step_budget;
 pub mod stop;
 mod stream;
 

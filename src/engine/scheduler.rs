@@ -201,6 +201,9 @@ pub struct ContinuousBatchScheduler {
     /// The executor's scan chunk that recurrent prefill cuts respect (1: none; also when the
     /// token budget cannot hold a chunk, since no step then holds a whole one).
     scan_chunk: usize,
+    /// Tokens the next step may hold besides the configured budget: what the device does in
+    /// its time budget (`engine::step_budget`); `usize::MAX`: no such limit.
+    step_token_cap: usize,
     req_to_seq: HashMap<SeqId, Sequence>,
     /// Highest priority first; within a priority, preempted sequences before new ones, then
     /// arrival order.
@@ -219,6 +222,7 @@ impl ContinuousBatchScheduler {
             state: None,
             snapshots: false,
             scan_chunk: 1,
+            step_token_cap: usize::MAX,
             req_to_seq: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -338,6 +342,12 @@ impl ContinuousBatchScheduler {
         Ok(())
     }
 
+    /// Limit the next steps to `cap` tokens below the configured budget (the GPU time
+    /// budget's share; at least a recurrent model's scan chunk is always allowed).
+    pub fn set_step_token_cap(&mut self, cap: usize) {
+        self.step_token_cap = cap.max(1);
+    }
+
     /// Pick the next forward pass.
     ///
     /// Running sequences first, in admission order: each gets up to its uncomputed tokens within
@@ -350,7 +360,9 @@ impl ContinuousBatchScheduler {
     /// is passed over (it keeps its place) until they are cached: a burst of requests with one
     /// new system prompt computes it once, not once per request in the same step.
     pub fn schedule(&mut self) -> StepBatch {
-        let mut token_budget = self.config.max_num_batched_tokens;
+        // A recurrent sequence scans whole chunks: a cap below one would stall it.
+        let cap = self.step_token_cap.max(self.scan_chunk);
+        let mut token_budget = self.config.max_num_batched_tokens.min(cap);
         // (id, num_new_tokens, num_drafted) in scheduling order; drafted tokens are part of
         // num_new_tokens.
         let mut req_to_num_new_tokens: Vec<(SeqId, usize, usize)> = Vec::new();
@@ -722,6 +734,29 @@ mod tests {
 
     fn ids(out: &StepBatch) -> Vec<SeqId> {
         out.seqs.iter().map(|s| s.id).collect()
+    }
+
+    /// The step cap (the GPU time budget's share) limits steps below the configured budget:
+    /// a 20-token prompt beside a decode is prefilled 5 tokens a step, the decode included.
+    #[test]
+    fn the_step_cap_splits_prefill_below_the_token_budget() {
+        let mut sched = ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, false));
+        sched.add_request(request(1, vec![1, 2], 10, 0)).unwrap();
+        let out = sched.schedule();
+        run_step(&mut sched, &out, 100);
+        sched.add_request(request(2, vec![7; 20], 10, 0)).unwrap();
+        sched.set_step_token_cap(6);
+        let mut chunks = Vec::new();
+        while sched.tokens(2).map_or(0, <[u32]>::len) == 20 {
+            let out = sched.schedule();
+            assert_eq!(out.num_batched_tokens, 6);
+            assert_eq!(out.seqs[0].tokens.len(), 1, "the decode comes first");
+            chunks.push(out.seqs[1].tokens.len());
+            run_step(&mut sched, &out, 100);
+        }
+        assert_eq!(chunks, vec![5, 5, 5, 5]);
+        sched.set_step_token_cap(usize::MAX);
+        assert_eq!(sched.schedule().num_batched_tokens, 2);
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod context;
 pub mod kernels;
 mod pipelines;
 mod plan;
+mod probe;
 mod recording;
 mod tensor;
 

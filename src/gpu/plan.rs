@@ -112,6 +112,14 @@ pub struct DevicePlan {
     pub cpu_threads: Option<usize>,
     /// The adapter is a browser's WebGPU.
     pub browser: bool,
+    /// FLOP/s the adapter surely sustains on weft's matmuls, for sizing the first step before
+    /// one is measured (`engine::step_budget`): the slowest adapter of its class with weft's
+    /// kernels at a fraction of peak. Integrated and unknown GPUs (a browser does not say)
+    /// start where a small laptop iGPU is, a browser's CPU adapter where SwiftShader is on 2
+    /// cores. `None` for a native CPU driver: it runs on the host's threads, where no watchdog
+    /// ends a long submission, so its steps are not limited by time (and stay the same from
+    /// run to run whatever the machine's load).
+    pub cautious_flops_per_s: Option<f64>,
 }
 
 impl DevicePlan {
@@ -166,6 +174,12 @@ impl DevicePlan {
             max_binding_bytes,
             cpu_threads,
             browser,
+            cautious_flops_per_s: match info.device_type {
+                wgpu::DeviceType::DiscreteGpu => Some(1e12),
+                wgpu::DeviceType::Cpu if browser => Some(2e10),
+                wgpu::DeviceType::Cpu => None,
+                wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => Some(2e11),
+            },
         })
     }
 
@@ -308,6 +322,16 @@ mod tests {
         assert_eq!(plan.reads_textures(), want.textures, "{name}: weights in textures");
         assert_eq!(plan.matmul_kernel(1, 2048, 2048, Epilogue::None), want.decode, "{name}: decode matmul");
         assert_eq!(plan.matmul_kernel(512, 2048, 2048, Epilogue::None), want.prefill, "{name}: prefill matmul");
+        // The first step of a model of 1 GFLOP a token, before any is measured: half a second
+        // of the slowest adapter of its class.
+        let first_step_tokens = plan.cautious_flops_per_s.map(|f| f * 0.5 / 1e9);
+        let expected = match (p.info.device_type, plan.browser) {
+            (wgpu::DeviceType::DiscreteGpu, _) => Some(500.0),
+            (wgpu::DeviceType::Cpu, true) => Some(10.0),
+            (wgpu::DeviceType::Cpu, false) => None,
+            _ => Some(100.0),
+        };
+        assert_eq!(first_step_tokens, expected, "{name}: first step's tokens");
         // The device is opened with what the adapter offers, never more.
         assert!(plan.required_limits.check_limits(&p.limits), "{name}: limits beyond the adapter's");
         assert!(p.features.contains(plan.required_features), "{name}: features beyond the adapter's");

@@ -577,6 +577,17 @@ impl ModelExecutor for GpuExecutor {
         self.profiling.store(on, Ordering::Relaxed);
     }
 
+    fn cautious_tokens_per_second(&self) -> Option<f64> {
+        // Two FLOPs per weight of the attention and MLP matrices; attention over the context
+        // and recurrent layers are left to the measured steps.
+        let c = self.model.config();
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let per_layer = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size;
+        let flops = 2.0 * (c.num_layers * per_layer) as f64;
+        let device = self.factory.context().plan().cautious_flops_per_s?;
+        (flops > 0.0).then(|| device / flops)
+    }
+
     fn draft_store(&self) -> Option<DraftStore> {
         self.draft_distributions.as_ref().map(|d| d.store())
     }

@@ -3,8 +3,8 @@
 //! JSON with where and when it was measured under bench/results/, and regenerates the tables in
 //! bench/README.md from every file there (between markers; the hand-written text around them
 //! stays). `--peer` also runs llama.cpp on the same GGUF and workload (`peer.rs`) and prints the
-//! weft/llama.cpp ratios; `--device-check` is the prepared run for a machine with an NVIDIA GPU
-//! (`device_check.rs`); `cargo xtask make-model` writes random-weight GGUFs of real shapes.
+//! weft/llama.cpp ratios; `cargo xtask make-model` writes random-weight GGUFs of real shapes. The
+//! packed check for a machine with a GPU is `cargo xtask device-check` (`device_check.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,9 +73,9 @@ pub struct Options {
 
 const USAGE: &str = "cargo xtask bench [--quick] [--model FILE.gguf] [--concurrency 1,4,16,64] [--prompt-len 128,512] \
 [--gen-len 128] [--repeats 3] [--kv-memory 1GiB] [--kv-cache-dtype f32|f16] [--peer] [--out DIR] [--no-save] \
-| --device-check | --table";
+| --table";
 
-/// Parses the flags of `cargo xtask bench` (not --device-check or --table, handled before).
+/// Parses the flags of `cargo xtask bench` (not --table, handled before).
 pub fn parse(args: &[String]) -> Result<Options> {
     let (mut concurrency, mut prompt_len, mut gen_len, mut repeats) = (None, None, None, None);
     let mut quick = false;
@@ -133,10 +133,8 @@ fn positive_list(flag: &str, value: &str) -> Result<Vec<usize>> {
 
 /// `cargo xtask bench ...`
 pub fn bench(args: &[String]) -> Result {
-    match args.first().map(String::as_str) {
-        Some("--device-check") => return crate::device_check::device_check(&args[1..]),
-        Some("--table") => return write_readme(&results_dir()),
-        _ => {}
+    if args.first().is_some_and(|a| a == "--table") {
+        return write_readme(&results_dir());
     }
     let opts = parse(args)?;
     ensure_gpu_driver()?;

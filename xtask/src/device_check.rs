@@ -1,29 +1,290 @@
-//! `cargo xtask bench --device-check`: the GPU check, prepared for a machine with an NVIDIA GPU
-//! and only what the repository carries. It hides every Vulkan driver but NVIDIA's (so neither
-//! weft nor llama.cpp can fall back to lavapipe), builds weft in release, writes the Llama 3.2 1B
-//! and Llama 3.1 8B shapes with random weights, runs the standard set (one repeat) on the
-//! default model and both shapes, and llama.cpp's Vulkan build on the default model when its
-//! venv is already built (`--peer` builds it first, outside the time budget), then prints one
-//! table. Each part gets a share of what is left of the budget (default 450 s from the start,
-//! build included) and is ended when it runs past it; the table says which parts did not finish.
-//! Results (the JSON of each part and the table) go to `--out` (default target/device-check).
+//! `cargo xtask device-check`: the GPU check, packed for a machine that has a GPU and nothing
+//! else. `--pack DIR` builds here, into one folder under 60 MiB, everything the check runs: the
+//! release `weft`, the binaries of the correctness gate (`tests/device_gate.rs`) and of the
+//! kernel tests, `make_model`, the default model's vocabulary alone (2 MB) from which the Llama
+//! 3.2 1B and Llama 3.1 8B shapes are written with random weights on the spot, this program,
+//! and `run.sh`. There, with no cargo, no network and no toolchain, `DIR/run.sh`:
+//!
+//! 1. finds the Vulkan driver: `VK_ICD_FILENAMES` when set (any driver, lavapipe included),
+//!    else NVIDIA's manifest wherever drivers and container images put it, else a manifest it
+//!    writes for NVIDIA's library when only the library is installed;
+//! 2. checks correctness first: the gate (every kernel family the adapter runs against the CPU
+//!    model at the shapes' widths) and the kernel tests;
+//! 3. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
+//! 4. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
+//!
+//! Every part is ended when it runs past its share of what is left of the budget (default 480
+//! s for the whole run), and the table names the parts that did not finish. The run fails
+//! (exit status 1) when correctness does. Without `--pack`, the folder is packed under target/
+//! and run here at once (`--run` options pass through).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::bench::{Set, build_weft, run_weft, utc_now};
-use crate::peer::{self, PeerKind};
-use crate::{MODEL_FILE, Result, VULKAN_ICD_DIRS, cargo, fetch_model, root, run, target_dir};
+use crate::bench::utc_now;
+use crate::{MODEL_FILE, Result, cargo, fetch_model, root, run, target_dir};
 
-const USAGE: &str = "cargo xtask bench --device-check [--out DIR] [--budget SECONDS] [--peer]";
+const USAGE: &str = "cargo xtask device-check [--pack DIR] [RUN OPTIONS]
+DIR/run.sh [RUN OPTIONS]
+  run options: [--out DIR] [--budget SECONDS] [--shapes llama-3.2-1b,llama-3.1-8b] [--concurrency 1,16,64]
+               [--prompt-len 128] [--gen-len 64] [--quick]";
 
-/// The shapes written and benchmarked besides the default model, in Q4_1 like it.
-const SHAPES: [&str; 2] = ["llama-3.2-1b", "llama-3.1-8b"];
+/// The packed folder's size limit: small enough to copy onto any machine in seconds.
+const PACK_LIMIT: u64 = 60 << 20;
 
-/// An NVIDIA Vulkan driver's manifest (`nvidia_icd.json`), if one is installed.
+/// The test binaries a pack holds under bin/, beside `weft`, `make_model` and `xtask`.
+const TEST_BINARIES: [&str; 2] = ["device_gate", "kernels"];
+
+/// Kernel tests that read the repository's sources (lints of the shader files), not the device.
+const SOURCE_TESTS: [&str; 2] = ["every_shader_file_is_embedded_and_has_a_header", "nested_vars_are_initialized"];
+
+/// Where Vulkan drivers' manifests live: the loader's standard folders, then the places NVIDIA's
+/// installers and container images use. `XDG_*` folders are added at run time.
+const ICD_DIRS: &[&str] = &[
+    "/etc/vulkan/icd.d",
+    "/usr/share/vulkan/icd.d",
+    "/usr/local/etc/vulkan/icd.d",
+    "/usr/local/share/vulkan/icd.d",
+    "/usr/share/nvidia",
+    "/etc/nvidia",
+    "/usr/local/nvidia/share/vulkan/icd.d",
+    "/usr/local/nvidia/etc/vulkan/icd.d",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib64/nvidia",
+];
+
+/// Where NVIDIA's Vulkan library may be when no manifest names it.
+const NVIDIA_LIB_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+];
+const NVIDIA_VULKAN_LIB: &str = "libGLX_nvidia.so.0";
+
+/// What the run measures; `run.sh`'s options.
+#[derive(Clone, Debug, PartialEq)]
+struct RunOptions {
+    out: Option<PathBuf>,
+    budget: Duration,
+    shapes: Vec<String>,
+    concurrency: Vec<usize>,
+    prompt_len: usize,
+    gen_len: usize,
+    /// Without `WEFT_FULL=1`: the gate leaves out the 8B widths on CPU drivers and the kernel
+    /// tests compile a sample of the shader variants (for a software driver, where all of it
+    /// takes many minutes).
+    quick: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            out: None,
+            budget: Duration::from_secs(480),
+            shapes: vec!["llama-3.2-1b".into(), "llama-3.1-8b".into()],
+            concurrency: vec![1, 16, 64],
+            prompt_len: 128,
+            gen_len: 64,
+            quick: false,
+        }
+    }
+}
+
+fn parse_run_options(args: &[String]) -> Result<RunOptions> {
+    let mut o = RunOptions::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\nusage: {USAGE}"));
+        let number = |v: &str| match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{flag} takes positive whole numbers, not {v:?}")),
+        };
+        match flag.as_str() {
+            "--out" => o.out = Some(PathBuf::from(value()?)),
+            "--budget" => o.budget = Duration::from_secs(number(value()?)? as u64),
+            "--shapes" => o.shapes = value()?.split(',').map(|s| s.trim().to_string()).collect(),
+            "--concurrency" => o.concurrency = value()?.split(',').map(number).collect::<Result<_>>()?,
+            "--prompt-len" => o.prompt_len = number(value()?)?,
+            "--gen-len" => o.gen_len = number(value()?)?,
+            "--quick" => o.quick = true,
+            "--help" | "-h" => return Err(format!("usage: {USAGE}")),
+            other => return Err(format!("unknown argument {other:?}\nusage: {USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+/// `cargo xtask device-check ...` and, from a pack, `bin/xtask device-check --run DIR ...`.
+pub fn device_check(args: &[String]) -> Result {
+    match args.first().map(String::as_str) {
+        Some("--pack") => {
+            let dir = args.get(1).ok_or_else(|| format!("--pack needs a folder\nusage: {USAGE}"))?;
+            if args.len() > 2 {
+                return Err(format!("--pack takes no run options (give them to run.sh)\nusage: {USAGE}"));
+            }
+            pack(Path::new(dir))?;
+            eprintln!("xtask: packed {dir}; copy it to the GPU machine and run {dir}/run.sh there");
+            Ok(())
+        }
+        Some("--run") => {
+            let dir = args.get(1).ok_or_else(|| format!("--run needs the packed folder\nusage: {USAGE}"))?;
+            run_pack(Path::new(dir), &parse_run_options(&args[2..])?)
+        }
+        _ => {
+            let options = parse_run_options(args)?;
+            let dir = target_dir().join("device-check").join("pack");
+            pack(&dir)?;
+            run_pack(&dir, &options)
+        }
+    }
+}
+
+/// Builds everything the check runs into `dir` (replacing what a former pack left there).
+fn pack(dir: &Path) -> Result {
+    fetch_model()?;
+    let mut build = cargo();
+    build.args(["build", "--release", "--workspace", "--bin", "weft", "--bin", "xtask", "--example", "make_model"]);
+    run(build)?;
+    let release = target_dir().join("release");
+    let mut binaries = vec![
+        ("weft".to_string(), release.join("weft")),
+        ("xtask".to_string(), release.join("xtask")),
+        ("make_model".to_string(), release.join("examples").join("make_model")),
+    ];
+    binaries.extend(test_binaries()?);
+    let bin = dir.join("bin");
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| format!("emptying {}: {e}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&bin).map_err(|e| format!("creating {}: {e}", bin.display()))?;
+    for (name, from) in &binaries {
+        let to = bin.join(name);
+        std::fs::copy(from, &to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+        // Symbols are most of a test binary's size; without `strip` the pack is only bigger.
+        let _ = Command::new("strip").arg(&to).status();
+    }
+    let mut vocab = Command::new(bin.join("make_model"));
+    vocab.arg("--tokenizer-only").arg("--tokenizer-from").arg(root().join(MODEL_FILE));
+    vocab.arg("--out").arg(dir.join("tokenizer.gguf"));
+    run(vocab)?;
+    let script = dir.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(|e| format!("writing {}: {e}", script.display()))?;
+    make_executable(&script)?;
+    let size = folder_size(dir);
+    eprintln!("xtask: the pack holds {:.1} MiB", size as f64 / (1 << 20) as f64);
+    if size > PACK_LIMIT {
+        return Err(format!(
+            "the pack in {} is {:.1} MiB, over its {} MiB limit",
+            dir.display(),
+            size as f64 / (1 << 20) as f64,
+            PACK_LIMIT >> 20
+        ));
+    }
+    Ok(())
+}
+
+const RUN_SH: &str = r#"#!/bin/sh
+# weft's device check, packed by `cargo xtask device-check --pack`: correctness first (every
+# kernel family against the CPU model, then the kernel tests), then one table of prefill and
+# decode speed per family and model shape. Needs a Vulkan driver and nothing else: no cargo,
+# no network. ./run.sh --help lists the options; results go to ./results unless --out.
+# Shell built-ins only: the check runs where PATH holds nothing useful.
+case $0 in */*) here=${0%/*} ;; *) here=. ;; esac
+here=$(cd "$here" && pwd)
+exec "$here/bin/xtask" device-check --run "$here" "$@"
+"#;
+
+#[cfg(unix)]
+fn make_executable(path: &Path) -> Result {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("making {} executable: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn make_executable(_: &Path) -> Result {
+    Ok(())
+}
+
+fn folder_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).into_iter().flatten().flatten().fold(0, |sum, e| {
+        let path = e.path();
+        sum + if path.is_dir() { folder_size(&path) } else { e.metadata().map_or(0, |m| m.len()) }
+    })
+}
+
+/// The release test binaries of [`TEST_BINARIES`], built if needed: (name, path).
+fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
+    let mut build = cargo();
+    build.args(["test", "--release", "--workspace", "--no-run", "--message-format", "json"]);
+    for name in TEST_BINARIES {
+        build.args(["--test", name]);
+    }
+    let output = build.stderr(Stdio::inherit()).output().map_err(|e| format!("could not start {build:?}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{build:?} failed ({})", output.status));
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<Value>(line) else { continue };
+        let name = msg["target"]["name"].as_str().unwrap_or("");
+        // The library's own tests: another package may have a test target of the same name.
+        let ours = msg["target"]["src_path"].as_str().is_some_and(|p| Path::new(p).starts_with(root().join("tests")));
+        if let (true, Some(exe)) = (ours && TEST_BINARIES.contains(&name), msg["executable"].as_str()) {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    for name in TEST_BINARIES {
+        if !found.iter().any(|(n, _)| n == name) {
+            return Err(format!("cargo built no test binary named {name}"));
+        }
+    }
+    Ok(found)
+}
+
+/// The Vulkan driver's manifest and how it was found.
+fn find_driver(out: &Path) -> Result<(String, String)> {
+    if let Some(given) = std::env::var_os("VK_ICD_FILENAMES").filter(|v| !v.is_empty()) {
+        return Ok((given.to_string_lossy().into_owned(), "VK_ICD_FILENAMES".into()));
+    }
+    let mut dirs: Vec<PathBuf> = ICD_DIRS.iter().map(PathBuf::from).collect();
+    for var in ["XDG_CONFIG_DIRS", "XDG_DATA_DIRS"] {
+        if let Some(list) = std::env::var_os(var) {
+            dirs.extend(std::env::split_paths(&list).map(|d| d.join("vulkan").join("icd.d")));
+        }
+    }
+    let dir_refs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+    if let Some(icd) = nvidia_icd(&dir_refs) {
+        return Ok((icd.display().to_string(), "NVIDIA's manifest".into()));
+    }
+    let lib_dirs: Vec<&Path> = NVIDIA_LIB_DIRS.iter().map(Path::new).collect();
+    if let Some(lib) = nvidia_library(&lib_dirs) {
+        let icd = out.join("nvidia_icd.json");
+        let manifest = serde_json::json!({
+            "file_format_version": "1.0.0",
+            "ICD": {"library_path": lib.display().to_string(), "api_version": "1.3.0"},
+        });
+        std::fs::write(&icd, manifest.to_string()).map_err(|e| format!("writing {}: {e}", icd.display()))?;
+        return Ok((icd.display().to_string(), format!("a manifest written for {}", lib.display())));
+    }
+    Err(format!(
+        "no Vulkan driver for an NVIDIA GPU: no NVIDIA manifest (nvidia_icd.json) under {} and no {NVIDIA_VULKAN_LIB} \
+         under {}.\nInstall the driver's Vulkan part (in a container, NVIDIA_DRIVER_CAPABILITIES must include \
+         graphics), or set VK_ICD_FILENAMES to the manifest of the driver to check (any Vulkan driver, e.g. \
+         lavapipe's lvp_icd.x86_64.json)",
+        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
+        NVIDIA_LIB_DIRS.join(", ")
+    ))
+}
+
+/// An NVIDIA Vulkan driver's manifest (`nvidia_icd.json`) in one of `dirs`, if any.
 pub fn nvidia_icd(dirs: &[&Path]) -> Option<PathBuf> {
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
@@ -40,23 +301,8 @@ pub fn nvidia_icd(dirs: &[&Path]) -> Option<PathBuf> {
     None
 }
 
-/// Why there is nothing to check here, and what would make it work.
-fn no_nvidia_message() -> String {
-    let smi = Command::new("nvidia-smi").arg("-L").output().ok().filter(|o| o.status.success());
-    let mut msg = format!(
-        "--device-check needs an NVIDIA GPU with its Vulkan driver, and no NVIDIA Vulkan driver manifest \
-         (nvidia_icd.json) is installed under {}",
-        VULKAN_ICD_DIRS.join(", ")
-    );
-    match smi {
-        Some(o) => msg.push_str(&format!(
-            ".\nnvidia-smi sees {}: install the driver's Vulkan part (Debian: nvidia-vulkan-icd; in a container \
-             NVIDIA_DRIVER_CAPABILITIES must include graphics)",
-            String::from_utf8_lossy(&o.stdout).trim()
-        )),
-        None => msg.push_str(" and nvidia-smi finds no GPU.\nOn this machine run `cargo xtask bench` (lavapipe or the GPU present) instead"),
-    }
-    msg
+fn nvidia_library(dirs: &[&Path]) -> Option<PathBuf> {
+    dirs.iter().map(|d| d.join(NVIDIA_VULKAN_LIB)).find(|p| p.exists())
 }
 
 /// One part of the check and how it ended.
@@ -66,202 +312,257 @@ struct Part {
     seconds: f64,
 }
 
-pub fn device_check(args: &[String]) -> Result {
-    let mut out = target_dir().join("device-check");
-    let mut budget = Duration::from_secs(450);
-    let mut build_peer = false;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\nusage: {USAGE}"));
-        match flag.as_str() {
-            "--out" => out = PathBuf::from(value()?),
-            "--budget" => {
-                let v = value()?;
-                budget = Duration::from_secs(v.parse().map_err(|_| format!("--budget takes seconds, not {v:?}"))?);
-            }
-            "--peer" => build_peer = true,
-            other => return Err(format!("unknown argument {other:?}\nusage: {USAGE}")),
-        }
-    }
-    let dirs: Vec<&Path> = VULKAN_ICD_DIRS.iter().map(Path::new).collect();
-    let icd = nvidia_icd(&dirs).ok_or_else(no_nvidia_message)?;
+/// What the correctness checks found.
+#[derive(Debug, Default, PartialEq)]
+struct Verdict {
+    /// Kernel families the gate ran, and the adapter it named.
+    families: Vec<String>,
+    adapter: String,
+    /// One line per test binary: passed / failed counts, or why it did not finish.
+    lines: Vec<String>,
+    /// Tests that failed, by name.
+    failed: Vec<String>,
+    ok: bool,
+}
+
+/// Runs the packed check in `dir`.
+fn run_pack(dir: &Path, o: &RunOptions) -> Result {
     let started = Instant::now();
-    let deadline = started + budget;
-    eprintln!("xtask: device check with the Vulkan driver {} only, {} s budget", icd.display(), budget.as_secs());
-    let icd_text = icd.display().to_string();
-    // Only NVIDIA's driver is visible: weft cannot pick lavapipe, and ggml's device 0 is the GPU.
-    let env: Vec<(&str, &str)> =
-        vec![("VK_ICD_FILENAMES", icd_text.as_str()), ("WGPU_BACKEND", "vulkan"), ("GGML_VK_VISIBLE_DEVICES", "0")];
+    let deadline = started + o.budget;
+    let out = o.out.clone().unwrap_or_else(|| dir.join("results"));
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let (icd, how) = find_driver(&out)?;
+    eprintln!("device-check: Vulkan driver {icd} ({how}); budget {} s", o.budget.as_secs());
+    // Vulkan only and only this driver: neither weft nor a test can fall back to another.
+    let mut env: Vec<(&str, String)> = vec![
+        ("VK_ICD_FILENAMES", icd.clone()),
+        ("VK_DRIVER_FILES", icd.clone()),
+        ("WGPU_BACKEND", "vulkan".into()),
+        ("WEFT_REQUIRE_GPU", "1".into()),
+    ];
+    if !o.quick {
+        env.push(("WEFT_FULL", "1".into()));
+    }
+    let bin = dir.join("bin");
+    // Shares of the budget: the gate and the kernel tests two each, each benchmark one.
+    let bench_parts = o.shapes.len() * 2;
+    let shares_left = |done: usize| 4 + bench_parts - done;
 
-    fetch_model()?;
-    let weft = build_weft()?;
-    let peer_python = if build_peer { Some(peer::ensure(PeerKind::Vulkan)?) } else { peer::ready(PeerKind::Vulkan) };
-    let mut models = vec![("default".to_string(), root().join(MODEL_FILE))];
+    let mut verdict = Verdict { ok: true, ..Default::default() };
+    let gate_log = out.join("gate.log");
+    let mut gate = Command::new(bin.join("device_gate"));
+    gate.args(["--nocapture", "--test-threads", "3"]);
+    let gate_run = run_logged(gate, &env, &gate_log, None, share(deadline, 2, shares_left(0)));
+    judge("gate", gate_run, &gate_log, &mut verdict);
+    let kernels_log = out.join("kernels.log");
+    let mut kernels = Command::new(bin.join("kernels"));
+    for name in SOURCE_TESTS {
+        kernels.args(["--skip", name]);
+    }
+    let kernels_run = run_logged(kernels, &env, &kernels_log, None, share(deadline, 2, shares_left(2)));
+    judge("kernel tests", kernels_run, &kernels_log, &mut verdict);
+    if verdict.families.is_empty() {
+        verdict.ok = false;
+        verdict.lines.push("the gate opened no kernel family on this driver".into());
+    }
+
     let mut parts = Vec::new();
-    let mut build = cargo();
-    build.args(["build", "--release", "--example", "make_model"]);
-    run(build)?;
-    for shape in SHAPES {
-        let path = target_dir().join("models").join(format!("{shape}.q4_1.gguf"));
+    let mut done = 4;
+    for shape in &o.shapes {
+        let model = out.join("models").join(format!("{shape}.q4_1.gguf"));
         let began = Instant::now();
-        let made = if path.exists() { Ok(()) } else { make_model(shape, "q4_1", &path, left(deadline, 4)) };
-        match made {
-            Ok(()) => models.push((shape.to_string(), path)),
-            Err(e) => parts.push(Part {
-                name: format!("make {shape}"),
-                outcome: Err(e),
-                seconds: began.elapsed().as_secs_f64(),
-            }),
+        let made = if model.exists() { Ok(()) } else { make_model(&bin, dir, shape, &model, &out) };
+        if let Err(e) = made {
+            parts.push(Part { name: format!("make {shape}"), outcome: Err(e), seconds: began.elapsed().as_secs_f64() });
+            done += verdict.families.len().max(1);
+            continue;
         }
-    }
-
-    // Short prompts on every model first, then the long ones: what finishes first matters most.
-    // The default model's short prompts also run on the baseline kernels (workgroup-tiled
-    // prefill) beside the adapter's own family (subgroup kernels on NVIDIA), to choose between
-    // them from this table.
-    let standard = Set::standard();
-    let mut plan: Vec<(String, PathBuf, usize, Option<&str>)> = Vec::new();
-    for &prompt_len in &standard.prompt_len {
-        for (name, path) in &models {
-            plan.push((name.clone(), path.clone(), prompt_len, None));
-        }
-        if prompt_len == standard.prompt_len[0] {
-            plan.push(("default".into(), root().join(MODEL_FILE), prompt_len, Some("baseline")));
-        }
-    }
-    let peer_parts = usize::from(peer_python.is_some());
-    for (i, (name, path, prompt_len, kernels)) in plan.iter().enumerate() {
-        let set =
-            Set { name: "standard, 1 repeat".into(), prompt_len: vec![*prompt_len], repeats: 1, ..Set::standard() };
-        let began = Instant::now();
-        let timeout = left(deadline, plan.len() - i + peer_parts);
-        let mut part_env = env.clone();
-        part_env.extend(kernels.map(|k| ("WEFT_KERNELS", k)));
-        let outcome = weft_part(&weft, path, &set, &part_env, timeout);
-        let suffix = kernels.map_or(String::new(), |k| format!(".{k}"));
-        if let Ok(doc) = &outcome {
-            let file = out.join(format!("weft.{name}.p{prompt_len}{suffix}.json"));
-            let _ = std::fs::write(&file, serde_json::to_string_pretty(doc).unwrap_or_default());
-        }
-        let kernels = kernels.map_or(String::new(), |k| format!(" ({k} kernels)"));
-        parts.push(Part {
-            name: format!("weft {name} p{prompt_len}{kernels}"),
-            outcome,
-            seconds: began.elapsed().as_secs_f64(),
-        });
-    }
-    match &peer_python {
-        Some(python) => {
+        for family in &verdict.families {
             let began = Instant::now();
-            let outcome = peer::measure(
-                PeerKind::Vulkan,
-                python,
-                &root().join(MODEL_FILE),
-                128,
-                128,
-                16,
-                1,
-                &env,
-                Some(left(deadline, 1)),
-            );
-            if let Ok(v) = &outcome {
-                let _ =
-                    std::fs::write(out.join("peer.vulkan.json"), serde_json::to_string_pretty(v).unwrap_or_default());
-            }
-            parts.push(Part {
-                name: "llama.cpp Vulkan default p128".into(),
-                outcome,
-                seconds: began.elapsed().as_secs_f64(),
-            });
+            let timeout = share(deadline, 1, shares_left(done).max(1));
+            done += 1;
+            let name = format!("{shape} {family}");
+            let outcome = bench_part(&bin, &model, family, o, &env, &out, timeout);
+            parts.push(Part { name, outcome, seconds: began.elapsed().as_secs_f64() });
         }
-        None => parts.push(Part {
-            name: "llama.cpp Vulkan".into(),
-            outcome: Err(format!(
-                "not built here (its venv under {} is missing; --peer builds it)",
-                peer::peer_dir().display()
-            )),
-            seconds: 0.0,
-        }),
     }
-    let table = table(&parts, started.elapsed().as_secs_f64());
-    println!("{table}");
+    let report = report(&verdict, &parts, o, &icd, started.elapsed().as_secs_f64());
+    println!("{report}");
     let file = out.join("device-check.md");
-    std::fs::write(&file, &table).map_err(|e| format!("writing {}: {e}", file.display()))?;
-    eprintln!("xtask: wrote {} and the JSON of each part beside it", file.display());
-    Ok(())
+    std::fs::write(&file, &report).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    eprintln!("device-check: wrote {} and each part's log and JSON beside it", file.display());
+    if verdict.ok { Ok(()) } else { Err("correctness failed on this device: see the table's first lines".into()) }
 }
 
-/// An equal share of the time left for the `parts_left` parts still to run (at least 10 s).
-fn left(deadline: Instant, parts_left: usize) -> Duration {
+/// `shares` of an equal split of the time left among `shares_left` (at least 10 s).
+fn share(deadline: Instant, shares: usize, shares_left: usize) -> Duration {
     let rest = deadline.saturating_duration_since(Instant::now());
-    (rest / parts_left.max(1) as u32).max(Duration::from_secs(10))
+    (rest * shares as u32 / shares_left.max(1) as u32).max(Duration::from_secs(10))
 }
 
-fn make_model(shape: &str, quant: &str, path: &Path, timeout: Duration) -> Result {
-    let example = target_dir().join("release").join("examples").join("make_model");
-    let mut cmd = Command::new(example);
-    cmd.args(["--shape", shape, "--quant", quant, "--tokenizer-from"])
-        .arg(root().join(MODEL_FILE))
-        .arg("--out")
-        .arg(path);
-    peer::output_within(cmd, Some(timeout)).map(|_| ())
-}
-
-/// One `weft bench` run on the NVIDIA adapter (an error when weft picked another).
-fn weft_part(weft: &Path, model: &Path, set: &Set, env: &[(&str, &str)], timeout: Duration) -> Result<Value> {
-    // Room for every sequence of the biggest run at once, so nothing is preempted.
-    let doc = run_weft(weft, model, set, &["--kv-memory".into(), "8GiB".into()], env, Some(timeout))?;
-    let adapter = doc["adapter"]["name"].as_str().unwrap_or("");
-    if !adapter.to_lowercase().contains("nvidia") {
-        return Err(format!("weft ran on {adapter:?}, not the NVIDIA GPU"));
+/// Runs `cmd` with `env`, ended after `timeout`: stderr into `log`, stdout into `stdout` when
+/// given, else into `log` too.
+fn run_logged(
+    mut cmd: Command,
+    env: &[(&str, String)],
+    log: &Path,
+    stdout: Option<std::fs::File>,
+    timeout: Duration,
+) -> Result {
+    eprintln!("device-check: running {cmd:?} (log: {}, at most {} s)", log.display(), timeout.as_secs());
+    let file = std::fs::File::create(log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+    let stdout = match stdout {
+        Some(f) => f,
+        None => file.try_clone().map_err(|e| e.to_string())?,
+    };
+    cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str()))).stdout(stdout).stderr(file);
+    let mut child = cmd.spawn().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return if status.success() {
+                Ok(())
+            } else {
+                Err(format!("exited with {status} (see {})", log.display()))
+            };
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("ran past its {} s and was ended", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(doc)
 }
 
-/// One table: a row per run of every part, then the parts that failed or ran out of time.
-fn table(parts: &[Part], elapsed_s: f64) -> String {
-    let mut out = String::from(
-        "| what | adapter | conc | prompt | gen | prefill tok/s | decode tok/s/seq | aggregate tok/s | GPU ms/step | GPU MiB |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+/// Reads a test binary's log into `verdict`: the families the gate opened, the counts and the
+/// failed tests.
+fn judge(what: &str, run: Result, log: &Path, verdict: &mut Verdict) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("gate: the ")
+            && let Some((family, adapter)) = rest.split_once(" family on ")
+            && !verdict.families.iter().any(|f| f == family)
+        {
+            verdict.families.push(family.to_string());
+            verdict.adapter = adapter.to_string();
+        }
+        if let Some(name) = line.strip_prefix("test ").and_then(|l| l.strip_suffix(" ... FAILED")) {
+            verdict.failed.push(format!("{what}: {name}"));
+        }
+    }
+    let counts = text.lines().rev().find_map(|l| l.strip_prefix("test result: ")).map(str::to_string);
+    match (run, counts) {
+        (Ok(()), Some(counts)) => verdict.lines.push(format!("{what}: {counts}")),
+        (Ok(()), None) => {
+            verdict.ok = false;
+            verdict.lines.push(format!("{what}: finished without a test result line"));
+        }
+        (Err(e), counts) => {
+            verdict.ok = false;
+            let counts = counts.map_or(String::new(), |c| format!(" ({c})"));
+            verdict.lines.push(format!("{what}: FAILED, {e}{counts}"));
+        }
+    }
+}
+
+fn make_model(bin: &Path, dir: &Path, shape: &str, model: &Path, out: &Path) -> Result {
+    let mut cmd = Command::new(bin.join("make_model"));
+    cmd.args(["--shape", shape, "--quant", "q4_1", "--tokenizer-from"]).arg(dir.join("tokenizer.gguf"));
+    cmd.arg("--out").arg(model);
+    // Writing is disk-bound (seconds for the 8B shape's 4.5 GB); the budget does not limit it.
+    run_logged(cmd, &[], &out.join(format!("make.{shape}.log")), None, Duration::from_secs(600))
+}
+
+/// One `weft bench --json --bandwidth` of `model` in `family`.
+fn bench_part(
+    bin: &Path,
+    model: &Path,
+    family: &str,
+    o: &RunOptions,
+    env: &[(&str, String)],
+    out: &Path,
+    timeout: Duration,
+) -> std::result::Result<Value, String> {
+    let stem = format!("weft.{}.{family}", model.file_stem().unwrap_or_default().to_string_lossy());
+    let json_file = out.join(format!("{stem}.json"));
+    let list = o.concurrency.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(bin.join("weft"));
+    cmd.args(["bench", "--json", "--bandwidth", "--repeats", "1", "--concurrency", &list]);
+    cmd.args(["--prompt-len", &o.prompt_len.to_string(), "--gen-len", &o.gen_len.to_string(), "--model"]).arg(model);
+    let mut env = env.to_vec();
+    env.push(("WEFT_KERNELS", family.to_string()));
+    let log = out.join(format!("{stem}.log"));
+    let json_out = std::fs::File::create(&json_file).map_err(|e| format!("creating {}: {e}", json_file.display()))?;
+    run_logged(cmd, &env, &log, Some(json_out), timeout)?;
+    let text = std::fs::read_to_string(&json_file).map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("weft bench printed something other than JSON ({e})"))
+}
+
+/// The report: correctness, then a row per run, then each model's bandwidth bound, then what
+/// did not finish.
+fn report(verdict: &Verdict, parts: &[Part], o: &RunOptions, icd: &str, elapsed_s: f64) -> String {
+    let mut out = format!(
+        "Device check on {} (Vulkan driver {icd}), {}; prompts of {} tokens, {} generated, one repeat.\n\n",
+        if verdict.adapter.is_empty() { "an unknown adapter" } else { &verdict.adapter },
+        utc_now(),
+        o.prompt_len,
+        o.gen_len
+    );
+    out.push_str(&format!("Correctness: {}\n", if verdict.ok { "passed" } else { "FAILED" }));
+    for line in &verdict.lines {
+        out.push_str(&format!("- {line}\n"));
+    }
+    for name in &verdict.failed {
+        out.push_str(&format!("- failed: {name}\n"));
+    }
+    out.push_str(&format!("- kernel families run: {}\n\n", verdict.families.join(", ")));
+    out.push_str(
+        "| shape | family | seqs | prefill tok/s | decode tok/s/seq | total tok/s | host ms/step | GPU ms/step | GPU busy | ITL p50 ms | GPU MiB |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let num = |v: &Value, d: usize| v.as_f64().map_or("–".to_string(), |x| format!("{x:.d$}"));
+    let mut bounds = Vec::new();
     let mut problems = Vec::new();
     for p in parts {
-        match &p.outcome {
-            Ok(doc) if doc["runs"].is_array() => {
-                let adapter = doc["adapter"]["name"].as_str().unwrap_or("?");
-                for r in doc["runs"].as_array().into_iter().flatten() {
-                    out.push_str(&format!(
-                        "| {} | {adapter} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        p.name,
-                        r["concurrency"],
-                        r["prompt_len"],
-                        r["gen_len"],
-                        num(&r["prefill_tok_s"], 1),
-                        num(&r["decode_tok_s_per_seq"], 1),
-                        num(&r["aggregate_tok_s"], 1),
-                        num(&r["gpu_ms_per_step_p50"], 2),
-                        num(&r["gpu_mem_mib"], 0)
-                    ));
-                }
+        let doc = match &p.outcome {
+            Ok(doc) => doc,
+            Err(e) => {
+                problems.push(format!("- {} ({:.0} s): {e}", p.name, p.seconds));
+                continue;
             }
-            Ok(peer) => {
-                out.push_str(&format!(
-                    "| {} | {} | 1 / 16 | {} | {} | {} | {} (batch 1) | {} (16 seqs) | – | – |\n",
-                    p.name,
-                    peer["device"].as_str().unwrap_or("?"),
-                    peer["prompt_len"],
-                    peer["gen_len"],
-                    num(&peer["prefill_tok_s"], 1),
-                    num(&peer["decode_tok_s_batch1"], 1),
-                    num(&peer["aggregate_tok_s"], 1)
-                ));
-            }
-            Err(e) => problems.push(format!("- {} ({:.0} s): {e}", p.name, p.seconds)),
+        };
+        let (shape, family) = p.name.split_once(' ').unwrap_or((&p.name, ""));
+        for r in doc["runs"].as_array().into_iter().flatten() {
+            // The GPU's share of a decode step: its time over the step's (the inter-token gap).
+            let busy = match (r["gpu_ms_per_step_p50"].as_f64(), r["itl_ms_p50"].as_f64()) {
+                (Some(gpu), Some(itl)) if itl > 0.0 => format!("{:.0}%", (100.0 * gpu / itl).min(100.0)),
+                _ => "–".into(),
+            };
+            out.push_str(&format!(
+                "| {shape} | {family} | {} | {} | {} | {} | {} | {} | {busy} | {} | {} |\n",
+                r["concurrency"],
+                num(&r["prefill_tok_s"], 1),
+                num(&r["decode_tok_s_per_seq"], 1),
+                num(&r["aggregate_tok_s"], 1),
+                num(&r["host_ms_per_step_p50"], 2),
+                num(&r["gpu_ms_per_step_p50"], 2),
+                num(&r["itl_ms_p50"], 2),
+                num(&r["gpu_mem_mib"], 0)
+            ));
+        }
+        if let Some(line) = bandwidth_bound(shape, family, doc) {
+            bounds.push(line);
         }
     }
-    out.push_str(&format!("\n{} parts in {elapsed_s:.0} s, {}.\n", parts.len(), utc_now()));
+    if !bounds.is_empty() {
+        out.push_str(
+            "\nDecode at one sequence against the memory-bandwidth bound (weights read per step ÷ copy bandwidth):\n",
+        );
+        out.push_str(&bounds.join("\n"));
+        out.push('\n');
+    }
+    out.push_str(&format!("\n{} parts in {elapsed_s:.0} s.\n", parts.len() + 2));
     if !problems.is_empty() {
         out.push_str("\nNot finished:\n");
         out.push_str(&problems.join("\n"));
@@ -270,36 +571,121 @@ fn table(parts: &[Part], elapsed_s: f64) -> String {
     out
 }
 
+/// "shape family: X tok/s × Y GB = Z GB/s, P% of the copy bandwidth (B GB/s)", from the run at
+/// one sequence.
+fn bandwidth_bound(shape: &str, family: &str, doc: &Value) -> Option<String> {
+    let copy = doc["adapter"]["copy_gb_s"].as_f64()?;
+    let bytes = doc["decode_read_bytes"].as_f64()?;
+    let one = doc["runs"].as_array()?.iter().find(|r| r["concurrency"] == 1)?;
+    let rate = one["decode_tok_s_per_seq"].as_f64()?;
+    let moved = rate * bytes / 1e9;
+    Some(format!(
+        "- {shape} {family}: {rate:.1} tok/s × {:.2} GB = {moved:.1} GB/s, {:.0}% of the copy bandwidth ({copy:.0} GB/s)",
+        bytes / 1e9,
+        100.0 * moved / copy
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("weft-xtask-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn the_nvidia_manifest_is_found_and_lavapipe_is_not_it() {
-        let dir = std::env::temp_dir().join(format!("weft-xtask-icd-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp("icd");
         std::fs::write(dir.join("lvp_icd.x86_64.json"), r#"{"ICD": {"library_path": "/usr/lib/libvulkan_lvp.so"}}"#)
             .unwrap();
         assert_eq!(nvidia_icd(&[dir.as_path()]), None);
         std::fs::write(dir.join("nvidia_icd.json"), r#"{"ICD": {"library_path": "libGLX_nvidia.so.0"}}"#).unwrap();
         assert_eq!(nvidia_icd(&[Path::new("/nonexistent"), dir.as_path()]), Some(dir.join("nvidia_icd.json")));
+        assert_eq!(nvidia_library(&[dir.as_path()]), None);
+        std::fs::write(dir.join(NVIDIA_VULKAN_LIB), b"").unwrap();
+        assert_eq!(nvidia_library(&[Path::new("/nonexistent"), dir.as_path()]), Some(dir.join(NVIDIA_VULKAN_LIB)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn the_table_lists_runs_and_what_did_not_finish() {
-        let doc = serde_json::json!({"adapter": {"name": "NVIDIA H200"}, "runs": [
-            {"concurrency": 1, "prompt_len": 128, "gen_len": 128, "prefill_tok_s": 5000.0, "decode_tok_s_per_seq": 300.0,
-             "aggregate_tok_s": 290.0, "gpu_ms_per_step_p50": 1.25, "gpu_mem_mib": 900.0}]});
+    fn run_options_parse_and_bad_ones_say_why() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(parse_run_options(&[]).unwrap(), RunOptions::default());
+        let o = parse_run_options(&args("--shapes llama-3.2-1b --concurrency 1,4 --budget 900 --gen-len 8 --quick"))
+            .unwrap();
+        assert_eq!(
+            (o.shapes, o.concurrency, o.budget.as_secs(), o.gen_len, o.quick),
+            (vec!["llama-3.2-1b".into()], vec![1, 4], 900, 8, true)
+        );
+        let err = parse_run_options(&args("--concurrency 1,0")).unwrap_err();
+        assert!(err.contains("--concurrency takes positive whole numbers, not \"0\""), "{err}");
+        assert!(parse_run_options(&args("--bogus")).unwrap_err().contains("unknown argument \"--bogus\""));
+    }
+
+    #[test]
+    fn test_logs_are_judged_by_their_results_and_the_gates_families() {
+        let dir = temp("judge");
+        let log = dir.join("gate.log");
+        std::fs::write(
+            &log,
+            "gate: the baseline family on NVIDIA H200\ngate: the cpu family not run: no\n\
+             gate: the subgroup family on NVIDIA H200\ntest a ... ok\ntest b ... FAILED\n\
+             test result: FAILED. 1 passed; 1 failed; 0 ignored\n",
+        )
+        .unwrap();
+        let mut v = Verdict { ok: true, ..Default::default() };
+        judge("gate", Err("exited with exit status: 101".into()), &log, &mut v);
+        assert_eq!(v.families, vec!["baseline", "subgroup"]);
+        assert_eq!(v.adapter, "NVIDIA H200");
+        assert_eq!(v.failed, vec!["gate: b"]);
+        assert!(!v.ok);
+        assert_eq!(v.lines, vec!["gate: FAILED, exited with exit status: 101 (FAILED. 1 passed; 1 failed; 0 ignored)"]);
+        std::fs::write(&log, "test a ... ok\ntest result: ok. 1 passed; 0 failed\n").unwrap();
+        let mut v = Verdict { ok: true, ..Default::default() };
+        judge("kernel tests", Ok(()), &log, &mut v);
+        assert!(v.ok);
+        assert_eq!(v.lines, vec!["kernel tests: ok. 1 passed; 0 failed"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_report_has_a_row_per_run_the_bandwidth_bound_and_what_did_not_finish() {
+        let doc = serde_json::json!({"adapter": {"name": "NVIDIA H200", "copy_gb_s": 4000.0},
+            "decode_read_bytes": 4.0e9, "runs": [
+            {"concurrency": 1, "prompt_len": 128, "gen_len": 64, "prefill_tok_s": 5000.0, "decode_tok_s_per_seq": 300.0,
+             "aggregate_tok_s": 290.0, "host_ms_per_step_p50": 0.4, "gpu_ms_per_step_p50": 3.0, "itl_ms_p50": 3.3,
+             "gpu_mem_mib": 900.0}]});
         let parts = [
-            Part { name: "weft default p128".into(), outcome: Ok(doc), seconds: 20.0 },
-            Part { name: "weft llama-3.1-8b p512".into(), outcome: Err("ran past its 60 s".into()), seconds: 60.0 },
+            Part { name: "llama-3.1-8b subgroup".into(), outcome: Ok(doc), seconds: 20.0 },
+            Part { name: "llama-3.1-8b baseline".into(), outcome: Err("ran past its 60 s".into()), seconds: 60.0 },
         ];
-        let t = table(&parts, 80.0);
+        let verdict = Verdict {
+            families: vec!["subgroup".into(), "baseline".into()],
+            adapter: "NVIDIA H200".into(),
+            lines: vec!["gate: ok. 3 passed".into()],
+            failed: Vec::new(),
+            ok: true,
+        };
+        let t = report(&verdict, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        assert!(t.starts_with("Device check on NVIDIA H200"), "{t}");
         assert!(
-            t.contains("| weft default p128 | NVIDIA H200 | 1 | 128 | 128 | 5000.0 | 300.0 | 290.0 | 1.25 | 900 |"),
+            t.contains("Correctness: passed\n- gate: ok. 3 passed\n- kernel families run: subgroup, baseline"),
             "{t}"
         );
-        assert!(t.contains("- weft llama-3.1-8b p512 (60 s): ran past its 60 s"), "{t}");
+        assert!(
+            t.contains("| llama-3.1-8b | subgroup | 1 | 5000.0 | 300.0 | 290.0 | 0.40 | 3.00 | 91% | 3.30 | 900 |"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "- llama-3.1-8b subgroup: 300.0 tok/s × 4.00 GB = 1200.0 GB/s, 30% of the copy bandwidth (4000 GB/s)"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("- llama-3.1-8b baseline (60 s): ran past its 60 s"), "{t}");
     }
 }

@@ -48,8 +48,13 @@ commands:
                   [--peer: also llama.cpp's Vulkan and CPU builds, built once into venvs under
                   ~/.cache/weft-peer, on the same GGUF and workload, and the weft/llama.cpp ratios]
                   --table: only regenerate bench/README.md from bench/results/
-                  --device-check [--out DIR] [--budget 450] [--peer]: on a machine with an NVIDIA
-                  GPU, the standard set on Vulkan for the default model and the 1B/8B shapes
+  device-check    the GPU check: correctness first (every kernel family against the CPU model at the
+                  Llama 3.2 1B and 3.1 8B widths, the kernel tests), then prefill and decode speed of
+                  those shapes per family at 1, 16 and 64 sequences, in one table. --pack DIR builds
+                  it into one folder (< 60 MiB) whose run.sh needs only a Vulkan driver: no cargo, no
+                  network; without --pack it is packed under target/ and run here
+                  [--out DIR] [--budget 480] [--shapes llama-3.2-1b,llama-3.1-8b] [--concurrency 1,16,64]
+                  [--prompt-len 128] [--gen-len 64] [--quick: for a software driver]
   bench-recurrent print decode step time by context for a Mamba2 and a Llama shape of similar
                   size (random weights), and tokens/s at 1 and 16 sequences
                   [--shapes mamba2-130m,llama-135m] [--contexts 64,512,2048] [--dtype q8_0]
@@ -77,6 +82,7 @@ fn main() -> ExitCode {
         Some("bench-kernels") => bench(&["--bench", "kernels"], &args[1..]),
         Some("bench-engine") => fetch_model().and_then(|()| bench(&["--bench", "engine"], &args[1..])),
         Some("bench") => bench::bench(&args[1..]),
+        Some("device-check") => device_check::device_check(&args[1..]),
         Some("bench-recurrent") => bench(&["--bench", "recurrent"], &args[1..]),
         Some("make-model") => make_model(&args[1..]),
         Some("help") | None => {
