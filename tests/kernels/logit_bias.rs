@@ -173,16 +173,17 @@ fn rows_without_a_bias_are_untouched_beside_biased_ones() {
     if gpu().is_none() {
         return;
     }
-    // Biased rows between plain ones, sampled or greedy, some with a repetition penalty: the
-    // plain ones see exactly their own logits (penalised by a power of two, exact on the CPU).
+    // Plain rows (the first of them) between biased ones, sampled or greedy, some with a
+    // repetition penalty: the plain ones see exactly their own logits (penalised by a power of
+    // two, exact on the CPU).
     let mut rows = Vec::new();
     for i in 0..8u64 {
         let params = if i % 4 < 2 { sampled(0.9, 0, 1.0) } else { SamplingParams::greedy() };
         let mut r = row(i / 2, SamplingParams { seed: Some(i), ..params });
-        if i % 2 == 0 {
+        if i % 2 == 1 {
             let pairs: Vec<(u32, f32)> = (0..VOCAB as u32).step_by(7).map(|t| (t, 100.0 - (t % 200) as f32)).collect();
             r.params = biased(r.params, &pairs[..pairs.len().min(weft::sampling::MAX_LOGIT_BIAS)]);
-        } else if i % 4 == 3 {
+        } else if i % 4 == 2 {
             r.params.repetition_penalty = 2.0;
             r.prompt = (0..50).collect();
         }
@@ -190,7 +191,7 @@ fn rows_without_a_bias_are_untouched_beside_biased_ones() {
     }
     let (got, seen) = sample_step(&rows);
     let mut near_boundary = 0;
-    for (i, r) in rows.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+    for (i, r) in rows.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
         let mut want = r.logits.clone();
         for &t in &r.prompt {
             let l = &mut want[t as usize];
