@@ -353,9 +353,10 @@ impl Sampler for GpuSampler {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// log p(token) under the model's raw distribution (before temperature and filtering),
-    /// when the request asked for log-probabilities (`top_logprobs > 0`); else 0.0, as the
-    /// sampler skips a pass over the vocabulary for rows that do not report them.
+    /// log p(token) under the model's distribution after logit biases and penalties (before
+    /// temperature and filtering), when the request asked for log-probabilities
+    /// (`top_logprobs > 0`); else 0.0, as the sampler skips a pass over the vocabulary for rows
+    /// that do not report them.
     pub logprob: f32,
     /// The most likely tokens and their log-probabilities, best first.
     pub top_logprobs: Vec<(u32, f32)>,
