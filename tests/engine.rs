@@ -709,6 +709,32 @@ fn the_workspace_is_made_for_a_full_step() {
     assert!(made <= 4, "serving made {made} buffers: the workspace grew");
 }
 
+/// The workspace has room for every sequence's whole logit bias: biased requests decoding
+/// together, each biasing (nearly) the most tokens allowed, do not grow it.
+#[test]
+fn logit_biases_fit_the_workspace_made_by_the_builder() {
+    let Some(f) = factory() else { return };
+    let config = EngineConfig { max_num_batched_tokens: 64, max_num_seqs: 4, ..Default::default() };
+    let e = tiny_builder().config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
+    let buffers = f.context().creations().buffers;
+    // Every token of the tiny vocabulary: 260 of the 300 allowed.
+    let bias = LogitBias::new((0..260).map(|t| (t, 0.5)));
+    let mut streams: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = greedy(&"abcd"[..i + 1], 3);
+            r.params.sampling.logit_bias = bias.clone();
+            e.submit(r).unwrap().1
+        })
+        .collect();
+    while weft::rt::block_on(e.step()).unwrap() {}
+    for s in &mut streams {
+        let chunks: Vec<_> = weft::rt::block_on(s.collect::<Vec<_>>());
+        assert_eq!(chunks.last().unwrap().as_ref().unwrap().finish_reason, Some(FinishReason::Length));
+    }
+    let made = f.context().creations().buffers - buffers;
+    assert!(made <= 4, "serving made {made} buffers: the workspace grew");
+}
+
 /// In the baseline family, which splits long contexts (split-K attention and its merge), a
 /// context past the split threshold also compiles nothing the build did not.
 #[test]

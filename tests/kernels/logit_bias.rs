@@ -217,7 +217,7 @@ fn a_token_both_biased_and_penalised_is_biased_first() {
     let pairs: Vec<(u32, f32)> = (10..30).map(|t| (t, 1.5)).collect();
     r.params = biased(r.params, &pairs);
     let (_, seen) = sample_step(&[r]);
-    for t in 0..40usize {
+    for (t, &got) in seen[..40].iter().enumerate() {
         let mut l = t as f32 / 4.0 - 3.0;
         if (10..30).contains(&t) {
             l += 1.5;
@@ -225,6 +225,6 @@ fn a_token_both_biased_and_penalised_is_biased_first() {
         if t < 20 {
             l = if l > 0.0 { l / 2.0 } else { l * 2.0 };
         }
-        assert_eq!(seen[t], l, "token {t}");
+        assert_eq!(got, l, "token {t}");
     }
 }
