@@ -3,8 +3,9 @@
 //! once, by the engine at submission.
 //!
 //! Nothing is dropped silently: a field is honoured, refused with an error naming it (one weft
-//! cannot honour, or a value it cannot honour, such as `n` above 16 or `echo`), or one of the few metadata fields that change nothing about the answer
-//! ([`IGNORED_FIELDS`]). A field weft does not know is refused too.
+//! cannot honour, or a value it cannot honour, such as `n` above 16 or `echo`), or one of the
+//! few metadata fields that change nothing about the answer ([`IGNORED_FIELDS`]). A field weft
+//! does not know is refused too.
 
 use serde_json::{Map, Value};
 
