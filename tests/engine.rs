@@ -1,6 +1,6 @@
 //! The continuous-batching engine on a tiny random model (fast on lavapipe): batched output
-//! equals each request run alone, preemption under a small KV pool, the prefix cache,
-//! cancellation, stop strings, bad requests and shutdown.
+//! equals each request run alone (with and without logit biases), preemption under a small KV
+//! pool, the prefix cache, cancellation, stop strings, bad requests and shutdown.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::load::ModelFiles;
 use weft::model::tiny;
-use weft::sampling::{GpuSampler, SamplingParams};
+use weft::sampling::{GpuSampler, LogitBias, SamplingParams};
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -424,6 +424,51 @@ fn penalties_discourage_repeats() {
     );
 }
 
+/// `logit_bias` changes its own request's tokens only: run in one batch with the workload, the
+/// workload's tokens are those it gives alone, a biased request gives what it gives alone, and
+/// the biases do what they say (+100 forces a token, -100 bans the tokens greedy picked).
+#[test]
+fn a_logit_bias_changes_its_own_request_only() {
+    let Some(f) = factory() else { return };
+    let plain: Vec<InferenceRequest> = workload().into_iter().take(12).collect();
+    let unbiased = alone(&f, &plain);
+    let with_bias = |i: usize, pairs: Vec<(u32, f32)>| {
+        let mut r = plain[i].clone();
+        r.params.sampling.logit_bias = LogitBias::new(pairs);
+        r
+    };
+    let forced = (0..260).find(|t| !unbiased[0].token_ids.contains(t)).unwrap();
+    let greedy_picks: std::collections::BTreeSet<u32> = unbiased[4].token_ids.iter().copied().collect();
+    let banned: Vec<(u32, f32)> = greedy_picks.iter().map(|&t| (t, -100.0)).collect();
+    // Moderate biases on many tokens, on a sampled request and on a penalised one, and -10 on
+    // the tokens each picked unbiased (the tiny random model is sure of few tokens).
+    let moderate = |i: usize| {
+        let mut pairs: std::collections::BTreeMap<u32, f32> =
+            (0..260).step_by(3).map(|t| (t, (t % 11) as f32 - 5.0)).collect();
+        pairs.extend(unbiased[i].token_ids.iter().map(|&t| (t, -10.0)));
+        pairs.into_iter().collect::<Vec<_>>()
+    };
+    let biased = vec![
+        with_bias(0, vec![(forced, 100.0)]),
+        with_bias(4, banned),
+        with_bias(1, moderate(1)),
+        with_bias(2, moderate(2)),
+    ];
+    let biased_alone = alone(&f, &biased);
+    assert!(biased_alone[0].token_ids.iter().all(|&t| t == forced), "{:?}", biased_alone[0].token_ids);
+    assert!(biased_alone[1].token_ids.iter().all(|t| !greedy_picks.contains(t)));
+    assert_ne!(biased_alone[2].token_ids, unbiased[1].token_ids, "the bias moved the seeded draws");
+    assert_ne!(biased_alone[3].token_ids, unbiased[2].token_ids, "the bias moved the penalised request");
+
+    let e = engine(&f, 256, EngineConfig::default());
+    let everything: Vec<InferenceRequest> = plain.iter().chain(&biased).cloned().collect();
+    let got = together(&e, &everything);
+    for (i, (g, w)) in got.iter().zip(unbiased.iter().chain(&biased_alone)).enumerate() {
+        assert_eq!(g.token_ids, w.token_ids, "request {i}");
+    }
+    e.shutdown();
+}
+
 #[test]
 fn chat_prompts_use_the_model_template() {
     let Some(f) = factory() else { return };
@@ -703,6 +748,32 @@ fn the_workspace_is_made_for_a_full_step() {
     );
     // A workspace is some 30 buffers; serving makes only its step arenas' timestamp and readback
     // buffers.
+    let made = f.context().creations().buffers - buffers;
+    assert!(made <= 4, "serving made {made} buffers: the workspace grew");
+}
+
+/// The workspace has room for every sequence's whole logit bias: biased requests decoding
+/// together, each biasing (nearly) the most tokens allowed, do not grow it.
+#[test]
+fn logit_biases_fit_the_workspace_made_by_the_builder() {
+    let Some(f) = factory() else { return };
+    let config = EngineConfig { max_num_batched_tokens: 64, max_num_seqs: 4, ..Default::default() };
+    let e = tiny_builder().config(config).kv_memory_bytes(1 << 20).build_on(f.context().clone()).unwrap();
+    let buffers = f.context().creations().buffers;
+    // Every token of the tiny vocabulary: 260 of the 300 allowed.
+    let bias = LogitBias::new((0..260).map(|t| (t, 0.5)));
+    let mut streams: Vec<_> = (0..4)
+        .map(|i| {
+            let mut r = greedy(&"abcd"[..i + 1], 3);
+            r.params.sampling.logit_bias = bias.clone();
+            e.submit(r).unwrap().1
+        })
+        .collect();
+    while weft::rt::block_on(e.step()).unwrap() {}
+    for s in &mut streams {
+        let chunks: Vec<_> = weft::rt::block_on(s.collect::<Vec<_>>());
+        assert_eq!(chunks.last().unwrap().as_ref().unwrap().finish_reason, Some(FinishReason::Length));
+    }
     let made = f.context().creations().buffers - buffers;
     assert!(made <= 4, "serving made {made} buffers: the workspace grew");
 }

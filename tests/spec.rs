@@ -2,7 +2,8 @@
 //! identical to non-speculative greedy with the target as its own draft, with a different tiny
 //! draft and with prompt lookup, alone and 16 at once; seeded sampling with prompt lookup
 //! identical too; with a draft model, the distribution of a speculated token equal to the
-//! target's (and the same check catching a broken rule); stops, penalties and log-probabilities
+//! target's, with and without logit biases (and the same check catching a broken rule); greedy
+//! requests with logit biases identical too; stops, penalties and log-probabilities
 //! as without speculation; every KV block back after requests finish, are cancelled while
 //! steps run, or are preempted; and the constructor's refusals.
 
@@ -19,7 +20,7 @@ use weft::model::draft::DraftDistributions;
 use weft::model::executor::GpuExecutor;
 use weft::model::load::ModelFiles;
 use weft::model::tiny;
-use weft::sampling::{GpuSampler, SamplingParams};
+use weft::sampling::{GpuSampler, LogitBias, SamplingParams};
 use weft::step::{ModelExecutor, SeqStep, StepBatch};
 
 fn factory() -> Option<GpuTensorFactory> {
@@ -376,10 +377,22 @@ fn critical_value(df: usize) -> f64 {
 /// the test can tell the two apart.
 #[test]
 fn a_speculated_token_follows_the_targets_distribution() {
+    speculated_pairs_follow_the_target(LogitBias::default());
+}
+
+/// The same with a `logit_bias` on every token: the pairs follow the target's biased
+/// distribution, and not the one a verifying row that forgot the bias would give (the first
+/// token biased, the second from the unbiased p).
+#[test]
+fn a_speculated_token_follows_the_targets_biased_distribution() {
+    speculated_pairs_follow_the_target(LogitBias::new((0..260).map(|t| (t, (t % 5) as f32 - 2.0))));
+}
+
+fn speculated_pairs_follow_the_target(bias: LogitBias) {
     let Some(f) = factory() else { return };
     let n = 1000;
     let prompt: Vec<u32> = b"a sampler".iter().map(|&b| u32::from(b)).collect();
-    let sampling = SamplingParams { temperature: 1.5, top_k: 4, ..Default::default() };
+    let sampling = SamplingParams { temperature: 1.5, top_k: 4, logit_bias: bias.clone(), ..Default::default() };
     let config = EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 2048, ..Default::default() };
     let e = engine(&f, 512, config, Draft::Near);
     let requests: Vec<InferenceRequest> = (0..n)
@@ -397,19 +410,27 @@ fn a_speculated_token_follows_the_targets_distribution() {
     assert_eq!(m.spec_verify_steps, n, "every request verified its second token");
     assert!(m.spec_accepted_tokens > 0 && m.spec_accepted_tokens < n, "{m:?}: both outcomes must occur");
 
-    // The exact distributions, from the target's and the draft's logits.
-    let filtered = |l: &[f32]| weft::cpu::filtered_probs(l, 1.5, 4, 1.0, 0.0);
+    // The exact distributions, from the target's and the draft's logits (biased on the CPU).
+    let unbiased = |l: &[f32]| weft::cpu::filtered_probs(l, 1.5, 4, 1.0, 0.0);
+    let filtered = |l: &[f32]| {
+        let mut l = l.to_vec();
+        for &(t, b) in bias.pairs() {
+            l[t as usize] += b;
+        }
+        unbiased(&l)
+    };
     let (target, draft) = (executor(&f, TARGET, 64), executor(&f, NEAR, 64));
     let first = filtered(&logits(&target, std::slice::from_ref(&prompt))[0]);
     let firsts: Vec<u32> = (0..first.len() as u32).filter(|&t| first[t as usize] > 0.0).collect();
     let continued: Vec<Vec<u32>> = firsts.iter().map(|&t| [prompt.clone(), vec![t]].concat()).collect();
     let (p_next, q_next) = (logits(&target, &continued), logits(&draft, &continued));
-    let (mut p, mut broken) = (HashMap::new(), HashMap::new());
+    let (mut p, mut broken, mut forgot_bias) = (HashMap::new(), HashMap::new(), HashMap::new());
     for (i, &t1) in firsts.iter().enumerate() {
-        let (pn, qn) = (filtered(&p_next[i]), filtered(&q_next[i]));
+        let (pn, qn, un) = (filtered(&p_next[i]), filtered(&q_next[i]), unbiased(&p_next[i]));
         for t2 in 0..pn.len() {
             p.insert((t1, t2 as u32), first[t1 as usize] * pn[t2]);
             broken.insert((t1, t2 as u32), first[t1 as usize] * qn[t2]);
+            forgot_bias.insert((t1, t2 as u32), first[t1 as usize] * un[t2]);
         }
     }
     let (stat, df) = chi_square(&counts, &p);
@@ -424,7 +445,49 @@ fn a_speculated_token_follows_the_targets_distribution() {
         broken_stat > critical_value(broken_df),
         "the test cannot tell the target from a rule that keeps every draft ({broken_stat:.1})"
     );
+    if !bias.is_empty() {
+        let (forgot_stat, forgot_df) = chi_square(&counts, &forgot_bias);
+        assert!(
+            forgot_stat > critical_value(forgot_df),
+            "the test cannot tell the biased target from the unbiased one ({forgot_stat:.1})"
+        );
+    }
     assert_eq!(e.kv_usage().used_blocks, 0);
+}
+
+/// Greedy requests with logit biases give the tokens of the engine that does not speculate,
+/// with the target as its own draft, another tiny draft and prompt lookup: every verifying
+/// row is biased. The biases change the tokens (-10 on those each request picks unbiased).
+#[test]
+fn logit_biases_hold_under_speculation() {
+    let Some(f) = factory() else { return };
+    let plain = workload();
+    let unbiased = together(&engine(&f, 256, EngineConfig::default(), Draft::None), &plain);
+    let requests: Vec<InferenceRequest> = plain
+        .iter()
+        .zip(&unbiased)
+        .map(|(r, u)| {
+            let mut pairs: std::collections::BTreeMap<u32, f32> =
+                (0..260).step_by(3).map(|t| (t, (t % 11) as f32 - 5.0)).collect();
+            pairs.extend(u.token_ids.iter().map(|&t| (t, -10.0)));
+            let mut r = r.clone();
+            r.params.sampling.logit_bias = LogitBias::new(pairs);
+            r
+        })
+        .collect();
+    let want = together(&engine(&f, 256, EngineConfig::default(), Draft::None), &requests);
+    let changed = want.iter().zip(&unbiased).filter(|(w, u)| w.token_ids != u.token_ids).count();
+    assert_eq!(changed, requests.len(), "the biases change every request's tokens");
+    for draft in [Draft::Same, Draft::Random, Draft::Lookup] {
+        let e = engine(&f, 256, EngineConfig::default(), draft);
+        assert_same(&together(&e, &requests), &want, &format!("{draft:?}, biased"));
+        let m = e.metrics();
+        assert!(m.spec_drafted_tokens > 0, "{draft:?} never drafted");
+        if let Draft::Same = draft {
+            // The draft is biased like the target, so it drafts what the target picks.
+            assert!(m.spec_acceptance_rate() > 0.99, "{m:?}");
+        }
+    }
 }
 
 #[test]

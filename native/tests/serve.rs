@@ -320,6 +320,7 @@ fn bad_requests_get_json_errors() {
         f(&mut v);
         v.to_string().into_bytes()
     };
+    let bias = |b: Value| with(&|v| v["logit_bias"] = b.clone());
     let long_prompt = json!({"prompt": "hello ".repeat(5000), "max_tokens": 1}).to_string().into_bytes();
     let huge = vec![b'a'; 10 << 20];
     let chat_path = "/v1/chat/completions";
@@ -356,7 +357,12 @@ fn bad_requests_get_json_errors() {
         ),
         ("negative max_tokens", chat_path, with(&|v| v["max_tokens"] = json!(-5)), vec![], 400, Some("max_tokens")),
         ("n=17", chat_path, with(&|v| v["n"] = json!(17)), vec![], 400, Some("n")),
-        ("logit_bias", chat_path, with(&|v| v["logit_bias"] = json!({"50": 5})), vec![], 400, Some("logit_bias")),
+        // logit_bias: a key that is no token id, an id past the vocabulary (49152 tokens), a
+        // bias out of range, a bias that is no number.
+        ("logit_bias key", chat_path, bias(json!({"fifty": 5})), vec![], 400, Some("logit_bias")),
+        ("logit_bias id", chat_path, bias(json!({"49152": 5})), vec![], 400, Some("logit_bias")),
+        ("logit_bias range", chat_path, bias(json!({"50": 150})), vec![], 400, Some("logit_bias")),
+        ("logit_bias value", chat_path, bias(json!({"50": "+5"})), vec![], 400, Some("logit_bias")),
         ("an unknown field", chat_path, with(&|v| v["frobnicate"] = json!(1)), vec![], 400, Some("frobnicate")),
         ("bad JSON to /tokenize", "/tokenize", b"{\"prompt\": ".to_vec(), vec![], 400, None),
         (

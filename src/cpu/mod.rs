@@ -265,6 +265,23 @@ pub fn spec_verify(p: &[f64], q: &[f64], drafted: u32, ua: f32, ur: f32) -> (u32
     (last as u32, 1.0, 1.0)
 }
 
+/// Logit biases and penalties (`shaders/penalize.wgsl`): each entry of `entries` (row, token,
+/// times generated or `unseen`, bias as f32 bits) adds its bias to the logit of `token` in row
+/// `row` of `logits` (rows, vocab), then, for a token seen before, applies the row's penalties
+/// (`penalties`: repetition, presence, frequency per row).
+pub fn penalize(logits: &mut [f32], vocab: usize, entries: &[u32], penalties: &[f32], unseen: u32) {
+    for e in entries.chunks(4) {
+        let (row, token, seen, bias) = (e[0] as usize, e[1] as usize, e[2], f32::from_bits(e[3]));
+        let l = &mut logits[row * vocab + token];
+        *l += bias;
+        if seen != unseen {
+            let (rep, pres, freq) = (penalties[3 * row], penalties[3 * row + 1], penalties[3 * row + 2]);
+            *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            *l -= pres * if seen > 0 { 1.0 } else { 0.0 } + freq * seen as f32;
+        }
+    }
+}
+
 /// Structured output's token masks (`shaders/token_mask.wgsl`): in each row of `logits` (rows,
 /// vocab) named by `mask_rows`, every token whose bit in its mask (`masks`: one row of
 /// ceil(vocab / 32) words per entry of `mask_rows`, 1 = allowed) is clear gets `masked`.

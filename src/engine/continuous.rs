@@ -413,6 +413,12 @@ impl ContinuousBatchEngine {
                     format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
                 ));
             }
+            if let Some(t) = request.params.sampling.logit_bias.first_outside(vocab) {
+                return Err(WeftError::invalid(
+                    "logit_bias",
+                    format!("token id {t} is outside the vocabulary (ids 0 to {})", vocab - 1),
+                ));
+            }
             if let Some(t) = request.params.constraint_after.filter(|&t| t as usize >= vocab) {
                 return Err(WeftError::invalid(
                     "constraint_after",

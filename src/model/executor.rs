@@ -29,7 +29,7 @@ use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
 use crate::model::scan_plan::ScanPlan;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
-use crate::sampling::{GpuSampler, Sampler, SamplingParams};
+use crate::sampling::{GpuSampler, MAX_LOGIT_BIAS, Sampler, SamplingParams};
 use crate::step::{DraftStore, ModelExecutor, SeqStep, StepBatch, StepOutput, StepTimings};
 use crate::tensor::TensorFactory;
 
@@ -71,7 +71,8 @@ pub struct StepCapacity {
     /// Block-table entries over all sequences (sequences × the longest table).
     pub table_entries: usize,
     pub logits: usize,
-    pub penalty_entries: usize,
+    /// The sampler's logit-bias and penalty entries over all rows.
+    pub sampler_entries: usize,
 }
 
 impl StepCapacity {
@@ -80,7 +81,7 @@ impl StepCapacity {
             && self.seqs >= other.seqs
             && self.table_entries >= other.table_entries
             && self.logits >= other.logits
-            && self.penalty_entries >= other.penalty_entries
+            && self.sampler_entries >= other.sampler_entries
     }
 
     /// Room for `need` and for this, each dimension rounded up to a power of two so that a
@@ -92,7 +93,7 @@ impl StepCapacity {
             seqs: grow(self.seqs, need.seqs),
             table_entries: grow(self.table_entries, need.table_entries),
             logits: grow(self.logits, need.logits),
-            penalty_entries: grow(self.penalty_entries, need.penalty_entries),
+            sampler_entries: grow(self.sampler_entries, need.sampler_entries),
         }
     }
 }
@@ -151,7 +152,7 @@ impl Workspace {
             sampler: SamplerBuffers::new(
                 factory,
                 capacity.logits,
-                capacity.penalty_entries,
+                capacity.sampler_entries,
                 model.config().vocab_size,
             )?,
         })
@@ -223,7 +224,7 @@ impl HostInputs {
             seqs: num_seqs,
             table_entries: self.tables.len(),
             logits: self.logit_rows.len(),
-            penalty_entries: self.sampler.num_entries(),
+            sampler_entries: self.sampler.num_entries(),
         }
     }
 
@@ -316,7 +317,10 @@ impl GpuExecutor {
         // A block table may reach the longest context the pool holds (4 bytes an entry).
         let kv = self.kv.config();
         let blocks_per_seq = self.max_context().div_ceil(kv.block_size).min(kv.num_blocks);
-        StepCapacity { tokens, seqs, table_entries: seqs * blocks_per_seq, logits, penalty_entries: 0 }
+        // Every row may carry a request's whole logit bias: biasing never grows the workspace
+        // (penalties, whose entries grow with the context, still may).
+        let sampler_entries = logits * MAX_LOGIT_BIAS;
+        StepCapacity { tokens, seqs, table_entries: seqs * blocks_per_seq, logits, sampler_entries }
     }
 
     fn ensure_workspace(&self, arena: &mut StepArena, need: &StepCapacity) -> Result<()> {

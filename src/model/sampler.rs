@@ -1,18 +1,22 @@
 //! The GPU half of sampling, in one place: for each sampled logit row of a step it records
-//! penalties (`shaders/penalize.wgsl`), then the token-mask slot, then the sampler
-//! (`shaders/sample.wgsl`), and it decodes the sampler's output rows. The host half (parameters,
-//! draws, penalty entries) is `crate::sampling`.
+//! logit biases and penalties (`shaders/penalize.wgsl`), then the token-mask slot, then the
+//! sampler (`shaders/sample.wgsl`), and it decodes the sampler's output rows. The host half
+//! (parameters, draws, penalty entries) is `crate::sampling`.
 //!
 //! ```text
 //!   logits (rows, vocab) ──penalize──> token_mask (structured output) ──sample──> out (rows, 42)
 //!                                                                      [draft rows: spec_sample] ─┘
 //! ```
 //!
+//! A verifying row is biased like any other before `spec_sample` reads it, so drafted tokens
+//! are accepted against the biased target distribution (and a draft model's rows, sampled with
+//! the request's parameters, draft from its own biased one).
+//!
 //! **Invariant:** every row is sampled from its own logits, settings and draw only, so a row's
 //! token does not depend on the rest of the batch.
 
 use crate::error::{Result, WeftError};
-use crate::gpu::kernels::penalize::penalize;
+use crate::gpu::kernels::penalize::{ENTRY_WORDS, UNSEEN, penalize};
 use crate::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use crate::gpu::kernels::spec_sample::{MODE_KEEP, MODE_VERIFY, SPEC_PER_ROW, spec_sample};
 use crate::gpu::kernels::token_mask::{MASKED_LOGIT, token_mask};
@@ -58,7 +62,7 @@ pub fn read_sampled(row: &[u32], top_logprobs: usize) -> Sampled {
 pub struct SamplerBuffers {
     settings: GpuTensor,  // (rows, SETTINGS_PER_ROW) U32
     penalties: GpuTensor, // (rows, 3) F32: repetition, presence, frequency
-    entries: GpuTensor,   // (entries, 3) U32: row, token, times generated
+    entries: GpuTensor,   // (entries, ENTRY_WORDS) U32: row, token, times generated or UNSEEN, bias
     out: GpuTensor,       // (rows, OUT_PER_ROW) U32
     spec: GpuTensor,      // (rows, SPEC_PER_ROW) U32: the draft rows, see [`spec_row`]
     masks: GpuTensor,     // (rows, ceil(vocab / 32)) U32: structured output's allowed tokens
@@ -70,7 +74,7 @@ impl SamplerBuffers {
         Ok(SamplerBuffers {
             settings: factory.zeros(&[rows, SETTINGS_PER_ROW], DType::U32)?,
             penalties: factory.zeros(&[rows, 3], DType::F32)?,
-            entries: factory.zeros(&[entries.max(1), 3], DType::U32)?,
+            entries: factory.zeros(&[entries.max(1), ENTRY_WORDS], DType::U32)?,
             out: factory.zeros(&[rows, OUT_PER_ROW], DType::U32)?,
             spec: factory.zeros(&[rows, SPEC_PER_ROW], DType::U32)?,
             masks: factory.zeros(&[rows, vocab.div_ceil(32)], DType::U32)?,
@@ -78,14 +82,14 @@ impl SamplerBuffers {
         })
     }
 
-    /// (logit rows, penalty entries) these buffers hold.
+    /// (logit rows, bias and penalty entries) these buffers hold.
     pub fn capacity(&self) -> (usize, usize) {
         (self.settings.shape()[0], self.entries.shape()[0])
     }
 }
 
 /// What the sampler needs uploaded for one step: per logit row its settings and penalties, and
-/// the penalty entries of every row.
+/// the bias and penalty entries of every row.
 pub struct SamplerInputs {
     settings: Vec<u32>,
     penalties: Vec<f32>,
@@ -121,9 +125,8 @@ impl SamplerInputs {
                 };
                 settings.extend(settings_row(params, draw.map_or(0.0, |d| d.uniform)));
                 penalties.extend([params.repetition_penalty, params.presence_penalty, params.frequency_penalty]);
-                if let Some(draw) = draw.filter(|_| params.has_penalties()) {
-                    entries.extend(draw.penalty_entries.iter().flat_map(|&(token, count)| [row, token, count]));
-                }
+                let seen = draw.filter(|_| params.has_penalties()).map_or(&[][..], |d| &d.penalty_entries);
+                push_entries(&mut entries, row, seen, params.logit_bias.pairs());
                 if let Some((draw, draft)) = draw.and_then(|d| Some((d, d.draft?))) {
                     draft_rows.extend(spec_row(row, params, draw.uniform, draft));
                 }
@@ -135,9 +138,9 @@ impl SamplerInputs {
         SamplerInputs { settings, penalties, entries, spec: draft_rows, masks }
     }
 
-    /// Penalty entries these inputs hold.
+    /// Bias and penalty entries these inputs hold.
     pub fn num_entries(&self) -> usize {
-        self.entries.len() / 3
+        self.entries.len() / ENTRY_WORDS
     }
 
     /// Rows these inputs speculate with a draft model.
@@ -148,6 +151,31 @@ impl SamplerInputs {
     /// Rows these inputs mask (structured output).
     pub fn num_mask_rows(&self) -> usize {
         self.masks.len()
+    }
+}
+
+/// Append `row`'s entries for the penalize kernel: one per token that is `seen` (penalty entries,
+/// by token) or `biased` (by token), so that no two entries touch the same logit.
+fn push_entries(entries: &mut Vec<u32>, row: u32, seen: &[(u32, u32)], biased: &[(u32, f32)]) {
+    let (mut seen, mut biased) = (seen.iter().peekable(), biased.iter().peekable());
+    loop {
+        let (token, count, bias) = match (seen.peek(), biased.peek()) {
+            (None, None) => return,
+            (Some(&&(s, count)), Some(&&(b, bias))) if s == b => {
+                seen.next();
+                biased.next();
+                (s, count, bias)
+            }
+            (Some(&&(s, count)), b) if b.is_none_or(|&&(b, _)| s < b) => {
+                seen.next();
+                (s, count, 0.0)
+            }
+            _ => {
+                let &(b, bias) = biased.next().expect("one side is left");
+                (b, UNSEEN, bias)
+            }
+        };
+        entries.extend([row, token, count, bias.to_bits()]);
     }
 }
 

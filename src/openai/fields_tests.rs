@@ -125,7 +125,14 @@ fn common_rows() -> Vec<Row> {
         row("model", Honoured(json!("m"), |r| r.model.as_deref() == Some("m"))),
         row("frequency_penalty", Honoured(json!(0.5), |r| r.request.params.sampling.frequency_penalty == 0.5)),
         row("presence_penalty", Honoured(json!(0.25), |r| r.request.params.sampling.presence_penalty == 0.25)),
-        row("logit_bias", Refused(json!({"50": -100}), vec![json!({})])),
+        // The engine tests check that the bias reaches the sampled tokens (openai::tests too).
+        row(
+            "logit_bias",
+            Honoured(json!({"50": -100, "7": 2.5}), |r| {
+                r.request.params.sampling.logit_bias.pairs() == [(7, 2.5), (50, -100.0)]
+            }),
+        ),
+        row("logit_bias", Refused(json!({"50": 101}), vec![json!({})])),
         row("max_tokens", Honoured(json!(7), |r| r.request.params.max_tokens == Some(7))),
         row("max_completion_tokens", Honoured(json!(7), |r| r.request.params.max_tokens == Some(7))),
         row_with("max_completion_tokens", json!({"max_tokens": 8}), Refused(json!(7), vec![json!(8)])),

@@ -13,7 +13,7 @@
 //! module; they add only their transport (HTTP status codes and SSE framing, or JS messages).
 //! Every known request field is type-checked, and an error names the field in OpenAI's shape
 //! (`{"error": {"message", "type", "param", "code"}}`). Nothing is dropped silently: a field is
-//! honoured, refused naming it (`n` above 16, a non-empty `logit_bias`, a field weft does not
+//! honoured, refused naming it (`n` above 16, `echo`, `audio`, a field weft does not
 //! know), or one of a few metadata fields ignored on purpose (`fields_tests` is the table).
 //! A request's `n` choices are `n` engine requests, seeded `seed + i`
 //! ([`OpenAiRequest::choice_requests`]), shaped back into one response.

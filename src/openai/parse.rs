@@ -3,9 +3,9 @@
 //! once, by the engine at submission.
 //!
 //! Nothing is dropped silently: a field is honoured, refused with an error naming it (one weft
-//! cannot honour, or a value it cannot honour, such as `n` above 16 or a non-empty
-//! `logit_bias`), or one of the few metadata fields that change nothing about the answer
-//! ([`IGNORED_FIELDS`]). A field weft does not know is refused too.
+//! cannot honour, or a value it cannot honour, such as `n` above 16 or `echo`), or one of the
+//! few metadata fields that change nothing about the answer ([`IGNORED_FIELDS`]). A field weft
+//! does not know is refused too.
 
 use serde_json::{Map, Value};
 
@@ -15,7 +15,7 @@ use crate::openai::error::{ApiResult, OpenAiError};
 use crate::openai::reasoning::Reasoning;
 use crate::openai::structured::{FIELDS as STRUCTURED_FIELDS, parse_constraint};
 use crate::openai::tools::{ToolsRequest, parse_tools, template_tool_calls};
-use crate::sampling::SamplingParams;
+use crate::sampling::{LogitBias, SamplingParams};
 use crate::tokenizer::{ChatMessage, RESERVED_VARIABLES};
 
 /// Fields both endpoints read (OpenAI's, then vLLM's extensions: `top_k`, `min_p`,
@@ -209,14 +209,6 @@ fn refuse_unknown(endpoint: Endpoint, body: &Map<String, Value>) -> ApiResult<()
 /// Fields weft knows but cannot honour: refused unless absent, `null` or their do-nothing value.
 fn refuse_unsupported(endpoint: Endpoint, f: &Fields) -> ApiResult<()> {
     let refuse = |k: &str, why: &str| Err(OpenAiError::invalid(k, format!("invalid {k}: {why}")));
-    match f.get("logit_bias") {
-        None => {}
-        Some(Value::Object(m)) if m.is_empty() => {}
-        Some(Value::Object(_)) => {
-            return refuse("logit_bias", "weft does not apply logit biases; remove logit_bias (or send {})");
-        }
-        Some(v) => return refuse("logit_bias", &format!("expected an object of token ids to biases, got {v}")),
-    }
     if endpoint == Endpoint::Completion {
         if let Some(b) = f.int("best_of")?
             && b != 1
@@ -400,6 +392,7 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
     if let Some(x) = f.int("seed")? {
         sampling.seed = Some(x as u64);
     }
+    sampling.logit_bias = parse_logit_bias(f)?;
     let logprobs = if chat {
         let on = f.bool("logprobs")?.unwrap_or(false);
         let top = f.uint("top_logprobs")?;
@@ -451,6 +444,27 @@ fn parse_common(f: &Fields, chat: bool) -> ApiResult<Common> {
     let params =
         GenerationParams { sampling, max_tokens, stop, stop_token_ids, ignore_eos, priority, ..Default::default() };
     Ok(Common { params, stream, include_usage, logprobs, n })
+}
+
+/// `logit_bias`: an object from token ids (strings, as JSON keys are) to numbers. How many, how
+/// large and whether the ids are in the vocabulary are the engine's to check.
+fn parse_logit_bias(f: &Fields) -> ApiResult<LogitBias> {
+    const K: &str = "logit_bias";
+    let bad = |why: String| OpenAiError::invalid(K, format!("invalid {K}: {why}"));
+    let m = match f.get(K) {
+        None => return Ok(LogitBias::default()),
+        Some(Value::Object(m)) => m,
+        Some(v) => {
+            return Err(bad(format!("expected an object of token ids to biases (e.g. {{\"50256\": -100}}), got {v}")));
+        }
+    };
+    let pairs = m.iter().map(|(k, v)| {
+        let token =
+            k.parse::<u32>().map_err(|_| bad(format!("key {k:?} is not a token id (a whole number, 0 or more)")))?;
+        let bias = v.as_f64().ok_or_else(|| bad(format!("the bias of token {k} must be a number, got {v}")))?;
+        Ok((token, bias as f32))
+    });
+    Ok(LogitBias::new(pairs.collect::<ApiResult<Vec<_>>>()?))
 }
 
 /// vLLM's `chat_template_kwargs`: an object of extra variables for the chat template (e.g.

@@ -108,7 +108,6 @@ fn wrong_types_name_the_field() {
     );
     assert_invalid(full(Endpoint::Chat, &chat(json!({"metadata": {"a": 1}}))), Some("metadata"), "object of strings");
     assert_invalid(full(Endpoint::Chat, &chat(json!({"store": "yes"}))), Some("store"), "expected true or false");
-    assert_invalid(full(Endpoint::Chat, &chat(json!({"logit_bias": [1]}))), Some("logit_bias"), "expected an object");
     assert_invalid(
         full(Endpoint::Completion, &completion(json!({"logprobs": true}))),
         Some("logprobs"),
@@ -117,6 +116,44 @@ fn wrong_types_name_the_field() {
     assert_invalid(requested_model(&chat(json!({"model": false}))), Some("model"), "expected a string");
     // null is absent.
     assert!(full(Endpoint::Chat, &chat(json!({"temperature": null, "stop": null}))).is_ok());
+}
+
+#[test]
+fn bad_logit_biases_name_the_field_and_what_is_wrong() {
+    let too_many: Map<String, Value> = (0..301).map(|t| (t.to_string(), json!(1))).collect();
+    let cases = [
+        (json!([1]), "expected an object of token ids to biases"),
+        (json!("x"), "expected an object of token ids to biases"),
+        (json!({"abc": 1}), "key \"abc\" is not a token id"),
+        (json!({"1.5": 1}), "key \"1.5\" is not a token id"),
+        (json!({"-3": 1}), "key \"-3\" is not a token id"),
+        (json!({"4294967296": 1}), "is not a token id"),
+        (json!({"5": "high"}), "the bias of token 5 must be a number, got \"high\""),
+        (json!({"5": null}), "the bias of token 5 must be a number"),
+        (json!({"5": [1]}), "the bias of token 5 must be a number"),
+        (json!({"5": 100.5}), "100.5 for token 5 (a bias must be between -100 and 100)"),
+        (json!({"5": -101}), "-101 for token 5"),
+        (json!({"5": 1e300}), "inf for token 5"),
+        (json!({"5": 1, "05": 2}), "token 5 is biased twice"),
+        (Value::Object(too_many), "301 tokens (at most 300 may be biased)"),
+    ];
+    for (value, needle) in cases {
+        for endpoint in [Endpoint::Chat, Endpoint::Completion] {
+            let b = match endpoint {
+                Endpoint::Chat => chat(json!({ "logit_bias": value })),
+                Endpoint::Completion => completion(json!({ "logit_bias": value })),
+            };
+            assert_invalid(full(endpoint, &b), Some("logit_bias"), needle);
+        }
+    }
+    // The bounds themselves are fine, and null asks for nothing.
+    let edge: Map<String, Value> =
+        (0..300).map(|t| (t.to_string(), json!(if t % 2 == 0 { 100 } else { -100 }))).collect();
+    let r = full(Endpoint::Chat, &chat(json!({ "logit_bias": edge }))).unwrap();
+    assert_eq!(r.request.params.sampling.logit_bias.pairs().len(), 300);
+    assert!(
+        full(Endpoint::Chat, &chat(json!({"logit_bias": null}))).unwrap().request.params.sampling.logit_bias.is_empty()
+    );
 }
 
 #[test]
@@ -471,6 +508,21 @@ fn against_a_tiny_engine() {
     let refused =
         OpenAiError::from_engine(engine.submit(parse(Endpoint::Completion, &b).unwrap().request).unwrap_err());
     assert_eq!(refused.param.as_deref(), Some("stop_token_ids"));
+    // logit_bias reaches the sampled tokens: +100 forces a token the model would not pick, and
+    // -100 bans the token it would; one outside the vocabulary is refused, naming the field.
+    let forced = (0..260).find(|t| !four.token_ids.contains(t)).unwrap();
+    let mut biased = body(greedy.clone());
+    biased.insert("logit_bias".into(), json!({ forced.to_string(): 100 }));
+    let out = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &biased).unwrap().request)).unwrap();
+    assert_eq!(out.token_ids, [forced; 4]);
+    biased.insert("logit_bias".into(), json!({ four.token_ids[0].to_string(): -100 }));
+    let out = crate::rt::block_on(engine.infer(parse(Endpoint::Completion, &biased).unwrap().request)).unwrap();
+    assert_ne!(out.token_ids[0], four.token_ids[0]);
+    biased.insert("logit_bias".into(), json!({"5": 1, "260": -100}));
+    let refused =
+        OpenAiError::from_engine(engine.submit(parse(Endpoint::Completion, &biased).unwrap().request).unwrap_err());
+    assert_eq!(refused.param.as_deref(), Some("logit_bias"));
+    assert!(refused.message.contains("token id 260 is outside the vocabulary (ids 0 to 259)"), "{refused:?}");
     // A prompt of token ids is the prompt those ids spell.
     let mut b = body(greedy);
     b.insert("prompt".into(), json!([engine.tokenizer().encode("abc", true).unwrap()]));

@@ -15,6 +15,47 @@ use crate::error::{Result, WeftError};
 /// this many).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// Most tokens one request may bias (OpenAI's limit). The GPU sampler uploads a request's
+/// biases beside its penalty entries for every sampled row, so this bounds what a row adds to
+/// the step's entry buffer, which the executor sizes for a full step of biased rows.
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// The largest bias, up or down, a token may get (OpenAI's range): -100 bans a token in effect
+/// (its weight falls by a factor of e^100), +100 forces it.
+pub const MAX_BIAS: f32 = 100.0;
+
+/// OpenAI's `logit_bias`: a value added to some tokens' logits before anything else looks at
+/// them (penalties, structured output's masks, temperature, top-k/top-p/min-p and the
+/// log-probabilities reported). Kept sorted by token, so the GPU sampler can merge it with a
+/// row's penalty entries in one pass; cloning is a reference count, as every step's
+/// [`SampleSpec`] carries the request's parameters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogitBias(std::sync::Arc<[(u32, f32)]>);
+
+impl LogitBias {
+    /// `(token, bias)` pairs in any order; a token given twice is kept twice, for
+    /// [`SamplingParams::validate`] to refuse.
+    pub fn new(pairs: impl IntoIterator<Item = (u32, f32)>) -> Self {
+        let mut pairs: Vec<(u32, f32)> = pairs.into_iter().collect();
+        pairs.sort_by_key(|&(token, _)| token);
+        LogitBias(pairs.into())
+    }
+
+    /// The `(token, bias)` pairs, by token.
+    pub fn pairs(&self) -> &[(u32, f32)] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The first token at or past `vocab`, to refuse a request that names one.
+    pub fn first_outside(&self, vocab: usize) -> Option<u32> {
+        self.0.iter().map(|&(token, _)| token).find(|&t| t as usize >= vocab)
+    }
+}
+
 /// How one request picks its next token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -37,6 +78,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtract this times the number of times a token was generated; 0 turns it off.
     pub frequency_penalty: f32,
+    /// Added to these tokens' logits first (at most [`MAX_LOGIT_BIAS`] tokens, each bias within
+    /// ±[`MAX_BIAS`]); empty turns it off.
+    pub logit_bias: LogitBias,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +95,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: LogitBias::default(),
         }
     }
 }
@@ -88,6 +133,19 @@ impl SamplingParams {
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return bad("top_logprobs", format!("{} (must be between 0 and {MAX_TOP_LOGPROBS})", self.top_logprobs));
+        }
+        let bias = self.logit_bias.pairs();
+        if bias.len() > MAX_LOGIT_BIAS {
+            return bad("logit_bias", format!("{} tokens (at most {MAX_LOGIT_BIAS} may be biased)", bias.len()));
+        }
+        if let Some(&(token, b)) = bias.iter().find(|(_, b)| !(-MAX_BIAS..=MAX_BIAS).contains(b)) {
+            return bad(
+                "logit_bias",
+                format!("{b} for token {token} (a bias must be between -{MAX_BIAS} and {MAX_BIAS})"),
+            );
+        }
+        if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
+            return bad("logit_bias", format!("token {} is biased twice", w[0].0));
         }
         Ok(())
     }
@@ -295,9 +353,10 @@ impl Sampler for GpuSampler {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    /// log p(token) under the model's raw distribution (before temperature and filtering),
-    /// when the request asked for log-probabilities (`top_logprobs > 0`); else 0.0, as the
-    /// sampler skips a pass over the vocabulary for rows that do not report them.
+    /// log p(token) under the model's distribution after logit biases and penalties (before
+    /// temperature and filtering), when the request asked for log-probabilities
+    /// (`top_logprobs > 0`); else 0.0, as the sampler skips a pass over the vocabulary for rows
+    /// that do not report them.
     pub logprob: f32,
     /// The most likely tokens and their log-probabilities, best first.
     pub top_logprobs: Vec<(u32, f32)>,
@@ -344,6 +403,15 @@ mod tests {
     }
 
     #[test]
+    fn a_logit_bias_is_kept_by_token() {
+        let bias = LogitBias::new([(9, 1.0), (2, -5.0), (7, 0.5)]);
+        assert_eq!(bias.pairs(), [(2, -5.0), (7, 0.5), (9, 1.0)]);
+        assert_eq!(bias.first_outside(9), Some(9));
+        assert_eq!(bias.first_outside(10), None);
+        assert!(LogitBias::default().is_empty() && !bias.is_empty());
+    }
+
+    #[test]
     fn penalty_entries_cover_prompt_and_count_output() {
         assert_eq!(penalty_entries(&[5, 3, 5], &[3, 9, 3]), vec![(3, 2), (5, 0), (9, 1)]);
         assert!(penalty_entries(&[], &[]).is_empty());
@@ -366,6 +434,13 @@ mod tests {
         check(SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty");
         check(SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty");
         check(SamplingParams { frequency_penalty: -3.0, ..Default::default() }, "frequency_penalty");
+        let biased =
+            |pairs: Vec<(u32, f32)>| SamplingParams { logit_bias: LogitBias::new(pairs), ..Default::default() };
+        check(biased(vec![(3, 100.5)]), "logit_bias");
+        check(biased(vec![(3, f32::NAN)]), "logit_bias");
+        check(biased(vec![(3, 1.0), (9, 2.0), (3, -1.0)]), "token 3 is biased twice");
+        check(biased((0..301).map(|t| (t, 1.0)).collect()), "301 tokens");
+        assert!(biased((0..300).map(|t| (t, if t % 2 == 0 { 100.0 } else { -100.0 })).collect()).validate().is_ok());
         assert!(SamplingParams::greedy().validate().is_ok());
     }
 }

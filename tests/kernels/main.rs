@@ -8,6 +8,7 @@ mod common;
 mod elementwise;
 mod embedding;
 mod invariance;
+mod logit_bias;
 mod matmul;
 mod paged;
 mod recording;

@@ -108,11 +108,12 @@ fn top_k_one_and_greedy_agree_with_argmax() {
     assert_eq!((got[0], got[OUT_PER_ROW]), (best, best));
 }
 
-/// Penalties against the same arithmetic on the CPU. One division or multiplication and one
-/// subtraction per logit: WGSL's division may be off by 2.5 ULP, so 4 ULP of the result.
+/// Biases and penalties against `cpu::penalize`. One addition, one division or multiplication
+/// and one subtraction per logit: WGSL's division may be off by 2.5 ULP, so 4 ULP of the result
+/// (and of the biased logit it divides, which may be larger).
 #[test]
 fn penalties_match_cpu() {
-    use weft::gpu::kernels::penalize::penalize;
+    use weft::gpu::kernels::penalize::{ENTRY_WORDS, UNSEEN, penalize};
     let Some(f) = gpu() else { return };
     let (rows, vocab) = (3, 1000);
     let logits = random(rows * vocab, 5, 4.0);
@@ -126,21 +127,26 @@ fn penalties_match_cpu() {
         })
         .collect();
     let mut entries = Vec::new();
-    let mut want = logits.clone();
     for (r, (prompt, output)) in history.iter().enumerate() {
-        for (token, count) in weft::sampling::penalty_entries(prompt, output) {
-            entries.extend([r as u32, token, count]);
-            let (rep, pres, freq) = (penalties[3 * r], penalties[3 * r + 1], penalties[3 * r + 2]);
-            let l = &mut want[r * vocab + token as usize];
-            *l = if *l > 0.0 { *l / rep } else { *l * rep };
-            *l -= pres * if count > 0 { 1.0 } else { 0.0 } + freq * count as f32;
+        let seen = weft::sampling::penalty_entries(prompt, output);
+        // Every third token seen is biased too; then a few tokens only biased.
+        for (i, &(token, count)) in seen.iter().enumerate() {
+            let bias: f32 = if i % 3 == 0 { 2.5 - i as f32 } else { 0.0 };
+            entries.extend([r as u32, token, count, bias.to_bits()]);
+        }
+        for token in (500..1000u32).step_by(37 + r) {
+            entries.extend([r as u32, token, UNSEEN, (-(token as f32) / 10.0).to_bits()]);
         }
     }
+    let mut want = logits.clone();
+    weft::cpu::penalize(&mut want, vocab, &entries, &penalties, UNSEEN);
     let lt = f.upload_f32(&[rows, vocab], &logits).unwrap();
-    let et = f.upload_u32(&[entries.len() / 3, 3], &entries).unwrap();
+    let et = f.upload_u32(&[entries.len() / ENTRY_WORDS, ENTRY_WORDS], &entries).unwrap();
     let pt = f.upload_f32(&[rows, 3], &penalties).unwrap();
     let mut rec = Recording::new();
     penalize(ctx(f), &mut rec, &lt, &et, &pt).unwrap();
     run(f, &rec);
-    assert_close("penalize", &read_f32(f, &lt), &want, |i| 4.0 * U * f64::from(want[i].abs()) * 2.0 + 1e-30);
+    let bound = |i: usize| 4.0 * U * f64::from(want[i].abs().max(logits[i].abs() + 100.0)) * 2.0 + 1e-30;
+    assert_close("penalize", &read_f32(f, &lt), &want, bound);
+    assert!(want.iter().zip(&logits).filter(|(w, l)| w != l).count() > 100, "the entries change logits");
 }

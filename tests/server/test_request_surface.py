@@ -106,8 +106,12 @@ def test_unsupported_fields_are_refused_by_name(plain):
     text = lambda **kw: client.completions.create(**{"model": TINY.stem, "prompt": "hi", "max_tokens": 2, **kw})  # noqa: E731
     assert "1 to 16 choices" in _refused(lambda: chat(n=17), "n")
     _refused(lambda: chat(n=0), "n")
-    _refused(lambda: chat(logit_bias={"50": -100}), "logit_bias")
-    _refused(lambda: text(logit_bias={"50": 5}), "logit_bias")
+    # logit_bias is honoured (test_honoured_fields); values it cannot be are refused.
+    assert "outside the vocabulary" in _refused(lambda: chat(logit_bias={"260": -100}), "logit_bias")
+    assert "between -100 and 100" in _refused(lambda: text(logit_bias={"50": 101}), "logit_bias")
+    assert "not a token id" in _refused(lambda: text(logit_bias={"a": 5}), "logit_bias")
+    assert "must be a number" in _refused(lambda: chat(logit_bias={"50": "up"}), "logit_bias")
+    assert "at most 300" in _refused(lambda: chat(logit_bias={str(t): 1 for t in range(301)}), "logit_bias")
     _refused(lambda: chat(reasoning_effort="low"), "reasoning_effort")
     _refused(lambda: chat(modalities=["text", "audio"]), "modalities")
     _refused(lambda: text(suffix="end"), "suffix")
@@ -139,6 +143,15 @@ def test_honoured_fields(plain):
     assert by_ids.choices[0].text == long.choices[0].text
     assert by_ids.usage.prompt_tokens == 5
     assert client.completions.create(prompt=[ids], **greedy).choices[0].text == long.choices[0].text
+    # logit_bias: +100 forces "a" (token 97, as ids are bytes), sampled too; with -100 on "a" and
+    # +100 on "b", "b".
+    forced = client.completions.create(prompt="hello", logit_bias={"97": 100}, **greedy)
+    assert forced.choices[0].text == "aaaaa"
+    r = client.chat.completions.create(model=TINY.stem, messages=ASK, max_tokens=3, temperature=0.7, seed=1,
+                                       logit_bias={"97": 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].message.content == "aaa"
+    banned = client.completions.create(prompt="hello", logit_bias={"97": -100, "98": 100}, **greedy)
+    assert banned.choices[0].text == "bbbbb"
     # max_completion_tokens is max_tokens.
     r = client.chat.completions.create(model=TINY.stem, messages=ASK, max_completion_tokens=3, temperature=0,
                                        extra_body={"ignore_eos": True})

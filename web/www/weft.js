@@ -55,16 +55,17 @@
  * WeftEngine
  *   - `chat.completions.create(params)` / `completions.create(params)`: OpenAI request bodies
  *     (`messages` / `prompt` (a string or token ids), max_tokens or max_completion_tokens,
- *     temperature, top_p, seed, stop, stream, stream_options.include_usage, …, and vLLM's top_k,
+ *     temperature, top_p, seed, stop, stream, stream_options.include_usage, logit_bias (up to
+ *     300 token ids, as strings, to biases from -100 to 100), …, and vLLM's top_k,
  *     min_p, repetition_penalty, ignore_eos, stop_token_ids, priority, chat_template_kwargs).
  *     Concurrent calls are batched by the engine in each GPU step. `n` (1 to 16) answers that
  *     many choices (choice i seeded seed + i; streamed chunks carry their choice's `index`).
  *     A thinking model (Qwen3, DeepSeek-R1: modelInfo().reasoningParser) answers with its
  *     reasoning in `message.reasoning_content` / `delta.reasoning_content`, apart from
- *     `content`. A field weft cannot honour (`n` above 16, a
- *     non-empty `logit_bias`, `audio`, `reasoning_effort`, …) or does not know rejects with a
- *     WeftError whose `.param` names it; user, metadata, store, service_tier, prompt_cache_key
- *     and safety_identifier are accepted and ignored.
+ *     `content`. A field weft cannot honour (`n` above 16, `audio`, `reasoning_effort`, …), a
+ *     value it refuses (a `logit_bias` id outside the vocabulary) or a field it does not know
+ *     rejects with a WeftError whose `.param` names it; user, metadata, store, service_tier,
+ *     prompt_cache_key and safety_identifier are accepted and ignored.
  *     - Structured output: `response_format` ({type: 'json_object'} or {type: 'json_schema',
  *       json_schema: {name, schema, strict}}), vLLM's `structured_outputs` / `guided_json`,
  *       `guided_regex`, `guided_choice`, `guided_grammar`, and llama.cpp's `grammar` (GBNF): the
