@@ -150,19 +150,16 @@ impl Hub {
                 "HF_ENDPOINT={endpoint:?} is not an http:// or https:// URL; unset it to use the Hugging Face hub"
             )));
         }
-        let home = match var("HF_HOME") {
-            Some(home) => PathBuf::from(home),
-            None => match var("XDG_CACHE_HOME").or_else(|| {
-                var("HOME").or_else(|| var("USERPROFILE")).map(|h| Path::new(&h).join(".cache").display().to_string())
-            }) {
-                Some(cache) => Path::new(&cache).join("huggingface"),
-                None => {
-                    return Err(WeftError::Unsupported(
-                        "no cache directory for hf: models: set HF_HOME (or HOME) to a writable directory".into(),
-                    ));
-                }
-            },
+        // huggingface_hub's defaults: $HF_HOME, else $XDG_CACHE_HOME/huggingface, else
+        // ~/.cache/huggingface.
+        let user_cache = || {
+            let user_home = var("HOME").or_else(|| var("USERPROFILE"));
+            var("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| user_home.map(|h| Path::new(&h).join(".cache")))
         };
+        let home =
+            var("HF_HOME").map(PathBuf::from).or_else(|| Some(user_cache()?.join("huggingface"))).ok_or_else(|| {
+                WeftError::Unsupported("no cache directory for hf: models: set HF_HOME to a writable directory".into())
+            })?;
         let cache = var("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| home.join("hub"));
         let token_file = var("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| home.join("token"));
         let token = var("HF_TOKEN")
