@@ -42,7 +42,7 @@ impl Speculation {
         let Some(config) = &self.config else { return Ok(builder) };
         let builder = builder.speculation(config.clone());
         match &self.draft_model {
-            Some(path) => builder.draft_model(path),
+            Some(path) => builder.draft_model(crate::hub::local_path(path.clone())?),
             None => Ok(builder),
         }
     }
@@ -61,10 +61,11 @@ impl Speculation {
     }
 }
 
-/// The model path to use: the one given, or the default model with advice when it is missing.
+/// The model path to use: the one given (an `hf:` name fetched into the hub's cache), or the
+/// default model with advice when it is missing.
 pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(path) = given {
-        return Ok(path);
+        return crate::hub::local_path(path);
     }
     let default = Path::new(DEFAULT_MODEL);
     if default.exists() {
@@ -73,7 +74,7 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
     Err(WeftError::model(
         DEFAULT_MODEL,
         "the default model is missing: run `cargo xtask fetch-model` in the weft checkout, or pass \
-         --model PATH (a .gguf file or a Hugging Face model directory)",
+         --model PATH (a .gguf file or a Hugging Face model directory) or --model hf:OWNER/REPO[:QUANT]",
     ))
 }
 

@@ -53,8 +53,8 @@ pub fn run(baseline: bool) -> weft::Result<()> {
 
 /// Print [`weft::model::inspect::inspect`]'s report; an error (after the report) when weft
 /// cannot run the model, so scripts can tell.
-pub fn model(path: &std::path::Path) -> weft::Result<()> {
-    let report = weft::model::inspect::inspect(path)?;
+pub fn model(path: std::path::PathBuf) -> weft::Result<()> {
+    let report = weft::model::inspect::inspect(&crate::hub::local_path(path)?)?;
     println!("{report}");
     if report.runnable() {
         Ok(())

@@ -1,7 +1,9 @@
 //! The `weft` command-line tool: `weft generate` streams a completion; `weft chat` holds a
 //! conversation in the terminal; `weft serve` is an OpenAI-compatible server; `weft bench`
 //! measures throughput and latency; `weft info` is a GPU self-check that prints the adapter,
-//! its features and limits, then runs one kernel (`weft info --model PATH` describes a model).
+//! its features and limits, then runs one kernel (`weft info --model PATH` describes a model);
+//! `weft pull hf:OWNER/REPO[:QUANT]` downloads a model from the Hugging Face hub, which every
+//! `--model` also accepts.
 
 use std::process::ExitCode;
 
@@ -12,6 +14,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod chat;
 mod generate;
+mod hub;
 mod info;
 mod metrics;
 mod progress;
@@ -32,15 +35,16 @@ enum Command {
         /// Use only core WebGPU features (what every browser offers), as a web page would.
         #[arg(long)]
         baseline: bool,
-        /// Describe this model (a .gguf file or a Hugging Face directory) instead, from its
-        /// headers alone (no GPU, nothing loaded): architecture, size, tensor types, tokenizer,
+        /// Describe this model (a .gguf file, a Hugging Face directory or hf:OWNER/REPO[:QUANT])
+        /// instead, from its headers alone (no GPU, nothing loaded): architecture, size, tensor types, tokenizer,
         /// and every reason weft would refuse it. Exits with an error when weft cannot run it.
         #[arg(long, conflicts_with = "baseline")]
         model: Option<PathBuf>,
     },
     /// Generate a completion of a prompt, streaming the text to stdout (speeds go to stderr).
     Generate {
-        /// A .gguf file or a Hugging Face model directory [default: the model `cargo xtask
+        /// A .gguf file, a Hugging Face model directory, or hf:OWNER/REPO[:QUANT] (a GGUF file
+        /// from the Hugging Face hub, see `weft pull`) [default: the model `cargo xtask
         /// fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
         #[arg(long)]
         model: Option<PathBuf>,
@@ -69,8 +73,8 @@ enum Command {
     /// conversation but keeps the --system message; `/exit` or the end of stdin quits. Speeds of
     /// each reply go to stderr.
     Chat {
-        /// A .gguf file or a Hugging Face model directory (it must have a chat template)
-        /// [default: the model `cargo xtask fetch-model` puts at
+        /// A .gguf file, a Hugging Face model directory, or hf:OWNER/REPO[:QUANT] (it must have
+        /// a chat template) [default: the model `cargo xtask fetch-model` puts at
         /// models/SmolLM2-135M-Instruct.Q4_1.gguf]
         #[arg(long)]
         model: Option<PathBuf>,
@@ -96,8 +100,9 @@ enum Command {
     /// level's wall time), and time-to-first-token (TTFT) and inter-token latency (ITL)
     /// p50/p90/p99 in ms.
     Bench {
-        /// Run in-process on this .gguf file or Hugging Face model directory [default: the model
-        /// `cargo xtask fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
+        /// Run in-process on this .gguf file, Hugging Face model directory or
+        /// hf:OWNER/REPO[:QUANT] [default: the model `cargo xtask fetch-model` puts at
+        /// models/SmolLM2-135M-Instruct.Q4_1.gguf]
         #[arg(long, conflicts_with = "url")]
         model: Option<PathBuf>,
         /// Benchmark a running `weft serve` (or other OpenAI-compatible server) at this http://
@@ -191,7 +196,8 @@ enum Command {
     /// requests in flight finish (those still running after --drain-timeout are cancelled with
     /// finish_reason "abort"), then the process exits 0. A second signal exits at once.
     Serve {
-        /// A .gguf file or a Hugging Face model directory [default: the model `cargo xtask
+        /// A .gguf file, a Hugging Face model directory, or hf:OWNER/REPO[:QUANT] (a GGUF file
+        /// from the Hugging Face hub, see `weft pull`) [default: the model `cargo xtask
         /// fetch-model` puts at models/SmolLM2-135M-Instruct.Q4_1.gguf]
         #[arg(long)]
         model: Option<PathBuf>,
@@ -250,6 +256,21 @@ enum Command {
         #[command(flatten)]
         spec: SpecArgs,
     },
+    /// Download a model from the Hugging Face hub into its local cache and print the file's
+    /// path; every --model takes the same name and downloads on first use.
+    ///
+    /// The cache is the one the `huggingface_hub` Python package keeps ($HF_HUB_CACHE, else
+    /// $HF_HOME/hub, else ~/.cache/huggingface/hub), so what either fetched is not fetched
+    /// again. An interrupted download resumes; a file whose size or sha256 differs from the
+    /// hub's is discarded. HF_ENDPOINT names a mirror, HF_TOKEN a token for private or gated
+    /// repositories (else the one `huggingface-cli login` saved), and HF_HUB_OFFLINE=1 uses
+    /// the cache alone.
+    Pull {
+        /// hf:OWNER/REPO[:QUANT]: the repository's GGUF file whose name contains QUANT
+        /// (ignoring case), e.g. hf:bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M; without
+        /// QUANT its Q4_K_M file, or else its first.
+        model: String,
+    },
 }
 
 /// Speculative decoding flags (`generate`, `serve`, `bench`): a draft model or prompt lookup
@@ -258,8 +279,8 @@ enum Command {
 /// distribution.
 #[derive(clap::Args)]
 struct SpecArgs {
-    /// Draft with this smaller model (a .gguf file or Hugging Face directory with the same
-    /// tokenizer as --model) [default: no speculation]
+    /// Draft with this smaller model (a .gguf file, Hugging Face directory or
+    /// hf:OWNER/REPO[:QUANT] with the same tokenizer as --model) [default: no speculation]
     #[arg(long, conflicts_with = "spec_ngram")]
     draft_model: Option<PathBuf>,
     /// Draft by prompt lookup: the tokens that followed the latest earlier occurrence of the
@@ -342,7 +363,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
-        Command::Info { model: Some(path), .. } => info::model(&path),
+        Command::Info { model: Some(path), .. } => info::model(path),
         Command::Info { baseline, model: None } => info::run(baseline),
         Command::Generate { model, prompt, chat, system, max_tokens, kv, sampling, spec } => {
             generate::run(generate::Options {
@@ -438,6 +459,7 @@ fn main() -> ExitCode {
             reasoning_parser,
             speculation: spec.speculation(),
         }),
+        Command::Pull { model } => hub::pull(&model),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

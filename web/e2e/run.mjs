@@ -15,6 +15,7 @@ import http from 'node:http';
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import crypto from 'node:crypto';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const env = (name, fallback) => process.env[name] || fallback;
@@ -93,6 +94,81 @@ function startServer() {
     }
   });
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+
+// ------------------------------------------------------------------ a stand-in Hugging Face hub
+
+const HUB_COMMIT = '0123456789abcdef0123456789abcdef01234567';
+const HUB_TOKEN = 'hf_test_token';
+
+/**
+ * The hub's URLs as a page meets them, on two ports (the hub and its storage are two origins):
+ * the model API's listing with each file's size and sha256 (`?blobs=true`), resolve URLs that
+ * redirect to storage, storage that serves ranges; CORS on all, as the real ones answer. The
+ * repository test/corrupted lists the tiny model's sha256 but serves it with a byte flipped.
+ * `hub.cutNext` cuts the next storage download off halfway; `hub.down` refuses every connection.
+ */
+async function startHub() {
+  const tiny = fs.readFileSync(TINY);
+  const corrupted = Buffer.from(tiny);
+  corrupted[corrupted.length >> 1] ^= 0x40;
+  const sha = crypto.createHash('sha256').update(tiny).digest('hex');
+  const file = (name, served) => ({ name, served, sha256: sha, size: tiny.length });
+  const repos = {
+    'test/tiny-GGUF': [file('tiny-Q8_0.gguf', tiny), { name: 'README.md', served: Buffer.from('# tiny\n') }],
+    'test/corrupted': [file('tiny-Q8_0.gguf', corrupted)],
+  };
+  const hub = { seen: [], cutNext: false, down: false, url: '', storage: '' };
+  const cors = {
+    'Access-Control-Allow-Origin': '*',
+    'Access-Control-Allow-Headers': 'authorization, range',
+    'Access-Control-Expose-Headers': 'content-range, content-length, x-repo-commit, x-linked-etag, x-linked-size',
+    'Cross-Origin-Resource-Policy': 'cross-origin',
+  };
+  const handler = (req, res) => {
+    if (hub.down) return req.socket.destroy();
+    const url = new URL(req.url, 'http://x');
+    hub.seen.push({ method: req.method, path: url.pathname, range: req.headers.range ?? null, auth: req.headers.authorization ?? null });
+    if (req.method === 'OPTIONS') return res.writeHead(204, { ...cors, 'Access-Control-Allow-Methods': 'GET, HEAD' }).end();
+    const listing = /^\/api\/models\/([^/]+\/[^/]+)\/revision\/main$/.exec(url.pathname);
+    if (listing) {
+      const files = repos[listing[1]];
+      if (!files) return res.writeHead(404, cors).end('{"error":"Repository not found"}');
+      const siblings = files.map((f) => ({ rfilename: f.name, size: f.served.length, ...(f.sha256 ? { lfs: { sha256: f.sha256, size: f.size } } : {}) }));
+      return res.writeHead(200, { ...cors, 'Content-Type': 'application/json' }).end(JSON.stringify({ id: listing[1], sha: HUB_COMMIT, siblings }));
+    }
+    const resolve = /^\/([^/]+\/[^/]+)\/resolve\/[^/]+\/(.+)$/.exec(url.pathname);
+    const found = resolve && repos[resolve[1]]?.find((f) => f.name === decodeURIComponent(resolve[2]));
+    if (found) {
+      const where = `${hub.storage}/storage/${resolve[1].replace('/', '--')}/${found.name}`;
+      return res.writeHead(302, { ...cors, Location: where, 'X-Repo-Commit': HUB_COMMIT, 'X-Linked-Etag': `"${found.sha256}"`, 'X-Linked-Size': found.size, 'Content-Length': 0 }).end();
+    }
+    const stored = /^\/storage\/([^/]+)--([^/]+)\/(.+)$/.exec(url.pathname);
+    const blob = stored && repos[`${stored[1]}/${stored[2]}`]?.find((f) => f.name === stored[3]);
+    if (!blob) return res.writeHead(404, cors).end();
+    const from = Number(/^bytes=(\d+)-$/.exec(req.headers.range ?? '')?.[1] ?? 0);
+    const body = blob.served.subarray(from);
+    const headers = { ...cors, 'Content-Type': 'application/octet-stream', 'Content-Length': body.length };
+    if (req.headers.range) headers['Content-Range'] = `bytes ${from}-${blob.served.length - 1}/${blob.served.length}`;
+    res.writeHead(req.headers.range ? 206 : 200, headers);
+    if (hub.cutNext) {
+      // The whole length announced, half of it sent, the connection gone.
+      hub.cutNext = false;
+      res.write(body.subarray(0, body.length >> 1), () => res.socket.destroy());
+      return;
+    }
+    res.end(body);
+  };
+  const listen = () => new Promise((resolve) => {
+    const server = http.createServer(handler);
+    server.listen(0, '127.0.0.1', () => resolve(server));
+  });
+  const [api, storage] = [await listen(), await listen()];
+  hub.url = `http://127.0.0.1:${api.address().port}`;
+  hub.storage = `http://127.0.0.1:${storage.address().port}`;
+  hub.close = () => { api.close(); storage.close(); };
+  hub.storageGets = () => hub.seen.filter((s) => s.method === 'GET' && s.path.startsWith('/storage/'));
+  return hub;
 }
 
 // ------------------------------------------------------------------------------------ harness
@@ -366,6 +442,71 @@ async function main() {
       check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
       await context.close();
       return `${results.length} checks`;
+    });
+
+    await test('a model by name (hf:): resumed download, sha256 checked, cached, offline', async () => {
+      const hub = await startHub();
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'hf');
+      await page.goto(`${base}/test/blank.html`);
+      const spec = EXPECTED.tiny;
+      // Loads `model`, answers the first tiny prompt, disposes; {error} when loading rejects.
+      const load = (model) => page.evaluate(async ({ model, hfEndpoint, hfToken, prompt, maxTokens }) => {
+        const { createEngine } = await import('/weft.js');
+        let engine;
+        try {
+          engine = await createEngine({ model, hfEndpoint, hfToken, onWarning: () => {} });
+        } catch (e) {
+          return { error: String(e.message) };
+        }
+        const reply = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0 });
+        const out = { text: reply.choices[0].message.content, hub: engine.hub, fromCache: engine.fromCache, cached: engine.cached, warnings: engine.warnings };
+        await engine.dispose();
+        return out;
+      }, { model, hfEndpoint: hub.url, hfToken: HUB_TOKEN, prompt: spec.prompts[0], maxTokens: spec.maxTokens });
+      const tinyBytes = fs.statSync(TINY).size;
+      try {
+        hub.cutNext = true;
+        const first = await load('hf:test/tiny-GGUF:q8_0');
+        check(!first.error, `loading failed: ${first.error}`);
+        check(first.text === spec.outputs[0], `browser ${show(first.text)} != native ${show(spec.outputs[0])}`);
+        check(first.hub?.file === 'tiny-Q8_0.gguf' && first.hub?.commit === HUB_COMMIT, `engine.hub: ${show(first.hub)}`);
+        check(!first.fromCache && first.cached, `fromCache ${first.fromCache}, cached ${first.cached}`);
+        const gets = hub.storageGets();
+        check(gets.length === 2 && gets[0].range === null && gets[1].range === `bytes=${tinyBytes >> 1}-`,
+          `cut off, then resumed from the half: ${show(gets)}`);
+        check(first.warnings.some((w) => /resuming/.test(w)), `no warning about resuming: ${show(first.warnings)}`);
+        for (const seen of hub.seen.filter((s) => s.method === 'GET')) {
+          const onHub = !seen.path.startsWith('/storage/');
+          check((seen.auth === `Bearer ${HUB_TOKEN}`) === onHub, `the token goes to the hub alone: ${show(seen)}`);
+        }
+
+        const again = await load('hf:test/tiny-GGUF');
+        check(!again.error, `loading from the cache failed: ${again.error}`);
+        check(again.fromCache && again.text === spec.outputs[0], `second load: ${show(again)}`);
+        check(/the only GGUF file/.test(again.hub?.why), `engine.hub.why: ${show(again.hub)}`);
+        check(hub.storageGets().length === 2, 'the second load downloaded the model again');
+
+        hub.down = true;
+        const offline = await load('hf:test/tiny-GGUF:Q8_0');
+        hub.down = false;
+        check(!offline.error && offline.fromCache, `offline: ${show(offline)}`);
+        check(offline.warnings.some((w) => /cannot reach/.test(w)), `offline warnings: ${show(offline.warnings)}`);
+
+        const before = hub.storageGets().length;
+        for (let attempt = 1; attempt <= 2; attempt++) {
+          const bad = await load('hf:test/corrupted');
+          check(/has sha256 [0-9a-f]{64}, but the hub lists/.test(bad.error ?? '') && /discarded/.test(bad.error), `corrupted, attempt ${attempt}: ${show(bad)}`);
+          check(hub.storageGets().length === before + attempt, `corrupted, attempt ${attempt}: not downloaded anew, so it was cached`);
+        }
+        const missing = await load('hf:test/tiny-GGUF:Q4_K_M');
+        check(/no GGUF files match "Q4_K_M"; the repository's GGUF files: tiny-Q8_0\.gguf/.test(missing.error ?? ''), `a missing quant: ${show(missing)}`);
+        check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        return `${hub.seen.length} requests to the stand-in hub; ${show(first.hub.why)}`;
+      } finally {
+        await context.close();
+        hub.close();
+      }
     });
 
     await test('malformed model: the page ends in an error naming GGUF', async () => {

@@ -60,6 +60,13 @@ impl ModelBytes {
     pub fn length(&self) -> f64 {
         self.bytes.len() as f64
     }
+
+    /// The sha256 of the bytes gathered, in lowercase hex: the browser's own digest
+    /// (`crypto.subtle`) takes one buffer, and a model is gathered here, not in JavaScript.
+    pub fn sha256(&self) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(&self.bytes).iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 impl ModelBytes {

@@ -28,11 +28,22 @@
  *
  * API
  *
- * `createEngine({ modelUrl, modelFile, onProgress, onWarning, options, workerUrl } = {})` → Promise<WeftEngine>
+ * `createEngine({ model, modelUrl, modelFile, hfEndpoint, hfToken, onProgress, onWarning, options, workerUrl } = {})`
+ *   → Promise<WeftEngine>
  *   - modelUrl: URL of a .gguf (relative URLs resolve against the page). Default: the model served
  *     next to this file, `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Downloaded models are kept in the
  *     Cache API (cache 'weft-models-v1'), so a second visit does not download again.
- *   - modelFile: a File/Blob of a .gguf (e.g. from <input type=file>); takes precedence over modelUrl.
+ *   - model: 'hf:OWNER/REPO[:QUANT]', a GGUF file of a Hugging Face hub repository: the one whose
+ *     name contains QUANT (ignoring case), without QUANT its Q4_K_M file, or else its first
+ *     (`engine.hub` says which and why); a quant that matches none or several rejects, listing
+ *     the repository's GGUF files. The download resumes where a broken connection left it, is
+ *     checked against the sha256 the hub lists (a mismatch rejects and caches nothing), and is
+ *     kept in the Cache API by its sha256; the hub's listing is kept too, so the model loads
+ *     offline. Any other string is taken as modelUrl (and a modelUrl starting hf: as a name).
+ *   - hfEndpoint: the hub to ask for hf: names (a mirror; default the Hugging Face hub);
+ *     hfToken: a token sent to it (not to its storage) for private or gated repositories.
+ *   - modelFile: a File/Blob of a .gguf (e.g. from <input type=file>); takes precedence over model
+ *     and modelUrl.
  *   - onProgress({stage, loaded, total, fraction}): stage is 'download', 'cache' (read from the
  *     browser cache), 'read' (local file) or 'upload' (to the GPU); loaded/total in bytes for the
  *     first three, in the engine's own units for 'upload'; total may be 0 (unknown) and then
@@ -92,7 +103,8 @@
  *     maxModelLen, kernels}: `kernels` counts the GPU kernels loading compiled (on a CPU adapter
  *     such as SwiftShader each takes seconds, most of the load).
  *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
- *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages.
+ *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages;
+ *     `hub`: for a model named hf:…, {repo, file, commit, why} (why that file), else null.
  *   - `dispose()` → Promise: terminates the worker and frees the GPU; pending requests end with an error.
  *
  * `webgpuStatus()` → Promise<{available, reason, adapter}>: whether this browser can run weft,
@@ -323,6 +335,7 @@ export class WeftEngine {
     this.fromCache = Boolean(ready.fromCache);
     this.cached = Boolean(ready.cached);
     this.modelBytes = ready.bytes ?? 0;
+    this.hub = ready.hub ?? null;
     this.warnings = warnings;
     this.chat = { completions: { create: (params) => this.#create('chat', params) } };
     this.completions = { create: (params) => this.#create('completion', params) };
@@ -514,10 +527,16 @@ export class WeftEngine {
  * Starts the engine in a worker and loads a model. See the header of this file.
  * @returns {Promise<WeftEngine>}
  */
-export async function createEngine({ modelUrl, modelFile, onProgress, onWarning, options, workerUrl } = {}) {
+export async function createEngine({
+  model, modelUrl, modelFile, hfEndpoint, hfToken, onProgress, onWarning, options, workerUrl,
+} = {}) {
   const base = globalThis.document?.baseURI ?? globalThis.location?.href;
-  const url = modelFile ? undefined
-    : new URL(modelUrl ?? DEFAULT_MODEL_URL, modelUrl ? base : import.meta.url).href;
+  // A name may come as modelUrl too (the demo page's ?model=hf:…).
+  const given = model ?? modelUrl;
+  const named = !modelFile && typeof given === 'string' && given.startsWith('hf:');
+  const hf = named ? { name: given, endpoint: hfEndpoint, token: hfToken } : undefined;
+  const url = modelFile || named ? undefined
+    : new URL(given ?? DEFAULT_MODEL_URL, given ? base : import.meta.url).href;
   const warn = onWarning ?? ((m) => console.warn(`weft: ${m}`));
   const warnings = [];
 
@@ -563,7 +582,7 @@ export async function createEngine({ modelUrl, modelFile, onProgress, onWarning,
         : 'Could not start the weft worker (weft-worker.js or pkg/weft_web.js could not be loaded; ' +
           'the page must be served over http(s), not opened as a file).'));
     };
-    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, options });
+    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, hf, options });
   }).catch((e) => {
     worker.terminate();
     throw e;
