@@ -453,6 +453,11 @@ fn judge(what: &str, run: Result, log: &Path, verdict: &mut Verdict) {
     }
     let counts = text.lines().rev().find_map(|l| l.strip_prefix("test result: ")).map(str::to_string);
     match (run, counts) {
+        // A binary that ran nothing checked nothing (a wrong binary, or a filter that matched all).
+        (Ok(()), Some(counts)) if counts.contains(" 0 passed") => {
+            verdict.ok = false;
+            verdict.lines.push(format!("{what}: ran no test ({counts})"));
+        }
         (Ok(()), Some(counts)) => verdict.lines.push(format!("{what}: {counts}")),
         (Ok(()), None) => {
             verdict.ok = false;
@@ -649,6 +654,10 @@ mod tests {
         judge("kernel tests", Ok(()), &log, &mut v);
         assert!(v.ok);
         assert_eq!(v.lines, vec!["kernel tests: ok. 1 passed; 0 failed"]);
+        std::fs::write(&log, "test result: ok. 0 passed; 0 failed; 0 ignored\n").unwrap();
+        judge("kernel tests", Ok(()), &log, &mut v);
+        assert!(!v.ok);
+        assert_eq!(v.lines[1], "kernel tests: ran no test (ok. 0 passed; 0 failed; 0 ignored)");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
