@@ -613,6 +613,44 @@ async function main() {
     await browser.close();
   }
 
+  // In a browser of its own: crashing the GPU process takes WebGPU from every page there.
+  const crashing = await launch(WEBGPU);
+  try {
+    await test('a lost device (the GPU process crashes) ends the running request, and health() says so', async () => {
+      const context = await crashing.newContext();
+      const { page } = await newPage(context, 'lost');
+      // A page of the site that only loads weft.js (module imports need its origin).
+      await page.goto(`${base}/e2e/blank.html`);
+      await page.evaluate(async (modelUrl) => {
+        const { createEngine } = await import('/weft.js');
+        const engine = await createEngine({ modelUrl });
+        window.lost = { chunks: 0, before: await engine.health() };
+        const stream = await engine.completions.create({ prompt: 'a', max_tokens: 1500, temperature: 0, ignore_eos: true, stream: true });
+        window.lost.done = (async () => {
+          try {
+            for await (const chunk of stream) window.lost.chunks += chunk.choices.length;
+            window.lost.ended = 'without an error';
+          } catch (e) {
+            window.lost.ended = `${e.name}: ${e.message}`;
+          }
+          window.lost.after = await engine.health();
+        })();
+      }, EXPECTED.tiny.url);
+      await page.waitForFunction(() => window.lost.chunks >= 3, null, { timeout: 2 * MINUTE, polling: 50 });
+      const crash = await context.newPage();
+      await crash.goto('chrome://gpucrash').catch(() => {});
+      await page.waitForFunction(() => window.lost.after !== undefined, null, { timeout: 2 * MINUTE, polling: 100 });
+      const lost = await page.evaluate(() => window.lost);
+      check(lost.before?.healthy === true, `health() before the crash: ${show(lost.before)}`);
+      check(/lost/i.test(lost.ended ?? ''), `the running request ended ${show(lost.ended)} after ${lost.chunks} chunks`);
+      check(lost.after?.healthy === false && /lost/i.test(lost.after.detail), `health() after the crash: ${show(lost.after)}`);
+      await context.close();
+      return `after ${lost.chunks} chunks: ${lost.ended}; health: ${lost.after.detail}`;
+    });
+  } finally {
+    await crashing.close();
+  }
+
   const plain = await launch(NO_WEBGPU);
   try {
     for (const [name, init] of [

@@ -120,6 +120,7 @@ impl LoadOptions {
                 max_num_batched_tokens: 256,
                 max_model_len: 2048,
                 enable_prefix_cache: true,
+                ..EngineConfig::default()
             },
             speculation: None,
             kernels: None,
@@ -377,6 +378,19 @@ impl WebEngine {
     #[wasm_bindgen(js_name = liveRequests)]
     pub fn live_requests(&self) -> usize {
         self.live.borrow().len()
+    }
+
+    /// Whether the engine can still serve, as `{healthy, detail}`: a small round trip to the
+    /// GPU, and the reason when not (the device was lost, e.g. the browser's GPU process
+    /// crashed or reset it, and every request then running ended with that error; the engine
+    /// was disposed; the last step failed).
+    pub fn health(&self) -> js_sys::Promise {
+        use weft::engine::api::InferenceEngine;
+        let engine = self.engine.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let report = InferenceEngine::health_check(&engine).await;
+            Ok(to_js(&json!({"healthy": report.healthy, "detail": report.detail})))
+        })
     }
 
     /// End every request (each gets its final chunk and "[DONE]") and refuse new ones; the GPU

@@ -523,6 +523,17 @@ self.addEventListener('message', async (ev) => {
     case 'create':
       create(msg);
       break;
+    case 'health':
+      if (!engine) {
+        post({ type: 'health', hid: msg.hid, report: { healthy: false, detail: 'the model is not loaded' } });
+        break;
+      }
+      try {
+        post({ type: 'health', hid: msg.hid, report: await engine.health() });
+      } catch (e) {
+        post({ type: 'health', hid: msg.hid, report: { healthy: false, detail: messageOf(e) } });
+      }
+      break;
     case 'abort':
       try {
         if (engine) engine.abort(msg.rid);

@@ -105,6 +105,10 @@
  *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
  *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages;
  *     `hub`: for a model named hf:…, {repo, file, commit, why} (why that file), else null.
+ *   - `health()` → Promise<{healthy, detail}>: a small round trip to the GPU. Unhealthy with the
+ *     reason once the device is lost (the browser's GPU process crashed or reset it: every
+ *     request then running ended with a WeftError saying so), after dispose(), or when the last
+ *     step failed; `detail` says what to do (reload the page to get a new device).
  *   - `dispose()` → Promise: terminates the worker and frees the GPU; pending requests end with an error.
  *
  * `webgpuStatus()` → Promise<{available, reason, adapter}>: whether this browser can run weft,
@@ -322,6 +326,8 @@ class PendingRequest {
 export class WeftEngine {
   #worker;
   #pending = new Map();
+  #health = new Map();
+  #nextHealth = 0;
   #adapter;
   #model;
   #disposed = false;
@@ -362,6 +368,16 @@ export class WeftEngine {
     if (!req || req.finished) return false;
     req.controller.abort();
     return true;
+  }
+
+  /** Whether the engine can still serve: {healthy, detail} (see the header). */
+  health() {
+    if (this.#disposed) return Promise.resolve({ healthy: false, detail: 'the engine was disposed' });
+    const hid = ++this.#nextHealth;
+    return new Promise((resolve) => {
+      this.#health.set(hid, resolve);
+      this.#worker.postMessage({ type: 'health', hid });
+    });
   }
 
   /** Terminates the worker and frees the GPU; pending requests end with an error. */
@@ -438,6 +454,11 @@ export class WeftEngine {
     }
     if (msg.type === 'warning') {
       this.warnings.push(msg.message);
+      return;
+    }
+    if (msg.type === 'health') {
+      this.#health.get(msg.hid)?.(msg.report);
+      this.#health.delete(msg.hid);
       return;
     }
     const req = this.#pending.get(msg.rid);
@@ -520,6 +541,8 @@ export class WeftEngine {
       }
     }
     this.#pending.clear();
+    for (const resolve of this.#health.values()) resolve({ healthy: false, detail: err.message });
+    this.#health.clear();
   }
 }
 
