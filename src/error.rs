@@ -26,8 +26,9 @@ pub enum WeftError {
     /// The GPU device was lost (a driver reset or crash, the GPU removed, a step past the
     /// operating system's watchdog): nothing more can run on it.
     #[error(
-        "the GPU device {adapter:?} was lost ({reason}); restart weft to open it again. A driver resets a GPU whose \
-         work runs too long (Windows after 2 s): if that is what happened, lower --max-num-batched-tokens"
+        "the GPU device {adapter:?} was lost ({reason}); restart weft (in a browser, reload the page) to open it \
+         again. A driver resets a GPU whose work runs too long (Windows after 2 s): if that is what happened, lower \
+         --max-num-batched-tokens or EngineConfig::max_step_seconds"
     )]
     DeviceLost { adapter: String, reason: String },
 

@@ -473,8 +473,11 @@ async function main() {
         check(first.hub?.file === 'tiny-Q8_0.gguf' && first.hub?.commit === HUB_COMMIT, `engine.hub: ${show(first.hub)}`);
         check(!first.fromCache && first.cached, `fromCache ${first.fromCache}, cached ${first.cached}`);
         const gets = hub.storageGets();
-        check(gets.length === 2 && gets[0].range === null && gets[1].range === `bytes=${tinyBytes >> 1}-`,
-          `cut off, then resumed from the half: ${show(gets)}`);
+        // The stand-in cuts the connection after half the file; the browser resumes from what it
+        // had received by then, at most that half.
+        const resumedAt = Number(/^bytes=(\d+)-$/.exec(gets[1]?.range ?? '')?.[1]);
+        check(gets.length === 2 && gets[0].range === null && resumedAt > 0 && resumedAt <= tinyBytes >> 1,
+          `cut off, then resumed from where the first transfer ended: ${show(gets)}`);
         check(first.warnings.some((w) => /resuming/.test(w)), `no warning about resuming: ${show(first.warnings)}`);
         for (const seen of hub.seen.filter((s) => s.method === 'GET')) {
           const onHub = !seen.path.startsWith('/storage/');
@@ -637,12 +640,13 @@ async function main() {
         })();
       }, EXPECTED.tiny.url);
       await page.waitForFunction(() => window.lost.chunks >= 3, null, { timeout: 2 * MINUTE, polling: 50 });
-      const crash = await context.newPage();
-      await crash.goto('chrome://gpucrash').catch(() => {});
+      // What a driver reset or a GPU process crash does to a page: its WebGPU device is lost.
+      const cdp = await crashing.newBrowserCDPSession();
+      await cdp.send('Browser.crashGpuProcess');
       await page.waitForFunction(() => window.lost.after !== undefined, null, { timeout: 2 * MINUTE, polling: 100 });
       const lost = await page.evaluate(() => window.lost);
       check(lost.before?.healthy === true, `health() before the crash: ${show(lost.before)}`);
-      check(/lost/i.test(lost.ended ?? ''), `the running request ended ${show(lost.ended)} after ${lost.chunks} chunks`);
+      check(/lost/i.test(lost.ended ?? "") && /reload the page/.test(lost.ended), `the running request ended ${show(lost.ended)} after ${lost.chunks} chunks`);
       check(lost.after?.healthy === false && /lost/i.test(lost.after.detail), `health() after the crash: ${show(lost.after)}`);
       await context.close();
       return `after ${lost.chunks} chunks: ${lost.ended}; health: ${lost.after.detail}`;
