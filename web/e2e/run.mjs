@@ -152,9 +152,11 @@ async function startHub() {
     if (req.headers.range) headers['Content-Range'] = `bytes ${from}-${blob.served.length - 1}/${blob.served.length}`;
     res.writeHead(req.headers.range ? 206 : 200, headers);
     if (hub.cutNext) {
-      // The whole length announced, half of it sent, the connection gone.
+      // The whole length announced, half of it sent, the connection gone. The reset waits a
+      // moment: one sent at once can discard bytes the browser has not read yet (then it has
+      // nothing to resume from, and starts over).
       hub.cutNext = false;
-      res.write(body.subarray(0, body.length >> 1), () => res.socket.destroy());
+      res.write(body.subarray(0, body.length >> 1), () => setTimeout(() => res.socket.destroy(), 300));
       return;
     }
     res.end(body);
