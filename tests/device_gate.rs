@@ -78,17 +78,7 @@ fn wide(hidden: usize, inter: usize, head_dim: usize, tied: bool, factor: f32) -
 }
 
 fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize) -> SeqStep {
-    SeqStep {
-        id: 0,
-        tokens: tokens.to_vec(),
-        start_pos,
-        block_table: block_table.to_vec(),
-        num_logits,
-        sampling: None,
-        state_slot: None,
-        state_restore: None,
-        state_save: None,
-    }
+    SeqStep { tokens: tokens.to_vec(), start_pos, block_table: block_table.to_vec(), num_logits, ..Default::default() }
 }
 
 fn batch(seqs: Vec<SeqStep>) -> StepBatch {

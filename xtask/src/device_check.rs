@@ -417,22 +417,8 @@ fn run_logged(
     };
     cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str()))).stdout(stdout).stderr(file);
     let mut child = cmd.spawn().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            return if status.success() {
-                Ok(())
-            } else {
-                Err(format!("exited with {status} (see {})", log.display()))
-            };
-        }
-        if started.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("ran past its {} s and was ended", timeout.as_secs()));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let status = crate::peer::wait_within(&mut child, Some(timeout))?;
+    if status.success() { Ok(()) } else { Err(format!("exited with {status} (see {})", log.display())) }
 }
 
 /// Reads a test binary's log into `verdict`: the families the gate opened, the counts and the

@@ -296,18 +296,12 @@ pub fn output_within(mut cmd: Command, timeout: Option<Duration>) -> Result<Stri
     let out_file = std::env::temp_dir().join(format!("weft-xtask-{}-{}.out", std::process::id(), unique()));
     let file = std::fs::File::create(&out_file).map_err(|e| format!("creating {}: {e}", out_file.display()))?;
     let mut child = cmd.stdout(file).spawn().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if let Some(limit) = timeout.filter(|&t| started.elapsed() > t) {
-            let _ = child.kill();
-            let _ = child.wait();
+    let status = match wait_within(&mut child, timeout) {
+        Ok(status) => status,
+        Err(e) => {
             let _ = std::fs::remove_file(&out_file);
-            return Err(format!("{cmd:?} ran past its {} s and was ended", limit.as_secs()));
+            return Err(format!("{cmd:?} {e}"));
         }
-        std::thread::sleep(Duration::from_millis(200));
     };
     let stdout = std::fs::read_to_string(&out_file);
     let _ = std::fs::remove_file(&out_file);
@@ -315,6 +309,23 @@ pub fn output_within(mut cmd: Command, timeout: Option<Duration>) -> Result<Stri
         return Err(format!("{cmd:?} failed ({status})"));
     }
     stdout.map_err(|e| format!("{cmd:?} printed something other than UTF-8: {e}"))
+}
+
+/// Waits for `child`, ending it once it has run past `timeout`: its exit status, or an error
+/// saying that it ran past.
+pub fn wait_within(child: &mut std::process::Child, timeout: Option<Duration>) -> Result<std::process::ExitStatus> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok(status);
+        }
+        if let Some(limit) = timeout.filter(|&t| started.elapsed() > t) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("ran past its {} s and was ended", limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A number no other call in this process gets.
