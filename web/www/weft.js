@@ -1,7 +1,9 @@
 /**
  * weft.js — the public ES module of weft in the browser: batched LLM inference on WebGPU,
  * with an OpenAI-like API. The engine (Rust compiled to WebAssembly) runs in a Web Worker
- * (weft-worker.js, next to this file), so the page never freezes.
+ * (weft-worker.js, next to this file), so the page never freezes. The npm package weft-llm has
+ * this module as its entry (`import { createEngine } from 'weft-llm'`) and TypeScript types for
+ * this API in its index.d.ts (web/npm/); a change here belongs there too.
  *
  * @example
  *   import { createEngine, webgpuStatus } from './weft.js';
