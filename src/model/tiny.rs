@@ -20,6 +20,7 @@ pub fn tiny_config() -> ModelConfig {
         num_heads: 4,
         num_kv_heads: 2,
         head_dim: 16,
+        rotary_dim: None,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_scaling: None,
@@ -300,7 +301,11 @@ pub fn gguf_bytes_with(
         .metadata(&key("attention.head_count_kv"), MetaValue::U32(c.num_kv_heads as u32))
         .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
         .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta))
-        .metadata(&key("rope.dimension_count"), MetaValue::U32(c.head_dim as u32));
+        .metadata(&key("rope.dimension_count"), MetaValue::U32(c.rope_dim() as u32));
+    if c.head_dim * c.num_heads != c.hidden_size {
+        g.metadata(&key("attention.key_length"), MetaValue::U32(c.head_dim as u32))
+            .metadata(&key("attention.value_length"), MetaValue::U32(c.head_dim as u32));
+    }
     for (k, v) in tokenizer {
         g.metadata(k, v);
     }

@@ -25,7 +25,7 @@ use crate::gpu::kernels::embedding::embedding;
 use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
-use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
+use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
@@ -48,7 +48,7 @@ pub struct LlamaModel {
     layers: Vec<Layer>,
     norm: GpuTensor,            // (hidden)
     lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
-    cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
+    cos_sin: GpuTensor,         // (max_positions, rope_dim / 2, 2)
     pairing: RopePairing,
 }
 
@@ -129,15 +129,12 @@ impl LlamaModel {
         let norm = w.vector(None, Part::AttnNorm, hidden)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(w.matrix(None, Part::O, &[c.vocab_size, hidden])?) };
-        // The context served (the table's length) picks LongRoPE's factors; its attention factor
-        // scales cos and sin (1 for every other RoPE).
+        // The context served (the table's length) picks LongRoPE's factors; LongRoPE's and
+        // YaRN's attention factor scales cos and sin (1 for every other RoPE). With partial
+        // rotary (Phi-4-mini) the table covers the rotated dimensions only.
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let attention_factor = c.rope_attention_factor();
-        let table: Vec<f32> = cos_sin_table(&c.inv_freq_for_context(positions), positions)
-            .into_iter()
-            .map(|v| v * attention_factor)
-            .collect();
-        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &table)?;
+        let table = c.rope_table(positions, positions);
+        let cos_sin = factory.upload_f32(&[positions, c.rope_dim() / 2, 2], &table)?;
         let pairing = match (source.checkpoint(), c.architecture.as_str()) {
             // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
             // HF's order.
