@@ -973,10 +973,53 @@ mod tests {
         let err = ModelConfig::from_hf_json(
             "config.json",
             r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
-                "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4}}"#,
+                "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "dynamic", "factor": 4}}"#,
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("rope_scaling type \"yarn\" is not supported"), "{err}");
+        assert!(err.contains("rope_scaling type \"dynamic\" is not supported"), "{err}");
+    }
+
+    /// config.json's YaRN keys as transformers reads them: the factor, the original context (in
+    /// rope_scaling, else top level, else the context), betas (0 meaning the default), and the
+    /// attention factor given, or from mscale / mscale_all_dim, or 0.1 · ln(factor) + 1.
+    #[test]
+    fn hf_yarn_keys_are_read_as_transformers_reads_them() {
+        let yarn = |scaling: &str| {
+            let json = format!(
+                r#"{{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
+                    "num_hidden_layers": 1, "vocab_size": 10, "max_position_embeddings": 128,
+                    "rope_scaling": {{"rope_type": "yarn", {scaling}}}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json).unwrap().rope_scaling.unwrap()
+        };
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } = yarn(r#""factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 0"#)
+        else {
+            panic!("not YaRN")
+        };
+        assert_eq!(
+            (factor, original_max_position_embeddings, beta_fast, beta_slow, truncate),
+            (4.0, 32, 32.0, 1.0, true)
+        );
+        assert!((attention_factor - (1.0 + 0.1 * 4f32.ln())).abs() < 1e-6);
+        let Some(RopeScaling::Yarn { attention_factor, .. }) = Some(yarn(
+            r#""factor": 40.0, "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 1.0"#,
+        )) else {
+            panic!("not YaRN")
+        };
+        assert_eq!(attention_factor, 1.0);
+        let RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, truncate, .. } =
+            yarn(r#""original_max_position_embeddings": 64, "attention_factor": 0.5, "truncate": false"#)
+        else {
+            panic!("not YaRN")
+        };
+        assert_eq!((factor, original_max_position_embeddings, attention_factor, truncate), (2.0, 64, 0.5, false));
     }
 }
