@@ -14,7 +14,9 @@
 //! with grouped-query attention over the paged KV cache, then a final RMSNorm and the LM head
 //! (the embedding matrix itself when tied) on the sampled rows only. Qwen2 adds biases to q, k
 //! and v; Qwen3 (transformers' `modeling_qwen3.py`) instead normalises each query and key head
-//! (RMSNorm, `q_norm` / `k_norm`) before RoPE; Mistral attends within a sliding window.
+//! (RMSNorm, `q_norm` / `k_norm`) before RoPE; Mistral attends within a sliding window. RoPE's
+//! frequencies come from `ModelConfig::rope_table` (linear, Llama 3 and YaRN scaling — the
+//! 128K Qwen3 files —, with YaRN's attention factor on cos and sin).
 //!
 //! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
 //! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
