@@ -12,7 +12,8 @@
 //   5 k_cache    kv_write    vec4 (num_slots, num_kv_heads, head_dim / 4) from cache_offset
 //   6 v_cache    kv_write    likewise (storage buffers, or storage textures on CPU drivers)
 // The angles come from a table built on the CPU, so every frequency scheme (plain, llama3,
-// linear) and every position gets exactly the f32 angles the reference computes.
+// linear, LongRoPE, YaRN, each with its attention factor folded into cos and sin) and every
+// position gets exactly the f32 angles the reference computes.
 // Only the first rope_dim dimensions of each head rotate (partial rotary, Phi-4-mini: 96 of
 // 128); the rest pass through, as in transformers' `q[..., :rotary_dim]` and ggml's n_dims.
 // Pairing: neox = 1 rotates (i, i + rope_dim/2) ("rotate half", HF Llama);
