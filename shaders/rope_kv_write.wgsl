@@ -7,21 +7,24 @@
 //   1 qkv        read_write  f32 (num_tokens, row_stride): query heads from column 0, key heads
 //                            from k_col, value heads from v_col (each head head_dim wide)
 //   2 positions  read        u32 (num_tokens)
-//   3 cos_sin    read        f32 (table_rows, head_dim / 2, 2)   cos and sin of pos · inv_freq[i]
+//   3 cos_sin    read        f32 (table_rows, rope_dim / 2, 2)   cos and sin of pos · inv_freq[i]
 //   4 slots      read        u32 (num_tokens)   block * block_size + offset; >= num_slots: skip
 //   5 k_cache    kv_write    vec4 (num_slots, num_kv_heads, head_dim / 4) from cache_offset
 //   6 v_cache    kv_write    likewise (storage buffers, or storage textures on CPU drivers)
 // The angles come from a table built on the CPU, so every frequency scheme (plain, llama3,
-// linear) and every position gets exactly the f32 angles the reference computes.
-// Pairing: neox = 1 rotates (i, i + head_dim/2) ("rotate half", HF Llama);
+// linear, LongRoPE, YaRN, each with its attention factor folded into cos and sin) and every
+// position gets exactly the f32 angles the reference computes.
+// Only the first rope_dim dimensions of each head rotate (partial rotary, Phi-4-mini: 96 of
+// 128); the rest pass through, as in transformers' `q[..., :rotary_dim]` and ggml's n_dims.
+// Pairing: neox = 1 rotates (i, i + rope_dim/2) ("rotate half", HF Llama);
 //          neox = 0 rotates (2i, 2i + 1) (interleaved, GPT-J / Meta's original Llama).
-// Workgroup: 64 invocations. Per token, the first num_heads · head_dim/2 invocations each
+// Workgroup: 64 invocations. Per token, the first num_heads · rope_dim/2 invocations each
 // rotate one query pair in place; the next num_kv_heads · head_dim/4 each compute four
 // consecutive dimensions of one key head (reading their partners from qkv, which keeps the
 // unrotated keys) and store them, with the value's four, as one vec4 into the cache: whole
 // texels, as a storage texture requires. Every rotated element is computed with the same
 // expression either way. Positions past the table are left unrotated.
-// Grid: (min(g, 65535), ceil(g / 65535), 1), g = ceil(num_tokens · (num_heads · head_dim/2 +
+// Grid: (min(g, 65535), ceil(g / 65535), 1), g = ceil(num_tokens · (num_heads · rope_dim/2 +
 // num_kv_heads · head_dim/4) / 64).
 
 #include kv_write
@@ -38,6 +41,7 @@ struct Params {
     table_rows: u32,
     cache_offset: u32,
     num_slots: u32,
+    rope_dim: u32,
 }
 
 const WG: u32 = 64u;
@@ -50,7 +54,11 @@ const WG: u32 = 64u;
 
 // Dimension d of a key head at `base`, rotated by position `pos`.
 fn rotated_key(base: u32, d: u32, pos: u32) -> f32 {
-    let half = params.head_dim / 2u;
+    let half = params.rope_dim / 2u;
+    let x = qkv[base + d];
+    if (d >= params.rope_dim || pos >= params.table_rows) {
+        return x;
+    }
     var i = d / 2u;
     var partner = d ^ 1u;
     var first = (d & 1u) == 0u;
@@ -58,10 +66,6 @@ fn rotated_key(base: u32, d: u32, pos: u32) -> f32 {
         i = d % half;
         partner = select(d - half, d + half, d < half);
         first = d < half;
-    }
-    let x = qkv[base + d];
-    if (pos >= params.table_rows) {
-        return x;
     }
     let c = cos_sin[(pos * half + i) * 2u];
     let s = cos_sin[(pos * half + i) * 2u + 1u];
@@ -75,7 +79,7 @@ fn rotated_key(base: u32, d: u32, pos: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let half = params.head_dim / 2u;
+    let half = params.rope_dim / 2u;
     let quads = params.head_dim / 4u;
     let q_pairs = params.num_heads * half;
     let per_token = q_pairs + params.num_kv_heads * quads;

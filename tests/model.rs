@@ -11,9 +11,9 @@ use weft::DType;
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::arch;
-use weft::model::config::ModelConfig;
+use weft::model::config::{ModelConfig, RopeScaling};
 use weft::model::executor::GpuExecutor;
-use weft::model::gguf::GgufFile;
+use weft::model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use weft::model::load::GgufWeights;
 use weft::model::tiny;
 use weft::sampling::{RowDraw, SampleSpec, SamplingParams};
@@ -149,6 +149,140 @@ fn tiny_qwen3_matches_cpu() {
     let Some(f) = factory() else { return };
     let config = ModelConfig { architecture: "qwen3".into(), qk_norm: true, ..tiny::tiny_config() };
     run_and_compare(&f, &config, DType::Q8_0);
+}
+
+/// YaRN (blended frequencies, cos/sin scaled by its attention factor) and partial rotary (12
+/// of 16 dimensions rotate), read back from the GGUF's keys, against the CPU oracle's own
+/// table and rotation.
+#[test]
+fn tiny_yarn_with_partial_rotary_matches_cpu() {
+    let Some(f) = factory() else { return };
+    let config = ModelConfig {
+        architecture: "qwen3".into(),
+        qk_norm: true,
+        rotary_dim: Some(12),
+        rope_scaling: Some(RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 16,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: 1.0 + 0.1 * 4f32.ln(),
+        }),
+        ..tiny::tiny_config()
+    };
+    run_and_compare(&f, &config, DType::F32);
+}
+
+/// A GGUF's RoPE scaling type weft does not apply is refused, naming it, not run unscaled.
+#[test]
+fn unknown_gguf_rope_scaling_types_are_refused_by_name() {
+    let config = tiny::tiny_config();
+    let w = tiny::random_weights(&config, 3, DType::F32);
+    let bytes = with_metadata(
+        tiny::gguf_bytes(&config, &w, DType::F32),
+        &[("llama.rope.scaling.type", MetaValue::String("dynamic".into()))],
+        &[],
+    );
+    let err = ModelConfig::from_gguf(&GgufFile::from_bytes("tiny.gguf", bytes).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("llama.rope.scaling.type \"dynamic\" is not supported"), "{err}");
+}
+
+/// `gguf` rewritten with `metadata` added (replacing keys of the same name) and `tensors`
+/// (name, dims) of F32 zeros appended.
+fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str, &[u64])]) -> Vec<u8> {
+    let gguf = GgufFile::from_bytes("tiny.gguf", gguf).unwrap();
+    let mut writer = GgufWriter::new();
+    for (k, v) in &gguf.metadata {
+        if !metadata.iter().any(|(name, _)| name == k) {
+            writer.metadata(k, v.clone());
+        }
+    }
+    for (k, v) in metadata {
+        writer.metadata(k, v.clone());
+    }
+    for t in &gguf.tensors {
+        writer.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+    }
+    for (name, dims) in tensors {
+        let bytes = vec![0u8; 4 * dims.iter().product::<u64>() as usize];
+        writer.tensor(name, dims, GgmlType::F32, &bytes);
+    }
+    writer.to_bytes()
+}
+
+/// Mixture-of-experts models (Granite 4.0-H MoE, Qwen3-MoE, gpt-oss, LFM2-MoE, a Mixtral-style
+/// llama) are refused with one message naming the architecture and the expert count, by the
+/// loader and by `weft info --model` alike, not with a missing-tensor error; so are their
+/// Hugging Face configs.
+#[test]
+fn mixture_of_experts_models_are_refused_by_name() {
+    let config = tiny::tiny_config();
+    let w = tiny::random_weights(&config, 3, DType::F32);
+    let base = tiny::gguf_bytes(&config, &w, DType::F32);
+    for (arch, experts) in [("granitehybrid", 62), ("qwen3moe", 128), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
+        // The tiny llama's metadata under `arch`, with an expert count and routed-expert tensors.
+        let renamed = GgufFile::from_bytes("tiny.gguf", base.clone()).unwrap();
+        let mut metadata: Vec<(String, MetaValue)> = renamed
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.strip_prefix("llama.").map_or(k.clone(), |rest| format!("{arch}.{rest}")), v.clone()))
+            .collect();
+        metadata.retain(|(k, _)| k != "general.architecture");
+        metadata.push(("general.architecture".into(), MetaValue::String(arch.into())));
+        metadata.push((format!("{arch}.expert_count"), MetaValue::U32(experts)));
+        metadata.push((format!("{arch}.expert_used_count"), MetaValue::U32(2)));
+        let metadata: Vec<(&str, MetaValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let e = u64::from(experts);
+        let tensors: [(&str, &[u64]); 4] = [
+            ("blk.0.ffn_gate_inp.weight", &[64, e]),
+            ("blk.0.ffn_gate_exps.weight", &[64, 96, e]),
+            ("blk.0.ffn_up_exps.weight", &[64, 96, e]),
+            ("blk.0.ffn_down_exps.weight", &[96, 64, e]),
+        ];
+        let mut writer = GgufWriter::new();
+        for (k, v) in &metadata {
+            writer.metadata(k, v.clone());
+        }
+        for t in &renamed.tensors {
+            if !t.name.contains("ffn_") {
+                writer.tensor(&t.name, &t.dims, t.ggml_type, renamed.tensor_bytes(t));
+            }
+        }
+        let bytes = with_metadata(writer.to_bytes(), &[], &tensors);
+        let gguf = GgufFile::from_bytes("moe.gguf", bytes).unwrap();
+        let want = format!("mixture-of-experts is not supported: {arch} has {experts} experts per layer");
+        let err = ModelConfig::from_gguf(&gguf).unwrap_err().to_string();
+        assert!(err.contains(&want), "{arch}: {err}");
+        let report = weft::model::inspect::inspect_gguf(&gguf, 0).unwrap();
+        let moe: Vec<&String> = report.problems.iter().filter(|p| p.contains("mixture-of-experts")).collect();
+        assert_eq!(moe.len(), 1, "{arch}: {report}");
+        assert!(moe[0].contains(&want), "{arch}: {report}");
+        assert!(!report.problems.iter().any(|p| p.contains("missing")), "{arch}: {report}");
+    }
+    // Routed-expert tensors without an expert count are refused too, naming one.
+    let bytes = with_metadata(base, &[], &[("blk.0.ffn_up_exps.weight", &[64, 96, 4])]);
+    let err = ModelConfig::from_gguf(&GgufFile::from_bytes("moe.gguf", bytes).unwrap()).unwrap_err().to_string();
+    assert!(
+        err.contains("mixture-of-experts is not supported: llama has routed experts (blk.0.ffn_up_exps.weight)"),
+        "{err}"
+    );
+    // Hugging Face configs: each family's own key.
+    for (model_type, key, experts) in [
+        ("granitemoehybrid", "num_local_experts", 62),
+        ("qwen3_moe", "num_experts", 128),
+        ("gpt_oss", "num_local_experts", 32),
+        ("lfm2_moe", "num_experts", 32),
+        ("mixtral", "num_local_experts", 8),
+    ] {
+        let json = format!(
+            r#"{{"model_type": "{model_type}", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96,
+                "num_hidden_layers": 2, "vocab_size": 260, "{key}": {experts}}}"#
+        );
+        let err = ModelConfig::from_hf_json("config.json", &json).unwrap_err().to_string();
+        let want = format!("mixture-of-experts is not supported: {model_type} has {experts} experts ({key}) per layer");
+        assert!(err.contains(&want), "{model_type}: {err}");
+    }
 }
 
 #[test]

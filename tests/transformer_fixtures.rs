@@ -9,6 +9,13 @@
 //! - `tests/fixtures/gemma3/` (`tools/make_gemma3_fixtures.py`): a `Gemma3ForCausalLM` as a
 //!   Hugging Face directory (norms stored as w, used as 1 + w; five sliding-window layers of
 //!   window 8, then a global one, each kind with its RoPE base; query_pre_attn_scalar 24).
+//! - `tests/fixtures/qwen3_yarn/` (`tools/make_yarn_fixtures.py`): a `Qwen3ForCausalLM` with
+//!   YaRN (factor 4, original context 32, context 128), both checkpoints, and transformers' own
+//!   YaRN frequencies and attention scaling.
+//! - `tests/fixtures/phi3_partial/` (`tools/make_yarn_fixtures.py`): Phi-4-mini's shape in
+//!   miniature, a `Phi3ForCausalLM` whose RoPE rotates 12 of each head's 16 dimensions
+//!   (`partial_rotary_factor` 0.75; the GGUF's `rope.dimension_count` 12), with LongRoPE's 6
+//!   short and 6 long factors and tied embeddings, both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -18,8 +25,9 @@
 //!
 //! - The last prompt position's logits agree within 1e-4: both run f32 over a few layers of
 //!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
-//!   wrong factor set, a missing attention factor, a swapped gate/up half or a norm without its
-//!   1 + w moves logits by 1e-2 or more.
+//!   wrong factor set, a missing attention factor, a swapped gate/up half, a norm without its
+//!   1 + w, YaRN left out or the whole head rotated instead of its first 12 dimensions moves
+//!   logits by 1e-2 or more (`*_is_visible` below checks the last two).
 //! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
@@ -84,16 +92,21 @@ fn argmax(v: &[f32]) -> u32 {
 /// Phi-3's prompts that stay on one side of the original context, run on `path` opened for
 /// `context` positions.
 fn phi3_fidelity(f: &GpuTensorFactory, path: &str, context: usize) {
+    longrope_fidelity(f, "phi3", path, context);
+}
+
+/// [`phi3_fidelity`] of `family`'s fixture (a Phi-3 with LongRoPE).
+fn longrope_fidelity(f: &GpuTensorFactory, family: &str, path: &str, context: usize) {
     let long = context > ORIGINAL_CONTEXT;
-    let prompts: Vec<Value> = expected()["prompts"]
+    let prompts: Vec<Value> = expected_of(family)["prompts"]
         .as_array()
         .unwrap()
         .iter()
         .filter(|p| (p["prompt_ids"].as_array().unwrap().len() > ORIGINAL_CONTEXT) == long)
         .cloned()
         .collect();
-    let name = format!("phi3/{path} ({} factors)", if long { "long" } else { "short" });
-    fidelity(f, &format!("phi3/{path}"), Some(context), &prompts, &name);
+    let name = format!("{family}/{path} ({} factors)", if long { "long" } else { "short" });
+    fidelity(f, &format!("{family}/{path}"), Some(context), &prompts, &name);
 }
 
 /// `prompts` run on `path` (opened for `context` positions when given): prefilled together,
@@ -207,4 +220,110 @@ fn phi3_gguf_chat_template_renders_as_transformers_does() {
     let messages: Vec<ChatMessage> = serde_json::from_value(chat["messages"].clone()).unwrap();
     let rendered = files.tokenizer.chat_template().unwrap().render(&messages, true).unwrap();
     assert_eq!(rendered, chat["text"].as_str().unwrap());
+}
+
+/// The largest difference between `path`'s last-position logits for `family`'s prompt `i` and
+/// transformers'.
+fn last_logits_diff(exec: &GpuExecutor, family: &str, i: usize) -> f32 {
+    let p = &expected_of(family)["prompts"][i];
+    let got = logits(exec, vec![step(0, &u32s(&p["prompt_ids"]), 0)]).remove(0);
+    got.iter().zip(f32s(&p["last_logits"])).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max)
+}
+
+#[test]
+fn qwen3_yarn_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    let prompts = expected_of("qwen3_yarn")["prompts"].as_array().unwrap().clone();
+    fidelity(&f, "qwen3_yarn/hf", None, &prompts, "qwen3_yarn/hf");
+}
+
+#[test]
+fn qwen3_yarn_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    let prompts = expected_of("qwen3_yarn")["prompts"].as_array().unwrap().clone();
+    fidelity(&f, "qwen3_yarn/model.gguf", None, &prompts, "qwen3_yarn/model.gguf");
+}
+
+/// Both checkpoints read the same YaRN, whose frequencies and cos/sin scale are transformers'
+/// (`rotary_emb.inv_freq`, `attention_scaling`) to f32 rounding: each frequency is a few f32
+/// operations (a power, two quotients, a blend), within 4 ulp.
+#[test]
+fn qwen3_yarn_checkpoints_read_transformers_frequencies() {
+    let rope = &expected_of("qwen3_yarn")["rope"];
+    let (want_freq, want_scale) = (f32s(&rope["inv_freq"]), rope["attention_scaling"].as_f64().unwrap());
+    for path in ["qwen3_yarn/model.gguf", "qwen3_yarn/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, .. }) =
+            config.rope_scaling
+        else {
+            panic!("{path}: YaRN was not read: {:?}", config.rope_scaling)
+        };
+        assert_eq!((factor, original_max_position_embeddings), (4.0, ORIGINAL_CONTEXT), "{path}");
+        assert!((f64::from(attention_factor) - want_scale).abs() < 1e-6, "{path}: {attention_factor} vs {want_scale}");
+        let got = config.inv_freq();
+        assert_eq!(got.len(), want_freq.len());
+        for (i, (g, w)) in got.iter().zip(&want_freq).enumerate() {
+            assert!((g - w).abs() <= 4.0 * f32::EPSILON * w, "{path}: inv_freq[{i}] = {g} vs transformers' {w}");
+        }
+    }
+}
+
+/// YaRN matters at this size: the same model with plain RoPE is far from transformers.
+#[test]
+fn qwen3_yarn_is_visible() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("qwen3_yarn/model.gguf")).unwrap();
+    files.config.rope_scaling = None;
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let diff = last_logits_diff(&exec, "qwen3_yarn", 2);
+    eprintln!("qwen3_yarn without YaRN: last-position logits differ by {diff}");
+    assert!(diff > 1e-2, "plain RoPE differs from YaRN by only {diff}");
+}
+
+#[test]
+fn phi3_partial_rotary_llama_cpp_gguf_matches_transformers_with_short_and_long_factors() {
+    let Some(f) = factory() else { return };
+    longrope_fidelity(&f, "phi3_partial", "model.gguf", ORIGINAL_CONTEXT);
+    longrope_fidelity(&f, "phi3_partial", "model.gguf", 128);
+}
+
+#[test]
+fn phi3_partial_rotary_hf_directory_matches_transformers_with_short_and_long_factors() {
+    let Some(f) = factory() else { return };
+    longrope_fidelity(&f, "phi3_partial", "hf", ORIGINAL_CONTEXT);
+    longrope_fidelity(&f, "phi3_partial", "hf", 128);
+}
+
+/// Both checkpoints say RoPE rotates 12 of 16 dimensions (config.json's
+/// `partial_rotary_factor` 0.75, the GGUF's `rope.dimension_count`), with 6 LongRoPE factors.
+#[test]
+fn phi3_partial_checkpoints_read_the_same_rotary_dims() {
+    for path in ["phi3_partial/model.gguf", "phi3_partial/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        assert_eq!((config.head_dim, config.rotary_dim, config.rope_dim()), (16, Some(12), 12), "{path}");
+        let Some(RopeScaling::LongRope { short, long, .. }) = &config.rope_scaling else {
+            panic!("{path}: LongRoPE was not read: {:?}", config.rope_scaling)
+        };
+        assert_eq!((short.len(), long.len()), (6, 6), "{path}");
+        assert_eq!(config.inv_freq_for_context(32).len(), 6, "{path}");
+    }
+}
+
+/// Rotating the whole head instead (what a full-head RoPE with these factors would do) is far
+/// from transformers, so the fidelity tests above tell partial rotary apart.
+#[test]
+fn phi3_partial_rotary_is_visible() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("phi3_partial/model.gguf")).unwrap();
+    files.config.max_position_embeddings = ORIGINAL_CONTEXT;
+    files.config.rotary_dim = None;
+    if let Some(RopeScaling::LongRope { short, long, .. }) = &mut files.config.rope_scaling {
+        // Factors for the whole head: the checkpoint's, then 1s for the extra dimensions.
+        short.resize(8, 1.0);
+        long.resize(8, 1.0);
+    }
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let diff = last_logits_diff(&exec, "phi3_partial", 1);
+    eprintln!("phi3_partial rotating whole heads: last-position logits differ by {diff}");
+    assert!(diff > 1e-2, "rotating whole heads differs by only {diff}");
 }

@@ -17,7 +17,7 @@ pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
     let c = config;
     let (hd, heads, kv_heads, eps) = (c.head_dim, c.num_heads, c.num_kv_heads, c.rms_norm_eps);
     let get = |name: &str| w.get(name).unwrap_or_else(|| panic!("missing {name}"));
-    let global = crate::gpu::kernels::rope::cos_sin_table(&c.inv_freq(), tokens.len());
+    let global = c.rope_table(c.max_position_embeddings, tokens.len());
     let local = crate::gpu::kernels::rope::cos_sin_table(&c.local_inv_freq(), tokens.len());
     let embed = get("token_embd.weight");
     let embed_scale = (c.hidden_size as f32).sqrt();
@@ -43,8 +43,8 @@ pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
             let v = linear(get(&p("attn_v.weight")), &xn);
             let mut q = super::rms_norm(&q, get(&p("attn_q_norm.weight")), eps);
             let mut k = super::rms_norm(&k, get(&p("attn_k_norm.weight")), eps);
-            super::rope(&mut q, heads, hd, &[pos as u32], table, true);
-            super::rope(&mut k, kv_heads, hd, &[pos as u32], table, true);
+            super::rope(&mut q, heads, hd, c.rope_dim(), &[pos as u32], table, true);
+            super::rope(&mut k, kv_heads, hd, c.rope_dim(), &[pos as u32], table, true);
             queries.push(q);
             keys.push(k);
             values.push(v);

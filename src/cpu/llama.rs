@@ -32,8 +32,8 @@ pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
     let c = config;
     let (hd, heads, kv_heads) = (c.head_dim, c.num_heads, c.num_kv_heads);
     let get = |name: &str| w.get(name).unwrap_or_else(|| panic!("missing {name}"));
-    let inv_freq = c.inv_freq();
-    let table = crate::gpu::kernels::rope::cos_sin_table(&inv_freq, tokens.len());
+    // Partial rotary, LongRoPE and YaRN (attention factor included) as the GPU model's table.
+    let (table, rot) = (c.rope_table(c.max_position_embeddings, tokens.len()), c.rope_dim());
     let embed = get("model.embed_tokens.weight");
     let mut xs: Vec<Vec<f32>> =
         tokens.iter().map(|&t| embed[t as usize * c.hidden_size..(t as usize + 1) * c.hidden_size].to_vec()).collect();
@@ -53,8 +53,8 @@ pub fn forward(config: &ModelConfig, w: &HfWeights, tokens: &[u32]) -> Vec<Vec<f
                 q = rms_norm(&q, qn, c.rms_norm_eps);
                 k = rms_norm(&k, kn, c.rms_norm_eps);
             }
-            super::rope(&mut q, heads, hd, &[pos as u32], &table, true);
-            super::rope(&mut k, kv_heads, hd, &[pos as u32], &table, true);
+            super::rope(&mut q, heads, hd, rot, &[pos as u32], &table, true);
+            super::rope(&mut k, kv_heads, hd, rot, &[pos as u32], &table, true);
             queries.push(q);
             keys.push(k);
             values.push(v);

@@ -67,10 +67,20 @@ pub fn argmax(x: &[f32], n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Rotate x (num_tokens, num_heads, head_dim) in place by the angle table of
-/// `gpu::kernels::rope::cos_sin_table`; `neox` pairs (i, i + half), otherwise (2i, 2i + 1).
-pub fn rope(x: &mut [f32], num_heads: usize, head_dim: usize, positions: &[u32], cos_sin: &[f32], neox: bool) {
-    let half = head_dim / 2;
+/// Rotate the first `rope_dim` dimensions of each head of x (num_tokens, num_heads, head_dim)
+/// in place by the angle table (positions, rope_dim / 2, 2) of
+/// `gpu::kernels::rope::cos_sin_table`; `neox` pairs (i, i + rope_dim/2), otherwise
+/// (2i, 2i + 1). The other dimensions pass through.
+pub fn rope(
+    x: &mut [f32],
+    num_heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    positions: &[u32],
+    cos_sin: &[f32],
+    neox: bool,
+) {
+    let half = rope_dim / 2;
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..num_heads {
             let base = (t * num_heads + h) * head_dim;

@@ -24,6 +24,60 @@ pub enum RopeScaling {
     /// a position passes the original context; the two agree whenever a sequence stays on one
     /// side of it).
     LongRope { short: Vec<f32>, long: Vec<f32>, original_max_position_embeddings: usize, attention_factor: f32 },
+    /// YaRN (transformers' `_compute_yarn_parameters`, llama.cpp's `rope_yarn`): each
+    /// frequency blended between itself (extrapolation) and itself / `factor` (interpolation)
+    /// by a linear ramp over the dimensions between the ones that turn `beta_fast` and
+    /// `beta_slow` times over the original context, and cos/sin multiplied by
+    /// `attention_factor` (0.1 · ln(factor) + 1 unless the checkpoint names one).
+    Yarn {
+        factor: f32,
+        original_max_position_embeddings: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// Whether the ramp's ends are rounded outwards to whole dimensions (transformers'
+        /// `truncate`, true unless a checkpoint says otherwise; llama.cpp always rounds).
+        truncate: bool,
+        attention_factor: f32,
+    },
+}
+
+/// YaRN's magnitude scale (the paper's eq. 21, transformers' `yarn_get_mscale`):
+/// 0.1 · mscale · ln(scale) + 1 for scale > 1, else 1.
+pub fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * mscale * scale.ln() + 1.0 }
+}
+
+/// YaRN's inverse frequencies for `dim` rotated dimensions, as transformers computes them (f32
+/// tensors, the correction range in f64).
+fn yarn_inv_freq(
+    dim: usize,
+    theta: f32,
+    factor: f32,
+    original: usize,
+    beta_fast: f32,
+    beta_slow: f32,
+    truncate: bool,
+) -> Vec<f32> {
+    let correction_dim = |rotations: f64| {
+        dim as f64 * (original as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * f64::from(theta).ln())
+    };
+    let (mut low, mut high) = (correction_dim(f64::from(beta_fast)), correction_dim(f64::from(beta_slow)));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0) as f32, high.min(dim as f64 - 1.0) as f32);
+    if low == high {
+        high += 0.001; // transformers' guard against a zero-width ramp
+    }
+    (0..dim / 2)
+        .map(|i| {
+            let pos_freq = theta.powf((2 * i) as f32 / dim as f32);
+            let (extrapolation, interpolation) = (1.0 / pos_freq, 1.0 / (factor * pos_freq));
+            let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            let extrapolation_factor = 1.0 - ramp;
+            interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+        })
+        .collect()
 }
 
 /// LongRoPE's default attention factor (transformers' and llama.cpp's converter's):
@@ -44,6 +98,10 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// The leading dimensions of each query and key head that RoPE rotates, when fewer than
+    /// `head_dim` (Phi-4-mini: 96 of 128; llama.cpp's `rope.dimension_count`, transformers'
+    /// head_dim · `partial_rotary_factor`); the rest pass through. `None`: the whole head.
+    pub rotary_dim: Option<usize>,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: Option<RopeScaling>,
@@ -128,6 +186,34 @@ impl SsmConfig {
     }
 }
 
+/// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
+/// `experts` (how many the checkpoint says) per MoE layer.
+fn moe_refusal(architecture: &str, experts: &str) -> String {
+    format!("mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs dense models only)")
+}
+
+/// The refusal of a GGUF mixture-of-experts model (`{arch}.expert_count` > 0, or routed-expert
+/// tensors such as `blk.N.ffn_gate_inp.weight` and `ffn_up_exps`), if it is one.
+pub fn gguf_moe_refusal(gguf: &GgufFile) -> Option<String> {
+    let arch = gguf.architecture()?;
+    if let Some(n) = gguf.get_u64(&format!("{arch}.expert_count")).filter(|&n| n > 0) {
+        return Some(moe_refusal(arch, &format!("{n} experts")));
+    }
+    let routed = |name: &str| name.ends_with(".ffn_gate_inp.weight") || name.contains("_exps.");
+    let tensor = gguf.tensors.iter().find(|t| routed(&t.name))?;
+    Some(moe_refusal(arch, &format!("routed experts ({})", tensor.name)))
+}
+
+/// The refusal of a Hugging Face mixture-of-experts config (`num_local_experts`,
+/// `num_experts` or `n_routed_experts` > 0), if it is one.
+pub fn hf_moe_refusal(config: &Value) -> Option<String> {
+    let arch = config["model_type"].as_str().unwrap_or("this model");
+    ["num_local_experts", "num_experts", "n_routed_experts"].iter().find_map(|key| {
+        let n = config[key].as_u64().filter(|&n| n > 0)?;
+        Some(moe_refusal(arch, &format!("{n} experts ({key})")))
+    })
+}
+
 fn missing(file: &str, key: &str) -> WeftError {
     WeftError::model(file, format!("missing or malformed metadata {key}"))
 }
@@ -137,6 +223,9 @@ impl ModelConfig {
     pub fn from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
         let file = gguf.name();
         let arch = gguf.architecture().ok_or_else(|| missing(file, "general.architecture"))?.to_string();
+        if let Some(refusal) = gguf_moe_refusal(gguf) {
+            return Err(WeftError::model(file, refusal));
+        }
         if !SUPPORTED.contains(&arch.as_str()) {
             return Err(WeftError::model(file, unsupported(&arch)));
         }
@@ -162,34 +251,11 @@ impl ModelConfig {
         let num_heads = int("attention.head_count")?;
         let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
         let vocab_size = int("vocab_size").unwrap_or_else(|_| embed.shape()[0]);
-        let head_dim = int("attention.key_length")
-            .or_else(|_| int("rope.dimension_count"))
-            .unwrap_or(hidden_size / num_heads.max(1));
-        let rope_scaling = if let Some(factors) = gguf.tensor("rope_freqs.weight") {
-            let bytes = gguf.tensor_bytes(factors);
-            Some(RopeScaling::FreqFactors(
-                bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            ))
-        } else if let (Some(short), Some(long)) =
-            (gguf.tensor("rope_factors_short.weight"), gguf.tensor("rope_factors_long.weight"))
-        {
-            let values = |t| -> Vec<f32> {
-                gguf.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-            };
-            let original = int("rope.scaling.original_context_length")?;
-            let context = int("context_length")?;
-            Some(RopeScaling::LongRope {
-                short: values(short),
-                long: values(long),
-                original_max_position_embeddings: original,
-                attention_factor: float("rope.scaling.attn_factor")
-                    .unwrap_or_else(|| longrope_attention_factor(context, original)),
-            })
-        } else if gguf.get_str(&format!("{arch}.rope.scaling.type")) == Some("linear") {
-            Some(RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) })
-        } else {
-            None
-        };
+        // llama.cpp's reading: the head is key_length wide (else hidden / heads) and RoPE
+        // rotates rope.dimension_count of it (else all of it).
+        let head_dim = int("attention.key_length").unwrap_or(hidden_size / num_heads.max(1));
+        let rotary_dim = int("rope.dimension_count").ok().filter(|&d| d != head_dim);
+        let rope_scaling = Self::rope_scaling_from_gguf(gguf, &arch)?;
         // A hybrid lists each layer's KV heads: 0 marks a Mamba2 layer.
         let kv_heads_per_layer = gguf.get_i64_array(&format!("{arch}.attention.head_count_kv"));
         let hybrid = match (&kv_heads_per_layer, arch.as_str()) {
@@ -218,6 +284,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
             rope_scaling,
@@ -239,11 +306,75 @@ impl ModelConfig {
         Ok(config)
     }
 
+    /// The RoPE scaling a GGUF file describes: llama.cpp's `rope_freqs.weight` (Llama 3) or
+    /// LongRoPE factor tensors, else `{arch}.rope.scaling.type` with its keys. A type weft does
+    /// not apply is refused, naming it, rather than run unscaled.
+    fn rope_scaling_from_gguf(gguf: &GgufFile, arch: &str) -> Result<Option<RopeScaling>> {
+        let file = gguf.name();
+        let int = |key: &str| -> Result<usize> {
+            let full = format!("{arch}.{key}");
+            gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
+        };
+        let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
+        let values = |t| -> Vec<f32> {
+            gguf.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+        };
+        if let Some(factors) = gguf.tensor("rope_freqs.weight") {
+            return Ok(Some(RopeScaling::FreqFactors(values(factors))));
+        }
+        if let (Some(short), Some(long)) =
+            (gguf.tensor("rope_factors_short.weight"), gguf.tensor("rope_factors_long.weight"))
+        {
+            let original = int("rope.scaling.original_context_length")?;
+            let context = int("context_length")?;
+            return Ok(Some(RopeScaling::LongRope {
+                short: values(short),
+                long: values(long),
+                original_max_position_embeddings: original,
+                attention_factor: float("rope.scaling.attn_factor")
+                    .unwrap_or_else(|| longrope_attention_factor(context, original)),
+            }));
+        }
+        let key = format!("{arch}.rope.scaling.type");
+        match gguf.get_str(&key) {
+            None | Some("none") => Ok(None),
+            Some("linear") => Ok(Some(RopeScaling::Linear { factor: float("rope.scaling.factor").unwrap_or(1.0) })),
+            Some("yarn") => {
+                let factor = float("rope.scaling.factor")
+                    .ok_or_else(|| missing(file, &format!("{arch}.rope.scaling.factor")))?;
+                let original = int("rope.scaling.original_context_length").or_else(|_| int("context_length"))?;
+                // The converter writes a checkpoint's own attention_factor as yarn_attn_factor;
+                // llama.cpp multiplies whatever it uses by rope.scaling.attn_factor.
+                let attention_factor = float("rope.scaling.yarn_attn_factor")
+                    .unwrap_or_else(|| yarn_mscale(f64::from(factor), 1.0) as f32)
+                    * float("rope.scaling.attn_factor").unwrap_or(1.0);
+                Ok(Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
+                    beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
+                    truncate: true,
+                    attention_factor,
+                }))
+            }
+            Some(other) => Err(WeftError::model(
+                file,
+                format!(
+                    "{key} {other:?} is not supported (weft applies linear and yarn, and Llama 3's and LongRoPE's \
+                     factor tensors)"
+                ),
+            )),
+        }
+    }
+
     /// From a Hugging Face `config.json`.
     pub fn from_hf_json(file: &str, json: &str) -> Result<ModelConfig> {
         let v: Value =
             serde_json::from_str(json).map_err(|e| WeftError::model(file, format!("not valid JSON: {e}")))?;
         let arch = v["model_type"].as_str().ok_or_else(|| missing(file, "model_type"))?.to_string();
+        if let Some(refusal) = hf_moe_refusal(&v) {
+            return Err(WeftError::model(file, refusal));
+        }
         if arch == "gemma3_text" {
             return Self::gemma3_from_hf(file, &v);
         }
@@ -274,6 +405,13 @@ impl ModelConfig {
         let scaling = if v["rope_scaling"].is_object() { &v["rope_scaling"] } else { &v["rope_parameters"] };
         let rope_theta = float("rope_theta").or_else(|| v["rope_parameters"]["rope_theta"].as_f64().map(|x| x as f32));
         let max_position_embeddings = int("max_position_embeddings").unwrap_or(4096);
+        let head_dim = int("head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        // transformers rotates int(head_dim · partial_rotary_factor) leading dimensions (Phi-4-mini: 0.75).
+        let rotary_dim = v["partial_rotary_factor"]
+            .as_f64()
+            .or_else(|| v["rope_parameters"]["partial_rotary_factor"].as_f64())
+            .map(|p| (head_dim as f64 * p) as usize)
+            .filter(|&d| d != head_dim);
         let rope_scaling = match scaling {
             Value::Object(s) => {
                 let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("");
@@ -310,11 +448,40 @@ impl ModelConfig {
                                 .unwrap_or_else(|| longrope_attention_factor(max_position_embeddings, original)),
                         })
                     }
+                    "yarn" => {
+                        let original = s
+                            .get("original_max_position_embeddings")
+                            .and_then(Value::as_u64)
+                            .or_else(|| v["original_max_position_embeddings"].as_u64())
+                            .map_or(max_position_embeddings, |o| o as usize);
+                        // transformers: without a factor, the ratio of the contexts.
+                        let factor = f("factor").unwrap_or(max_position_embeddings as f32 / original.max(1) as f32);
+                        let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
+                            (Some(a), _, _) => a,
+                            (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                                let factor = f64::from(factor);
+                                (yarn_mscale(factor, f64::from(m)) / yarn_mscale(factor, f64::from(all))) as f32
+                            }
+                            _ => yarn_mscale(f64::from(factor), 1.0) as f32,
+                        };
+                        // transformers: `beta_fast or 32`, so 0 means the default too.
+                        let beta = |key: &str, default: f32| f(key).filter(|b| *b != 0.0).unwrap_or(default);
+                        Some(RopeScaling::Yarn {
+                            factor,
+                            original_max_position_embeddings: original,
+                            beta_fast: beta("beta_fast", 32.0),
+                            beta_slow: beta("beta_slow", 1.0),
+                            truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                            attention_factor,
+                        })
+                    }
                     "default" | "" => None,
                     other => {
                         return Err(WeftError::model(
                             file,
-                            format!("rope_scaling type {other:?} is not supported (linear, llama3, longrope are)"),
+                            format!(
+                                "rope_scaling type {other:?} is not supported (linear, llama3, longrope, yarn are)"
+                            ),
                         ));
                     }
                 }
@@ -328,7 +495,8 @@ impl ModelConfig {
             num_layers: int("num_hidden_layers")?,
             num_heads,
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
-            head_dim: int("head_dim").unwrap_or(hidden_size / num_heads.max(1)),
+            head_dim,
+            rotary_dim,
             rms_norm_eps: float("rms_norm_eps").unwrap_or(1e-6),
             rope_theta: rope_theta.unwrap_or(10000.0),
             rope_scaling,
@@ -396,6 +564,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
             head_dim,
+            rotary_dim: None,
             rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
             rope_theta: theta("full_attention", "rope_theta", 1e6),
             rope_scaling: None,
@@ -421,12 +590,6 @@ impl ModelConfig {
     fn granite_hybrid_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let float = |key: &str, default: f32| v[key].as_f64().map_or(default, |x| x as f32);
-        if v["num_local_experts"].as_u64().unwrap_or(0) > 0 {
-            return Err(WeftError::model(
-                file,
-                "Granite 4.0-H with routed experts (num_local_experts > 0) is not supported yet; its dense variants are",
-            ));
-        }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
         let num_layers = int("num_hidden_layers")?;
@@ -449,6 +612,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
             head_dim: hidden_size / num_heads.max(1),
+            rotary_dim: None,
             rms_norm_eps: float("rms_norm_eps", 1e-6),
             rope_theta: rope_theta.unwrap_or(10000.0) as f32,
             rope_scaling: None,
@@ -507,6 +671,7 @@ impl ModelConfig {
             num_heads: 0,
             num_kv_heads: 0,
             head_dim: 0,
+            rotary_dim: None,
             rms_norm_eps: v["layer_norm_epsilon"].as_f64().unwrap_or(1e-5) as f32,
             rope_theta: 0.0,
             rope_scaling: None,
@@ -542,16 +707,40 @@ impl ModelConfig {
         (0..self.num_layers).filter(|&i| !self.is_recurrent(i)).count()
     }
 
+    /// The leading dimensions of each head RoPE rotates (`rotary_dim`, else the whole head).
+    pub fn rope_dim(&self) -> usize {
+        self.rotary_dim.unwrap_or(self.head_dim)
+    }
+
     fn check(&self, file: &str) -> Result<()> {
+        let half = self.rope_dim() / 2;
         if let Some(RopeScaling::LongRope { short, long, .. }) = &self.rope_scaling {
-            if short.len() != self.head_dim / 2 || long.len() != self.head_dim / 2 {
+            if short.len() != half || long.len() != half {
                 return Err(WeftError::model(
                     file,
                     format!(
-                        "LongRoPE needs head_dim / 2 = {} short and long factors; found {} and {}",
-                        self.head_dim / 2,
+                        "LongRoPE needs rotated dims / 2 = {half} short and long factors; found {} and {}",
                         short.len(),
                         long.len()
+                    ),
+                ));
+            }
+        }
+        if let Some(RopeScaling::FreqFactors(factors)) = &self.rope_scaling {
+            if factors.len() != half {
+                return Err(WeftError::model(
+                    file,
+                    format!("rope_freqs.weight has {} factors; the rotated dims need {half}", factors.len()),
+                ));
+            }
+        }
+        if let Some(d) = self.rotary_dim {
+            if d == 0 || !d.is_multiple_of(2) || d > self.head_dim {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "RoPE rotates {d} dimensions of a {}-dimension head; weft needs an even number, at most the head",
+                        self.head_dim
                     ),
                 ));
             }
@@ -625,23 +814,47 @@ impl ModelConfig {
         self.inv_freq_with_base(self.rope_local_theta.unwrap_or(self.rope_theta), self.max_position_embeddings)
     }
 
-    /// What RoPE's cos and sin are multiplied by (LongRoPE's attention factor; else 1).
+    /// What RoPE's cos and sin are multiplied by (LongRoPE's and YaRN's attention factor;
+    /// else 1).
     pub fn rope_attention_factor(&self) -> f32 {
         match &self.rope_scaling {
-            Some(RopeScaling::LongRope { attention_factor, .. }) => *attention_factor,
+            Some(RopeScaling::LongRope { attention_factor, .. } | RopeScaling::Yarn { attention_factor, .. }) => {
+                *attention_factor
+            }
             _ => 1.0,
         }
     }
 
+    /// The RoPE table of the global layers, (num_positions, rope_dim / 2, 2), for a model serving
+    /// `context` positions: cos and sin of each position's angles
+    /// (`gpu::kernels::rope::cos_sin_table`), times the attention factor. What the GPU's
+    /// `rope_kv_write` and the CPU oracles read.
+    pub fn rope_table(&self, context: usize, num_positions: usize) -> Vec<f32> {
+        let attention_factor = self.rope_attention_factor();
+        let table = crate::gpu::kernels::rope::cos_sin_table(&self.inv_freq_for_context(context), num_positions);
+        if attention_factor == 1.0 { table } else { table.into_iter().map(|v| v * attention_factor).collect() }
+    }
+
     fn inv_freq_with_base(&self, theta: f32, context: usize) -> Vec<f32> {
-        let base = crate::gpu::kernels::rope::inv_freq(self.head_dim, theta);
+        let dim = self.rope_dim();
+        let base = crate::gpu::kernels::rope::inv_freq(dim, theta);
         match &self.rope_scaling {
             None => base,
             Some(RopeScaling::LongRope { short, long, original_max_position_embeddings, .. }) => {
                 let factors = if context > *original_max_position_embeddings { long } else { short };
                 // transformers: 1 / (factor · theta^(2i/d)), in f32.
-                let exponent = |i: usize| (2 * i) as f32 / self.head_dim as f32;
+                let exponent = |i: usize| (2 * i) as f32 / dim as f32;
                 factors.iter().enumerate().map(|(i, d)| 1.0 / (d * theta.powf(exponent(i)))).collect()
+            }
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            }) => {
+                yarn_inv_freq(dim, theta, *factor, *original_max_position_embeddings, *beta_fast, *beta_slow, *truncate)
             }
             Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
             Some(RopeScaling::FreqFactors(div)) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
@@ -690,6 +903,7 @@ mod tests {
             num_heads: 32,
             num_kv_heads: 8,
             head_dim: 128,
+            rotary_dim: None,
             rms_norm_eps: 1e-5,
             rope_theta: 500000.0,
             rope_scaling: Some(RopeScaling::Llama3 {
@@ -759,10 +973,53 @@ mod tests {
         let err = ModelConfig::from_hf_json(
             "config.json",
             r#"{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
-                "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4}}"#,
+                "num_hidden_layers": 1, "vocab_size": 10, "rope_scaling": {"rope_type": "dynamic", "factor": 4}}"#,
         )
         .unwrap_err()
         .to_string();
-        assert!(err.contains("rope_scaling type \"yarn\" is not supported"), "{err}");
+        assert!(err.contains("rope_scaling type \"dynamic\" is not supported"), "{err}");
+    }
+
+    /// config.json's YaRN keys as transformers reads them: the factor, the original context (in
+    /// rope_scaling, else top level, else the context), betas (0 meaning the default), and the
+    /// attention factor given, or from mscale / mscale_all_dim, or 0.1 · ln(factor) + 1.
+    #[test]
+    fn hf_yarn_keys_are_read_as_transformers_reads_them() {
+        let yarn = |scaling: &str| {
+            let json = format!(
+                r#"{{"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
+                    "num_hidden_layers": 1, "vocab_size": 10, "max_position_embeddings": 128,
+                    "rope_scaling": {{"rope_type": "yarn", {scaling}}}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json).unwrap().rope_scaling.unwrap()
+        };
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } = yarn(r#""factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 0"#)
+        else {
+            panic!("not YaRN")
+        };
+        assert_eq!(
+            (factor, original_max_position_embeddings, beta_fast, beta_slow, truncate),
+            (4.0, 32, 32.0, 1.0, true)
+        );
+        assert!((attention_factor - (1.0 + 0.1 * 4f32.ln())).abs() < 1e-6);
+        let Some(RopeScaling::Yarn { attention_factor, .. }) = Some(yarn(
+            r#""factor": 40.0, "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 1.0"#,
+        )) else {
+            panic!("not YaRN")
+        };
+        assert_eq!(attention_factor, 1.0);
+        let RopeScaling::Yarn { factor, original_max_position_embeddings, attention_factor, truncate, .. } =
+            yarn(r#""original_max_position_embeddings": 64, "attention_factor": 0.5, "truncate": false"#)
+        else {
+            panic!("not YaRN")
+        };
+        assert_eq!((factor, original_max_position_embeddings, attention_factor, truncate), (2.0, 64, 0.5, false));
     }
 }

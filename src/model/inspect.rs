@@ -72,10 +72,14 @@ fn path_size(path: &Path) -> u64 {
 pub fn inspect_gguf(gguf: &GgufFile, size_bytes: u64) -> Result<ModelReport> {
     let mut problems = Vec::new();
     let architecture = gguf.architecture().map(String::from);
-    match &architecture {
-        None => problems.push("no general.architecture in the metadata".to_string()),
-        Some(arch) if !SUPPORTED.contains(&arch.as_str()) => problems.push(crate::model::arch::unsupported(arch)),
-        Some(_) => {}
+    let moe = crate::model::config::gguf_moe_refusal(gguf);
+    match (&architecture, &moe) {
+        (None, _) => problems.push("no general.architecture in the metadata".to_string()),
+        (Some(_), Some(refusal)) => problems.push(refusal.clone()),
+        (Some(arch), None) if !SUPPORTED.contains(&arch.as_str()) => {
+            problems.push(crate::model::arch::unsupported(arch))
+        }
+        (Some(_), None) => {}
     }
     let mut types: BTreeMap<String, TypeCount> = BTreeMap::new();
     for info in &gguf.tensors {
@@ -98,8 +102,8 @@ pub fn inspect_gguf(gguf: &GgufFile, size_bytes: u64) -> Result<ModelReport> {
     let config = match ModelConfig::from_gguf(gguf) {
         Ok(c) => Some(c),
         Err(e) => {
-            // An unsupported architecture is already listed.
-            if architecture.as_deref().is_some_and(|a| SUPPORTED.contains(&a)) {
+            // An unsupported architecture or a mixture of experts is already listed.
+            if moe.is_none() && architecture.as_deref().is_some_and(|a| SUPPORTED.contains(&a)) {
                 problems.push(detail(e));
             }
             None

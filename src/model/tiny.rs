@@ -4,7 +4,7 @@
 //! safetensors directories).
 
 use crate::cpu::llama::HfWeights;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, RopeScaling};
 use crate::model::gguf::{GgmlType, GgufWriter, MetaValue};
 use crate::model::weights::{Checkpoint, Part, tensor_name};
 use crate::quant::DType;
@@ -20,6 +20,7 @@ pub fn tiny_config() -> ModelConfig {
         num_heads: 4,
         num_kv_heads: 2,
         head_dim: 16,
+        rotary_dim: None,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_scaling: None,
@@ -300,7 +301,38 @@ pub fn gguf_bytes_with(
         .metadata(&key("attention.head_count_kv"), MetaValue::U32(c.num_kv_heads as u32))
         .metadata(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps))
         .metadata(&key("rope.freq_base"), MetaValue::F32(c.rope_theta))
-        .metadata(&key("rope.dimension_count"), MetaValue::U32(c.head_dim as u32));
+        .metadata(&key("rope.dimension_count"), MetaValue::U32(c.rope_dim() as u32));
+    if c.head_dim * c.num_heads != c.hidden_size {
+        g.metadata(&key("attention.key_length"), MetaValue::U32(c.head_dim as u32))
+            .metadata(&key("attention.value_length"), MetaValue::U32(c.head_dim as u32));
+    }
+    // RoPE scaling as llama.cpp's converter writes it (YaRN's attention factor as the
+    // checkpoint's own, `yarn_attn_factor`).
+    match &c.rope_scaling {
+        Some(RopeScaling::Linear { factor }) => {
+            g.metadata(&key("rope.scaling.type"), MetaValue::String("linear".into()))
+                .metadata(&key("rope.scaling.factor"), MetaValue::F32(*factor));
+        }
+        Some(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            ..
+        }) => {
+            g.metadata(&key("rope.scaling.type"), MetaValue::String("yarn".into()))
+                .metadata(&key("rope.scaling.factor"), MetaValue::F32(*factor))
+                .metadata(
+                    &key("rope.scaling.original_context_length"),
+                    MetaValue::U32(*original_max_position_embeddings as u32),
+                )
+                .metadata(&key("rope.scaling.yarn_beta_fast"), MetaValue::F32(*beta_fast))
+                .metadata(&key("rope.scaling.yarn_beta_slow"), MetaValue::F32(*beta_slow))
+                .metadata(&key("rope.scaling.yarn_attn_factor"), MetaValue::F32(*attention_factor));
+        }
+        _ => {}
+    }
     for (k, v) in tokenizer {
         g.metadata(k, v);
     }

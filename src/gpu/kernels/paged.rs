@@ -25,6 +25,7 @@ shader_params!(RopeKvParams {
     table_rows: u32,
     cache_offset: u32,
     num_slots: u32,
+    rope_dim: u32,
 });
 shader_params!(AttentionParams {
     num_tokens: u32,
@@ -137,7 +138,8 @@ impl QkvLayout {
 /// Record RoPE on qkv's query heads (in place) and key heads, and write the rotated keys and
 /// the values into the cache slots named by slots (num_tokens) U32 (a slot past the cache
 /// writes nothing). qkv (num_tokens, layout.row_stride()) F32; positions (num_tokens) U32;
-/// angles from cos_sin (table_rows, head_dim / 2, 2) F32.
+/// angles from cos_sin (table_rows, rope_dim / 2, 2) F32: its width says how many leading
+/// dimensions of each head rotate (rope_dim, even, at most head_dim); the rest pass through.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_kv_write(
     ctx: &GpuContext,
@@ -164,7 +166,16 @@ pub fn rope_kv_write(
     expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
     let num_tokens = qkv.shape()[0];
     expect(OP, "positions", positions, DType::U32, &[Some(num_tokens)])?;
-    expect(OP, "cos_sin", cos_sin, DType::F32, &[None, Some(head_dim / 2), Some(2)])?;
+    expect(OP, "cos_sin", cos_sin, DType::F32, &[None, None, Some(2)])?;
+    let rope_dim = 2 * cos_sin.shape()[1];
+    if rope_dim == 0 || rope_dim > head_dim {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "cos_sin rotates {rope_dim} dimensions (its width · 2); a head has {head_dim}, and 2 at least rotate"
+            ),
+        ));
+    }
     expect(OP, "slots", slots, DType::U32, &[Some(num_tokens)])?;
     let q_cols = layout.num_heads * head_dim;
     let params = RopeKvParams {
@@ -179,6 +190,7 @@ pub fn rope_kv_write(
         table_rows: u32_of(OP, "table rows", cos_sin.shape()[0])?,
         cache_offset: cache.cache_offset(OP)?,
         num_slots: u32_of(OP, "num_slots", cache.num_slots)?,
+        rope_dim: u32_of(OP, "rope_dim", rope_dim)?,
     };
     let bindings = [
         qkv.single_part(OP)?.resource(ctx)?,
@@ -188,7 +200,7 @@ pub fn rope_kv_write(
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
     ];
-    let pairs = num_tokens * (layout.num_heads * head_dim / 2 + num_kv_heads * head_dim / 4);
+    let pairs = num_tokens * (layout.num_heads * rope_dim / 2 + num_kv_heads * head_dim / 4);
     let variant = ShaderVariant::kv("rope_kv_write", cache.source(), cache.f16());
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(pairs, 64))?;
     Ok(())

@@ -106,8 +106,8 @@ impl Gemma3Model {
         let embed = w.matrix(None, Part::Q, &[c.vocab_size, hidden])?;
         let norm = norm_of(None, Part::AttnNorm, hidden)?;
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let shape = [positions, c.head_dim / 2, 2];
-        let cos_sin = factory.upload_f32(&shape, &cos_sin_table(&c.inv_freq(), positions))?;
+        let shape = [positions, c.rope_dim() / 2, 2];
+        let cos_sin = factory.upload_f32(&shape, &c.rope_table(c.max_position_embeddings, positions))?;
         let local_cos_sin = factory.upload_f32(&shape, &cos_sin_table(&c.local_inv_freq(), positions))?;
         Ok(Gemma3Model { config, embed, layers, norm, cos_sin, local_cos_sin })
     }

@@ -24,7 +24,7 @@ use crate::gpu::kernels::embedding::{embedding, embedding_scaled};
 use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
-use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
+use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::{HybridConfig, ModelConfig};
@@ -126,9 +126,9 @@ impl GraniteHybridModel {
         let lm_head =
             if c.tie_word_embeddings { None } else { w.optional_matrix(None, Part::O, &[c.vocab_size, hidden])? };
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let half = c.head_dim / 2;
+        let half = c.rope_dim() / 2;
         let table = if hybrid.use_rope {
-            cos_sin_table(&c.inv_freq(), positions)
+            c.rope_table(c.max_position_embeddings, positions)
         } else {
             [1.0f32, 0.0].repeat(positions * half)
         };

@@ -14,7 +14,9 @@
 //! with grouped-query attention over the paged KV cache, then a final RMSNorm and the LM head
 //! (the embedding matrix itself when tied) on the sampled rows only. Qwen2 adds biases to q, k
 //! and v; Qwen3 (transformers' `modeling_qwen3.py`) instead normalises each query and key head
-//! (RMSNorm, `q_norm` / `k_norm`) before RoPE; Mistral attends within a sliding window.
+//! (RMSNorm, `q_norm` / `k_norm`) before RoPE; Mistral attends within a sliding window. RoPE's
+//! frequencies come from `ModelConfig::rope_table` (linear, Llama 3 and YaRN scaling — the
+//! 128K Qwen3 files —, with YaRN's attention factor on cos and sin).
 //!
 //! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
 //! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
@@ -25,7 +27,7 @@ use crate::gpu::kernels::embedding::embedding;
 use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
-use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
+use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
@@ -48,7 +50,7 @@ pub struct LlamaModel {
     layers: Vec<Layer>,
     norm: GpuTensor,            // (hidden)
     lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
-    cos_sin: GpuTensor,         // (max_positions, head_dim / 2, 2)
+    cos_sin: GpuTensor,         // (max_positions, rope_dim / 2, 2)
     pairing: RopePairing,
 }
 
@@ -129,15 +131,12 @@ impl LlamaModel {
         let norm = w.vector(None, Part::AttnNorm, hidden)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(w.matrix(None, Part::O, &[c.vocab_size, hidden])?) };
-        // The context served (the table's length) picks LongRoPE's factors; its attention factor
-        // scales cos and sin (1 for every other RoPE).
+        // The context served (the table's length) picks LongRoPE's factors; LongRoPE's and
+        // YaRN's attention factor scales cos and sin (1 for every other RoPE). With partial
+        // rotary (Phi-4-mini) the table covers the rotated dimensions only.
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
-        let attention_factor = c.rope_attention_factor();
-        let table: Vec<f32> = cos_sin_table(&c.inv_freq_for_context(positions), positions)
-            .into_iter()
-            .map(|v| v * attention_factor)
-            .collect();
-        let cos_sin = factory.upload_f32(&[positions, c.head_dim / 2, 2], &table)?;
+        let table = c.rope_table(positions, positions);
+        let cos_sin = factory.upload_f32(&[positions, c.rope_dim() / 2, 2], &table)?;
         let pairing = match (source.checkpoint(), c.architecture.as_str()) {
             // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
             // HF's order.

@@ -12,8 +12,11 @@
 //! so only loading differs: the two fused projections are one matrix each as the checkpoint
 //! stores them, q, k and v rows (`attn_qkv` / `qkv_proj`), and gate then up rows (llama.cpp
 //! keeps the name `ffn_up` for that stack; `gate_up_proj` in transformers), which are exactly
-//! the row orders weft's `Attention` and `Mlp` read. RoPE pairs (i, i + head_dim/2) in both
-//! checkpoints (llama.cpp does not permute Phi-3's rows). LongRoPE (Phi-3 128k, Phi-3.5):
+//! the row orders weft's `Attention` and `Mlp` read. RoPE pairs (i, i + rope_dim/2) in both
+//! checkpoints (llama.cpp does not permute Phi-3's rows). Phi-4-mini rotates only the first
+//! rope_dim = 96 of each head's 128 dimensions (`partial_rotary_factor` 0.75, GGUF
+//! `rope.dimension_count`; transformers' `q[..., :rotary_dim]`), the rest passing through, and
+//! its LongRoPE tables have rope_dim / 2 entries. LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini):
 //! per-frequency divisors, short or long by the context served (`RopeScaling::LongRope`), and
 //! cos/sin scaled by the attention factor, baked into the RoPE table. Phi-3's sliding window is
 //! not applied, as llama.cpp does not (its converted files do not describe it faithfully).
