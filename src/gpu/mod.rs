@@ -6,6 +6,7 @@
 
 mod context;
 pub mod kernels;
+mod memory;
 mod pipelines;
 mod plan;
 mod probe;
@@ -18,6 +19,9 @@ pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
 pub use pipelines::{
     BindingKind, CpuDriver, Epilogue, KvSource, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource,
     attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, matmul_tile, shader_variants,
+};
+pub use memory::{
+    CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, DeviceMemory, KvBudget, KvDemand, KvLimit, MemorySource, gib,
 };
 pub use plan::{AdapterProfile, DevicePlan, FakeAdapter, LimitsMode, TILED_MIN_ROWS};
 pub use recording::{Dispatch, Recording, SubmitTimes};
