@@ -10,8 +10,8 @@ use std::sync::Arc;
 use crate::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use crate::error::{Result, WeftError};
 use crate::gpu::{
-    CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, GpuContext, GpuOptions, GpuTensorFactory, KvBudget, KvDemand, KvLimit,
-    gib,
+    CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, GpuContext, GpuOptions, GpuTensorFactory, KvBudget, KvDemand,
+    KvLimit, gib,
 };
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::model::config::ModelConfig;
@@ -233,7 +233,8 @@ impl EngineBuilder {
         let block_size = self.block_size;
         let max_model_len = self.config.max_model_len.min(max_context);
         // The KV pools: the target's, and a draft model's of the same blocks.
-        let draft = self.draft.as_ref().filter(|_| self.speculation.as_ref().is_some_and(|s| s.drafter == Drafter::DraftModel));
+        let draft =
+            self.draft.as_ref().filter(|_| self.speculation.as_ref().is_some_and(|s| s.drafter == Drafter::DraftModel));
         let shapes: Vec<&ModelConfig> = std::iter::once(c).chain(draft.map(|d| &d.config)).collect();
         let block_bytes = |m: &ModelConfig| {
             KvCacheConfig::block_bytes(block_size, m.num_attention_layers(), m.num_kv_heads, m.head_dim, dtype) as u64
@@ -288,9 +289,14 @@ impl EngineBuilder {
             }
         };
         let config = match memory_bytes {
-            Some(bytes) => {
-                KvCacheConfig::for_memory(bytes as usize, block_size, c.num_attention_layers(), c.num_kv_heads, c.head_dim, dtype)?
-            }
+            Some(bytes) => KvCacheConfig::for_memory(
+                bytes as usize,
+                block_size,
+                c.num_attention_layers(),
+                c.num_kv_heads,
+                c.head_dim,
+                dtype,
+            )?,
             // No attention layers: blocks only count positions.
             None => KvCacheConfig::for_memory(0, block_size, 0, c.num_kv_heads, c.head_dim, dtype)?,
         };
@@ -503,8 +509,10 @@ impl KvPlan {
         match b.limit {
             KvLimit::Utilization => format!("{head}: {share}"),
             KvLimit::CpuDriver => format!(
-                "{head}: a CPU adapter's {} MiB, or one sequence of max_model_len where more (of {share})",
-                CPU_DRIVER_KV_BYTES >> 20
+                "{head}: a CPU adapter's {} MiB, or one sequence of max_model_len where more (its memory, the \
+                 host's, {}, is not shared out)",
+                CPU_DRIVER_KV_BYTES >> 20,
+                b.memory.describe()
             ),
             KvLimit::Sequences => format!("{head}: max_num_seqs sequences of max_model_len (of {share})"),
             KvLimit::Binding => format!("{head}: each layer's K and V in one binding (of {share})"),

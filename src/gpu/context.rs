@@ -250,8 +250,13 @@ impl GpuContext {
             Some(fake) => fake.memory_bytes,
             None => reported_memory(&adapter),
         };
-        let profile =
-            AdapterProfile { info, features: adapter.features(), limits: adapter.limits(), driver_threads, memory_bytes };
+        let profile = AdapterProfile {
+            info,
+            features: adapter.features(),
+            limits: adapter.limits(),
+            driver_threads,
+            memory_bytes,
+        };
         let plan = DevicePlan::choose(&profile, &options)?;
         let info = profile.info;
         let (device, queue) = adapter

@@ -199,6 +199,11 @@ impl DevicePlan {
         })
     }
 
+    /// Whether the adapter runs on the CPU (lavapipe, SwiftShader), whose memory is the host's.
+    pub fn cpu_adapter(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// Whether weights live in textures and matmuls read activations through uniform windows:
     /// the CPU family on a native driver, where llvmpipe loads storage buffers lane by lane but
     /// gathers image loads and broadcasts uniform loads. A browser's CPU adapter (SwiftShader)
