@@ -230,6 +230,9 @@ impl EngineBuilder {
             )));
         }
         let dtype = self.kv_dtype_on(ctx);
+        if dtype != DType::F32 && dtype != DType::F16 {
+            return Err(WeftError::Unsupported(format!("a KV cache holds f32 or f16 values, not {dtype}")));
+        }
         let block_size = self.block_size;
         let max_model_len = self.config.max_model_len.min(max_context);
         // The KV pools: the target's, and a draft model's of the same blocks.
