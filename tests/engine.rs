@@ -804,9 +804,7 @@ fn an_f16_kv_cache_holds_twice_the_blocks() {
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let bytes = tiny::gguf_bytes(&c, &w, DType::Q8_0);
-    // 1 MiB holds 1024 tokens of f32: the context is held to that.
-    let config =
-        EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 4, max_model_len: 1024, ..Default::default() };
+    let config = EngineConfig { max_num_batched_tokens: 16, max_num_seqs: 4, ..Default::default() };
     let build = |dtype| {
         weft::EngineBuilder::from_gguf_bytes("tiny.gguf", bytes.clone())
             .unwrap()
@@ -860,21 +858,21 @@ fn a_default_kv_pool_follows_the_device() {
 #[test]
 fn a_kv_cache_shorter_than_max_model_len_is_refused() {
     let Some(f) = factory() else { return };
-    // 512 KiB of f16 hold 1024 tokens of the tiny model, whose context is 2048.
+    // 256 KiB of f16 hold 1024 tokens of the tiny model (256 bytes a token), whose context is 2048.
     let build = |b: weft::EngineBuilder| b.build_on(f.context().clone()).err().expect("refused").to_string();
-    let err = build(tiny_builder().kv_memory_bytes(512 << 10).kv_cache_dtype(DType::F16));
+    let err = build(tiny_builder().kv_memory_bytes(256 << 10).kv_cache_dtype(DType::F16));
     assert!(err.contains("max_model_len 2048 does not fit the KV cache, which holds 1024 tokens"), "{err}");
     assert!(err.contains("lower max_model_len (--max-model-len) to 1024 or less"), "{err}");
     assert!(err.contains("give the KV cache more memory (--kv-memory)"), "{err}");
     assert!(!err.contains("--kv-cache-dtype f16"), "already f16: {err}");
     // In f32, half the tokens; f16 is one of the ways out.
-    let err = build(tiny_builder().kv_memory_bytes(512 << 10).kv_cache_dtype(DType::F32));
+    let err = build(tiny_builder().kv_memory_bytes(256 << 10).kv_cache_dtype(DType::F32));
     assert!(err.contains("which holds 512 tokens") && err.contains("--kv-cache-dtype f16"), "{err}");
     // Asking for less fits.
     let config = EngineConfig { max_model_len: 1024, ..Default::default() };
     tiny_builder()
         .config(config)
-        .kv_memory_bytes(512 << 10)
+        .kv_memory_bytes(256 << 10)
         .kv_cache_dtype(DType::F16)
         .build_on(f.context().clone())
         .unwrap();
