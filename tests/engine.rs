@@ -833,7 +833,9 @@ fn an_f16_kv_cache_holds_twice_the_blocks() {
 #[test]
 fn a_default_kv_pool_follows_the_device() {
     let Some(f) = factory() else { return };
+    let before = f.context().creations().bytes;
     let engine = tiny_builder().build_on(f.context().clone()).unwrap();
+    let made = f.context().creations().bytes - before;
     let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());
     let plan = f.context().plan();
     let dtype = if plan.features.shader_f16 { DType::F16 } else { DType::F32 };
@@ -848,6 +850,10 @@ fn a_default_kv_pool_follows_the_device() {
     // The weights counted as uploaded, or estimated from the file: within a block or two.
     assert!(planned.config.num_blocks.abs_diff(kv.num_blocks) * block_bytes <= 64 << 10, "{planned:?} vs {kv:?}");
     assert!(planned.describe().starts_with(&format!("KV cache: {} tokens of ", planned.num_tokens())));
+    // What the build made (weights, pool, the warm-up's workspace) is within what the plan
+    // set aside: the workspace's estimate covers what warming up created.
+    let pool = (kv.num_blocks * block_bytes) as u64;
+    assert!(made <= planned.weights_bytes + pool + planned.other_bytes, "{made} bytes made for {planned:?}");
     // An explicit dtype wins.
     let f32s = tiny_builder().kv_cache_dtype(DType::F32).plan_kv(f.context()).unwrap();
     assert_eq!(f32s.config.dtype, DType::F32);
