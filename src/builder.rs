@@ -345,9 +345,9 @@ impl EngineBuilder {
             ),
             Some(_) => plan.describe(),
             None => format!(
-                "{} MiB of KV memory were asked for, {} KiB a token of {dtype}",
-                plan.config.num_blocks as u64 * target_block >> 20,
-                plan.token_bytes >> 10
+                "{} KiB of KV memory were asked for (whole blocks), {} bytes a token of {dtype}",
+                (plan.config.num_blocks as u64 * target_block) >> 10,
+                plan.token_bytes
             ),
         };
         let mut fixes = vec![format!("lower max_model_len (--max-model-len) to {fit} or less")];
