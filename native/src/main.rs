@@ -29,15 +29,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Open the GPU, print the adapter, its features and limits, and run a kernel self-check;
+    /// Open the GPU, print the adapter, its features, limits and memory (and the default
+    /// model's KV cache there, where it is present), and run a kernel self-check;
     /// or, with --model, describe a model and say whether weft can run it.
     Info {
         /// Use only core WebGPU features (what every browser offers), as a web page would.
         #[arg(long)]
         baseline: bool,
         /// Describe this model (a .gguf file, a Hugging Face directory or hf:OWNER/REPO[:QUANT])
-        /// instead, from its headers alone (no GPU, nothing loaded): architecture, size, tensor types, tokenizer,
-        /// and every reason weft would refuse it. Exits with an error when weft cannot run it.
+        /// instead, from its headers alone (nothing loaded): architecture, size, tensor types, tokenizer,
+        /// and every reason weft would refuse it; then, where a GPU opens, how many KV-cache tokens
+        /// `weft serve` would get there. Exits with an error when weft cannot run it.
         #[arg(long, conflicts_with = "baseline")]
         model: Option<PathBuf>,
         /// The fraction of the GPU's memory the KV-cache line assumes in use in all (as `weft serve`).
