@@ -35,6 +35,8 @@ fn main() -> weft::Result<()> {
             max_num_seqs: max_seqs,
             max_num_batched_tokens: 512,
             enable_prefix_cache: false,
+            // 64 MiB hold 1456 tokens of f32 K and V (2912 of f16): a context that fits them.
+            max_model_len: 1024,
             ..Default::default()
         })
         .kv_memory_bytes(64 << 20);

@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 use crate::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use crate::error::{Result, WeftError};
-use crate::gpu::{GpuContext, GpuOptions, GpuTensorFactory};
+use crate::gpu::{
+    CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, GpuContext, GpuOptions, GpuTensorFactory, KvBudget, KvDemand,
+    KvLimit, gib,
+};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::model::config::ModelConfig;
 use crate::model::draft::DraftDistributions;
+use crate::model::executor::GpuExecutor;
 use crate::model::load::ModelFiles;
 use crate::quant::DType;
 use crate::rt;
@@ -24,8 +28,11 @@ use crate::tokenizer::Tokenizer;
 pub struct EngineBuilder {
     files: ModelFiles,
     config: EngineConfig,
-    kv_memory_bytes: usize,
-    kv_dtype: DType,
+    /// `None`: sized to the device ([`gpu_memory_utilization`](Self::gpu_memory_utilization)).
+    kv_memory_bytes: Option<usize>,
+    /// `None`: f16 where the device has shader-f16, else f32.
+    kv_dtype: Option<DType>,
+    gpu_memory_utilization: f64,
     state_memory_bytes: usize,
     block_size: usize,
     gpu: GpuOptions,
@@ -52,8 +59,9 @@ impl EngineBuilder {
         EngineBuilder {
             files,
             config: EngineConfig::default(),
-            kv_memory_bytes: 256 << 20,
-            kv_dtype: DType::F32,
+            kv_memory_bytes: None,
+            kv_dtype: None,
+            gpu_memory_utilization: DEFAULT_GPU_MEMORY_UTILIZATION,
             state_memory_bytes: 512 << 20,
             block_size: 16,
             gpu: GpuOptions::default(),
@@ -80,25 +88,43 @@ impl EngineBuilder {
         self
     }
 
-    /// GPU memory for the KV cache (default 256 MiB), in whole blocks of 16 tokens.
+    /// GPU memory for the KV cache, in whole blocks of 16 tokens, instead of the share of the
+    /// device [`gpu_memory_utilization`](Self::gpu_memory_utilization) leaves it.
     pub fn kv_memory_bytes(mut self, bytes: usize) -> Self {
-        self.kv_memory_bytes = bytes;
+        self.kv_memory_bytes = Some(bytes);
         self
     }
 
-    /// What the KV cache holds: `DType::F32` (the default: the reference's values exactly) or
-    /// `DType::F16` (half the memory per token, so twice the tokens in the same
-    /// [`kv_memory_bytes`](Self::kv_memory_bytes); keys and values are rounded to halves as
-    /// they are written, which moves logits by about 1e-3 and can flip a near-tie). Other
-    /// types fail the build.
-    pub fn kv_cache_dtype(mut self, dtype: DType) -> Self {
-        self.kv_dtype = dtype;
+    /// The fraction of the device's memory the engine plans to use in all (vLLM's
+    /// `gpu_memory_utilization`, default 0.9): the KV pool gets it less the weights and a
+    /// step's workspace (see [`KvPlan`] and `gpu::memory` for the rule, with its caps on CPU
+    /// adapters and where the adapter reports no memory size). A fraction outside (0, 1] fails
+    /// the build. [`kv_memory_bytes`](Self::kv_memory_bytes) wins over it.
+    pub fn gpu_memory_utilization(mut self, fraction: f64) -> Self {
+        self.gpu_memory_utilization = fraction;
         self
+    }
+
+    /// What the KV cache holds: `DType::F16` (the default where the device has shader-f16:
+    /// half the memory per token, so twice the tokens; keys and values are rounded to halves
+    /// as they are written, which moves logits by about 1e-3 and can flip a near-tie) or
+    /// `DType::F32` (the default elsewhere: the reference's values exactly). Other types fail
+    /// the build.
+    pub fn kv_cache_dtype(mut self, dtype: DType) -> Self {
+        self.kv_dtype = Some(dtype);
+        self
+    }
+
+    /// What the KV cache holds on `ctx`: the dtype set, else f16 where the device has
+    /// shader-f16 and f32 elsewhere.
+    pub fn kv_dtype_on(&self, ctx: &GpuContext) -> DType {
+        self.kv_dtype.unwrap_or(if ctx.features().shader_f16 { DType::F16 } else { DType::F32 })
     }
 
     /// The KV memory that holds `num_seqs` sequences of `tokens` tokens each at once (whole
     /// blocks per sequence), for [`kv_memory_bytes`](Self::kv_memory_bytes): what a run of
-    /// known shape needs and no more. Zero for a model without attention layers.
+    /// known shape needs and no more, at the dtype set (f32 where none is: the larger). Zero
+    /// for a model without attention layers.
     pub fn kv_memory_for(&self, num_seqs: usize, tokens: usize) -> usize {
         let c = &self.files.config;
         let block = KvCacheConfig::block_bytes(
@@ -106,7 +132,7 @@ impl EngineBuilder {
             c.num_attention_layers(),
             c.num_kv_heads,
             c.head_dim,
-            self.kv_dtype,
+            self.kv_dtype.unwrap_or(DType::F32),
         );
         num_seqs * tokens.div_ceil(self.block_size) * block
     }
@@ -167,6 +193,179 @@ impl EngineBuilder {
         self
     }
 
+    /// How [`build`](Self::build) would size the KV pool on `ctx`, with the weights' bytes
+    /// estimated from the checkpoint's headers (the build counts them as they are uploaded):
+    /// what `weft info` prints. Fails as the build would where max_model_len does not fit.
+    pub fn plan_kv(&self, ctx: &GpuContext) -> Result<KvPlan> {
+        let max_context = self.files.config.max_position_embeddings.min(MAX_CONTEXT_ESTIMATE);
+        self.plan_kv_with(ctx, self.files.weight_bytes_estimate(), max_context)
+    }
+
+    /// The recurrent-state slots and snapshot slots `state_memory_bytes` holds (none for a
+    /// model without recurrent layers).
+    fn state_slots(&self) -> Result<(usize, usize)> {
+        let c = &self.files.config;
+        let Some(ssm) = c.ssm else { return Ok((0, 0)) };
+        let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
+        let slot_bytes = num_recurrent * ssm.layer_state_bytes();
+        let num_fitting = self.state_memory_bytes / slot_bytes.max(1);
+        if num_fitting == 0 {
+            return Err(WeftError::Unsupported(format!(
+                "{} bytes of state memory hold no recurrent-state slot; one takes {slot_bytes} bytes",
+                self.state_memory_bytes
+            )));
+        }
+        let num_slots = num_fitting.div_ceil(2).min(self.config.max_num_seqs.max(1));
+        Ok((num_slots, (num_fitting - num_slots).min(num_slots)))
+    }
+
+    /// The KV pool on `ctx` beside `weights_bytes` of weights, for a model whose context is
+    /// `max_context` tokens; refused where one sequence of max_model_len does not fit.
+    fn plan_kv_with(&self, ctx: &GpuContext, weights_bytes: u64, max_context: usize) -> Result<KvPlan> {
+        let c = &self.files.config;
+        let u = self.gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(WeftError::Unsupported(format!(
+                "gpu_memory_utilization {u} is not a fraction of the device's memory; use a number above 0 and at most 1"
+            )));
+        }
+        let dtype = self.kv_dtype_on(ctx);
+        if dtype != DType::F32 && dtype != DType::F16 {
+            return Err(WeftError::Unsupported(format!("a KV cache holds f32 or f16 values, not {dtype}")));
+        }
+        let block_size = self.block_size;
+        let max_model_len = self.config.max_model_len.min(max_context);
+        // The KV pools: the target's, and a draft model's of the same blocks.
+        let draft =
+            self.draft.as_ref().filter(|_| self.speculation.as_ref().is_some_and(|s| s.drafter == Drafter::DraftModel));
+        let shapes: Vec<&ModelConfig> = std::iter::once(c).chain(draft.map(|d| &d.config)).collect();
+        let block_bytes = |m: &ModelConfig| {
+            KvCacheConfig::block_bytes(block_size, m.num_attention_layers(), m.num_kv_heads, m.head_dim, dtype) as u64
+        };
+        let target_block = block_bytes(c);
+        let all_blocks: u64 = shapes.iter().map(|m| block_bytes(m)).sum();
+        let (max_tokens, max_seqs) = (self.config.max_num_batched_tokens, self.config.max_num_seqs);
+        let split = ctx.kernel_family().splits_attention();
+        let workspace: u64 =
+            shapes.iter().map(|m| GpuExecutor::workspace_bytes_estimate(m, max_tokens, max_seqs, split)).sum();
+        let (num_slots, num_snapshots) = self.state_slots()?;
+        let state_bytes = c.ssm.map_or(0, |ssm| {
+            let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
+            ((num_slots + num_snapshots) * num_recurrent * ssm.layer_state_bytes()) as u64
+        });
+        let draft_weights = draft.map_or(0, |d| d.weight_bytes_estimate());
+        let memory_bytes = match self.kv_memory_bytes {
+            _ if target_block == 0 => None,
+            Some(bytes) => Some(bytes as u64),
+            None => {
+                // Each model's K (or V) of a layer in one binding.
+                let max_blocks = shapes
+                    .iter()
+                    .filter(|m| m.num_attention_layers() > 0)
+                    .map(|m| ctx.max_binding_bytes() / (block_bytes(m) / (2 * m.num_attention_layers() as u64)).max(1))
+                    .min()
+                    .unwrap_or(u64::MAX);
+                let demand = KvDemand {
+                    utilization: u,
+                    weights_bytes: weights_bytes + draft_weights,
+                    other_bytes: workspace + state_bytes,
+                    token_bytes: all_blocks.div_ceil(block_size as u64),
+                    max_model_len: max_model_len.div_ceil(block_size) * block_size,
+                    max_num_seqs: max_seqs,
+                    max_pool_bytes: max_blocks.saturating_mul(all_blocks),
+                };
+                let budget = ctx.plan().kv_budget(&demand);
+                // The target's share of the blocks both pools hold.
+                let blocks = budget.pool_bytes / all_blocks;
+                return self.checked_plan(
+                    KvPlan {
+                        config: KvCacheConfig { block_size, num_blocks: blocks as usize, dtype },
+                        budget: Some(budget),
+                        utilization: u,
+                        weights_bytes: demand.weights_bytes,
+                        other_bytes: demand.other_bytes,
+                        token_bytes: demand.token_bytes,
+                        max_model_len,
+                    },
+                    target_block,
+                );
+            }
+        };
+        let config = match memory_bytes {
+            Some(bytes) => KvCacheConfig::for_memory(
+                bytes as usize,
+                block_size,
+                c.num_attention_layers(),
+                c.num_kv_heads,
+                c.head_dim,
+                dtype,
+            )?,
+            // No attention layers: blocks only count positions.
+            None => KvCacheConfig::for_memory(0, block_size, 0, c.num_kv_heads, c.head_dim, dtype)?,
+        };
+        let plan = KvPlan {
+            config,
+            budget: None,
+            utilization: u,
+            weights_bytes: weights_bytes + draft_weights,
+            other_bytes: workspace + state_bytes,
+            token_bytes: all_blocks.div_ceil(block_size as u64),
+            max_model_len,
+        };
+        if target_block == 0 {
+            return Ok(plan);
+        }
+        // One layer's K (or V) must fit one binding.
+        let per_layer = config.layer_bytes(c.num_kv_heads, c.head_dim);
+        if per_layer as u64 > ctx.max_binding_bytes() {
+            return Err(WeftError::Unsupported(format!(
+                "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
+                memory_bytes.unwrap_or(0),
+                ctx.max_binding_bytes()
+            )));
+        }
+        self.checked_plan(plan, target_block)
+    }
+
+    /// `plan`, or the reason one sequence of max_model_len does not fit it (vLLM's check at
+    /// start), with what to do.
+    fn checked_plan(&self, plan: KvPlan, target_block: u64) -> Result<KvPlan> {
+        let fit = plan.num_tokens();
+        if fit >= plan.max_model_len {
+            return Ok(plan);
+        }
+        let dtype = plan.config.dtype;
+        let why = match plan.budget {
+            Some(b) if b.pool_bytes == 0 => format!(
+                "the weights ({}) and a step's workspace ({}) take all of {} of the device's {}",
+                gib(plan.weights_bytes),
+                gib(plan.other_bytes),
+                plan.utilization,
+                b.memory.describe()
+            ),
+            Some(_) => plan.describe(),
+            None => format!(
+                "{} KiB of KV memory were asked for (whole blocks), {} bytes a token of {dtype}",
+                (plan.config.num_blocks as u64 * target_block) >> 10,
+                plan.token_bytes
+            ),
+        };
+        let mut fixes = vec![format!("lower max_model_len (--max-model-len) to {fit} or less")];
+        fixes.push(match plan.budget {
+            Some(_) => format!("raise gpu_memory_utilization (--gpu-memory-utilization, now {})", plan.utilization),
+            None => "give the KV cache more memory (--kv-memory)".into(),
+        });
+        if dtype == DType::F32 {
+            fixes.push("hold the KV cache in f16 (--kv-cache-dtype f16: twice the tokens)".into());
+        }
+        fixes.push("use a smaller model".into());
+        Err(WeftError::Unsupported(format!(
+            "max_model_len {} does not fit the KV cache, which holds {fit} tokens: {why}; {}",
+            plan.max_model_len,
+            fixes.join(", or ")
+        )))
+    }
+
     pub async fn build(self) -> Result<ContinuousBatchEngine> {
         let ctx = GpuContext::new(self.gpu.clone()).await?;
         self.build_on(ctx)
@@ -174,51 +373,28 @@ impl EngineBuilder {
 
     /// [`build`](Self::build) on a device the caller opened (and may want to describe); the
     /// builder's GPU options are not used.
-    pub fn build_on(self, ctx: Arc<GpuContext>) -> Result<ContinuousBatchEngine> {
+    pub fn build_on(mut self, ctx: Arc<GpuContext>) -> Result<ContinuousBatchEngine> {
         let factory = GpuTensorFactory::new(ctx);
         let c = &self.files.config;
-        // Only attention layers hold KV (none in a pure state-space model).
-        let num_kv_layers = c.num_attention_layers();
-        let kv = KvCacheConfig::for_memory(
-            self.kv_memory_bytes,
-            self.block_size,
-            num_kv_layers,
-            c.num_kv_heads,
-            c.head_dim,
-            self.kv_dtype,
-        )?;
-        // One layer's K (or V) must fit one binding.
-        let per_layer = kv.layer_bytes(c.num_kv_heads, c.head_dim);
-        if per_layer as u64 > factory.context().max_binding_bytes() {
-            return Err(WeftError::Unsupported(format!(
-                "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
-                self.kv_memory_bytes,
-                factory.context().max_binding_bytes()
-            )));
+        let mut progress = self.progress.take().unwrap_or_else(|| Box::new(|_, _| {}));
+        let (num_slots, num_snapshots) = self.state_slots()?;
+        // An explicit pool that cannot hold max_model_len is refused before the upload.
+        if self.kv_memory_bytes.is_some() {
+            let max_context = c.max_position_embeddings.min(MAX_CONTEXT_ESTIMATE);
+            self.plan_kv_with(factory.context(), self.files.weight_bytes_estimate(), max_context)?;
         }
-        let mut progress = self.progress.unwrap_or_else(|| Box::new(|_, _| {}));
-        let (num_slots, num_snapshots) = match c.ssm {
-            Some(ssm) => {
-                let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
-                let slot_bytes = num_recurrent * ssm.layer_state_bytes();
-                let num_fitting = self.state_memory_bytes / slot_bytes.max(1);
-                if num_fitting == 0 {
-                    return Err(WeftError::Unsupported(format!(
-                        "{} bytes of state memory hold no recurrent-state slot; one takes {slot_bytes} bytes",
-                        self.state_memory_bytes
-                    )));
-                }
-                let num_slots = num_fitting.div_ceil(2).min(self.config.max_num_seqs.max(1));
-                (num_slots, (num_fitting - num_slots).min(num_slots))
-            }
-            None => (0, 0),
-        };
+        // The weights first, counted as they are created, then the KV pool in what is left.
         let mut target_layers = 0;
-        let mut exec =
-            self.files.executor_with_state_slots(&factory, kv, num_slots, num_snapshots, &mut |done, total| {
-                target_layers = total;
-                progress(done, total)
-            })?;
+        let before = factory.context().creations().bytes;
+        let model = self.files.architecture(&factory, &mut |done, total| {
+            target_layers = total;
+            progress(done, total)
+        })?;
+        let weights_bytes = factory.context().creations().bytes - before;
+        let plan = self.plan_kv_with(factory.context(), weights_bytes, model.max_context())?;
+        tracing::info!("{}", plan.describe());
+        let kv = plan.config;
+        let mut exec = GpuExecutor::with_state_slots(factory.clone(), model, kv, num_slots, num_snapshots)?;
         if let Some(rows) = self.scan_chunk {
             exec = exec.with_scan_chunk(rows)?;
         }
@@ -278,6 +454,72 @@ impl EngineBuilder {
             draft,
             Some(spec),
         )
+    }
+}
+
+/// The longest context an architecture's RoPE tables cover (`MAX_TABLE_POSITIONS` in
+/// `model::arch`), for planning before the weights are uploaded.
+const MAX_CONTEXT_ESTIMATE: usize = 32768;
+
+/// How the builder sized the KV pool: its blocks and dtype, and where they came from (see
+/// `gpu::memory` for the rule). Built engines log [`describe`](Self::describe); `weft info`
+/// prints it.
+#[derive(Clone, Debug)]
+pub struct KvPlan {
+    pub config: KvCacheConfig,
+    /// How the device's share was split; `None` where the KV memory was given.
+    pub budget: Option<KvBudget>,
+    pub utilization: f64,
+    /// The weights on the device (a draft model's included): counted as they were uploaded,
+    /// or estimated from the checkpoint by [`EngineBuilder::plan_kv`].
+    pub weights_bytes: u64,
+    /// A step's workspace (estimated) and recurrent-state slots.
+    pub other_bytes: u64,
+    /// One token's K and V over every attention layer (of both models with a draft model).
+    pub token_bytes: u64,
+    /// The engine's max_model_len (the configured one, within the model's context).
+    pub max_model_len: usize,
+}
+
+impl KvPlan {
+    /// Tokens the pool holds.
+    pub fn num_tokens(&self) -> usize {
+        self.config.num_blocks * self.config.block_size
+    }
+
+    /// One line: tokens, dtype, bytes, and the rule's inputs.
+    pub fn describe(&self) -> String {
+        let pool = self.num_tokens() as u64 * self.token_bytes;
+        let head = format!(
+            "KV cache: {} tokens of {} ({} at {} KiB a token; max_model_len {})",
+            self.num_tokens(),
+            self.config.dtype.name().to_ascii_lowercase(),
+            gib(pool),
+            self.token_bytes >> 10,
+            self.max_model_len
+        );
+        if self.token_bytes == 0 {
+            return format!("KV cache: none (no attention layers); max_model_len {}", self.max_model_len);
+        }
+        let Some(b) = self.budget else { return format!("{head}, the KV memory asked for") };
+        let share = format!(
+            "{} of the device's {} less {} of weights and {} of workspace",
+            self.utilization,
+            b.memory.describe(),
+            gib(self.weights_bytes),
+            gib(self.other_bytes)
+        );
+        match b.limit {
+            KvLimit::Utilization => format!("{head}: {share}"),
+            KvLimit::CpuDriver => format!(
+                "{head}: a CPU adapter's {} MiB, or one sequence of max_model_len where more (its memory, the \
+                 host's, {}, is not shared out)",
+                CPU_DRIVER_KV_BYTES >> 20,
+                b.memory.describe()
+            ),
+            KvLimit::Sequences => format!("{head}: max_num_seqs sequences of max_model_len (of {share})"),
+            KvLimit::Binding => format!("{head}: each layer's K and V in one binding (of {share})"),
+        }
     }
 }
 

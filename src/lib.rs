@@ -22,6 +22,6 @@ pub mod step;
 pub mod tensor;
 pub mod tokenizer;
 
-pub use builder::EngineBuilder;
+pub use builder::{EngineBuilder, KvPlan};
 pub use error::{Result, WeftError};
 pub use quant::DType;

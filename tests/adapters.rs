@@ -8,7 +8,7 @@ use weft::DType;
 use weft::engine::EngineConfig;
 use weft::engine::api::InferenceEngine;
 use weft::engine::request::{FinishReason, GenerationParams, InferenceRequest, Prompt};
-use weft::gpu::{FakeAdapter, GpuContext, GpuOptions, KernelFamily, LimitsMode};
+use weft::gpu::{DeviceMemory, FakeAdapter, GpuContext, GpuOptions, KernelFamily, KvLimit, LimitsMode, MemorySource};
 use weft::model::tiny;
 use weft::sampling::SamplingParams;
 
@@ -127,4 +127,37 @@ fn every_step_is_one_submission_even_when_it_verifies_drafts() {
         let tokens: usize = chunks.iter().map(|c| c.as_ref().unwrap().token_ids.len()).sum();
         assert_eq!(tokens, 32);
     }
+}
+
+/// On a GPU that reports its memory, a model built with defaults gets vLLM's share: the KV
+/// pool holds 0.9 of the device less the weights and the workspace, in f16 (the fake has
+/// shader-f16); where the weights and workspace leave nothing, the build is refused saying so.
+#[test]
+fn a_default_kv_pool_takes_the_share_of_a_gpu_that_reports_its_memory() {
+    let c = tiny::tiny_config();
+    let w = tiny::random_weights(&c, 21, DType::Q8_0);
+    let bytes = tiny::gguf_bytes(&c, &w, DType::Q8_0);
+    let memory = 256u64 << 20;
+    let ctx = open(fake(FakeAdapter { memory_bytes: Some(memory), ..FakeAdapter::discrete_gpu() }));
+    assert_eq!(ctx.plan().memory, DeviceMemory { bytes: memory, source: MemorySource::Reported });
+    let config = EngineConfig { max_num_seqs: 4, max_num_batched_tokens: 64, ..Default::default() };
+    let builder = || weft::EngineBuilder::from_gguf_bytes("tiny.gguf", bytes.clone()).unwrap().config(config.clone());
+    let plan = builder().plan_kv(&ctx).unwrap();
+    let budget = plan.budget.expect("sized from the device");
+    assert_eq!((budget.limit, budget.usable_bytes), (KvLimit::Utilization, memory * 9 / 10));
+    assert_eq!(budget.pool_bytes, budget.usable_bytes - plan.weights_bytes - plan.other_bytes);
+    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.num_layers, c.num_kv_heads, c.head_dim, DType::F16);
+    assert_eq!(plan.config.num_blocks, budget.pool_bytes as usize / block_bytes);
+    let engine = builder().build_on(ctx.clone()).unwrap();
+    let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());
+    assert_eq!(kv.dtype, DType::F16);
+    // The build counts the weights as it uploads them; the plan estimated them from the file.
+    assert!(kv.num_blocks.abs_diff(plan.config.num_blocks) * block_bytes <= 64 << 10, "{kv:?} vs {plan:?}");
+    // Everything it made fits the device's share: weights, workspace and the pool.
+    assert!(ctx.creations().bytes <= budget.usable_bytes, "{} bytes made", ctx.creations().bytes);
+    drop(engine);
+    // At 0.05 of 256 MiB the workspace alone takes more than the share.
+    let err = builder().gpu_memory_utilization(0.05).build_on(ctx).err().expect("refused").to_string();
+    assert!(err.contains("does not fit the KV cache, which holds 0 tokens: the weights"), "{err}");
+    assert!(err.contains("raise gpu_memory_utilization (--gpu-memory-utilization, now 0.05)"), "{err}");
 }

@@ -826,6 +826,66 @@ fn an_f16_kv_cache_holds_twice_the_blocks() {
     assert!(err.contains("f32 or f16"), "{err}");
 }
 
+/// Built with defaults, the KV pool follows the device: f16 where it has shader-f16 (lavapipe
+/// has), f32 elsewhere; on a CPU driver such as lavapipe the modest pool `gpu::memory` keeps
+/// there (256 MiB: far more than one sequence of the tiny model's 2048 tokens), on a GPU the
+/// share the weights leave. `plan_kv` says the same before anything is uploaded.
+#[test]
+fn a_default_kv_pool_follows_the_device() {
+    let Some(f) = factory() else { return };
+    let before = f.context().creations().bytes;
+    let engine = tiny_builder().build_on(f.context().clone()).unwrap();
+    let made = f.context().creations().bytes - before;
+    let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());
+    let plan = f.context().plan();
+    let dtype = if plan.features.shader_f16 { DType::F16 } else { DType::F32 };
+    assert_eq!(kv.dtype, dtype);
+    let c = tiny::tiny_config();
+    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.num_layers, c.num_kv_heads, c.head_dim, dtype);
+    if plan.cpu_adapter() {
+        assert_eq!(kv.num_blocks, weft::gpu::CPU_DRIVER_KV_BYTES as usize / block_bytes);
+    }
+    let planned = tiny_builder().plan_kv(f.context()).unwrap();
+    assert_eq!((planned.config.dtype, planned.max_model_len), (dtype, 2048));
+    // The weights counted as uploaded, or estimated from the file: within a block or two.
+    assert!(planned.config.num_blocks.abs_diff(kv.num_blocks) * block_bytes <= 64 << 10, "{planned:?} vs {kv:?}");
+    assert!(planned.describe().starts_with(&format!("KV cache: {} tokens of ", planned.num_tokens())));
+    // What the build made (weights, pool, the warm-up's workspace) is within what the plan
+    // set aside: the workspace's estimate covers what warming up created.
+    let pool = (kv.num_blocks * block_bytes) as u64;
+    assert!(made <= planned.weights_bytes + pool + planned.other_bytes, "{made} bytes made for {planned:?}");
+    // An explicit dtype wins.
+    let f32s = tiny_builder().kv_cache_dtype(DType::F32).plan_kv(f.context()).unwrap();
+    assert_eq!(f32s.config.dtype, DType::F32);
+}
+
+/// As vLLM does, a build whose KV cache cannot hold one sequence of max_model_len is refused,
+/// saying how many tokens fit and what to do; a utilization outside (0, 1] too.
+#[test]
+fn a_kv_cache_shorter_than_max_model_len_is_refused() {
+    let Some(f) = factory() else { return };
+    // 256 KiB of f16 hold 1024 tokens of the tiny model (256 bytes a token), whose context is 2048.
+    let build = |b: weft::EngineBuilder| b.build_on(f.context().clone()).err().expect("refused").to_string();
+    let err = build(tiny_builder().kv_memory_bytes(256 << 10).kv_cache_dtype(DType::F16));
+    assert!(err.contains("max_model_len 2048 does not fit the KV cache, which holds 1024 tokens"), "{err}");
+    assert!(err.contains("lower max_model_len (--max-model-len) to 1024 or less"), "{err}");
+    assert!(err.contains("give the KV cache more memory (--kv-memory)"), "{err}");
+    assert!(!err.contains("--kv-cache-dtype f16"), "already f16: {err}");
+    // In f32, half the tokens; f16 is one of the ways out.
+    let err = build(tiny_builder().kv_memory_bytes(256 << 10).kv_cache_dtype(DType::F32));
+    assert!(err.contains("which holds 512 tokens") && err.contains("--kv-cache-dtype f16"), "{err}");
+    // Asking for less fits.
+    let config = EngineConfig { max_model_len: 1024, ..Default::default() };
+    tiny_builder()
+        .config(config)
+        .kv_memory_bytes(256 << 10)
+        .kv_cache_dtype(DType::F16)
+        .build_on(f.context().clone())
+        .unwrap();
+    let err = build(tiny_builder().gpu_memory_utilization(1.5));
+    assert!(err.contains("gpu_memory_utilization 1.5 is not a fraction"), "{err}");
+}
+
 /// A KV pool whose layers would not fit one binding is refused at build, naming the layer size:
 /// a quarter of the memory here (2 layers, K and V), f16 or not.
 #[test]

@@ -46,7 +46,15 @@ fn the_engine_builder_serves_the_default_model() {
         return;
     }
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
-    let engine = match weft::rt::block_on(EngineBuilder::from_model(&path).unwrap().kv_memory_bytes(8 << 20).build()) {
+    // f32 K and V, the reference's values exactly (the default on a device with shader-f16 is
+    // f16); 8 MiB hold 176 tokens of them, so the context is held to 128.
+    let config = weft::engine::EngineConfig { max_model_len: 128, ..Default::default() };
+    let builder = EngineBuilder::from_model(&path)
+        .unwrap()
+        .config(config)
+        .kv_memory_bytes(8 << 20)
+        .kv_cache_dtype(weft::DType::F32);
+    let engine = match weft::rt::block_on(builder.build()) {
         Ok(e) => e,
         Err(e @ weft::WeftError::NoAdapter { .. }) if std::env::var("WEFT_REQUIRE_GPU").as_deref() != Ok("1") => {
             return eprintln!("skipping: {e}");

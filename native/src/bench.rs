@@ -46,7 +46,8 @@ pub struct Options {
     pub repeats: usize,
     /// None: room for every request of the largest level at once.
     pub kv_memory_bytes: Option<usize>,
-    pub kv_cache_dtype: weft::DType,
+    /// `None`: f16 where the GPU has shader-f16, else f32 (as `weft serve`).
+    pub kv_cache_dtype: Option<weft::DType>,
     pub json: bool,
     pub profile: bool,
     /// Fraction of each run's requests generated under a JSON schema.
@@ -526,8 +527,13 @@ fn run_in_process(opts: &Options) -> Result<(Value, String, Vec<Run>)> {
         Task::Random => max_p + opts.gen_len,
         _ => (max_p + opts.gen_len) * 5 / 4,
     } + 16;
-    let builder = builder.kv_cache_dtype(opts.kv_cache_dtype);
-    let kv_bytes = opts.kv_memory_bytes.unwrap_or_else(|| builder.kv_memory_for(max_c, tokens));
+    let dtype = opts.kv_cache_dtype.unwrap_or_else(|| builder.kv_dtype_on(&ctx));
+    let builder = builder.kv_cache_dtype(dtype);
+    // And at least one sequence of max_model_len, which the builder checks.
+    let max_model_len = config.max_model_len.min(builder.model_config().max_position_embeddings);
+    let kv_bytes = opts
+        .kv_memory_bytes
+        .unwrap_or_else(|| builder.kv_memory_for(max_c, tokens).max(builder.kv_memory_for(1, max_model_len)));
     let builder = builder.config(config).kv_memory_bytes(kv_bytes);
     let engine = builder.build_on(ctx.clone())?;
     engine.start_loop()?;

@@ -16,15 +16,16 @@ pub struct Options {
     pub model: Option<PathBuf>,
     pub system: Option<String>,
     pub max_tokens: usize,
-    pub kv_cache_dtype: weft::DType,
+    pub kv: crate::generate::KvOptions,
     pub sampling: SamplingParams,
 }
 
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = crate::generate::model_path(opts.model)?;
-    let builder = EngineBuilder::from_model(&path)?
-        .kv_cache_dtype(opts.kv_cache_dtype)
+    let builder = opts
+        .kv
+        .apply(EngineBuilder::from_model(&path)?)
         .on_progress(crate::progress::loading(path.display().to_string()));
     let engine = weft::rt::block_on(builder.build())?;
     if engine.tokenizer().chat_template().is_none() {

@@ -23,9 +23,32 @@ pub struct Options {
     pub chat: bool,
     pub system: Option<String>,
     pub max_tokens: usize,
-    pub kv_cache_dtype: weft::DType,
+    pub kv: KvOptions,
     pub sampling: SamplingParams,
     pub speculation: Speculation,
+}
+
+/// The KV cache as the flags ask for it (`--kv-memory`, `--gpu-memory-utilization`,
+/// `--kv-cache-dtype`): what is not given is the builder's choice for the device.
+#[derive(Clone, Debug)]
+pub struct KvOptions {
+    pub kv_memory_bytes: Option<usize>,
+    pub gpu_memory_utilization: f64,
+    pub kv_cache_dtype: Option<weft::DType>,
+}
+
+impl KvOptions {
+    /// Add it to an engine builder.
+    pub fn apply(&self, builder: EngineBuilder) -> EngineBuilder {
+        let mut builder = builder.gpu_memory_utilization(self.gpu_memory_utilization);
+        if let Some(bytes) = self.kv_memory_bytes {
+            builder = builder.kv_memory_bytes(bytes);
+        }
+        if let Some(dtype) = self.kv_cache_dtype {
+            builder = builder.kv_cache_dtype(dtype);
+        }
+        builder
+    }
 }
 
 /// Speculative decoding as the flags ask for it (`--draft-model`, `--spec-ngram`,
@@ -81,8 +104,9 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
     let path = model_path(opts.model)?;
-    let builder = EngineBuilder::from_model(&path)?
-        .kv_cache_dtype(opts.kv_cache_dtype)
+    let builder = opts
+        .kv
+        .apply(EngineBuilder::from_model(&path)?)
         .on_progress(crate::progress::loading(path.display().to_string()));
     let engine = weft::rt::block_on(opts.speculation.apply(builder)?.build())?;
     let prompt = if opts.chat {

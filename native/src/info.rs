@@ -8,11 +8,58 @@ use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
-pub fn run(baseline: bool) -> weft::Result<()> {
+/// What the KV-cache line assumes: `weft serve`'s flags of the same names.
+pub struct KvLine {
+    pub gpu_memory_utilization: f64,
+    pub kv_cache_dtype: Option<DType>,
+    pub max_model_len: usize,
+}
+
+impl KvLine {
+    /// How `weft serve` with these flags would size the KV cache of the model at `path` on
+    /// `ctx` (the weights estimated from the file), or why it would refuse to start.
+    fn plan(&self, path: &std::path::Path, ctx: &GpuContext) -> weft::Result<weft::KvPlan> {
+        let config = weft::engine::EngineConfig { max_model_len: self.max_model_len, ..serve_config() };
+        let mut builder =
+            weft::EngineBuilder::from_model(path)?.config(config).gpu_memory_utilization(self.gpu_memory_utilization);
+        if let Some(dtype) = self.kv_cache_dtype {
+            builder = builder.kv_cache_dtype(dtype);
+        }
+        builder.plan_kv(ctx)
+    }
+}
+
+/// `weft serve`'s engine limits by default (64 sequences, 512 tokens a step).
+fn serve_config() -> weft::engine::EngineConfig {
+    weft::engine::EngineConfig { max_num_seqs: 64, max_num_batched_tokens: 512, ..Default::default() }
+}
+
+pub fn run(baseline: bool, kv: &KvLine) -> weft::Result<()> {
     let started = Instant::now();
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions { baseline_only: baseline, ..Default::default() }))?;
     println!("{}", ctx.describe());
     println!("opened in {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    let memory = ctx.plan().memory;
+    if ctx.plan().cpu_adapter() {
+        println!(
+            "KV cache on a CPU adapter: {} MiB, or one sequence of max_model_len where that is more",
+            weft::gpu::CPU_DRIVER_KV_BYTES >> 20
+        );
+    } else {
+        println!(
+            "KV cache at --gpu-memory-utilization {}: {} of {}, less a model's weights and workspace",
+            kv.gpu_memory_utilization,
+            weft::gpu::gib((memory.bytes as f64 * kv.gpu_memory_utilization) as u64),
+            memory.describe()
+        );
+    }
+    let default = std::path::Path::new(crate::generate::DEFAULT_MODEL);
+    if default.exists() {
+        match kv.plan(default, &ctx) {
+            Ok(plan) => println!("the default model's {}", plan.describe()),
+            Err(e) => println!("the default model's KV cache: {e}"),
+        }
+    }
 
     // One real kernel: a Q4_1 matrix (the default model's format) times a small batch, checked
     // against the CPU reference with the same tolerance as the kernel tests.
@@ -53,12 +100,25 @@ pub fn run(baseline: bool) -> weft::Result<()> {
 
 /// Print [`weft::model::inspect::inspect`]'s report; an error (after the report) when weft
 /// cannot run the model, so scripts can tell.
-pub fn model(path: std::path::PathBuf) -> weft::Result<()> {
-    let report = weft::model::inspect::inspect(&crate::hub::local_path(path)?)?;
+///
+/// Then, where a GPU opens, how many KV tokens fit there at `kv`'s utilization and dtype
+/// (the weights estimated from the file); an error when max_model_len would not fit.
+pub fn model(path: std::path::PathBuf, kv: &KvLine) -> weft::Result<()> {
+    let path = crate::hub::local_path(path)?;
+    let report = weft::model::inspect::inspect(&path)?;
     println!("{report}");
-    if report.runnable() {
-        Ok(())
-    } else {
-        Err(weft::WeftError::model(&report.path, "weft cannot run this model (reasons above)"))
+    if !report.runnable() {
+        return Err(weft::WeftError::model(&report.path, "weft cannot run this model (reasons above)"));
     }
+    let ctx = match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            println!("on this machine's GPU: none opened ({e})");
+            return Ok(());
+        }
+    };
+    println!("on {}, memory {}:", ctx.adapter_info().name, ctx.plan().memory.describe());
+    let plan = kv.plan(&path, &ctx)?;
+    println!("{}", plan.describe());
+    Ok(())
 }

@@ -29,17 +29,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Open the GPU, print the adapter, its features and limits, and run a kernel self-check;
+    /// Open the GPU, print the adapter, its features, limits and memory (and the default
+    /// model's KV cache there, where it is present), and run a kernel self-check;
     /// or, with --model, describe a model and say whether weft can run it.
     Info {
         /// Use only core WebGPU features (what every browser offers), as a web page would.
         #[arg(long)]
         baseline: bool,
         /// Describe this model (a .gguf file, a Hugging Face directory or hf:OWNER/REPO[:QUANT])
-        /// instead, from its headers alone (no GPU, nothing loaded): architecture, size, tensor types, tokenizer,
-        /// and every reason weft would refuse it. Exits with an error when weft cannot run it.
+        /// instead, from its headers alone (nothing loaded): architecture, size, tensor types, tokenizer,
+        /// and every reason weft would refuse it; then, where a GPU opens, how many KV-cache tokens
+        /// `weft serve` would get there. Exits with an error when weft cannot run it.
         #[arg(long, conflicts_with = "baseline")]
         model: Option<PathBuf>,
+        /// The fraction of the GPU's memory the KV-cache line assumes in use in all (as `weft serve`).
+        #[arg(long, default_value_t = weft::gpu::DEFAULT_GPU_MEMORY_UTILIZATION, value_parser = serve::parse_utilization)]
+        gpu_memory_utilization: f64,
+        /// What the KV cache holds in the KV-cache line: f32 or f16 [default: f16 where the GPU
+        /// has shader-f16, else f32]
+        #[arg(long, value_parser = serve::parse_kv_dtype)]
+        kv_cache_dtype: Option<weft::DType>,
+        /// The max_model_len the KV-cache line checks (with --model).
+        #[arg(long, default_value_t = 4096)]
+        max_model_len: usize,
     },
     /// Generate a completion of a prompt, streaming the text to stdout (speeds go to stderr).
     Generate {
@@ -124,13 +136,14 @@ enum Command {
         #[arg(long, default_value_t = 128)]
         gen_len: usize,
         /// GPU memory for the KV cache in-process, e.g. 512MiB or 1GiB [default: room for
-        /// every request of the largest level at once, so nothing is preempted]
+        /// every request of the largest level at once, so nothing is preempted, and for one
+        /// sequence of max_model_len]
         #[arg(long, value_parser = serve::parse_size, conflicts_with = "url")]
         kv_memory: Option<usize>,
         /// What the KV cache holds in-process: f32, or f16 (half the memory per token; keys
-        /// and values rounded to halves).
-        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype, conflicts_with = "url")]
-        kv_cache_dtype: weft::DType,
+        /// and values rounded to halves) [default: f16 where the GPU has shader-f16, else f32]
+        #[arg(long, value_parser = serve::parse_kv_dtype, conflicts_with = "url")]
+        kv_cache_dtype: Option<weft::DType>,
         /// Run each configuration this many times and report medians.
         #[arg(long, default_value_t = 3)]
         repeats: usize,
@@ -217,17 +230,12 @@ enum Command {
         /// Tokens (prefill chunks plus decodes) in one engine step at most.
         #[arg(long, default_value_t = 512)]
         max_num_batched_tokens: usize,
-        /// Longest prompt plus generation (clamped to the model's context).
+        /// Longest prompt plus generation (clamped to the model's context). The server refuses
+        /// to start when the KV cache cannot hold one sequence this long.
         #[arg(long, default_value_t = 4096)]
         max_model_len: usize,
-        /// GPU memory for the KV cache, e.g. 256MiB or 1GiB.
-        #[arg(long, default_value = "256MiB", value_parser = serve::parse_size)]
-        kv_memory: usize,
-        /// What the KV cache holds: f32, or f16 (half the memory per token, so twice the
-        /// tokens in --kv-memory; keys and values are rounded to halves, as llama.cpp's default
-        /// cache does, which moves logits by about 1e-3).
-        #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
-        kv_cache_dtype: weft::DType,
+        #[command(flatten)]
+        kv: KvCacheArgs,
         /// Keep full KV blocks of finished requests to reuse for shared prompt prefixes.
         #[arg(long)]
         enable_prefix_cache: bool,
@@ -306,13 +314,35 @@ impl SpecArgs {
     }
 }
 
-/// The KV cache flag `generate` and `chat` share.
+/// The KV cache flags `serve`, `generate` and `chat` share.
 #[derive(clap::Args)]
 struct KvCacheArgs {
-    /// What the KV cache holds: f32, or f16 (half the memory per token; keys and values
-    /// rounded to halves, as llama.cpp's default cache does).
-    #[arg(long, default_value = "f32", value_parser = serve::parse_kv_dtype)]
-    kv_cache_dtype: weft::DType,
+    /// The fraction of the GPU's memory to use in all, as vLLM's flag: the KV cache gets it
+    /// less the weights and a step's workspace. On the GPU's reported memory (Vulkan), or
+    /// where none is reported (Metal, DX12) its largest buffer, then holding at most
+    /// --max-num-seqs sequences of --max-model-len; on a CPU driver (lavapipe) at most 256 MiB,
+    /// or one sequence of --max-model-len where that is more.
+    #[arg(long, default_value_t = weft::gpu::DEFAULT_GPU_MEMORY_UTILIZATION, value_parser = serve::parse_utilization)]
+    gpu_memory_utilization: f64,
+    /// GPU memory for the KV cache, e.g. 256MiB or 1GiB, instead of what
+    /// --gpu-memory-utilization leaves it.
+    #[arg(long, value_parser = serve::parse_size)]
+    kv_memory: Option<usize>,
+    /// What the KV cache holds: f32, or f16 (half the memory per token, so twice the tokens;
+    /// keys and values are rounded to halves, as llama.cpp's default cache does, which moves
+    /// logits by about 1e-3) [default: f16 where the GPU has shader-f16, else f32]
+    #[arg(long, value_parser = serve::parse_kv_dtype)]
+    kv_cache_dtype: Option<weft::DType>,
+}
+
+impl KvCacheArgs {
+    fn options(&self) -> generate::KvOptions {
+        generate::KvOptions {
+            kv_memory_bytes: self.kv_memory,
+            gpu_memory_utilization: self.gpu_memory_utilization,
+            kv_cache_dtype: self.kv_cache_dtype,
+        }
+    }
 }
 
 /// The sampling flags `generate` and `chat` share.
@@ -363,8 +393,13 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().command {
-        Command::Info { model: Some(path), .. } => info::model(path),
-        Command::Info { baseline, model: None } => info::run(baseline),
+        Command::Info { baseline, model, gpu_memory_utilization, kv_cache_dtype, max_model_len } => {
+            let kv = info::KvLine { gpu_memory_utilization, kv_cache_dtype, max_model_len };
+            match model {
+                Some(path) => info::model(path, &kv),
+                None => info::run(baseline, &kv),
+            }
+        }
         Command::Generate { model, prompt, chat, system, max_tokens, kv, sampling, spec } => {
             generate::run(generate::Options {
                 model,
@@ -372,14 +407,13 @@ fn main() -> ExitCode {
                 chat,
                 system,
                 max_tokens,
-                kv_cache_dtype: kv.kv_cache_dtype,
+                kv: kv.options(),
                 sampling: sampling.params(),
                 speculation: spec.speculation(),
             })
         }
         Command::Chat { model, system, max_tokens, kv, sampling } => {
-            let kv_cache_dtype = kv.kv_cache_dtype;
-            chat::run(chat::Options { model, system, max_tokens, kv_cache_dtype, sampling: sampling.params() })
+            chat::run(chat::Options { model, system, max_tokens, kv: kv.options(), sampling: sampling.params() })
         }
         Command::Bench {
             model,
@@ -432,8 +466,7 @@ fn main() -> ExitCode {
             max_num_seqs,
             max_num_batched_tokens,
             max_model_len,
-            kv_memory,
-            kv_cache_dtype,
+            kv,
             enable_prefix_cache,
             served_model_name,
             drain_timeout,
@@ -449,8 +482,7 @@ fn main() -> ExitCode {
             max_num_seqs,
             max_num_batched_tokens,
             max_model_len,
-            kv_memory_bytes: kv_memory,
-            kv_cache_dtype,
+            kv: kv.options(),
             enable_prefix_cache,
             served_model_name,
             drain_timeout,

@@ -60,8 +60,7 @@ pub struct Options {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: usize,
-    pub kv_memory_bytes: usize,
-    pub kv_cache_dtype: weft::DType,
+    pub kv: crate::generate::KvOptions,
     pub enable_prefix_cache: bool,
     /// The model's name in requests, responses and metrics [default: the file's stem].
     pub served_model_name: Option<String>,
@@ -634,7 +633,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
         ..EngineConfig::default()
     };
     let loader = state.clone();
-    let (kv, kv_dtype) = (opts.kv_memory_bytes, opts.kv_cache_dtype);
+    let kv = opts.kv.clone();
     let speculation = opts.speculation.clone();
     let reasoning_parser = opts.reasoning_parser.clone();
     tokio::task::spawn_blocking(move || {
@@ -647,11 +646,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
                 Some(source) => b.chat_template(source),
                 None => Ok(b),
             })
-            .and_then(|b| {
-                weft::rt::block_on(
-                    b.config(config).kv_memory_bytes(kv).kv_cache_dtype(kv_dtype).on_progress(progress).build(),
-                )
-            })
+            .and_then(|b| weft::rt::block_on(kv.apply(b).config(config).on_progress(progress).build()))
             .and_then(|e| e.start_loop().map(|()| e))
             .and_then(|e| {
                 let parser = ReasoningParser::resolve(reasoning_parser.as_deref(), e.tokenizer().as_ref())
@@ -661,18 +656,22 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
         match built {
             Ok((engine, parser)) => {
                 let a = engine.admission_snapshot();
+                let kv_config = engine.executor().kv_config();
                 if let Some(p) = &parser {
                     eprintln!("weft serve: reasoning parser {} (reasoning_content)", p.family.name);
                 }
                 let _ = loader.reasoning.set(parser);
                 let _ = loader.engine.set(engine);
                 eprintln!(
-                    "weft serve: model {} ready in {:.1}s (max_model_len {}, max_num_seqs {}, {} KV blocks free)",
+                    "weft serve: model {} ready in {:.1}s (max_model_len {}, max_num_seqs {}, {} KV blocks free: {} \
+                     tokens of {})",
                     loader.model_id,
                     started.elapsed().as_secs_f64(),
                     a.max_model_len,
                     a.max_num_seqs,
-                    a.available_blocks
+                    a.available_blocks,
+                    a.available_blocks * kv_config.block_size,
+                    kv_config.dtype.name().to_ascii_lowercase()
                 );
             }
             Err(e) => {
@@ -817,6 +816,14 @@ async fn wait_idle(state: &AppState, deadline: Instant) -> bool {
 }
 
 /// Parse a duration in seconds ("30", "0.5").
+/// `--gpu-memory-utilization`: a fraction above 0 and at most 1.
+pub fn parse_utilization(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(u) if u > 0.0 && u <= 1.0 => Ok(u),
+        _ => Err(format!("{s:?} is not a fraction of the GPU's memory; use a number above 0 and at most 1, e.g. 0.9")),
+    }
+}
+
 /// `--kv-cache-dtype`: f32 or f16.
 pub fn parse_kv_dtype(s: &str) -> std::result::Result<weft::DType, String> {
     match s.trim().to_ascii_lowercase().as_str() {

@@ -43,7 +43,7 @@ fn info_runs_the_self_check() {
         return;
     }
     assert!(ok, "{stderr}");
-    for expected in ["adapter:", "features:", "limits:", "self-check: matmul Q4_1", "\nok\n"] {
+    for expected in ["adapter:", "features:", "limits:", "memory:", "KV cache", "self-check: matmul Q4_1", "\nok\n"] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
     let (ok, stdout, stderr) = weft(&["info", "--baseline"], &[]);
@@ -150,7 +150,7 @@ fn generate_answers_a_chat_question_with_the_default_model() {
     assert!(stderr.contains("30/30 layers on the GPU"), "{stderr}");
 }
 
-/// `weft info --model` describes a model from its headers, with no GPU: a runnable K-quant
+/// `weft info --model` describes a model from its headers, and with a GPU its KV cache there: a runnable K-quant
 /// model with mixed tensor types, and a file it refuses, with every reason.
 #[test]
 fn info_describes_a_model_and_whether_weft_runs_it() {
@@ -181,8 +181,16 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
         // 2 layers × (K, V) × 2 KV heads × 64 values: 2048 bytes in f32; 2048 positions.
         "KV cache:     2.0 kB a token in f32, 1.0 kB in f16 (--kv-cache-dtype); a full context 4.2 MB / 2.1 MB",
         "weft runs it: yes",
+        // Then the KV cache this device would hold, where a GPU opens: none here.
+        "on this machine's GPU: none opened",
     ] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+    // With a GPU: how many tokens of it fit there.
+    let (ok, stdout, stderr) = weft(&["info", "--model", good.to_str().unwrap(), "--kv-cache-dtype", "f32"], &[]);
+    assert!(ok, "{stdout}\n{stderr}");
+    if !stdout.contains("none opened") {
+        assert!(stdout.contains("KV cache: ") && stdout.contains("tokens of f32"), "{stdout}");
     }
 
     let mut bad = GgufWriter::new();

@@ -638,3 +638,55 @@ fn n_choices_and_reasoning_over_http() {
     assert!(err.contains("deepseek_r1, qwen3, none"), "{err}");
     let _ = std::fs::remove_file(&tiny);
 }
+
+/// The KV cache is sized as vLLM sizes it: `--gpu-memory-utilization` of the device by default
+/// (on lavapipe, a CPU driver, 256 MiB: 65 536 blocks of the tiny model's f16 K and V), with
+/// the dtype the device favours, shown in vLLM's `cache_config_info`; `--kv-memory` and
+/// `--kv-cache-dtype` win; a cache that cannot hold one sequence of `--max-model-len` stops the
+/// server at start, saying how many tokens fit and what to do; a utilization outside (0, 1] is
+/// refused by the flag's parser.
+#[test]
+fn the_kv_cache_follows_the_device_and_max_model_len_must_fit() {
+    let Some(ctx) = weft::gpu::open_or_skip(Default::default()).unwrap() else { return };
+    let c = weft::model::tiny::tiny_config();
+    let w = weft::model::tiny::random_weights(&c, 21, weft::DType::Q8_0);
+    let tiny = std::env::temp_dir().join(format!("weft-serve-kv-{}.gguf", std::process::id()));
+    std::fs::write(&tiny, weft::model::tiny::gguf_bytes(&c, &w, weft::DType::Q8_0)).unwrap();
+    let info = |server: &Server| {
+        let m = server.metrics();
+        m.lines()
+            .find(|l| l.starts_with("vllm:cache_config_info{"))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{m}"))
+    };
+    let server = Server::start_with(&tiny, &["--gpu-memory-utilization", "0.5"]);
+    let line = info(&server);
+    let dtype = if ctx.features().shader_f16 { "f16" } else { "f32" };
+    assert!(line.contains(&format!("cache_dtype=\"{dtype}\"")), "{line}");
+    if ctx.plan().cpu_adapter() {
+        let blocks = weft::gpu::CPU_DRIVER_KV_BYTES / (16 * if dtype == "f16" { 256 } else { 512 });
+        assert!(line.contains(&format!("num_gpu_blocks=\"{blocks}\"")), "{line}");
+    }
+    drop(server);
+    let server = Server::start_with(&tiny, &["--kv-memory", "1MiB", "--kv-cache-dtype", "f32"]);
+    let line = info(&server);
+    assert!(line.contains("num_gpu_blocks=\"128\"") && line.contains("cache_dtype=\"f32\""), "{line}");
+    drop(server);
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--kv-memory", "256KiB", "--kv-cache-dtype", "f32", "--model"])
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("max_model_len 2048 does not fit the KV cache, which holds 512 tokens"), "{stderr}");
+    assert!(stderr.contains("--max-model-len") && stderr.contains("--kv-cache-dtype f16"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--gpu-memory-utilization", "1.5", "--model"])
+        .arg(&tiny)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("\"1.5\" is not a fraction of the GPU's memory"), "{stderr}");
+    let _ = std::fs::remove_file(&tiny);
+}

@@ -148,6 +148,27 @@ fn driver_threads() -> usize {
     threads.clamp(1, 32)
 }
 
+/// The device's memory as the adapter reports it: on Vulkan the largest device-local heap (a
+/// discrete GPU's VRAM, not the small BAR heap beside it; the host's RAM on lavapipe). wgpu 30
+/// reports no memory size itself, so this reads Vulkan's memory properties through
+/// `Adapter::as_hal`; `None` on every other backend.
+#[cfg(any(windows, target_os = "linux", target_os = "android"))]
+fn reported_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    // SAFETY: the hal adapter is only read (its instance and physical device), while `adapter`
+    // keeps it alive; nothing is created or destroyed through it.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: a physical device of this very instance, queried for plain properties.
+    let properties = unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT is bit 0.
+    properties.memory_heaps_as_slice().iter().filter(|h| h.flags.as_raw() & 1 != 0).map(|h| h.size).max()
+}
+
+#[cfg(not(any(windows, target_os = "linux", target_os = "android")))]
+fn reported_memory(_: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
 /// Queued upload bytes [`GpuContext::staged_upload`] lets wgpu hold before it flushes them.
 const STAGING_FLUSH_BYTES: u64 = 16 << 20;
 
@@ -225,7 +246,17 @@ impl GpuContext {
         let driver_threads = Some(driver_threads());
         #[cfg(target_arch = "wasm32")]
         let driver_threads = None;
-        let profile = AdapterProfile { info, features: adapter.features(), limits: adapter.limits(), driver_threads };
+        let memory_bytes = match &options.fake_adapter {
+            Some(fake) => fake.memory_bytes,
+            None => reported_memory(&adapter),
+        };
+        let profile = AdapterProfile {
+            info,
+            features: adapter.features(),
+            limits: adapter.limits(),
+            driver_threads,
+            memory_bytes,
+        };
         let plan = DevicePlan::choose(&profile, &options)?;
         let info = profile.info;
         let (device, queue) = adapter
@@ -385,7 +416,8 @@ impl GpuContext {
              features: shader-f16={} subgroups={} (size {}..{}) timestamp-query={}\n\
              kernels: {}\n\
              limits: {} ({}), storage binding {} MiB, uniform binding {} KiB, buffer {} MiB, workgroup {} \
-             invocations, workgroup memory {} KiB, {} storage buffers per stage",
+             invocations, workgroup memory {} KiB, {} storage buffers per stage\n\
+             memory: {}",
             self.info.name,
             self.info.device_type,
             self.info.backend,
@@ -405,6 +437,7 @@ impl GpuContext {
             l.max_compute_invocations_per_workgroup,
             l.max_compute_workgroup_storage_size >> 10,
             l.max_storage_buffers_per_shader_stage,
+            self.plan.memory.describe(),
         )
     }
 

@@ -6,6 +6,7 @@
 
 mod context;
 pub mod kernels;
+mod memory;
 mod pipelines;
 mod plan;
 mod probe;
@@ -15,6 +16,9 @@ mod tensor;
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::open_or_skip;
 pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
+pub use memory::{
+    CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, DeviceMemory, KvBudget, KvDemand, KvLimit, MemorySource, gib,
+};
 pub use pipelines::{
     BindingKind, CpuDriver, Epilogue, KvSource, SUBGROUP_KERNELS, ShaderVariant, WeightSource, XSource,
     attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, matmul_tile, shader_variants,

@@ -11,6 +11,7 @@
 
 use crate::error::{Result, WeftError};
 use crate::gpu::context::{GpuFeatures, GpuOptions, KernelFamily};
+use crate::gpu::memory::DeviceMemory;
 use crate::gpu::pipelines::{CpuDriver, Epilogue, TILED_TILE, X_WINDOW_BYTES, matmul_tile, rows_tile, subgroup_tile};
 
 /// What an adapter says of itself, and what the host can tell about it.
@@ -22,6 +23,9 @@ pub struct AdapterProfile {
     /// The threads a CPU driver runs a dispatch's workgroups on, where the host can count them
     /// (natively: llvmpipe's); `None` in a browser, where a page cannot.
     pub driver_threads: Option<usize>,
+    /// The device's memory, where the adapter reports it (natively on Vulkan: the largest
+    /// device-local heap); `None` elsewhere (see `gpu::memory`).
+    pub memory_bytes: Option<u64>,
 }
 
 /// An adapter that is not there: wgpu's no-op backend reporting this profile's type,
@@ -35,6 +39,10 @@ pub struct FakeAdapter {
     pub subgroup_sizes: (u32, u32),
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
+    /// The memory it reports having (wgpu's no-op backend reports none, as Metal, DX12 and
+    /// browsers do): `Some` stands in for a Vulkan GPU's device-local heap, so the KV pool is
+    /// sized from it. Keep it small: the no-op backend holds every buffer in host memory.
+    pub memory_bytes: Option<u64>,
 }
 
 impl FakeAdapter {
@@ -59,6 +67,7 @@ impl FakeAdapter {
                 min_storage_buffer_offset_alignment: 32,
                 ..wgpu::Limits::defaults()
             },
+            memory_bytes: None,
         }
     }
 }
@@ -120,6 +129,10 @@ pub struct DevicePlan {
     /// ends a long submission, so its steps are not limited by time (and stay the same from
     /// run to run whatever the machine's load).
     pub cautious_flops_per_s: Option<f64>,
+    /// What the adapter is (a CPU adapter's KV pool stays modest: `gpu::memory`).
+    pub device_type: wgpu::DeviceType,
+    /// The device's memory: reported, or the largest buffer of `required_limits` standing in.
+    pub memory: DeviceMemory,
 }
 
 impl DevicePlan {
@@ -161,6 +174,7 @@ impl DevicePlan {
         let device_cap = required_limits.max_storage_buffer_binding_size.min(required_limits.max_buffer_size);
         let max_binding_bytes = options.max_binding_bytes.map_or(device_cap, |c| c.min(device_cap)) & !3;
         let browser = info.backend == wgpu::Backend::BrowserWebGpu;
+        let memory = DeviceMemory::of(profile.memory_bytes, &required_limits);
         let cpu_threads = match options.cpu_threads {
             Some(threads) => Some(threads.max(1)),
             None => profile.driver_threads.filter(|_| !browser),
@@ -180,7 +194,14 @@ impl DevicePlan {
                 wgpu::DeviceType::Cpu => None,
                 wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => Some(2e11),
             },
+            device_type: info.device_type,
+            memory,
         })
+    }
+
+    /// Whether the adapter runs on the CPU (lavapipe, SwiftShader), whose memory is the host's.
+    pub fn cpu_adapter(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
     }
 
     /// Whether weights live in textures and matmuls read activations through uniform windows:
@@ -257,7 +278,7 @@ mod tests {
         info.name = name.into();
         (info.subgroup_min_size, info.subgroup_max_size) = subgroups;
         let driver_threads = (backend != wgpu::Backend::BrowserWebGpu).then_some(2);
-        AdapterProfile { info, features, limits, driver_threads }
+        AdapterProfile { info, features, limits, driver_threads, memory_bytes: None }
     }
 
     /// A discrete GPU's limits as Vulkan drivers report them (NVIDIA's and AMD's are alike in

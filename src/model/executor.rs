@@ -250,6 +250,34 @@ struct StepArena {
 }
 
 impl GpuExecutor {
+    /// About how many bytes the workspace of steps of up to `max_tokens` tokens and `max_seqs`
+    /// sampled rows takes on the device (what [`warm_up`](Self::warm_up) makes), from the
+    /// model's shape alone, for sizing the KV pool beside it before anything is created:
+    /// the activations, the logits and the sampler's rows with room for whole logit biases,
+    /// plus a quarter and 16 MiB for what is not counted (uniform windows, the parameter and
+    /// readback buffers, the chunked scan's scratch, the drafted rows a step may add). A test
+    /// holds it above what warming up creates.
+    pub fn workspace_bytes_estimate(
+        c: &crate::model::config::ModelConfig,
+        max_tokens: usize,
+        max_seqs: usize,
+        split_attention: bool,
+    ) -> u64 {
+        use crate::gpu::kernels::paged::attention_partials_cols;
+        let token_cols = 4 * c.hidden_size
+            + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+            + c.num_heads * c.head_dim
+            + attention_partials_cols(split_attention, c.num_heads, c.head_dim)
+            + 3 * c.intermediate_size
+            + c.ssm.map_or(0, |s| s.in_proj_size() + s.conv_channels() + 2 * s.inner_size())
+            + 8;
+        let logits = max_seqs.max(1);
+        let row_cols = c.hidden_size + c.vocab_size + c.vocab_size.div_ceil(32) + 64;
+        let bias_bytes = logits * MAX_LOGIT_BIAS * crate::gpu::kernels::penalize::ENTRY_WORDS * 4;
+        let counted = (max_tokens.max(1) * token_cols + logits * row_cols) * 4 + bias_bytes;
+        (counted as u64) * 5 / 4 + (16 << 20)
+    }
+
     /// `model` with a KV pool of `kv`'s shape (and, for recurrent layers, [`NUM_STATE_SLOTS`]
     /// state slots), made on `factory`'s device.
     pub fn new(factory: GpuTensorFactory, model: Box<dyn Architecture>, kv: KvCacheConfig) -> Result<Self> {

@@ -220,6 +220,28 @@ impl ModelFiles {
         crate::model::executor::GpuExecutor::with_state_slots(factory.clone(), model, kv, num_slots, num_snapshots)
     }
 
+    /// About the bytes the weights take on the device, from the checkpoint's headers: each
+    /// tensor's bytes in the file (BF16 safetensors twice theirs: they are converted to F32)
+    /// and the RoPE tables (f32 cos and sin of up to 32k positions; Gemma 3 has two). What
+    /// [`architecture`](Self::architecture) uploads, before uploading it.
+    pub fn weight_bytes_estimate(&self) -> u64 {
+        let c = &self.config;
+        let num_tables = if c.num_attention_layers() == 0 { 0 } else { 1 + c.rope_local_theta.is_some() as usize };
+        let rope = (num_tables * c.max_position_embeddings.min(32768) * c.head_dim * 4) as u64;
+        let tensors: u64 = match &self.checkpoint {
+            Checkpointed::Gguf(gguf) => gguf.tensors.iter().map(|t| t.size_bytes()).sum(),
+            Checkpointed::HuggingFace(weights) => weights
+                .tensors
+                .values()
+                .map(|(_, dtype, _, range)| {
+                    let bytes = range.len() as u64;
+                    if *dtype == safetensors::Dtype::BF16 { 2 * bytes } else { bytes }
+                })
+                .sum(),
+        };
+        rope + tensors
+    }
+
     /// Upload the weights as the model's architecture (no KV pool, no executor).
     pub fn architecture(
         &self,

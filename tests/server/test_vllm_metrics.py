@@ -18,7 +18,7 @@ LABELS = {"model_name": MODEL, "engine": "0"}
 
 
 def test_vllm_metrics_during_eight_streams(tmp_path):
-    replica = Replica(tmp_path, "metrics", "--served-model-name", MODEL, "--max-num-seqs", "4", "--kv-memory", "1MiB", "--enable-prefix-cache")
+    replica = Replica(tmp_path, "metrics", "--served-model-name", MODEL, "--max-num-seqs", "4", "--kv-memory", "1MiB", "--kv-cache-dtype", "f32", "--enable-prefix-cache")
     try:
         replica.wait_ready()
         status, _, warm = replica.warm_up(PREFIX + "warm up", MAX_TOKENS)

@@ -98,23 +98,30 @@ pub struct WebEngine {
 
 /// Engine limits a page may set; anything not given keeps a browser-sized default.
 struct LoadOptions {
-    kv_memory_bytes: usize,
+    /// `kvMemoryMiB`; `None`: sized to the device as natively (`gpuMemoryUtilization`).
+    kv_memory_bytes: Option<usize>,
+    /// `gpuMemoryUtilization`: the fraction of the device's memory to use in all (vLLM's
+    /// `gpu_memory_utilization`). A browser reports no memory size, so it is of the largest
+    /// buffer the device allows, and the pool holds at most `maxNumSeqs` sequences of
+    /// `maxModelLen` (see `weft::gpu::memory`).
+    gpu_memory_utilization: f64,
     config: EngineConfig,
     /// Speculative decoding by prompt lookup (`specNgram`, `specTokens`).
     speculation: Option<SpeculationConfig>,
     /// A kernel family forced instead of the adapter's own choice (`kernels`), as
     /// `WEFT_KERNELS` forces one natively.
     kernels: Option<KernelFamily>,
-    /// What the KV cache holds (`kvCacheDtype`: "f32", or "f16" for twice the tokens in
-    /// `kvMemoryMiB`).
-    kv_dtype: weft::DType,
+    /// What the KV cache holds (`kvCacheDtype`: "f32", or "f16" for twice the tokens); `None`:
+    /// f16 where the device has shader-f16, else f32.
+    kv_dtype: Option<weft::DType>,
 }
 
 impl LoadOptions {
     fn from_js(options: &JsValue) -> Result<LoadOptions, JsError> {
         // A tab shares the GPU with everything else on the machine: modest defaults.
         let mut o = LoadOptions {
-            kv_memory_bytes: 128 << 20,
+            kv_memory_bytes: None,
+            gpu_memory_utilization: weft::gpu::DEFAULT_GPU_MEMORY_UTILIZATION,
             config: EngineConfig {
                 max_num_seqs: 16,
                 max_num_batched_tokens: 256,
@@ -124,7 +131,7 @@ impl LoadOptions {
             },
             speculation: None,
             kernels: None,
-            kv_dtype: weft::DType::F32,
+            kv_dtype: None,
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -140,7 +147,18 @@ impl LoadOptions {
             }
         };
         if let Some(mib) = number("kvMemoryMiB")? {
-            o.kv_memory_bytes = mib << 20;
+            o.kv_memory_bytes = Some(mib << 20);
+        }
+        let utilization = Reflect::get(options, &"gpuMemoryUtilization".into())
+            .map_err(|_| JsError::new("invalid option gpuMemoryUtilization"))?;
+        match utilization.as_f64() {
+            Some(u) if u > 0.0 && u <= 1.0 => o.gpu_memory_utilization = u,
+            None if utilization.is_undefined() || utilization.is_null() => {}
+            _ => {
+                return Err(JsError::new(
+                    "invalid option gpuMemoryUtilization: expected a number above 0 and at most 1",
+                ));
+            }
         }
         if let Some(x) = number("maxNumSeqs")? {
             o.config.max_num_seqs = x;
@@ -179,8 +197,8 @@ impl LoadOptions {
         let kv_dtype =
             Reflect::get(options, &"kvCacheDtype".into()).map_err(|_| JsError::new("invalid option kvCacheDtype"))?;
         match kv_dtype.as_string().as_deref() {
-            Some("f32") => {}
-            Some("f16") => o.kv_dtype = weft::DType::F16,
+            Some("f32") => o.kv_dtype = Some(weft::DType::F32),
+            Some("f16") => o.kv_dtype = Some(weft::DType::F16),
             None if kv_dtype.is_undefined() || kv_dtype.is_null() => {}
             _ => return Err(JsError::new("invalid option kvCacheDtype: expected \"f32\" or \"f16\"")),
         }
@@ -216,8 +234,13 @@ impl WebEngine {
             "contextLength": c.max_position_embeddings,
         });
         let ctx = GpuContext::new(GpuOptions { kernels: options.kernels, ..Default::default() }).await.map_err(js)?;
-        let mut builder =
-            builder.config(options.config).kv_memory_bytes(options.kv_memory_bytes).kv_cache_dtype(options.kv_dtype);
+        let mut builder = builder.config(options.config).gpu_memory_utilization(options.gpu_memory_utilization);
+        if let Some(bytes) = options.kv_memory_bytes {
+            builder = builder.kv_memory_bytes(bytes);
+        }
+        if let Some(dtype) = options.kv_dtype {
+            builder = builder.kv_cache_dtype(dtype);
+        }
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
             builder = builder.speculation(spec);
@@ -237,6 +260,9 @@ impl WebEngine {
             .map_err(js)?;
         model["hasChatTemplate"] = json!(engine.tokenizer().chat_template().is_some());
         model["maxModelLen"] = json!(engine.config().max_model_len);
+        let kv = engine.executor().kv_config();
+        model["kvTokens"] = json!(kv.num_blocks * kv.block_size);
+        model["kvCacheDtype"] = json!(kv.dtype.name().to_ascii_lowercase());
         // What loading compiled: on a CPU adapter (SwiftShader) each kernel takes seconds, so
         // this count is most of the load's time there.
         model["kernels"] = json!(ctx.creations().pipelines);

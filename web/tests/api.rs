@@ -97,6 +97,11 @@ async fn loads_from_bytes_and_describes_itself() {
     assert!(adapter["name"].as_str().is_some(), "adapter info has a name: {adapter}");
     assert!(adapter["limits"]["maxStorageBufferBindingSize"].as_u64().unwrap() > 0);
     assert!(["baseline", "cpu", "subgroup"].contains(&adapter["kernels"].as_str().unwrap_or("")), "{adapter}");
+    // The KV cache sized to the device: f16 where it has shader-f16 (SwiftShader has not),
+    // holding at least one sequence of maxModelLen.
+    let dtype = if adapter["shaderF16"] == true { "f16" } else { "f32" };
+    assert_eq!(model["kvCacheDtype"], dtype, "{model}");
+    assert!(model["kvTokens"].as_u64().unwrap() >= model["maxModelLen"].as_u64().unwrap(), "{model}");
     engine.dispose();
 }
 

@@ -52,11 +52,18 @@
  *     fraction is null.
  *   - onWarning(message): non-fatal problems, e.g. the model could not be cached because storage is
  *     full or refused (default: console.warn). They are also kept in `engine.warnings`.
- *   - options: engine options {kvMemoryMiB, maxNumSeqs, maxModelLen, maxNumBatchedTokens, specNgram,
- *     specTokens, kernels, kvCacheDtype} (all optional). kernels forces a kernel family ('baseline',
+ *   - options: engine options {gpuMemoryUtilization, kvMemoryMiB, maxNumSeqs, maxModelLen,
+ *     maxNumBatchedTokens, specNgram, specTokens, kernels, kvCacheDtype} (all optional). The KV
+ *     cache gets gpuMemoryUtilization (default 0.9, vLLM's meaning) of the largest buffer the
+ *     device allows (a browser reports no memory size) less the weights, holding at most
+ *     maxNumSeqs (16) sequences of maxModelLen (2048) tokens; on a CPU adapter (SwiftShader)
+ *     256 MiB; kvMemoryMiB sets it instead. modelInfo().kvTokens says how many tokens it holds;
+ *     a cache that cannot hold one sequence of maxModelLen fails the load, saying what fits.
+ *     kernels forces a kernel family ('baseline',
  *     'cpu' or 'subgroup') instead of the one weft picks for the adapter (adapterInfo().kernels
- *     says which). kvCacheDtype 'f16' holds the KV cache in halves: twice the tokens in
- *     kvMemoryMiB, logits moved by about 1e-3 (default 'f32'). specNgram: true turns on
+ *     says which). kvCacheDtype 'f16' holds the KV cache in halves: twice the tokens, logits
+ *     moved by about 1e-3; 'f32' the reference's values (default: 'f16' where the adapter has
+ *     shader-f16, else 'f32'). specNgram: true turns on
  *     speculative decoding by prompt lookup
  *     (drafts are the tokens that followed an earlier occurrence of the last few tokens; outputs
  *     are unchanged, faster when the reply copies the prompt); specTokens (default 4) is the most
