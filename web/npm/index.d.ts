@@ -17,7 +17,13 @@ export interface LoadProgress {
 
 /** Engine options; every one may be left out. */
 export interface EngineOptions {
-  /** GPU memory for the KV cache, in MiB. */
+  /**
+   * Fraction of the device's memory weft may use in all, weights included (vLLM's meaning,
+   * default 0.9). A browser reports no memory size, so it applies to the largest buffer the
+   * device allows; on a CPU adapter (SwiftShader) the KV cache gets 256 MiB instead.
+   */
+  gpuMemoryUtilization?: number;
+  /** GPU memory for the KV cache, in MiB, instead of sizing it from gpuMemoryUtilization. */
   kvMemoryMiB?: number;
   /** Most sequences in one batch. */
   maxNumSeqs?: number;
@@ -31,7 +37,10 @@ export interface EngineOptions {
   specTokens?: number;
   /** Force a kernel family instead of the one weft picks for the adapter. */
   kernels?: KernelFamily;
-  /** 'f16' holds twice the tokens in kvMemoryMiB, moving logits by about 1e-3 (default 'f32'). */
+  /**
+   * 'f16' holds twice the tokens, moving logits by about 1e-3; 'f32' keeps the reference's values
+   * (default: 'f16' where the adapter has shader-f16, else 'f32').
+   */
   kvCacheDtype?: 'f32' | 'f16';
 }
 
@@ -135,6 +144,10 @@ export interface ModelInfo {
   hasChatTemplate: boolean;
   /** The longest sequence this engine serves. */
   maxModelLen: number;
+  /** How many tokens the KV cache holds, over all sequences. */
+  kvTokens: number;
+  /** What the KV cache holds. */
+  kvCacheDtype: 'f32' | 'f16';
   /** GPU kernels compiled while loading (seconds each on a CPU adapter such as SwiftShader). */
   kernels: number;
   /** The thinking model family whose reasoning is split off, or null. */

@@ -32,6 +32,7 @@ async function main(file: Blob | undefined): Promise<void> {
     onWarning: (message: string) => console.warn(message),
     workerUrl: '/assets/weft-worker.js',
     options: {
+      gpuMemoryUtilization: 0.9,
       kvMemoryMiB: 256,
       maxNumSeqs: 16,
       maxModelLen: 2048,
@@ -46,7 +47,7 @@ async function main(file: Blob | undefined): Promise<void> {
   const adapter = engine.adapterInfo();
   const model = engine.modelInfo();
   console.log(adapter.name, adapter.backend, adapter.kernels, adapter.limits.maxBufferSize, f16, binding);
-  console.log(model.architecture, model.layers, model.maxModelLen, model.reasoningParser, model.speculation?.specTokens);
+  console.log(model.architecture, model.layers, model.maxModelLen, model.kvTokens, model.kvCacheDtype, model.reasoningParser, model.speculation?.specTokens);
   console.log(engine.fromCache, engine.cached, engine.modelBytes, engine.warnings.join('\n'), engine.hub?.why);
 
   // Streaming chat: a typed async iterable of chunks.
