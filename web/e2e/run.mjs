@@ -23,6 +23,8 @@ const DIST = path.resolve(env('WEFT_DIST', path.join(here, '..', 'dist')));
 const E2E = path.resolve(env('WEFT_E2E', here));
 const EXPECTED = JSON.parse(fs.readFileSync(path.resolve(env('WEFT_EXPECTED', 'target/web-test/expected.json')), 'utf8'));
 const TINY = path.resolve(env('WEFT_TINY_MODEL', 'target/web-test/tiny.gguf'));
+// web/npm/example/vite as Vite built it from the packed package (`cargo xtask test-web` sets it).
+const VITE_APP = process.env.WEFT_VITE_APP ? path.resolve(process.env.WEFT_VITE_APP) : null;
 const CHROMIUM = env('CHROMIUM', '/usr/bin/chromium');
 const SHOTS = path.resolve(env('WEFT_SHOTS', 'target/web-test'));
 const FILTER = process.argv[2] || '';
@@ -52,6 +54,10 @@ const JUNK = Buffer.alloc(1024, 0).map((_, i) => (i * 37 + 11) & 0xff); // 1 KB 
 
 function fileFor(urlPath) {
   if (urlPath === '/test/tiny.gguf') return TINY;
+  if (urlPath.startsWith('/vite/') && VITE_APP) {
+    const rel = decodeURIComponent(urlPath.slice('/vite/'.length) || 'index.html');
+    return rel.split(/[\\/]/).includes('..') || rel.includes('\0') ? null : path.join(VITE_APP, rel);
+  }
   const [root, rest] = urlPath.startsWith('/e2e/') ? [E2E, urlPath.slice(5)] : [DIST, urlPath.slice(1)];
   const rel = decodeURIComponent(rest || 'index.html');
   if (rel.split(/[\\/]/).includes('..') || rel.includes('\0')) return null;
@@ -106,7 +112,9 @@ const HUB_TOKEN = 'hf_test_token';
  * the model API's listing with each file's size and sha256 (`?blobs=true`), resolve URLs that
  * redirect to storage, storage that serves ranges; CORS on all, as the real ones answer. The
  * repository test/corrupted lists the tiny model's sha256 but serves it with a byte flipped.
- * `hub.cutNext` cuts the next storage download off halfway; `hub.down` refuses every connection.
+ * Storage names the file's version in its ETag (`hub.etag`).
+ * `hub.cutNext` cuts the next storage download off halfway (and with 'down' then refuses every
+ * connection, as a dead network would); `hub.down` refuses every connection.
  */
 async function startHub() {
   const tiny = fs.readFileSync(TINY);
@@ -118,11 +126,11 @@ async function startHub() {
     'test/tiny-GGUF': [file('tiny-Q8_0.gguf', tiny), { name: 'README.md', served: Buffer.from('# tiny\n') }],
     'test/corrupted': [file('tiny-Q8_0.gguf', corrupted)],
   };
-  const hub = { seen: [], cutNext: false, down: false, url: '', storage: '' };
+  const hub = { seen: [], cutNext: false, down: false, etag: 'v1', url: '', storage: '' };
   const cors = {
     'Access-Control-Allow-Origin': '*',
     'Access-Control-Allow-Headers': 'authorization, range',
-    'Access-Control-Expose-Headers': 'content-range, content-length, x-repo-commit, x-linked-etag, x-linked-size',
+    'Access-Control-Expose-Headers': 'content-range, content-length, etag, x-repo-commit, x-linked-etag, x-linked-size',
     'Cross-Origin-Resource-Policy': 'cross-origin',
   };
   const handler = (req, res) => {
@@ -148,15 +156,19 @@ async function startHub() {
     if (!blob) return res.writeHead(404, cors).end();
     const from = Number(/^bytes=(\d+)-$/.exec(req.headers.range ?? '')?.[1] ?? 0);
     const body = blob.served.subarray(from);
-    const headers = { ...cors, 'Content-Type': 'application/octet-stream', 'Content-Length': body.length };
+    const headers = { ...cors, 'Content-Type': 'application/octet-stream', 'Content-Length': body.length, ETag: `"${hub.etag}"` };
     if (req.headers.range) headers['Content-Range'] = `bytes ${from}-${blob.served.length - 1}/${blob.served.length}`;
     res.writeHead(req.headers.range ? 206 : 200, headers);
     if (hub.cutNext) {
       // The whole length announced, half of it sent, the connection gone. The reset waits a
       // moment: one sent at once can discard bytes the browser has not read yet (then it has
       // nothing to resume from, and starts over).
+      const thenDown = hub.cutNext === 'down';
       hub.cutNext = false;
-      res.write(body.subarray(0, body.length >> 1), () => setTimeout(() => res.socket.destroy(), 300));
+      res.write(body.subarray(0, body.length >> 1), () => setTimeout(() => {
+        if (thenDown) hub.down = true;
+        res.socket.destroy();
+      }, 300));
       return;
     }
     res.end(body);
@@ -423,8 +435,16 @@ async function main() {
       check(count('GET', spec.url) === downloads, `the reload downloaded the model again (${count('GET', spec.url)} GETs of ${spec.url}, ${downloads} before)`);
       check(/cache/i.test(status) && !/downloaded/i.test(status), `#cache-status after the reload: ${show(status)}`);
       check(fromCache === true, `engine.fromCache after the reload is ${show(fromCache)}`);
+      // The page lists the stored model and deletes it.
+      await page.waitForFunction(() => document.querySelector('#stored-list')?.dataset.count === '1', null, { timeout: MINUTE });
+      const stored = await page.textContent('#stored-list li');
+      check(stored.includes(spec.url.split('/').pop()), `#stored-list: ${show(stored)}`);
+      await page.click('#stored-list li button.delete');
+      await page.waitForFunction(() => document.querySelector('#stored-list')?.dataset.count === '0', null, { timeout: MINUTE });
+      const still = await page.evaluate(async (url) => (await import('/weft.js')).hasModelInCache(url), spec.url);
+      check(still === false, 'the model is still cached after its Delete button');
       check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
-      return `ready again in ${reloadSeconds.toFixed(1)} s, ${downloads} download(s) in all: ${show(status)}`;
+      return `ready again in ${reloadSeconds.toFixed(1)} s, ${downloads} download(s) in all: ${show(status)}; listed as ${show(stored)}, then deleted`;
     });
     await context.close();
 
@@ -444,6 +464,26 @@ async function main() {
       check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
       await context.close();
       return `${results.length} checks`;
+    });
+
+    await test('an app built by Vite from the packed npm package (web/npm/example/vite) generates', async () => {
+      if (!VITE_APP) return 'skipped: WEFT_VITE_APP is not set (cargo xtask test-web builds the app and sets it)';
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'vite');
+      const spec = EXPECTED.tiny;
+      const q = new URLSearchParams({ model: spec.url, prompt: spec.prompts[0], maxTokens: String(spec.maxTokens) });
+      await page.goto(`${base}/vite/index.html?${q}`);
+      await page.waitForSelector('body[data-state="done"], body[data-state="error"]', { timeout: 5 * MINUTE, state: 'attached' });
+      const state = await page.evaluate(() => document.body.dataset.state);
+      const text = await page.textContent('#out');
+      check(state === 'done', `the Vite app ended in ${show(state)}: ${text}`);
+      check(text === spec.outputs[0], `the Vite app ${show(text)} != native ${show(spec.outputs[0])}`);
+      // weft's worker and wasm came from Vite's output, not from web/dist.
+      const fromVite = [...requests.keys()].filter((k) => k.startsWith('GET /vite/'));
+      check(fromVite.some((k) => k.endsWith('.wasm')), `no .wasm asked for under /vite/: ${show(fromVite)}`);
+      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+      await context.close();
+      return `${fromVite.length} files from Vite's output: ${fromVite.map((k) => k.slice('GET /vite/'.length)).join(', ')}`;
     });
 
     await test('a model by name (hf:): resumed download, sha256 checked, cached, offline', async () => {
@@ -508,6 +548,112 @@ async function main() {
         check(/no GGUF files match "Q4_K_M"; the repository's GGUF files: tiny-Q8_0\.gguf/.test(missing.error ?? ''), `a missing quant: ${show(missing)}`);
         check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
         return `${hub.seen.length} requests to the stand-in hub; ${show(first.hub.why)}`;
+      } finally {
+        await context.close();
+        hub.close();
+      }
+    });
+
+    await test('models kept in the browser: an interrupted download resumed by the next load (OPFS), listed, deleted', async () => {
+      const hub = await startHub();
+      const context = await browser.newContext();
+      const { page, errors } = await newPage(context, 'kept');
+      await page.goto(`${base}/test/blank.html`);
+      const spec = EXPECTED.tiny;
+      const load = (model, storage) => page.evaluate(async ({ model, storage, hfEndpoint, prompt, maxTokens }) => {
+        const { createEngine } = await import('/weft.js');
+        let engine;
+        try {
+          engine = await createEngine({ model, storage, hfEndpoint, onWarning: () => {} });
+        } catch (e) {
+          return { error: String(e.message) };
+        }
+        const reply = await engine.chat.completions.create({ messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0 });
+        const out = { text: reply.choices[0].message.content, fromCache: engine.fromCache, cached: engine.cached, warnings: engine.warnings };
+        await engine.dispose();
+        return out;
+      }, { model, storage, hfEndpoint: hub.url, prompt: spec.prompts[0], maxTokens: spec.maxTokens });
+      // One of weft.js's cache functions, called on the page.
+      const call = (fn, ...args) => page.evaluate(async ({ fn, args }) => (await import('/weft.js'))[fn](...args), { fn, args });
+      const name = 'hf:test/tiny-GGUF:Q8_0';
+      const hubOpts = { hfEndpoint: hub.url };
+      const tinyBytes = fs.statSync(TINY).size;
+      const newGets = (from) => hub.storageGets().slice(from);
+      try {
+        // The network dies halfway: the load gives up, and OPFS keeps what arrived.
+        hub.cutNext = 'down';
+        const broken = await load(name, 'opfs');
+        hub.down = false;
+        check(/the \d+ bytes received are kept, and loading it again resumes/.test(broken.error ?? ''), `the interrupted load: ${show(broken)}`);
+        const [part, ...others] = await call('listCachedModels');
+        check(others.length === 0 && part?.storage === 'opfs' && !part.complete && part.bytes > 0 && part.bytes < tinyBytes &&
+          part.size === tinyBytes && part.hub?.file === 'tiny-Q8_0.gguf', `listed after the interruption: ${show([part, ...others])}`);
+        check(!(await call('hasModelInCache', name, hubOpts)), 'a partial copy counts as cached');
+
+        // The next load asks only for the rest.
+        let seen = hub.storageGets().length;
+        const resumed = await load(name, 'opfs');
+        check(!resumed.error, `the resumed load failed: ${resumed.error}`);
+        check(resumed.text === spec.outputs[0], `browser ${show(resumed.text)} != native ${show(spec.outputs[0])}`);
+        check(!resumed.fromCache && resumed.cached, `fromCache ${resumed.fromCache}, cached ${resumed.cached}`);
+        const rest = newGets(seen);
+        check(rest.length === 1 && rest[0].range === `bytes=${part.bytes}-`, `resumed from the ${part.bytes} kept bytes: ${show(rest)}`);
+        check(resumed.warnings.some((w) => /Resuming the download of tiny-Q8_0\.gguf at \d+ of \d+ bytes/.test(w)), `warnings: ${show(resumed.warnings)}`);
+        const whole = await call('listCachedModels');
+        check(whole.length === 1 && whole[0].complete && whole[0].bytes === tinyBytes && whole[0].key === part.key, `listed once whole: ${show(whole)}`);
+        check(await call('hasModelInCache', name, hubOpts), 'hasModelInCache after the resumed load');
+        check(await call('hasModelInCache', 'hf:test/tiny-GGUF', hubOpts), 'another spelling of the same file');
+
+        // Kept by OPFS, it loads without a download whatever store a load writes to.
+        seen = hub.storageGets().length;
+        const again = await load(name, 'cache-api');
+        check(!again.error && again.fromCache && newGets(seen).length === 0, `from OPFS: ${show(again)}`);
+
+        // A plain URL into the Cache API (the default): listed beside it.
+        check(!(await call('hasModelInCache', '/test/tiny.gguf')), 'the URL before its load');
+        const plain = await load('/test/tiny.gguf');
+        check(!plain.error && !plain.fromCache && plain.cached && plain.text === spec.outputs[0], `a URL into the Cache API: ${show(plain)}`);
+        const both = await call('listCachedModels');
+        const inCache = both.find((m) => m.storage === 'cache-api');
+        check(both.length === 2 && inCache?.name === 'tiny.gguf' && inCache.bytes === tinyBytes && inCache.complete, `listed: ${show(both)}`);
+        check(await call('hasModelInCache', '/test/tiny.gguf'), 'the URL after its load');
+        const used = await call('cacheUsage');
+        check(used.modelBytes === 2 * tinyBytes && used.quota > 0 && used.usage >= 0, `cacheUsage: ${show(used)}`);
+
+        // Deleted by name, then by a listed entry; deleting again finds nothing.
+        check(await call('deleteCachedModel', name, hubOpts), 'deleteCachedModel(name)');
+        check(!(await call('hasModelInCache', name, hubOpts)), 'still cached after the delete');
+        check(await call('deleteCachedModel', inCache), 'deleteCachedModel(entry)');
+        const none = await call('listCachedModels');
+        check(none.length === 0, `listed after deleting both: ${show(none)}`);
+        check(!(await call('deleteCachedModel', name, hubOpts)), 'a second delete found something');
+
+        // Deleted means downloaded again, from the start; 'none' keeps nothing.
+        seen = hub.storageGets().length;
+        const fresh = await load(name, 'none');
+        check(!fresh.error && !fresh.fromCache && !fresh.cached, `after the delete: ${show(fresh)}`);
+        check(newGets(seen).length === 1 && newGets(seen)[0].range === null, `downloaded from the start: ${show(newGets(seen))}`);
+        check((await call('listCachedModels')).length === 0, "storage 'none' kept something");
+        const wrong = await load(name, 'disk');
+        check(/storage must be one of 'cache-api', 'opfs', 'none', not "disk"/.test(wrong.error ?? ''), `storage 'disk': ${show(wrong)}`);
+
+        // A plain URL whose file changes on the server between the interruption and the next
+        // load: the kept bytes are void, and it is downloaded from the start.
+        const direct = `${hub.storage}/storage/test--tiny-GGUF/tiny-Q8_0.gguf`;
+        hub.cutNext = 'down';
+        const cut = await load(direct, 'opfs');
+        hub.down = false;
+        check(/bytes received are kept/.test(cut.error ?? ''), `the interrupted load of a URL: ${show(cut)}`);
+        hub.etag = 'v2';
+        seen = hub.storageGets().length;
+        const changed = await load(direct, 'opfs');
+        const asked = newGets(seen);
+        check(!changed.error && changed.text === spec.outputs[0] && changed.cached, `the changed file: ${show(changed)}`);
+        check(asked.length === 2 && /^bytes=\d+-$/.test(asked[0].range ?? '') && asked[1].range === null, `a ranged request, then the whole file: ${show(asked)}`);
+        check(changed.warnings.some((w) => /changed on the server/.test(w)), `warnings: ${show(changed.warnings)}`);
+        check(await call('deleteCachedModel', direct), 'deleteCachedModel(url)');
+        check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        return `resumed at ${part.bytes} of ${tinyBytes} bytes; ${hub.seen.length} requests to the stand-in hub`;
       } finally {
         await context.close();
         hub.close();

@@ -61,6 +61,8 @@ export interface CreateEngineOptions {
   hfEndpoint?: string;
   /** Sent to the hub (never to its storage) for private or gated repositories. */
   hfToken?: string;
+  /** Where a downloaded model is kept (default 'cache-api'); see StorageKind. */
+  storage?: StorageKind;
   onProgress?: (progress: LoadProgress) => void;
   /** Non-fatal problems, such as a model the browser would not cache (default: console.warn). */
   onWarning?: (message: string) => void;
@@ -74,6 +76,63 @@ export function createEngine(options?: CreateEngineOptions): Promise<WeftEngine>
 
 /** The model the demo page loads when none is given, relative to weft.js (not in the package). */
 export const DEFAULT_MODEL_URL: string;
+
+// ---- Models kept in the browser ---------------------------------------------------------------
+
+/**
+ * 'cache-api': the Cache API, which keeps only whole files (a cut transfer resumes within the
+ * load). 'opfs': the origin private file system, written as the bytes arrive, so a download a
+ * closed tab or a dead network interrupted resumes on the next load. 'none': nothing kept.
+ */
+export type StorageKind = 'cache-api' | 'opfs' | 'none';
+
+/** A model this site keeps. */
+export interface CachedModel {
+  /** The store's key: the model's URL, or for an hf: model `<hub>/<repo>/blobs/<sha256>`. */
+  key: string;
+  /** The file's name. */
+  name: string;
+  storage: Exclude<StorageKind, 'none'>;
+  /** Bytes kept; null while a load is writing them. */
+  bytes: number | null;
+  /** The whole file's size, where known. */
+  size: number | null;
+  /** False for a download that stopped partway (OPFS): the next load resumes it. */
+  complete: boolean;
+  /** Which hub file it is, for a model named hf:. */
+  hub: { repo: string; file: string; commit: string; why: string } | null;
+  /** When it was stored (ISO 8601), where known. */
+  savedAt: string | null;
+}
+
+/**
+ * A model as createEngine takes it: a URL (relative to the page) or an hf: name (resolved
+ * through the hub listing kept with it, offline), or an entry of listCachedModels().
+ */
+export type ModelRef = string | URL | CachedModel;
+
+export interface CacheLookupOptions {
+  /** The hub an hf: name was loaded from, when not the default. */
+  hfEndpoint?: string;
+}
+
+export interface CacheUsage {
+  /** What the kept models take. */
+  modelBytes: number;
+  /** The browser's estimate of all this site stores, and of what it may; null where unknown. */
+  usage: number | null;
+  quota: number | null;
+  /** Whether the browser promised not to evict this site's storage (navigator.storage.persist()). */
+  persisted: boolean;
+}
+
+/** Every model this site keeps, whole or partly downloaded. */
+export function listCachedModels(): Promise<CachedModel[]>;
+/** Whether a whole copy is kept, so that loading it needs no download. Left out: the default model. */
+export function hasModelInCache(model?: ModelRef, options?: CacheLookupOptions): Promise<boolean>;
+/** Deletes every copy, whole or partial; false when there was none. Rejects while an engine downloads it into OPFS. */
+export function deleteCachedModel(model?: ModelRef, options?: CacheLookupOptions): Promise<boolean>;
+export function cacheUsage(): Promise<CacheUsage>;
 
 // ---- WebGPU ---------------------------------------------------------------------------------
 

@@ -8,13 +8,14 @@
 //   URL query: model=<url>, maxTokens=<n>, temperature=<t>, autoload=1, p0..p3=<prompt text>.
 //   Elements: #load, #model-file, #progress, #progress-text, #adapter, #model-info, #run-all,
 //             #stop-all, #max-tokens, #temperature, #aggregate (data-tokens, data-tokens-per-second),
-//             #error, #no-webgpu, #cache-status.
+//             #error, #no-webgpu, #cache-status, #stored-list (li[data-key] per stored model,
+//             each with button.delete; data-count on the list once it is drawn).
 //   Panes: .pane[data-index=0..3][data-state=idle|running|done|stopped|error] containing
 //          textarea.prompt, button.stop, button.run, .output (the streamed text, exactly),
 //          .speed (data-tokens, data-tokens-per-second).
 //   window.weftDemo = { engine, runAll, stopAll } once a model is loaded.
 
-import { createEngine, webgpuStatus, DEFAULT_MODEL_URL } from './weft.js';
+import { cacheUsage, createEngine, deleteCachedModel, listCachedModels, webgpuStatus, DEFAULT_MODEL_URL } from './weft.js';
 
 window.weftBooted = true;
 
@@ -44,6 +45,8 @@ const ui = {
   error: $('#error'),
   noWebgpu: $('#no-webgpu'),
   noWebgpuReason: $('#no-webgpu-reason'),
+  storedList: $('#stored-list'),
+  storedSummary: $('#stored-summary'),
 };
 
 const panes = [...document.querySelectorAll('.pane')].map((el) => ({
@@ -287,6 +290,45 @@ async function load() {
     setState('error');
     refreshControls();
   }
+  await renderStored();
+}
+
+// ---------------------------------------------------------------- stored models
+
+/** Lists the models this browser keeps for the site, each with a button that deletes it. */
+async function renderStored() {
+  let models;
+  let used;
+  try {
+    [models, used] = await Promise.all([listCachedModels(), cacheUsage()]);
+  } catch (e) {
+    ui.storedSummary.textContent = `(unavailable: ${e?.message || e})`;
+    return;
+  }
+  const quota = used.quota ? ` of ${mb(used.quota)} MB allowed` : '';
+  ui.storedSummary.textContent = `(${models.length}, ${mb(used.modelBytes)} MB${quota})`;
+  ui.storedList.replaceChildren(...models.map((m) => {
+    const li = document.createElement('li');
+    li.dataset.key = m.key;
+    const size = m.complete ? `${mb(m.bytes ?? 0)} MB` : `${mb(m.bytes ?? 0)} of ${mb(m.size ?? 0)} MB, resumes on the next load`;
+    li.textContent = `${m.hub ? `${m.hub.repo}: ` : ''}${m.name} (${size}; ${m.storage === 'opfs' ? 'OPFS' : 'Cache API'}) `;
+    const del = document.createElement('button');
+    del.type = 'button';
+    del.className = 'btn delete';
+    del.textContent = 'Delete';
+    del.addEventListener('click', async () => {
+      del.disabled = true;
+      try {
+        await deleteCachedModel(m);
+      } catch (e) {
+        showError(`Deleting ${m.name} failed: ${e?.message || e}`);
+      }
+      await renderStored();
+    });
+    li.append(del);
+    return li;
+  }));
+  ui.storedList.dataset.count = String(models.length);
 }
 
 // ---------------------------------------------------------------- generation
@@ -490,6 +532,7 @@ async function main() {
     return;
   }
   app.webgpu = true;
+  renderStored();
   renderAdapter(gpu.adapter, false);
   refreshControls();
   setState('idle');

@@ -3,13 +3,14 @@
 // Started by weft.js as `new Worker(new URL('./weft-worker.js', import.meta.url), {type: 'module'})`,
 // so the page never freezes while the model downloads, uploads to the GPU or generates.
 // It loads ./pkg/weft_web.js (wasm-bindgen output, `--target web`) lazily, fetches the model
-// (Cache API first, cache name 'weft-models-v1', keyed by the absolute model URL; a model named
-// hf:OWNER/REPO[:QUANT] is keyed by its sha256, and its listing is kept for offline loads),
-// builds a WebEngine and relays requests and their streamed events.
+// (from the browser's stores first, model-cache.js, keyed by the absolute model URL; a model
+// named hf:OWNER/REPO[:QUANT] is keyed by its sha256, hub.js, and its listing is kept for offline
+// loads), builds a WebEngine and relays requests and their streamed events.
 //
 // Messages in (from weft.js):
-//   {type: 'load', modelUrl?, file?, hf?, options?}   modelUrl is absolute; file is a File/Blob;
-//                                                      hf is {name, endpoint?, token?}
+//   {type: 'load', modelUrl?, file?, hf?, storage?, options?}
+//                                    modelUrl is absolute; file is a File/Blob; hf is
+//                                    {name, endpoint?, token?}; storage 'cache-api'|'opfs'|'none'
 //   {type: 'create', rid, kind: 'chat'|'completion', body: JSON string}
 //   {type: 'abort', rid}
 //   {type: 'dispose'}
@@ -25,8 +26,8 @@
 //   {type: 'disposed'}
 
 import { webgpuStatus } from './webgpu.js';
-
-const CACHE_NAME = 'weft-models-v1';
+import { hubBase, listingUrl, parseHfName, resolveHubFile } from './hub.js';
+import { cachedListing, keepListing, openStores } from './model-cache.js';
 
 let engine = null;
 let loading = false;
@@ -108,15 +109,6 @@ async function readInto(wasm, stream, total, report) {
   return model;
 }
 
-async function openCache() {
-  if (typeof caches === 'undefined') return { cache: null, why: 'the Cache API is not available here (it needs a secure context: https or localhost)' };
-  try {
-    return { cache: await caches.open(CACHE_NAME), why: '' };
-  } catch (e) {
-    return { cache: null, why: `the browser refused storage (${e?.name || 'error'}: ${messageOf(e)})` };
-  }
-}
-
 function storageWarning(e, bytes) {
   const mb = (bytes / 1e6).toFixed(1);
   const tail = 'The model works now, but it will download again on the next visit.';
@@ -126,144 +118,200 @@ function storageWarning(e, bytes) {
   if (e && (e.name === 'SecurityError' || e.name === 'NotAllowedError')) {
     return `Model not cached: the browser refused storage for this page (private window, blocked site data or an insecure context). ${tail}`;
   }
+  if (e && e.name === 'NoModificationAllowedError') {
+    return `Model not cached: another engine of this site is downloading it into the same storage. ${tail}`;
+  }
   return `Model not cached: ${typeof e === 'string' ? e : messageOf(e)}. ${tail}`;
 }
 
-async function fetchModel(wasm, url) {
-  const { cache, why } = await openCache();
-  if (cache) {
+/** Tries in a row that may end without a byte more before a download gives up. */
+const TRIES = 5;
+
+/** Thrown for an answer retrying will not change (not a network failure). */
+class Refused extends Error {}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** What identifies a version of the file: a strong ETag, else Last-Modified; null when neither is readable. */
+function validatorOf(resp) {
+  const etag = resp.headers.get('etag');
+  if (etag && !etag.startsWith('W/')) return etag;
+  return resp.headers.get('last-modified');
+}
+
+/**
+ * The bytes of `url` from byte `from`, as events: {start: {size, validator, restart}} for each
+ * answer taken (size null when the server gives none), then {chunk}s. A broken connection is
+ * asked again from where it stopped (`Range: bytes=N-`), up to TRIES times in a row without
+ * progress. The bytes so far belong to the version `validator` names: an answer naming another
+ * (the file changed on the server) voids them, and the file is asked for from the start
+ * (`restart`). Not If-Range, which is no CORS-safelisted header: a server on another origin
+ * would have to allow it. A server that ignores ranges sends all of it, and what is here
+ * already is skipped.
+ */
+async function* resumingBody(url, headers, { from, size, validator }, fail) {
+  let done = from;
+  let failures = 0;
+  let known = size;
+  let version = validator;
+  let restart = false;
+  while (known == null || done < known) {
+    const before = done;
+    let why;
     try {
-      const hit = await cache.match(url);
-      if (hit && hit.ok && hit.body) {
-        const total = Number(hit.headers.get('content-length')) || 0;
-        const model = await readInto(wasm, hit.body, total, throttled((loaded, t) =>
-          post({ type: 'progress', stage: 'cache', loaded, total: t })));
-        if (model.length > 0) return { model, fromCache: true, cached: true };
-        model.free();
+      // Not through the HTTP cache: the store keeps the one copy.
+      const resp = await fetch(url, { headers: done > 0 ? { ...headers, Range: `bytes=${done}-` } : headers, cache: 'no-store' });
+      if (resp.status !== 200 && resp.status !== 206) throw fail(resp.status);
+      const now = validatorOf(resp);
+      if (done > 0 && version && now && now !== version) {
+        resp.body?.cancel().catch(() => {});
+        [done, known, version, restart] = [0, size, null, true];
+        continue;
       }
+      let skip = resp.status === 200 ? done : 0;
+      const length = Number(resp.headers.get('content-length'));
+      const total = Number(/\/(\d+)$/.exec(resp.headers.get('content-range') ?? '')?.[1]) ||
+        (length > 0 ? (resp.status === 206 ? done + length : length) : null);
+      if (known != null && total != null && total !== known) {
+        throw new Refused(`the server's file has ${total} bytes, not the ${known} ${size != null ? 'listed' : 'it announced before'}`);
+      }
+      known ??= total;
+      version = now ?? version;
+      yield { start: { size: known, validator: version, restart } };
+      restart = false;
+      const reader = resp.body.getReader();
+      try {
+        for (;;) {
+          const { done: end, value } = await reader.read();
+          if (end) break;
+          let chunk = value;
+          if (skip > 0) {
+            const dropped = Math.min(skip, chunk.byteLength);
+            chunk = chunk.subarray(dropped);
+            skip -= dropped;
+            if (chunk.byteLength === 0) continue;
+          }
+          if (known != null && done + chunk.byteLength > known) throw new Refused(`the server sent more than the ${known} bytes it announced`);
+          done += chunk.byteLength;
+          yield { chunk };
+        }
+      } finally {
+        reader.releaseLock();
+      }
+      // Without a length, the end of the body is the end of the file.
+      if (known == null) return;
+      if (done < known) why = 'the connection closed early';
     } catch (e) {
-      // A broken cache entry: drop it and download again.
-      try { await cache.delete(url); } catch { /* ignore */ }
+      if (e instanceof Refused) throw e;
+      why = messageOf(e);
     }
+    if (known != null && done >= known) return;
+    failures = done > before ? 1 : failures + 1;
+    if (failures >= TRIES) {
+      throw new Error(done === 0
+        ? `no answer (${why}): a network error, blocked by CORS, or the page is offline`
+        : `stopped at ${done} of ${known ?? '?'} bytes (${why})`);
+    }
+    post({ type: 'warning', message: `The download broke at ${done} of ${known ?? '?'} bytes (${why}); resuming.` });
+    await sleep(500 * failures);
+  }
+}
+
+/**
+ * The model kept under `key`: whole from a store that has it, else from `url`, written to the
+ * store as it arrives (continuing a partial copy an earlier load left in OPFS). `src`: {url,
+ * headers, size (null: the server says), sha256 (null: unchecked), name, hub, fail(status)}.
+ */
+async function obtain(wasm, stores, key, src) {
+  for (const store of stores.read) {
+    const hit = await store.read(key).catch(() => null);
+    if (!hit || (src.size != null && hit.size != null && hit.size !== src.size)) continue;
+    try {
+      const model = await readInto(wasm, hit.stream, hit.size ?? 0, throttled((loaded, t) =>
+        post({ type: 'progress', stage: 'cache', loaded, total: t })));
+      if (model.length > 0 && (hit.size == null || model.length === hit.size)) return { model, fromCache: true, cached: true };
+      model.free();
+    } catch { /* a broken entry: dropped below, then downloaded again */ }
+    await store.remove(key).catch(() => {});
   }
 
-  let resp;
+  let model = new wasm.ModelBytes(src.size ?? 0);
+  let writer = null;
+  let noStore = stores.why;
+  if (stores.write) {
+    const takePartial = async (stream, bytes) => {
+      const kept = await readInto(wasm, stream, src.size ?? bytes, throttled((loaded, t) =>
+        post({ type: 'progress', stage: 'cache', loaded, total: t })));
+      model.free();
+      model = kept;
+    };
+    try {
+      writer = await stores.write.writer(key, { name: src.name, hub: src.hub, size: src.size }, takePartial);
+    } catch (e) {
+      noStore = e;
+      if (model.length > 0) {
+        model.free();
+        model = new wasm.ModelBytes(src.size ?? 0);
+      }
+    }
+  }
+  const from = model.length;
+  if (from > 0) {
+    post({ type: 'warning', message: `Resuming the download of ${src.name} at ${from} of ${src.size ?? '?'} bytes, kept from an earlier load that was interrupted.` });
+  }
+  const report = throttled((loaded, total) => post({ type: 'progress', stage: 'download', loaded, total }));
   try {
-    resp = await fetch(url);
+    report(true, from, src.size ?? 0);
+    let size = src.size;
+    for await (const { start, chunk } of resumingBody(src.url, src.headers, { from, size: src.size, validator: writer?.validator ?? null }, src.fail)) {
+      if (start) {
+        size = start.size;
+        if (start.restart) {
+          post({ type: 'warning', message: `${src.name} changed on the server since the interrupted download; downloading it from the start.` });
+          model.free();
+          model = new wasm.ModelBytes(size ?? 0);
+        }
+        await writer?.begin(start);
+        continue;
+      }
+      model.push(chunk);
+      writer?.append(chunk);
+      report(false, model.length, Math.max(size ?? 0, model.length));
+    }
+    report(true, model.length, model.length);
   } catch (e) {
-    throw new Error(`Could not download the model from ${url}: ${messageOf(e)} (network error, blocked by CORS, or the page is offline).`);
+    // A refusal (an HTTP error, a size that disagrees) will not go away: nothing to resume.
+    const kept = !writer ? 0 : e instanceof Refused ? (await writer.discard().catch(() => {}), 0) : await writer.keep().catch(() => 0);
+    model.free();
+    const where = kept > 0 ? `; the ${kept} bytes received are kept, and loading it again resumes from there` : '; load it again to retry';
+    throw new Error(`${src.name}: downloading from ${src.url}: ${messageOf(e)}${e instanceof Refused ? '' : where}`);
   }
-  if (!resp.ok || !resp.body) {
-    throw new Error(`Could not download the model from ${url}: HTTP ${resp.status} ${resp.statusText || ''}`.trim());
+  if (src.sha256) {
+    const got = model.sha256();
+    if (got !== src.sha256.toLowerCase()) {
+      await writer?.discard();
+      model.free();
+      throw new Refused(`the downloaded ${src.name} has sha256 ${got}, but the hub lists ${src.sha256}: it was corrupted on the way and is discarded (nothing was cached); load it again to download it anew`);
+    }
   }
-  const total = Number(resp.headers.get('content-length')) || 0;
-  // One branch of the body goes into WebAssembly memory, the other into the cache as it arrives.
-  const [forEngine, forCache] = resp.body.tee();
-  let caching;
-  if (cache) {
-    const headers = { 'content-type': 'application/octet-stream' };
-    if (total > 0) headers['content-length'] = String(total);
-    caching = cache.put(url, new Response(forCache, { headers })).then(() => null, (e) => e);
-  } else {
-    forCache.cancel().catch(() => {});
-    caching = Promise.resolve(why);
-  }
-  const model = await readInto(wasm, forEngine, total, throttled((loaded, t) =>
-    post({ type: 'progress', stage: 'download', loaded, total: t })));
-  const failure = await caching;
-  if (failure) {
-    if (cache) { try { await cache.delete(url); } catch { /* ignore */ } }
-    post({ type: 'warning', message: storageWarning(failure, model.length) });
-  }
+  const failure = writer ? await writer.finish() : noStore;
+  if (failure) post({ type: 'warning', message: storageWarning(failure, model.length) });
   return { model, fromCache: false, cached: !failure };
+}
+
+/** A model by URL. */
+async function fetchModel(wasm, url, stores) {
+  const name = decodeURIComponent(new URL(url).pathname.split('/').pop() || 'model.gguf');
+  const fail = (status) => new Refused(`HTTP ${status}${status === 404 ? ': no model at that URL' : ''}`);
+  return obtain(wasm, stores, url, { url, headers: {}, size: null, sha256: null, name, hub: null, fail });
 }
 
 // ------------------------------------------------------------------------ models by name (hf:)
 //
-// The Hugging Face hub's model API lists a repository with each file's size and, for LFS files,
-// sha256 (`?blobs=true`; in a browser the resolve URL's own headers are out of reach, on a
-// redirect fetch() follows); the file comes from its resolve URL, resumed with a Range request
-// when the connection breaks, and reaches the cache only once its sha256 is the listed one.
-
-/** Where hf: names resolve unless `hfEndpoint` says otherwise. */
-const HF_ENDPOINT = 'https://huggingface.co';
-/** Taken when a name gives no quant, as llama.cpp's -hf does. */
-const DEFAULT_QUANT = 'Q4_K_M';
-/** Tries in a row that may end without a byte more before a download gives up. */
-const TRIES = 5;
-
-const HF_FORM = 'expected hf:OWNER/REPO or hf:OWNER/REPO:QUANT (e.g. hf:bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M)';
-
-function parseHfName(name) {
-  const rest = name.slice('hf:'.length);
-  const colon = rest.indexOf(':');
-  const repo = colon < 0 ? rest : rest.slice(0, colon);
-  const quant = colon < 0 ? null : rest.slice(colon + 1);
-  const part = /^[A-Za-z0-9._-]+$/;
-  const [owner, model, extra] = repo.split('/');
-  const ok = extra === undefined && [owner, model].every((p) => p && part.test(p) && p !== '.' && p !== '..');
-  if (!ok || quant === '') throw new Error(`${name}: not a model name: ${HF_FORM}`);
-  return { repo, quant };
-}
-
-/** `llama.cpp`'s split parts, `…-00001-of-00003.gguf`: [part, parts], or null. */
-function splitPart(file) {
-  const m = /-(\d{5})-of-(\d{5})\.gguf$/i.exec(file);
-  return m ? [Number(m[1]), Number(m[2])] : null;
-}
-
-/**
- * The GGUF files whose names contain `quant` (ignoring case); of several, those where it is a
- * whole tag (Q4_0 matches x.Q4_0.gguf, not x.Q4_0_4_4.gguf) when there are any.
- */
-function matching(ggufs, quant) {
-  const q = quant.toLowerCase();
-  const all = ggufs.filter((f) => f.toLowerCase().includes(q));
-  const whole = (f) => {
-    const lower = f.toLowerCase();
-    for (let at = lower.indexOf(q); at >= 0; at = lower.indexOf(q, at + 1)) {
-      const before = lower[at - 1] ?? '';
-      const after = lower[at + q.length] ?? '';
-      if (!/[a-z0-9]/.test(before) && !/[a-z0-9_]/.test(after)) return true;
-    }
-    return false;
-  };
-  const tags = all.filter(whole);
-  return all.length > 1 && tags.length > 0 ? tags : all;
-}
-
-/** The GGUF file of `files` the name asks for and why that one; throws, listing the choices. */
-function pickGguf(name, repo, quant, files) {
-  const ggufs = files.filter((f) => /\.gguf$/i.test(f) && !/mmproj/i.test(f)).sort();
-  if (ggufs.length === 0) {
-    throw new Error(`${name}: ${repo} has no GGUF files (its files: ${files.join(', ')}); weft loads GGUF models by name`);
-  }
-  let file;
-  let why;
-  if (quant) {
-    const found = matching(ggufs, quant);
-    const oneSplit = found.length > 1 && found.every((f) => splitPart(f)) &&
-      new Set(found.map((f) => f.replace(/-\d{5}-of-\d{5}\.gguf$/i, ''))).size === 1;
-    if (found.length === 0) throw new Error(`${name}: no GGUF files match "${quant}"; the repository's GGUF files: ${ggufs.join(', ')}`);
-    if (found.length > 1 && !oneSplit) {
-      throw new Error(`${name}: "${quant}" matches several GGUF files: ${found.join(', ')}; name one more exactly (hf:${repo}:NAME, any part of the file name)`);
-    }
-    [file, why] = [found[0], `the GGUF file matching ${quant}`];
-  } else {
-    const defaults = matching(ggufs, DEFAULT_QUANT);
-    if (defaults.length >= 1) [file, why] = [defaults[0], `${DEFAULT_QUANT}, the default; another with hf:${repo}:QUANT`];
-    else if (ggufs.length === 1) [file, why] = [ggufs[0], 'the only GGUF file'];
-    else [file, why] = [ggufs[0], `no ${DEFAULT_QUANT} among the GGUF files, so the first; another with hf:${repo}:QUANT, from: ${ggufs.join(', ')}`];
-  }
-  const split = splitPart(file);
-  if (split) {
-    throw new Error(`${name}: ${file} is one of ${split[1]} parts of a split GGUF, which weft does not read; join them with llama.cpp's llama-gguf-split --merge and load the joined file`);
-  }
-  return { file, why };
-}
-
-/** Thrown for an answer retrying will not change (not a network failure). */
-class Refused extends Error {}
+// The hub's model API lists a repository with each file's size and, for LFS files, sha256
+// (hub.js says which file a name means); in a browser the resolve URL's own headers are out of
+// reach (fetch() follows its redirect). The file is checked against the listed sha256 before a
+// store keeps it whole.
 
 function refusal(name, base, repo, status, what, withToken) {
   const detail = {
@@ -277,67 +325,14 @@ function refusal(name, base, repo, status, what, withToken) {
   return new Refused(`${name}: the hub at ${base} answered HTTP ${status} for ${what}: ${detail}`);
 }
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-/**
- * The bytes of `url` from the start, `size` in all, as chunks: when the connection breaks, asked
- * again from where it stopped (`Range: bytes=N-`), up to TRIES times in a row without progress.
- */
-async function* resumingBody(url, headers, size, fail) {
-  let done = 0;
-  let failures = 0;
-  while (done < size) {
-    const before = done;
-    let why;
-    try {
-      // Not through the HTTP cache: the Cache API keeps the one copy.
-      const init = { headers: done > 0 ? { ...headers, Range: `bytes=${done}-` } : headers, cache: 'no-store' };
-      const resp = await fetch(url, init);
-      if (resp.status !== 200 && resp.status !== 206) throw fail(resp.status);
-      // A server that ignores the range sends it all again: skip what is here already.
-      let skip = resp.status === 200 ? done : 0;
-      const reader = resp.body.getReader();
-      try {
-        for (;;) {
-          const { done: end, value } = await reader.read();
-          if (end) break;
-          let chunk = value;
-          if (skip > 0) {
-            const dropped = Math.min(skip, chunk.byteLength);
-            chunk = chunk.subarray(dropped);
-            skip -= dropped;
-            if (chunk.byteLength === 0) continue;
-          }
-          if (done + chunk.byteLength > size) throw new Refused(`the server sent more than the ${size} bytes the hub lists`);
-          done += chunk.byteLength;
-          yield chunk;
-        }
-      } finally {
-        reader.releaseLock();
-      }
-      if (done < size) why = 'the connection closed early';
-    } catch (e) {
-      if (e instanceof Refused) throw e;
-      why = messageOf(e);
-    }
-    if (done >= size) return;
-    failures = done > before ? 1 : failures + 1;
-    if (failures >= TRIES) throw new Error(`stopped at ${done} of ${size} bytes (${why}); load it again to retry`);
-    post({ type: 'warning', message: `The download broke at ${done} of ${size} bytes (${why}); resuming.` });
-    await sleep(500 * failures);
-  }
-}
-
-/** A model named hf:OWNER/REPO[:QUANT]: from the cache by its sha256, else downloaded and checked. */
-async function fetchHubModel(wasm, { name, endpoint, token }) {
-  const { repo, quant } = parseHfName(name);
-  const base = (endpoint || HF_ENDPOINT).replace(/\/+$/, '');
+/** A model named hf:OWNER/REPO[:QUANT]: from a store by its sha256, else downloaded and checked. */
+async function fetchHubModel(wasm, { name, endpoint, token }, stores) {
+  const { repo } = parseHfName(name);
+  const base = hubBase(endpoint);
   const headers = token ? { Authorization: `Bearer ${token}` } : {};
-  const { cache, why: noCache } = await openCache();
-  const listingUrl = `${base}/api/models/${repo}/revision/main?blobs=true`;
   let listing;
   try {
-    const resp = await fetch(listingUrl, { headers, cache: 'no-cache' });
+    const resp = await fetch(listingUrl(base, repo), { headers, cache: 'no-cache' });
     if (!resp.ok) throw refusal(name, base, repo, resp.status, 'the repository', !!token);
     const text = await resp.text();
     try {
@@ -345,84 +340,24 @@ async function fetchHubModel(wasm, { name, endpoint, token }) {
     } catch {
       throw new Refused(`${name}: the hub's listing is not JSON: is ${base} a Hugging Face hub?`);
     }
-    if (cache) {
-      cache.put(listingUrl, new Response(text, { headers: { 'content-type': 'application/json' } })).catch(() => {});
-    }
+    if (stores.write) keepListing(base, repo, text);
   } catch (e) {
     if (e instanceof Refused) throw e;
-    const kept = cache && await cache.match(listingUrl).catch(() => null);
-    if (!kept) {
+    listing = await cachedListing(base, repo);
+    if (!listing) {
       throw new Error(`${name}: cannot reach ${base} (${messageOf(e)}), and the model is not in this browser's cache; check the network (or hfEndpoint) and try again`);
     }
-    listing = await kept.json();
     post({ type: 'warning', message: `${name}: cannot reach ${base} (${messageOf(e)}); using the cached copy.` });
   }
-  const siblings = Array.isArray(listing?.siblings) ? listing.siblings : null;
-  if (!siblings || typeof listing.sha !== 'string') {
-    throw new Error(`${name}: the hub's listing has no commit or file list: is ${base} a Hugging Face hub?`);
-  }
-  const { file, why } = pickGguf(name, repo, quant, siblings.map((s) => String(s.rfilename)));
-  const entry = siblings.find((s) => s.rfilename === file);
-  const sha256 = entry.lfs?.sha256 ?? null;
-  const size = Number(entry.lfs?.size ?? entry.size);
-  if (!(size > 0)) throw new Error(`${name}: the hub's listing gives no size for ${file}: is ${base} a Hugging Face hub?`);
-  const hub = { repo, file, commit: listing.sha, why };
-  // Keyed by content, so a new commit that leaves the file alone does not download it again.
-  const key = `${base}/${repo}/blobs/${sha256 ?? `${listing.sha}/${file}`}`;
-
-  if (cache) {
-    const hit = await cache.match(key).catch(() => null);
-    if (hit && hit.ok && hit.body) {
-      const model = await readInto(wasm, hit.body, size, throttled((loaded, t) =>
-        post({ type: 'progress', stage: 'cache', loaded, total: t })));
-      if (model.length === size) return { model, fromCache: true, cached: true, name: file, hub };
-      model.free();
-      await cache.delete(key).catch(() => {});
-    }
-  }
-
-  // The cache's copy is written as the bytes arrive, and is kept only if the stream closes,
-  // which it does once the sha256 is checked: a corrupted download never becomes an entry.
-  let toCache = null;
-  let caching = Promise.resolve(noCache);
-  if (cache) {
-    const body = new ReadableStream({ start(controller) { toCache = controller; } });
-    const entryHeaders = { 'content-type': 'application/octet-stream', 'content-length': String(size) };
-    caching = cache.put(key, new Response(body, { headers: entryHeaders })).then(() => null, (e) => e);
-  }
-  const stopCaching = (e) => { try { toCache?.error(e); } catch { /* already closed */ } toCache = null; };
-
-  const url = `${base}/${repo}/resolve/${listing.sha}/${file.split('/').map(encodeURIComponent).join('/')}`;
-  const fail = (status) => refusal(name, base, repo, status, file, !!token);
-  const model = new wasm.ModelBytes(size);
-  const report = throttled((loaded, total) => post({ type: 'progress', stage: 'download', loaded, total }));
-  report(true, 0, size);
+  const found = resolveHubFile(name, base, listing);
+  const hub = { repo, file: found.file, commit: found.commit, why: found.why };
+  const fail = (status) => refusal(name, base, repo, status, found.file, !!token);
   try {
-    for await (const chunk of resumingBody(url, headers, size, fail)) {
-      model.push(chunk);
-      try { toCache?.enqueue(chunk); } catch { toCache = null; }
-      report(false, model.length, size);
-    }
+    const got = await obtain(wasm, stores, found.key, { url: found.url, headers, size: found.size, sha256: found.sha256, name: found.file, hub, fail });
+    return { ...got, name: found.file, hub };
   } catch (e) {
-    stopCaching(e);
-    model.free();
-    throw new Error(e.message.startsWith(name) ? e.message : `${name}: downloading ${file}: ${messageOf(e)}`);
+    throw new Error(messageOf(e).startsWith(name) ? messageOf(e) : `${name}: ${messageOf(e)}`);
   }
-  report(true, size, size);
-  const got = sha256 ? model.sha256() : null;
-  if (sha256 && got !== sha256.toLowerCase()) {
-    stopCaching(new Error('corrupted'));
-    await caching;
-    model.free();
-    throw new Error(`${name}: the downloaded ${file} has sha256 ${got}, but the hub lists ${sha256}: it was corrupted on the way and is discarded (nothing was cached); load it again to download it anew`);
-  }
-  try { toCache?.close(); } catch { /* the cache gave up already */ }
-  const failure = await caching;
-  if (failure) {
-    if (cache) await cache.delete(key).catch(() => {});
-    post({ type: 'warning', message: storageWarning(failure, size) });
-  }
-  return { model, fromCache: false, cached: !failure, name: file, hub };
 }
 
 async function readFile(wasm, file) {
@@ -430,7 +365,7 @@ async function readFile(wasm, file) {
     post({ type: 'progress', stage: 'read', loaded, total: t })));
 }
 
-async function load({ modelUrl, file, hf, options }) {
+async function load({ modelUrl, file, hf, storage, options }) {
   if (engine || loading) throw new Error('This worker already has a model; create a new engine to load another.');
   loading = true;
   try {
@@ -440,6 +375,8 @@ async function load({ modelUrl, file, hf, options }) {
         'Safari 26, or Firefox 141+ on Windows, and open the page over https or localhost.');
     }
 
+    // Before the module loads, so that a misspelled storage fails at once.
+    const stores = file ? null : await openStores(storage);
     let wasm;
     try {
       wasm = await import('./pkg/weft_web.js');
@@ -454,11 +391,11 @@ async function load({ modelUrl, file, hf, options }) {
       name = file.name || 'model.gguf';
       src = { model: await readFile(wasm, file), fromCache: false, cached: false };
     } else if (hf) {
-      src = await fetchHubModel(wasm, hf);
+      src = await fetchHubModel(wasm, hf, stores);
       name = src.name;
     } else if (modelUrl) {
       name = decodeURIComponent(new URL(modelUrl).pathname.split('/').pop() || 'model.gguf');
-      src = await fetchModel(wasm, modelUrl);
+      src = await fetchModel(wasm, modelUrl, stores);
     } else {
       throw new Error('No model given: pass a model URL or a .gguf file.');
     }

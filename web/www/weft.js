@@ -30,11 +30,17 @@
  *
  * API
  *
- * `createEngine({ model, modelUrl, modelFile, hfEndpoint, hfToken, onProgress, onWarning, options, workerUrl } = {})`
+ * `createEngine({ model, modelUrl, modelFile, hfEndpoint, hfToken, storage, onProgress, onWarning, options, workerUrl } = {})`
  *   → Promise<WeftEngine>
  *   - modelUrl: URL of a .gguf (relative URLs resolve against the page). Default: the model served
- *     next to this file, `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Downloaded models are kept in the
- *     Cache API (cache 'weft-models-v1'), so a second visit does not download again.
+ *     next to this file, `models/SmolLM2-135M-Instruct.Q4_1.gguf`. Downloaded models are kept
+ *     in the browser (`storage`), so a second visit does not download again; a download cut off
+ *     resumes where it stopped (a Range request; when the answer's ETag or Last-Modified says
+ *     the file changed on the server, it starts over).
+ *   - storage: where a downloaded model is kept: 'cache-api' (the default; the Cache API, cache
+ *     'weft-models-v1', which keeps only whole files), 'opfs' (the origin private file system,
+ *     written as the bytes arrive: a download that a closed tab or a dead network interrupted
+ *     resumes on the next load) or 'none'. A model kept by either store loads from it.
  *   - model: 'hf:OWNER/REPO[:QUANT]', a GGUF file of a Hugging Face hub repository: the one whose
  *     name contains QUANT (ignoring case), without QUANT its Q4_K_M file, or else its first
  *     (`engine.hub` says which and why); a quant that matches none or several rejects, listing
@@ -123,12 +129,54 @@
  * `webgpuStatus()` → Promise<{available, reason, adapter}>: whether this browser can run weft,
  *   and if not, why and what to do.
  *
+ * The models this site keeps (`model` below is what createEngine takes: a URL, relative to the
+ * page, or an hf: name, resolved offline through the hub listing kept with it; or an entry of
+ * listCachedModels(); left out, the default model):
+ *   - `listCachedModels()` → Promise<[{key, name, storage, bytes, size, complete, hub, savedAt}]>:
+ *     every kept model, whole or (OPFS) partly downloaded (`bytes` of `size` so far; null
+ *     while a load is writing it); `hub` is {repo, file, commit, why} for a model named hf:.
+ *   - `hasModelInCache(model, {hfEndpoint})` → Promise<boolean>: whether a whole copy is kept.
+ *   - `deleteCachedModel(model, {hfEndpoint})` → Promise<boolean>: deletes every copy, whole or
+ *     partial, from both stores; false when there was none. Rejects while an engine is
+ *     downloading that model into OPFS.
+ *   - `cacheUsage()` → Promise<{modelBytes, usage, quota, persisted}>: the browser's estimate of
+ *     what this site stores and may store (navigator.storage.estimate()), and the models' share.
+ *
  * `WeftError`: the Error subclass used for request and generation errors.
  */
+
+import { STORAGE_KINDS, deleteCached, hasCached, keysFor, listCached, usage } from './model-cache.js';
 
 export const DEFAULT_MODEL_URL = 'models/SmolLM2-135M-Instruct.Q4_1.gguf';
 
 export { webgpuStatus } from './webgpu.js';
+
+/** Where `model` (a string as createEngine takes it, or a listed entry) is kept: store keys. */
+function cacheKeys(model, hfEndpoint) {
+  const base = globalThis.document?.baseURI ?? globalThis.location?.href;
+  if (model === undefined) return keysFor(new URL(DEFAULT_MODEL_URL, import.meta.url).href, { hfEndpoint, base });
+  return keysFor(model, { hfEndpoint, base });
+}
+
+/** Every model this site keeps, whole or partly downloaded. See the header of this file. */
+export async function listCachedModels() {
+  return listCached();
+}
+
+/** Whether a whole copy of `model` is kept, so that loading it needs no download. */
+export async function hasModelInCache(model, { hfEndpoint } = {}) {
+  return hasCached(await cacheKeys(model, hfEndpoint));
+}
+
+/** Deletes every copy of `model`, whole or partial; whether there was one. */
+export async function deleteCachedModel(model, { hfEndpoint } = {}) {
+  return deleteCached(await cacheKeys(model, hfEndpoint));
+}
+
+/** How much this site stores (the browser's estimate), and how much of that is models. */
+export async function cacheUsage() {
+  return usage();
+}
 
 /** An error from a request: invalid request (status 400) or a failure during generation. */
 export class WeftError extends Error {
@@ -482,8 +530,11 @@ export class WeftEngine {
  * @returns {Promise<WeftEngine>}
  */
 export async function createEngine({
-  model, modelUrl, modelFile, hfEndpoint, hfToken, onProgress, onWarning, options, workerUrl,
+  model, modelUrl, modelFile, hfEndpoint, hfToken, storage, onProgress, onWarning, options, workerUrl,
 } = {}) {
+  if (storage !== undefined && !STORAGE_KINDS.includes(storage)) {
+    throw new Error(`storage must be one of ${STORAGE_KINDS.map((k) => `'${k}'`).join(', ')}, not ${JSON.stringify(storage)}`);
+  }
   const base = globalThis.document?.baseURI ?? globalThis.location?.href;
   // A name may come as modelUrl too (the demo page's ?model=hf:…).
   const given = model ?? modelUrl;
@@ -540,7 +591,7 @@ export async function createEngine({
         : 'Could not start the weft worker (weft-worker.js or pkg/weft_web.js could not be loaded; ' +
           'the page must be served over http(s), not opened as a file).'));
     };
-    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, hf, options });
+    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, hf, storage, options });
   }).catch((e) => {
     worker.terminate();
     throw e;

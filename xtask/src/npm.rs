@@ -140,15 +140,14 @@ fn relative_references(js: &str) -> Vec<String> {
     found
 }
 
-/// The package, packed and unpacked into a node_modules, checked with `tsc` from web/e2e:
-/// example.ts compiles under --strict, example-wrong.ts fails naming each misspelled
-/// property, and the entry imports in node.
-pub fn check(dist: &Path, work: &Path, e2e: &Path) -> Result {
+/// The package, unpacked into a node_modules, checked with `tsc` from web/e2e: example.ts
+/// compiles under --strict, example-wrong.ts fails naming each misspelled property, and the
+/// entry imports in node.
+pub fn check(tarball: &Path, work: &Path, e2e: &Path) -> Result {
     let tsc = e2e.join("node_modules").join(".bin").join("tsc");
     if !tsc.exists() {
         return Err(format!("{} is missing (typescript is a devDependency of web/e2e: npm ci there)", tsc.display()));
     }
-    let tarball = pack(dist, &work.join("pack"))?;
     let project = work.join("types");
     let installed = project.join("node_modules").join(NAME);
     if project.exists() {
@@ -156,7 +155,7 @@ pub fn check(dist: &Path, work: &Path, e2e: &Path) -> Result {
     }
     std::fs::create_dir_all(&installed).map_err(|e| e.to_string())?;
     let mut tar = Command::new("tar");
-    tar.arg("-xzf").arg(&tarball).arg("-C").arg(&installed).arg("--strip-components=1");
+    tar.arg("-xzf").arg(tarball).arg("-C").arg(&installed).arg("--strip-components=1");
     run(tar)?;
     for file in ["example.ts", "example-wrong.ts"] {
         let from = template().join("example").join(file);
@@ -194,6 +193,49 @@ pub fn check(dist: &Path, work: &Path, e2e: &Path) -> Result {
          if (typeof m[f] !== 'function') throw new Error(`{NAME} exports no ${{f}}`);"
     ));
     run(node)
+}
+
+/// web/npm/example/vite built as a user's app would be: the tarball installed with
+/// `npm install ./weft-llm-x.y.z.tgz`, then `vite build` (web/e2e's devDependency) with no
+/// configuration, for the page to be served at `/vite/`. The built directory.
+pub fn build_vite_example(tarball: &Path, work: &Path, e2e: &Path) -> Result<PathBuf> {
+    let vite = e2e.join("node_modules").join(".bin").join("vite");
+    if !vite.exists() {
+        return Err(format!("{} is missing (vite is a devDependency of web/e2e: npm ci there)", vite.display()));
+    }
+    let app = work.join("vite-app");
+    if app.exists() {
+        std::fs::remove_dir_all(&app).map_err(|e| format!("removing {}: {e}", app.display()))?;
+    }
+    std::fs::create_dir_all(&app).map_err(|e| e.to_string())?;
+    let example = template().join("example").join("vite");
+    for file in ["index.html", "main.js", "package.json"] {
+        let from = example.join(file);
+        std::fs::copy(&from, app.join(file)).map_err(|e| format!("copying {}: {e}", from.display()))?;
+    }
+    let mut install = Command::new("npm");
+    install.current_dir(&app).args(["install", "--no-audit", "--no-fund"]).arg(tarball);
+    run(install)?;
+    let out = app.join("dist");
+    let mut build = Command::new(&vite);
+    build.current_dir(&app).args(["build", "--base", "/vite/", "--logLevel", "warn", "--outDir"]).arg(&out);
+    run(build)?;
+    let mut files = Vec::new();
+    let mut pending = vec![out.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let len = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
+                files.push(format!("{} ({:.1} kB)", path.strip_prefix(&out).unwrap_or(&path).display(), len as f64 / 1e3));
+            }
+        }
+    }
+    files.sort();
+    println!("xtask: vite built the example into {}: {}", out.display(), files.join(", "));
+    Ok(out)
 }
 
 #[cfg(test)]

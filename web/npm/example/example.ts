@@ -4,8 +4,14 @@
 import {
   createEngine,
   webgpuStatus,
+  listCachedModels,
+  hasModelInCache,
+  deleteCachedModel,
+  cacheUsage,
   WeftError,
   DEFAULT_MODEL_URL,
+  type CachedModel,
+  type CacheUsage,
   type ChatCompletion,
   type ChatCompletionChunk,
   type Completion,
@@ -27,6 +33,7 @@ async function main(file: Blob | undefined): Promise<void> {
     modelFile: file,
     hfEndpoint: 'http://localhost:8000',
     hfToken: 'hf_x',
+    storage: 'opfs',
     onProgress: ({ stage, loaded, total, fraction }: LoadProgress) =>
       console.log(stage, loaded, total, fraction === null ? '?' : `${Math.round(fraction * 100)}%`),
     onWarning: (message: string) => console.warn(message),
@@ -141,6 +148,16 @@ async function main(file: Blob | undefined): Promise<void> {
   const health: HealthReport = await engine.health();
   if (!health.healthy) console.error(health.detail);
   await engine.dispose();
+
+  // The models this site keeps.
+  const kept: CachedModel[] = await listCachedModels();
+  for (const m of kept) console.log(m.name, m.storage, m.complete ? 'whole' : `${m.bytes} of ${m.size}`, m.hub?.repo);
+  const used: CacheUsage = await cacheUsage();
+  console.log(used.modelBytes, used.usage, used.quota, used.persisted);
+  const name = 'hf:bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M';
+  if (await hasModelInCache(name, { hfEndpoint: 'http://localhost:8000' })) await deleteCachedModel(name);
+  if (kept[0]) await deleteCachedModel(kept[0]);
+  await deleteCachedModel(new URL('/m.gguf', location.href));
 }
 
 void main(undefined);
