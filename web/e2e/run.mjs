@@ -439,6 +439,7 @@ async function main() {
       await page.waitForFunction(() => document.querySelector('#stored-list')?.dataset.count === '1', null, { timeout: MINUTE });
       const stored = await page.textContent('#stored-list li');
       check(stored.includes(spec.url.split('/').pop()), `#stored-list: ${show(stored)}`);
+      await page.click('#stored summary');
       await page.click('#stored-list li button.delete');
       await page.waitForFunction(() => document.querySelector('#stored-list')?.dataset.count === '0', null, { timeout: MINUTE });
       const still = await page.evaluate(async (url) => (await import('/weft.js')).hasModelInCache(url), spec.url);
@@ -660,6 +661,65 @@ async function main() {
       }
     });
 
+    await test('Service Worker engine: two tabs stream at once through one loaded model, a reload attaches to it', async () => {
+      const context = await browser.newContext();
+      const spec = EXPECTED.tiny;
+      const tabs = [await newPage(context, 'sw tab 1'), await newPage(context, 'sw tab 2')];
+      for (const { page } of tabs) await page.goto(`${base}/test/blank.html`);
+      const start = (page) => page.evaluate(async (url) => {
+        const { createServiceWorkerEngine } = await import('/weft.js');
+        try {
+          window.swEngine = await createServiceWorkerEngine({ modelUrl: url, storage: 'none', onWarning: () => {} });
+        } catch (e) {
+          return { error: String(e.message) };
+        }
+        return { shared: window.swEngine.shared, layers: window.swEngine.modelInfo().layers };
+      }, spec.url);
+      const ask = (page, prompt) => page.evaluate(async ({ prompt, maxTokens }) => {
+        const stream = await window.swEngine.chat.completions.create({
+          messages: [{ role: 'user', content: prompt }], max_tokens: maxTokens, temperature: 0, stream: true,
+        });
+        let text = '';
+        const from = Date.now();
+        for await (const chunk of stream) text += chunk.choices[0]?.delta?.content ?? '';
+        return { text, from, to: Date.now() };
+      }, { prompt, maxTokens: spec.maxTokens });
+      const downloads = () => count('GET', spec.url);
+      try {
+        const before = downloads();
+        const first = await start(tabs[0].page);
+        check(!first.error && first.shared === false && first.layers > 0, `the first tab: ${show(first)}`);
+        const second = await start(tabs[1].page);
+        check(!second.error && second.shared === true, `the second tab attaches: ${show(second)}`);
+        check(downloads() === before + 1, `the model was fetched ${downloads() - before} times for two tabs`);
+        const [a, b] = await Promise.all([ask(tabs[0].page, spec.prompts[0]), ask(tabs[1].page, spec.prompts[1])]);
+        check(a.text === spec.outputs[0], `tab 1 ${show(a.text)} != native ${show(spec.outputs[0])}`);
+        check(b.text === spec.outputs[1], `tab 2 ${show(b.text)} != native ${show(spec.outputs[1])}`);
+
+        await tabs[0].page.reload();
+        const again = await start(tabs[0].page);
+        check(!again.error && again.shared === true && downloads() === before + 1, `after a reload: ${show(again)}, ${downloads() - before} fetches`);
+        const after = await ask(tabs[0].page, spec.prompts[2] ?? spec.prompts[0]);
+        check(after.text === (spec.outputs[2] ?? spec.outputs[0]), `after the reload ${show(after.text)}`);
+        const other = await tabs[1].page.evaluate(async () => {
+          const { createServiceWorkerEngine } = await import('/weft.js');
+          try {
+            await createServiceWorkerEngine({ modelUrl: '/test/bad.gguf', storage: 'none' });
+            return 'loaded';
+          } catch (e) {
+            return String(e.message);
+          }
+        });
+        check(/serves .*; a shared engine serves one model/.test(other), `another model while one is served: ${show(other)}`);
+        for (const { page } of tabs) await page.evaluate(() => window.swEngine.dispose());
+        for (const { errors } of tabs) check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        const overlap = Math.min(a.to, b.to) - Math.max(a.from, b.from);
+        return `1 load for 2 tabs and a reload; the two streams overlapped ${overlap} ms`;
+      } finally {
+        await context.close();
+      }
+    });
+
     await test('malformed model: the page ends in an error naming GGUF', async () => {
       const context = await browser.newContext();
       const { page, errors } = await newPage(context, 'bad');
@@ -824,6 +884,17 @@ async function main() {
         await page.waitForTimeout(500); // let late errors surface
         check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
         if (!init) {
+          const sw = await page.evaluate(async () => {
+            const { createServiceWorkerEngine } = await import('/weft.js');
+            try {
+              await createServiceWorkerEngine({ modelUrl: '/test/tiny.gguf', storage: 'none' });
+              return 'loaded';
+            } catch (e) {
+              return String(e.message);
+            }
+          });
+          // The browser still has navigator.gpu in its workers; it finds no adapter there.
+          check(/no GPU adapter found by WebGPU|WebGPU is not available to weft's Service Worker/.test(sw), `createServiceWorkerEngine without WebGPU: ${show(sw)}`);
           const shot = path.join(SHOTS, 'no-webgpu.png');
           await page.screenshot({ path: shot, fullPage: true });
           shots.push(shot);

@@ -74,6 +74,18 @@ export interface CreateEngineOptions {
 /** Starts the engine in a Web Worker and loads a model. Rejects with an Error saying what failed. */
 export function createEngine(options?: CreateEngineOptions): Promise<WeftEngine>;
 
+export interface CreateServiceWorkerEngineOptions extends Omit<CreateEngineOptions, 'workerUrl'> {
+  /** Where weft-service-worker.js is served, when not next to weft.js (bundlers do not bundle it). */
+  serviceWorkerUrl?: string | URL;
+}
+
+/**
+ * Starts (or attaches to) the engine in a Service Worker shared by every tab of the origin: the
+ * model stays loaded across reloads, and all tabs' requests share its batches (engine.shared
+ * says whether it was loaded already). Needs WebGPU in service workers (Chrome and Edge 124+).
+ */
+export function createServiceWorkerEngine(options?: CreateServiceWorkerEngineOptions): Promise<WeftEngine>;
+
 /** The model the demo page loads when none is given, relative to weft.js (not in the package). */
 export const DEFAULT_MODEL_URL: string;
 
@@ -253,6 +265,8 @@ export declare class WeftEngine {
   readonly warnings: string[];
   /** For a model named hf:…, which file was loaded and why; otherwise null. */
   readonly hub: HubChoice | null;
+  /** A Service Worker engine attached to a model another engine had loaded already. */
+  readonly shared: boolean;
   adapterInfo(): AdapterInfo;
   modelInfo(): ModelInfo;
   /** Aborts a running request by id; true if it was running. */

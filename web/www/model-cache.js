@@ -314,9 +314,13 @@ export async function openStores(kind) {
     noOpfs = `the browser refused the origin private file system (${e?.name || 'error'}: ${messageOf(e)})`;
   }
   const cacheApi = cache ? new CacheApiStore(cache) : null;
-  const chosen = { 'cache-api': cacheApi, opfs, none: null }[wanted];
+  // OPFS asked for where it cannot be written (a Service Worker has no sync access handles):
+  // the Cache API instead, said in `note`.
+  const fallback = wanted === 'opfs' && !opfs && cacheApi;
+  const chosen = fallback ? cacheApi : { 'cache-api': cacheApi, opfs, none: null }[wanted];
   const why = wanted === 'none' ? 'storage is \'none\'' : wanted === 'opfs' ? noOpfs : noCache;
-  return { write: chosen, read: [chosen, cacheApi, opfs].filter((s, i, all) => s && all.indexOf(s) === i), why };
+  const note = fallback ? `storage 'opfs' is not available here (${noOpfs}); the model is kept in the Cache API instead` : '';
+  return { write: chosen, read: [chosen, cacheApi, opfs].filter((s, i, all) => s && all.indexOf(s) === i), why, note };
 }
 
 // ------------------------------------------------------------------------------- the page's view

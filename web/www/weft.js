@@ -126,6 +126,19 @@
  *     step failed; `detail` says what to do (reload the page to get a new device).
  *   - `dispose()` → Promise: terminates the worker and frees the GPU; pending requests end with an error.
  *
+ * `createServiceWorkerEngine({ serviceWorkerUrl, ...createEngine's options })` → Promise<WeftEngine>
+ *   The same engine, hosted by a Service Worker (weft-service-worker.js, next to this file, or
+ *   serviceWorkerUrl; registered with a scope of its own that controls no page) instead of a
+ *   Web Worker of this page: one model for every tab of the origin. The first engine loads it;
+ *   later ones, in other tabs or this one after a reload, attach at once (`engine.shared` is
+ *   then true; a different model is refused while one is served), and every tab's requests
+ *   share its batches. dispose() ends this page's requests; the last engine to dispose frees the
+ *   model, and the browser frees it too once no page has pinged the worker for 30 s (a tab pings
+ *   every 10 s). It needs WebGPU in service workers (Chrome and Edge 124+); storage 'opfs' is
+ *   not offered there (no sync access handles), so models go to the Cache API. A bundler must
+ *   serve weft-service-worker.js with the files it imports as they are (it does not bundle
+ *   service workers): copy the package's files and point serviceWorkerUrl at them.
+ *
  * `webgpuStatus()` → Promise<{available, reason, adapter}>: whether this browser can run weft,
  *   and if not, why and what to do.
  *
@@ -321,6 +334,7 @@ export class WeftEngine {
     this.cached = Boolean(ready.cached);
     this.modelBytes = ready.bytes ?? 0;
     this.hub = ready.hub ?? null;
+    this.shared = Boolean(ready.shared);
     this.warnings = warnings;
     this.chat = { completions: { create: (params) => this.#create('chat', params) } };
     this.completions = { create: (params) => this.#create('completion', params) };
@@ -525,13 +539,8 @@ export class WeftEngine {
   }
 }
 
-/**
- * Starts the engine in a worker and loads a model. See the header of this file.
- * @returns {Promise<WeftEngine>}
- */
-export async function createEngine({
-  model, modelUrl, modelFile, hfEndpoint, hfToken, storage, onProgress, onWarning, options, workerUrl,
-} = {}) {
+/** The load message for the options createEngine takes; throws on a bad `storage`. */
+function loadMessage({ model, modelUrl, modelFile, hfEndpoint, hfToken, storage, options }) {
   if (storage !== undefined && !STORAGE_KINDS.includes(storage)) {
     throw new Error(`storage must be one of ${STORAGE_KINDS.map((k) => `'${k}'`).join(', ')}, not ${JSON.stringify(storage)}`);
   }
@@ -542,20 +551,16 @@ export async function createEngine({
   const hf = named ? { name: given, endpoint: hfEndpoint, token: hfToken } : undefined;
   const url = modelFile || named ? undefined
     : new URL(given ?? DEFAULT_MODEL_URL, given ? base : import.meta.url).href;
+  return { type: 'load', modelUrl: url, file: modelFile, hf, storage, options };
+}
+
+/**
+ * Sends `load` to the engine behind `worker` (a Worker, or a port with the same four members)
+ * and waits for it: the WeftEngine, or a rejection saying what failed.
+ */
+async function startEngine(worker, load, { onProgress, onWarning }, startFailure) {
   const warn = onWarning ?? ((m) => console.warn(`weft: ${m}`));
   const warnings = [];
-
-  let worker;
-  try {
-    // Written out in full, with the options inline, so that Vite and webpack 5 recognize the
-    // pattern and bundle the worker (and the wasm module it imports) without configuration.
-    worker = workerUrl
-      ? new Worker(workerUrl, { type: 'module', name: 'weft' })
-      : new Worker(new URL('./weft-worker.js', import.meta.url), { type: 'module', name: 'weft' });
-  } catch (e) {
-    throw new Error(`Could not start the weft worker (weft-worker.js): ${e?.message || e}`);
-  }
-
   const ready = await new Promise((resolve, reject) => {
     worker.onmessage = (ev) => {
       const msg = ev.data || {};
@@ -586,16 +591,97 @@ export async function createEngine({
     };
     worker.onerror = (ev) => {
       ev.preventDefault?.();
-      reject(new Error(ev.message
-        ? `The weft worker failed: ${ev.message}`
-        : 'Could not start the weft worker (weft-worker.js or pkg/weft_web.js could not be loaded; ' +
-          'the page must be served over http(s), not opened as a file).'));
+      reject(new Error(ev.message ? `The weft worker failed: ${ev.message}` : startFailure));
     };
-    worker.postMessage({ type: 'load', modelUrl: url, file: modelFile, hf, storage, options });
+    worker.postMessage(load);
   }).catch((e) => {
     worker.terminate();
     throw e;
   });
-
   return new WeftEngine(worker, ready, warnings);
+}
+
+/**
+ * Starts the engine in a Web Worker of this page and loads a model. See the header of this file.
+ * @returns {Promise<WeftEngine>}
+ */
+export async function createEngine({ workerUrl, ...params } = {}) {
+  const load = loadMessage(params);
+  let worker;
+  try {
+    // Written out in full, with the options inline, so that Vite and webpack 5 recognize the
+    // pattern and bundle the worker (and the wasm module it imports) without configuration.
+    worker = workerUrl
+      ? new Worker(workerUrl, { type: 'module', name: 'weft' })
+      : new Worker(new URL('./weft-worker.js', import.meta.url), { type: 'module', name: 'weft' });
+  } catch (e) {
+    throw new Error(`Could not start the weft worker (weft-worker.js): ${e?.message || e}`);
+  }
+  return startEngine(worker, load, params, 'Could not start the weft worker (weft-worker.js or pkg/weft_web.js could not be loaded; ' +
+    'the page must be served over http(s), not opened as a file).');
+}
+
+/** How often a page tells the Service Worker it is still there (a browser stops one idle for 30 s). */
+const PING_MS = 10_000;
+
+/** The registration's active worker, once it has one. */
+async function activeWorker(registration) {
+  for (;;) {
+    if (registration.active) return registration.active;
+    const next = registration.installing ?? registration.waiting;
+    if (!next) throw new Error('the Service Worker registered, but none is installing or active');
+    await new Promise((resolve) => next.addEventListener('statechange', resolve, { once: true }));
+    if (next.state === 'redundant' && !registration.active) throw new Error('the Service Worker failed to install (see the console)');
+  }
+}
+
+/**
+ * Like createEngine, but the engine runs in a Service Worker shared by every tab of this origin:
+ * the first tab loads the model, later tabs (and this one after a reload) attach to it at once
+ * (`engine.shared`), and all their requests share its batches. See the header of this file.
+ * @returns {Promise<WeftEngine>}
+ */
+export async function createServiceWorkerEngine({ serviceWorkerUrl, ...params } = {}) {
+  const load = loadMessage(params);
+  if (typeof navigator === 'undefined' || !navigator.serviceWorker) {
+    throw new Error('Service Workers are not available here (they need a secure context: https or localhost, and no private ' +
+      'window in Firefox); createEngine runs the engine in a Web Worker of this page instead.');
+  }
+  const script = serviceWorkerUrl ? new URL(serviceWorkerUrl, globalThis.document?.baseURI) : new URL('./weft-service-worker.js', import.meta.url);
+  let sw;
+  try {
+    // A scope of its own, which no page lives under: the worker serves messages, never fetches.
+    const registration = await navigator.serviceWorker.register(script, { type: 'module', scope: new URL('./weft-engine/', script).href });
+    sw = await activeWorker(registration);
+  } catch (e) {
+    throw new Error(`Could not start weft's Service Worker (${script.href}): ${e?.message || e}`);
+  }
+  const cid = randomId('engine-');
+  const channel = new MessageChannel();
+  let onerror = null;
+  const onLost = (ev) => {
+    if (ev.data?.type !== 'lost' || ev.data.cid !== cid) return;
+    onerror?.({ message: "the browser stopped weft's Service Worker, and the model with it; create the engine again" });
+  };
+  navigator.serviceWorker.addEventListener('message', onLost);
+  navigator.serviceWorker.startMessages();
+  const ping = () => sw.postMessage({ type: 'ping', cid });
+  const heartbeat = setInterval(ping, PING_MS);
+  const port = {
+    postMessage: (msg) => channel.port1.postMessage(msg),
+    set onmessage(fn) {
+      channel.port1.onmessage = fn && ((ev) => { if (ev.data?.type !== 'pong') fn(ev); });
+    },
+    set onerror(fn) {
+      onerror = fn;
+    },
+    terminate() {
+      clearInterval(heartbeat);
+      navigator.serviceWorker.removeEventListener('message', onLost);
+      channel.port1.close();
+    },
+  };
+  sw.postMessage({ type: 'connect', cid }, [channel.port2]);
+  ping();
+  return startEngine(port, load, params, "weft's Service Worker failed");
 }

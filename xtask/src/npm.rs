@@ -229,7 +229,11 @@ pub fn build_vite_example(tarball: &Path, work: &Path, e2e: &Path) -> Result<Pat
                 pending.push(path);
             } else {
                 let len = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
-                files.push(format!("{} ({:.1} kB)", path.strip_prefix(&out).unwrap_or(&path).display(), len as f64 / 1e3));
+                files.push(format!(
+                    "{} ({:.1} kB)",
+                    path.strip_prefix(&out).unwrap_or(&path).display(),
+                    len as f64 / 1e3
+                ));
             }
         }
     }

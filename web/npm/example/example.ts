@@ -3,6 +3,7 @@
 
 import {
   createEngine,
+  createServiceWorkerEngine,
   webgpuStatus,
   listCachedModels,
   hasModelInCache,
@@ -148,6 +149,11 @@ async function main(file: Blob | undefined): Promise<void> {
   const health: HealthReport = await engine.health();
   if (!health.healthy) console.error(health.detail);
   await engine.dispose();
+
+  // One engine for every tab of the origin.
+  const sharedEngine: WeftEngine = await createServiceWorkerEngine({ modelUrl: '/m.gguf', serviceWorkerUrl: '/weft/weft-service-worker.js', storage: 'cache-api' });
+  console.log(sharedEngine.shared);
+  await sharedEngine.dispose();
 
   // The models this site keeps.
   const kept: CachedModel[] = await listCachedModels();
