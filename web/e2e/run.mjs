@@ -23,7 +23,9 @@ const DIST = path.resolve(env('WEFT_DIST', path.join(here, '..', 'dist')));
 const E2E = path.resolve(env('WEFT_E2E', here));
 const EXPECTED = JSON.parse(fs.readFileSync(path.resolve(env('WEFT_EXPECTED', 'target/web-test/expected.json')), 'utf8'));
 const TINY = path.resolve(env('WEFT_TINY_MODEL', 'target/web-test/tiny.gguf'));
-// web/npm/example/vite as Vite built it from the packed package (`cargo xtask test-web` sets it).
+// The example apps of the packed package (`cargo xtask test-web` sets both): the directory the
+// tarball was installed into, with example/plain.html, and web/npm/example/vite as Vite built it.
+const NPM_APP = process.env.WEFT_NPM_APP ? path.resolve(process.env.WEFT_NPM_APP) : null;
 const VITE_APP = process.env.WEFT_VITE_APP ? path.resolve(process.env.WEFT_VITE_APP) : null;
 const CHROMIUM = env('CHROMIUM', '/usr/bin/chromium');
 const SHOTS = path.resolve(env('WEFT_SHOTS', 'target/web-test'));
@@ -54,9 +56,10 @@ const JUNK = Buffer.alloc(1024, 0).map((_, i) => (i * 37 + 11) & 0xff); // 1 KB 
 
 function fileFor(urlPath) {
   if (urlPath === '/test/tiny.gguf') return TINY;
-  if (urlPath.startsWith('/vite/') && VITE_APP) {
-    const rel = decodeURIComponent(urlPath.slice('/vite/'.length) || 'index.html');
-    return rel.split(/[\\/]/).includes('..') || rel.includes('\0') ? null : path.join(VITE_APP, rel);
+  for (const [prefix, dir] of [['/vite/', VITE_APP], ['/npm-app/', NPM_APP]]) {
+    if (!urlPath.startsWith(prefix) || !dir) continue;
+    const rel = decodeURIComponent(urlPath.slice(prefix.length) || 'index.html');
+    return rel.split(/[\\/]/).includes('..') || rel.includes('\0') ? null : path.join(dir, rel);
   }
   const [root, rest] = urlPath.startsWith('/e2e/') ? [E2E, urlPath.slice(5)] : [DIST, urlPath.slice(1)];
   const rel = decodeURIComponent(rest || 'index.html');
@@ -467,25 +470,30 @@ async function main() {
       return `${results.length} checks`;
     });
 
-    await test('an app built by Vite from the packed npm package (web/npm/example/vite) generates', async () => {
-      if (!VITE_APP) return 'skipped: WEFT_VITE_APP is not set (cargo xtask test-web builds the app and sets it)';
-      const context = await browser.newContext();
-      const { page, errors } = await newPage(context, 'vite');
-      const spec = EXPECTED.tiny;
-      const q = new URLSearchParams({ model: spec.url, prompt: spec.prompts[0], maxTokens: String(spec.maxTokens) });
-      await page.goto(`${base}/vite/index.html?${q}`);
-      await page.waitForSelector('body[data-state="done"], body[data-state="error"]', { timeout: 5 * MINUTE, state: 'attached' });
-      const state = await page.evaluate(() => document.body.dataset.state);
-      const text = await page.textContent('#out');
-      check(state === 'done', `the Vite app ended in ${show(state)}: ${text}`);
-      check(text === spec.outputs[0], `the Vite app ${show(text)} != native ${show(spec.outputs[0])}`);
-      // weft's worker and wasm came from Vite's output, not from web/dist.
-      const fromVite = [...requests.keys()].filter((k) => k.startsWith('GET /vite/'));
-      check(fromVite.some((k) => k.endsWith('.wasm')), `no .wasm asked for under /vite/: ${show(fromVite)}`);
-      check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
-      await context.close();
-      return `${fromVite.length} files from Vite's output: ${fromVite.map((k) => k.slice('GET /vite/'.length)).join(', ')}`;
-    });
+    for (const [what, page, prefix] of [
+      ['an app built by Vite from the packed npm package (web/npm/example/vite)', 'vite/index.html', '/vite/'],
+      ['a plain script page importing the installed npm package (web/npm/example/plain.html)', 'npm-app/plain.html', '/npm-app/node_modules/weft-llm/'],
+    ]) {
+      await test(`${what} generates`, async () => {
+        if (!VITE_APP || !NPM_APP) return 'skipped: WEFT_VITE_APP and WEFT_NPM_APP are not set (cargo xtask test-web builds the apps and sets them)';
+        const context = await browser.newContext();
+        const { page: tab, errors } = await newPage(context, prefix);
+        const spec = EXPECTED.tiny;
+        const q = new URLSearchParams({ model: spec.url, prompt: spec.prompts[0], maxTokens: String(spec.maxTokens) });
+        await tab.goto(`${base}/${page}?${q}`);
+        await tab.waitForSelector('body[data-state="done"], body[data-state="error"]', { timeout: 5 * MINUTE, state: 'attached' });
+        const state = await tab.evaluate(() => document.body.dataset.state);
+        const text = await tab.textContent('#out');
+        check(state === 'done', `the app ended in ${show(state)}: ${text}`);
+        check(text === spec.outputs[0], `the app ${show(text)} != native ${show(spec.outputs[0])}`);
+        // weft's worker and wasm came from the app's files, not from web/dist.
+        const fromApp = [...requests.keys()].filter((k) => k.startsWith(`GET ${prefix}`));
+        check(fromApp.some((k) => k.endsWith('.wasm')), `no .wasm asked for under ${prefix}: ${show(fromApp)}`);
+        check(errors.length === 0, `page errors: ${errors.map(String).join('; ')}`);
+        await context.close();
+        return `${fromApp.length} files from ${prefix}: ${fromApp.map((k) => k.slice(`GET ${prefix}`.length)).join(', ')}`;
+      });
+    }
 
     await test('a model by name (hf:): resumed download, sha256 checked, cached, offline', async () => {
       const hub = await startHub();

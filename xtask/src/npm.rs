@@ -195,10 +195,11 @@ pub fn check(tarball: &Path, work: &Path, e2e: &Path) -> Result {
     run(node)
 }
 
-/// web/npm/example/vite built as a user's app would be: the tarball installed with
-/// `npm install ./weft-llm-x.y.z.tgz`, then `vite build` (web/e2e's devDependency) with no
-/// configuration, for the page to be served at `/vite/`. The built directory.
-pub fn build_vite_example(tarball: &Path, work: &Path, e2e: &Path) -> Result<PathBuf> {
+/// The two example apps, as a user's would be: web/npm/example/vite with the tarball installed
+/// by `npm install ./weft-llm-x.y.z.tgz`, built by `vite build` (web/e2e's devDependency) with
+/// no configuration for the page to be served at `/vite/`; and example/plain.html beside that
+/// node_modules, unbundled. The app's directory (plain.html and node_modules) and the built one.
+pub fn build_examples(tarball: &Path, work: &Path, e2e: &Path) -> Result<(PathBuf, PathBuf)> {
     let vite = e2e.join("node_modules").join(".bin").join("vite");
     if !vite.exists() {
         return Err(format!("{} is missing (vite is a devDependency of web/e2e: npm ci there)", vite.display()));
@@ -213,6 +214,8 @@ pub fn build_vite_example(tarball: &Path, work: &Path, e2e: &Path) -> Result<Pat
         let from = example.join(file);
         std::fs::copy(&from, app.join(file)).map_err(|e| format!("copying {}: {e}", from.display()))?;
     }
+    let plain = template().join("example").join("plain.html");
+    std::fs::copy(&plain, app.join("plain.html")).map_err(|e| format!("copying {}: {e}", plain.display()))?;
     let mut install = Command::new("npm");
     install.current_dir(&app).args(["install", "--no-audit", "--no-fund"]).arg(tarball);
     run(install)?;
@@ -239,7 +242,7 @@ pub fn build_vite_example(tarball: &Path, work: &Path, e2e: &Path) -> Result<Pat
     }
     files.sort();
     println!("xtask: vite built the example into {}: {}", out.display(), files.join(", "));
-    Ok(out)
+    Ok((app, out))
 }
 
 #[cfg(test)]

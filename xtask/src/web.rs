@@ -318,9 +318,9 @@ pub fn test_web() -> Result {
     let tarball = crate::npm::pack(&dist, &npm_dir.join("pack"))?;
     let types_result = crate::npm::check(&tarball, &npm_dir, &e2e)
         .map_err(|e| format!("the npm package's types failed their check: {e}"));
-    let vite_app = crate::npm::build_vite_example(&tarball, &npm_dir, &e2e)
-        .map_err(|e| format!("the Vite example could not be built from the npm package: {e}"));
-    lap("npm package, its types and the Vite example");
+    let apps = crate::npm::build_examples(&tarball, &npm_dir, &e2e)
+        .map_err(|e| format!("the example apps could not be built from the npm package: {e}"));
+    lap("npm package, its types and the example apps");
     let mut node = Command::new("node");
     node.current_dir(root()).arg(e2e.join("run.mjs"));
     node.env("WEFT_DIST", &dist)
@@ -329,8 +329,8 @@ pub fn test_web() -> Result {
         .env("WEFT_TINY_MODEL", &tiny)
         .env("CHROMIUM", &chromium)
         .env("WEFT_SHOTS", &out_dir);
-    if let Ok(app) = &vite_app {
-        node.env("WEFT_VITE_APP", app);
+    if let Ok((app, built)) = &apps {
+        node.env("WEFT_NPM_APP", app).env("WEFT_VITE_APP", built);
     }
     let node_result = run(node).map_err(|e| format!("the browser tests in web/e2e failed: {e}"));
     lap("browser tests (web/e2e/run.mjs)");
@@ -349,7 +349,7 @@ pub fn test_web() -> Result {
     let wasm_result = run(cmd).map_err(|e| format!("the wasm-bindgen tests of weft-web failed: {e}"));
     lap("wasm-bindgen tests");
     println!("xtask: test-web took {:.1} s in all", started.elapsed().as_secs_f64());
-    types_result.and(vite_app.map(drop)).and(node_result).and(wasm_result)
+    types_result.and(apps.map(drop)).and(node_result).and(wasm_result)
 }
 
 /// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must
