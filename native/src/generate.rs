@@ -29,18 +29,23 @@ pub struct Options {
 }
 
 /// The KV cache as the flags ask for it (`--kv-memory`, `--gpu-memory-utilization`,
-/// `--kv-cache-dtype`): what is not given is the builder's choice for the device.
+/// `--kv-cache-dtype`, and for one-shot commands `--max-model-len`): what is not given is the
+/// builder's choice for the device.
 #[derive(Clone, Debug)]
 pub struct KvOptions {
     pub kv_memory_bytes: Option<usize>,
     pub gpu_memory_utilization: f64,
     pub kv_cache_dtype: Option<weft::DType>,
+    pub max_model_len: Option<usize>,
 }
 
 impl KvOptions {
     /// Add it to an engine builder.
     pub fn apply(&self, builder: EngineBuilder) -> EngineBuilder {
         let mut builder = builder.gpu_memory_utilization(self.gpu_memory_utilization);
+        if let Some(max_model_len) = self.max_model_len {
+            builder = builder.config(weft::engine::EngineConfig { max_model_len, ..Default::default() });
+        }
         if let Some(bytes) = self.kv_memory_bytes {
             builder = builder.kv_memory_bytes(bytes);
         }

@@ -72,6 +72,10 @@ enum Command {
         /// Stop after this many generated tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 256)]
         max_tokens: usize,
+        /// The longest sequence (prompt and reply) the KV cache must hold, as `weft serve`'s flag
+        /// [default: 4096]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_model_len: Option<u32>,
         #[command(flatten)]
         kv: KvCacheArgs,
         #[command(flatten)]
@@ -96,6 +100,10 @@ enum Command {
         /// Stop each reply after this many tokens (or at the end-of-sequence token).
         #[arg(long, default_value_t = 512)]
         max_tokens: usize,
+        /// The longest conversation (every turn and reply) the KV cache must hold, as `weft
+        /// serve`'s flag [default: 4096]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_model_len: Option<u32>,
         #[command(flatten)]
         kv: KvCacheArgs,
         #[command(flatten)]
@@ -336,11 +344,12 @@ struct KvCacheArgs {
 }
 
 impl KvCacheArgs {
-    fn options(&self) -> generate::KvOptions {
+    fn options(&self, max_model_len: Option<u32>) -> generate::KvOptions {
         generate::KvOptions {
             kv_memory_bytes: self.kv_memory,
             gpu_memory_utilization: self.gpu_memory_utilization,
             kv_cache_dtype: self.kv_cache_dtype,
+            max_model_len: max_model_len.map(|n| n as usize),
         }
     }
 }
@@ -400,21 +409,25 @@ fn main() -> ExitCode {
                 None => info::run(baseline, &kv),
             }
         }
-        Command::Generate { model, prompt, chat, system, max_tokens, kv, sampling, spec } => {
+        Command::Generate { model, prompt, chat, system, max_tokens, max_model_len, kv, sampling, spec } => {
             generate::run(generate::Options {
                 model,
                 prompt,
                 chat,
                 system,
                 max_tokens,
-                kv: kv.options(),
+                kv: kv.options(max_model_len),
                 sampling: sampling.params(),
                 speculation: spec.speculation(),
             })
         }
-        Command::Chat { model, system, max_tokens, kv, sampling } => {
-            chat::run(chat::Options { model, system, max_tokens, kv: kv.options(), sampling: sampling.params() })
-        }
+        Command::Chat { model, system, max_tokens, max_model_len, kv, sampling } => chat::run(chat::Options {
+            model,
+            system,
+            max_tokens,
+            kv: kv.options(max_model_len),
+            sampling: sampling.params(),
+        }),
         Command::Bench {
             model,
             url,
@@ -482,7 +495,7 @@ fn main() -> ExitCode {
             max_num_seqs,
             max_num_batched_tokens,
             max_model_len,
-            kv: kv.options(),
+            kv: kv.options(None),
             enable_prefix_cache,
             served_model_name,
             drain_timeout,

@@ -230,3 +230,23 @@ fn an_unknown_kv_cache_type_is_refused() {
         assert!(stderr.contains("\"q8\" is not a KV cache type; use f32 or f16"), "{command:?}: {stderr}");
     }
 }
+
+/// A KV cache too small for the default max_model_len is refused naming flags the command has,
+/// and `--max-model-len` makes the same cache enough.
+#[test]
+fn generate_takes_the_max_model_len_its_kv_error_suggests() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !std::path::Path::new(model).exists() {
+        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing");
+        return eprintln!("skipping: no default model");
+    }
+    let base = ["generate", "--model", model, "--prompt", "Hi", "--max-tokens", "2", "--kv-memory", "16MiB"];
+    let (ok, _, stderr) = weft(&base, &[]);
+    if !ok && !gpu_required() && stderr.contains("no GPU adapter found") {
+        return eprintln!("skipping: no GPU adapter");
+    }
+    assert!(!ok, "16 MiB held a sequence of 4096 tokens: {stderr}");
+    assert!(stderr.contains("does not fit the KV cache") && stderr.contains("--max-model-len"), "{stderr}");
+    let (ok, _, stderr) = weft(&[&base[..], &["--max-model-len", "512"]].concat(), &[]);
+    assert!(ok, "{stderr}");
+}
