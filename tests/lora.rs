@@ -1,0 +1,183 @@
+//! Multi-LoRA against outside truth: `tests/fixtures/lora/` (`tools/make_lora_fixtures.py`) holds
+//! a tiny random Llama and three PEFT adapters of ranks 4, 8 and 6 (one with rsLoRA, one
+//! targeting only q, v and down), with peft's last-position logits and greedy tokens for each
+//! adapter and for the base model.
+//!
+//! - Each adapter alone: last-position logits within 1e-4 of peft's (both f32 over two layers
+//!   of width 64, differing only in summation order, about 1e-6; a missing delta or a wrong
+//!   scale moves them by 1e-2 or more), and 10 greedy tokens equal, a divergence tolerated only
+//!   after a reference near-tie (top-1/top-2 margin below 1e-3).
+//! - Mixed: 8 sequences over the three adapters and the base model in one batch give each
+//!   sequence the tokens and the very logits bits it gets alone (batch invariance).
+//! - Adapters that do not fit the base model are refused, naming what does not fit.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use weft::gpu::{GpuOptions, GpuTensorFactory};
+use weft::kv::KvCacheConfig;
+use weft::lora::{LoraAdapter, LoraShape};
+use weft::model::executor::GpuExecutor;
+use weft::model::load::ModelFiles;
+use weft::step::{LoraLoad, ModelExecutor, SeqStep, StepBatch};
+
+const BLOCK: usize = 16;
+const ADAPTERS: [&str; 3] = ["alpha", "beta", "gamma"];
+const MAX_RANK: usize = 8;
+
+fn fixture(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lora").join(path)
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
+}
+
+fn factory() -> Option<GpuTensorFactory> {
+    weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
+}
+
+fn shape(exec: &GpuExecutor) -> LoraShape {
+    exec.lora_config().unwrap().shape
+}
+
+/// The base model with a pool of `max_loras` slots.
+fn executor(f: &GpuTensorFactory, max_loras: usize) -> GpuExecutor {
+    let files = ModelFiles::open(&fixture("hf")).unwrap();
+    files.executor(f, KvCacheConfig::new(BLOCK, 256)).unwrap().with_lora(max_loras, MAX_RANK).unwrap()
+}
+
+fn adapter(exec: &GpuExecutor, name: &str) -> Arc<LoraAdapter> {
+    Arc::new(LoraAdapter::from_peft_dir(name, &fixture(name), &shape(exec), MAX_RANK).unwrap())
+}
+
+/// Sequence `i`'s step: `tokens` at `start_pos` in its own run of 8 blocks, with `slot`.
+fn step(i: usize, tokens: &[u32], start_pos: usize, slot: Option<u32>) -> SeqStep {
+    let num_blocks = (start_pos + tokens.len()).div_ceil(BLOCK);
+    SeqStep {
+        id: i as u64,
+        tokens: tokens.to_vec(),
+        start_pos,
+        block_table: (0..num_blocks as u32).map(|b| i as u32 * 8 + b).collect(),
+        num_logits: 1,
+        lora_slot: slot,
+        ..Default::default()
+    }
+}
+
+/// Greedy decoding of `prompts` together, each with its slot: every step's logits per sequence.
+fn greedy(
+    exec: &GpuExecutor,
+    prompts: &[(Vec<u32>, Option<u32>)],
+    loads: Vec<LoraLoad>,
+    steps: usize,
+) -> Vec<Vec<Vec<f32>>> {
+    let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|(p, _)| p.clone()).collect();
+    let mut out = vec![Vec::new(); prompts.len()];
+    let mut lora_loads = loads;
+    for n in 0..=steps {
+        let seqs = tokens
+            .iter()
+            .zip(prompts)
+            .enumerate()
+            .map(|(i, (t, (_, slot)))| {
+                let start = if n == 0 { 0 } else { t.len() - 1 };
+                step(i, &t[start..], start, *slot)
+            })
+            .collect();
+        let batch = StepBatch { seqs, lora_loads: std::mem::take(&mut lora_loads), ..Default::default() };
+        let logits = weft::rt::block_on(exec.logits(&batch)).unwrap();
+        for (i, l) in logits.into_iter().enumerate() {
+            tokens[i].push(argmax(&l));
+            out[i].push(l);
+        }
+    }
+    out
+}
+
+#[test]
+fn each_adapter_matches_peft() {
+    let Some(f) = factory() else { return };
+    let exec = executor(&f, 3);
+    let loads: Vec<LoraLoad> = ADAPTERS
+        .iter()
+        .enumerate()
+        .map(|(s, name)| LoraLoad { slot: s as u32, adapter: adapter(&exec, name) })
+        .collect();
+    let e = expected();
+    let mut loads = Some(loads);
+    for (model, slot) in [("base", None), ("alpha", Some(0)), ("beta", Some(1)), ("gamma", Some(2))] {
+        let prompts = e["models"][model]["prompts"].as_array().unwrap();
+        let runs: Vec<(Vec<u32>, Option<u32>)> = prompts.iter().map(|p| (u32s(&p["prompt_ids"]), slot)).collect();
+        let got = greedy(&exec, &runs, loads.take().unwrap_or_default(), 9);
+        let mut worst = 0f32;
+        for (i, p) in prompts.iter().enumerate() {
+            let want = f32s(&p["last_logits"]);
+            let diff = got[i][0].iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            worst = worst.max(diff);
+            assert!(diff < 1e-4, "{model}: prompt {i}: last-position logits differ by {diff}");
+            let (want, margins) = (u32s(&p["greedy_ids"]), f32s(&p["greedy_margins"]));
+            for (n, l) in got[i].iter().enumerate().take(want.len()) {
+                if argmax(l) != want[n] {
+                    assert!(margins[n] < 1e-3, "{model}: prompt {i} token {n} is {}, peft says {}", argmax(l), want[n]);
+                    break;
+                }
+            }
+        }
+        eprintln!("{model}: largest last-position logit difference {worst:e}");
+    }
+}
+
+#[test]
+fn a_mixed_batch_gives_each_sequence_its_tokens_alone() {
+    let Some(f) = factory() else { return };
+    let exec = executor(&f, 3);
+    let loads: Vec<LoraLoad> = ADAPTERS
+        .iter()
+        .enumerate()
+        .map(|(s, name)| LoraLoad { slot: s as u32, adapter: adapter(&exec, name) })
+        .collect();
+    let prompts = expected()["models"]["base"]["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u32s(&p["prompt_ids"]))
+        .collect::<Vec<_>>();
+    let slots = [None, Some(0), Some(1), Some(2)];
+    let runs: Vec<(Vec<u32>, Option<u32>)> = (0..8).map(|i| (prompts[i % 3].clone(), slots[i % 4])).collect();
+    let mixed = greedy(&exec, &runs, loads, 6);
+    for (i, run) in runs.iter().enumerate() {
+        let alone = greedy(&exec, std::slice::from_ref(run), Vec::new(), 6);
+        assert_eq!(mixed[i], alone[0], "sequence {i} (slot {:?}) in the mixed batch", run.1);
+    }
+}
+
+#[test]
+fn adapters_that_do_not_fit_are_refused_by_name() {
+    let shape = LoraShape::llama(2, 64, 64, 32, 96);
+    let err = |dir: &str, shape: &LoraShape, max_rank: usize| {
+        LoraAdapter::from_peft_dir(dir, &fixture(dir), shape, max_rank).unwrap_err().to_string()
+    };
+    assert!(LoraAdapter::from_peft_dir("alpha", &fixture("alpha"), &shape, 8).is_ok());
+    let e = err("beta", &shape, 4);
+    assert!(e.contains("rank r = 8") && e.contains("1..=4"), "{e}");
+    let e = err("alpha", &LoraShape::llama(2, 48, 64, 32, 96), 8);
+    assert!(e.contains("lora_") && e.contains("has shape") && e.contains("48"), "{e}");
+    let e = err("alpha", &LoraShape::llama(1, 64, 64, 32, 96), 8);
+    assert!(e.contains("layers.1.") && e.contains("1 layers"), "{e}");
+    let e = LoraAdapter::from_peft_dir("none", &fixture("missing"), &shape, 8).unwrap_err().to_string();
+    assert!(e.contains("adapter_config.json"), "{e}");
+}
