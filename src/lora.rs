@@ -245,6 +245,19 @@ impl LoraAdapter {
     }
 }
 
+impl LoraAdapter {
+    /// An adapter of no layers, for tests of the bookkeeping around adapters.
+    pub fn for_tests(name: &str) -> LoraAdapter {
+        LoraAdapter {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            name: name.into(),
+            rank: 1,
+            scale: 1.0,
+            layers: vec![],
+        }
+    }
+}
+
 /// `base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight` → (i, module,
 /// 0 for A or 1 for B).
 fn parse_peft_name(name: &str) -> Option<(usize, LoraModule, usize)> {

@@ -15,12 +15,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
+use weft::engine::api::InferenceEngine;
+use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+use weft::engine::{ContinuousBatchEngine, EngineConfig};
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::lora::{LoraAdapter, LoraShape};
 use weft::model::executor::GpuExecutor;
 use weft::model::load::ModelFiles;
+use weft::sampling::SamplingParams;
 use weft::step::{LoraLoad, ModelExecutor, SeqStep, StepBatch};
+use weft::{EngineBuilder, WeftError};
 
 const BLOCK: usize = 16;
 const ADAPTERS: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -180,4 +185,110 @@ fn adapters_that_do_not_fit_are_refused_by_name() {
     assert!(e.contains("layers.1.") && e.contains("1 layers"), "{e}");
     let e = LoraAdapter::from_peft_dir("none", &fixture("missing"), &shape, 8).unwrap_err().to_string();
     assert!(e.contains("adapter_config.json"), "{e}");
+}
+
+/// An engine over the fixture's base model serving the three adapters from `max_loras` slots.
+fn engine(max_loras: usize) -> Option<ContinuousBatchEngine> {
+    factory()?;
+    let mut b = EngineBuilder::from_model(fixture("hf")).unwrap().lora(max_loras, MAX_RANK);
+    for name in ADAPTERS {
+        b = b.lora_module(name, fixture(name));
+    }
+    let config =
+        EngineConfig { max_num_seqs: 8, max_num_batched_tokens: 256, max_model_len: 128, ..Default::default() };
+    Some(weft::rt::block_on(b.config(config).kv_memory_bytes(4 << 20).build()).unwrap())
+}
+
+fn request(prompt: &[u32], model: &str) -> InferenceRequest {
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(10),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut r = InferenceRequest::new(Prompt::Tokens(prompt.to_vec()), params);
+    r.lora = (model != "base").then(|| model.to_string());
+    r
+}
+
+/// peft's greedy tokens for `model` on prompt `p`, up to the first near-tie.
+fn peft_tokens(model: &str, p: usize) -> Vec<u32> {
+    let e = expected();
+    let prompt = &e["models"][model]["prompts"][p];
+    let (ids, margins) = (u32s(&prompt["greedy_ids"]), f32s(&prompt["greedy_margins"]));
+    let sure = margins.iter().position(|&m| m < 1e-3).unwrap_or(ids.len());
+    ids[..sure].to_vec()
+}
+
+fn prompt(p: usize) -> Vec<u32> {
+    u32s(&expected()["models"]["base"]["prompts"][p]["prompt_ids"])
+}
+
+/// The 8 requests of the mixed tests: three prompts over the base model and the three adapters.
+fn mixed() -> Vec<(usize, &'static str)> {
+    let models = ["base", "alpha", "beta", "gamma"];
+    (0..8).map(|i| (i % 3, models[i % 4])).collect()
+}
+
+fn run_together(e: &ContinuousBatchEngine, runs: &[(usize, &str)]) -> Vec<Vec<u32>> {
+    e.start_loop().unwrap();
+    let futures = runs.iter().map(|&(p, model)| e.infer(request(&prompt(p), model)));
+    weft::rt::block_on(futures::future::join_all(futures)).into_iter().map(|r| r.unwrap().token_ids).collect()
+}
+
+fn check_peft(runs: &[(usize, &str)], got: &[Vec<u32>]) {
+    for (&(p, model), tokens) in runs.iter().zip(got) {
+        let want = peft_tokens(model, p);
+        assert_eq!(tokens[..want.len()], want, "{model} on prompt {p}");
+    }
+}
+
+/// No KV block held, no request left, at most `max_loras` adapters resident.
+fn check_nothing_leaked(e: &ContinuousBatchEngine, max_loras: usize) {
+    let kv = e.cache_metrics_snapshot().kv;
+    assert_eq!(kv.used_blocks, 0, "{kv:?}");
+    let m = e.lora_metrics_snapshot().unwrap();
+    assert!(m.running.is_empty() && m.waiting.is_empty(), "{m:?}");
+    assert!(m.adapters_loaded <= max_loras && m.max_loras == max_loras, "{m:?}");
+}
+
+#[test]
+fn eight_requests_over_three_adapters_and_the_base_share_steps_and_match_peft() {
+    let Some(e) = engine(3) else { return };
+    let runs = mixed();
+    check_peft(&runs, &run_together(&e, &runs));
+    check_nothing_leaked(&e, 3);
+    let m = e.lora_metrics_snapshot().unwrap();
+    assert_eq!((m.adapters_registered, m.loads, m.evictions, m.requests_with_adapter), (3, 3, 0, 6), "{m:?}");
+    e.shutdown();
+}
+
+#[test]
+fn more_adapters_than_slots_evict_and_reload_with_the_same_tokens() {
+    let Some(e) = engine(1) else { return };
+    let runs = mixed();
+    check_peft(&runs, &run_together(&e, &runs));
+    check_nothing_leaked(&e, 1);
+    let m = e.lora_metrics_snapshot().unwrap();
+    assert!(m.loads >= 3 && m.evictions >= 2, "each adapter loaded, two evicted for the next: {m:?}");
+    // One prompt computed under the base model, then under each adapter in turn: its cached
+    // blocks are never shared across adapters.
+    for model in ["base", "alpha", "beta", "gamma", "alpha"] {
+        check_peft(&[(2, model)], &run_together(&e, &[(2, model)]));
+    }
+    check_nothing_leaked(&e, 1);
+    let again = e.lora_metrics_snapshot().unwrap();
+    assert!(again.loads >= m.loads + 4 && again.evictions >= m.evictions + 3, "{again:?}");
+    e.shutdown();
+}
+
+#[test]
+fn an_unknown_adapter_is_refused_naming_the_model_field() {
+    let Some(e) = engine(1) else { return };
+    let err = e.submit(request(&prompt(0), "delta")).unwrap_err();
+    assert!(matches!(&err, WeftError::InvalidRequest { field: Some(f), .. } if f == "model"), "{err}");
+    assert!(e.add_lora_peft("alpha", &fixture("alpha")).is_err(), "a name is served once");
+    e.remove_lora("gamma").unwrap();
+    assert_eq!(e.lora_names(), ["alpha", "beta"]);
+    e.shutdown();
 }

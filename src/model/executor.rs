@@ -458,6 +458,12 @@ impl GpuExecutor {
         // Fewer sequences than that allowed: record each decode once.
         shapes.dedup_by_key(|decode| decode.len());
         shapes.push(vec![seq(0, prefill)]);
+        if self.lora.is_some() {
+            // A decode and a prefill with an adapter: the LoRA kernels, and the MLP's unfused
+            // gate they need.
+            shapes.push(vec![SeqStep { lora_slot: Some(0), ..seq(0, 1) }]);
+            shapes.push(vec![SeqStep { lora_slot: Some(0), ..seq(0, prefill) }]);
+        }
         // A decode whose context passes SPLIT_MIN_POSITIONS, where the pool holds one: split-K
         // attention and its merge, in the families that split.
         let long = crate::gpu::kernels::paged::SPLIT_MIN_POSITIONS + 1;
