@@ -74,6 +74,20 @@ pub struct Options {
     /// `None`: chosen from the model.
     pub reasoning_parser: Option<String>,
     pub speculation: crate::generate::Speculation,
+    /// `--lora-modules name=path …`: PEFT adapters served under their names.
+    pub lora_modules: Vec<(String, PathBuf)>,
+    /// `--max-loras` and `--max-lora-rank`; either (or an adapter) turns adapters on, the other
+    /// at vLLM's default.
+    pub max_loras: Option<usize>,
+    pub max_lora_rank: Option<usize>,
+}
+
+/// `--lora-modules`: `name=path` (vLLM's form).
+pub fn parse_lora_module(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), PathBuf::from(path))),
+        _ => Err(format!("{s:?} is not name=path (the adapter's name in requests, then its PEFT directory)")),
+    }
 }
 
 /// `--reasoning-parser`: one of vLLM's parser names weft knows, or `none`.
@@ -250,10 +264,17 @@ fn ready(state: &AppState) -> ApiResult<&ContinuousBatchEngine> {
     }
 }
 
-fn check_model(state: &AppState, body: &Map<String, Value>) -> ApiResult<()> {
+/// The LoRA adapter the body's `model` names (`None`: the base model), or 404 for a model not
+/// served.
+fn check_model(
+    state: &AppState,
+    engine: &ContinuousBatchEngine,
+    body: &Map<String, Value>,
+) -> ApiResult<Option<String>> {
     match weft::openai::requested_model(body)? {
-        None => Ok(()),
-        Some(m) if m == state.model_id || m == state.model_path => Ok(()),
+        None => Ok(None),
+        Some(m) if m == state.model_id || m == state.model_path => Ok(None),
+        Some(m) if engine.lora_names().iter().any(|n| n == m) => Ok(Some(m.to_string())),
         Some(m) => {
             let message = format!("The model `{m}` does not exist; this server serves `{}`", state.model_id);
             let error = OpenAiError { code: Some("model_not_found"), ..OpenAiError::invalid("model", message) };
@@ -301,8 +322,9 @@ async fn handle(
     }
     let map = parse_body(body)?;
     let engine = ready(&state)?.clone();
-    check_model(&state, &map)?;
+    let lora = check_model(&state, &engine, &map)?;
     let mut req = weft::openai::parse(endpoint, &map)?;
+    req.request.lora = lora;
     let parser = state.reasoning.get().copied().flatten();
     req.apply_reasoning(engine.tokenizer().as_ref(), parser.as_ref())?;
     check_queue(&engine)?;
@@ -317,7 +339,8 @@ async fn generate(
 ) -> ApiResult<Response> {
     let id = weft::openai::request_id(req.endpoint);
     let created = weft::openai::unix_now();
-    let model = state.model_id.clone();
+    // An adapter's requests answer in its name, as vLLM's do.
+    let model = req.request.lora.clone().unwrap_or_else(|| state.model_id.clone());
     if req.stream {
         // Each choice is its own engine request; their chunks interleave as they come, each
         // tagged with its choice.
@@ -383,14 +406,19 @@ impl SseState {
 
 async fn models(State(state): State<Shared>) -> ApiResult<Response> {
     let engine = ready(&state)?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft",
-            "max_model_len": engine.config().max_model_len,
-        }],
-    }))
-    .into_response())
+    let max_model_len = engine.config().max_model_len;
+    let mut data = vec![json!({
+        "id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft",
+        "root": state.model_path, "parent": null, "max_model_len": max_model_len,
+    })];
+    // Each adapter as vLLM lists it: its own entry, its parent the base model.
+    data.extend(engine.lora_names().into_iter().map(|name| {
+        json!({
+            "id": name, "object": "model", "created": state.created, "owned_by": "weft",
+            "root": name, "parent": state.model_id, "max_model_len": max_model_len,
+        })
+    }));
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
 
 /// vLLM's `/tokenize`: a prompt or a conversation (rendered as a chat completion's) to token ids.
@@ -400,7 +428,7 @@ async fn tokenize(
 ) -> ApiResult<Response> {
     let map = parse_body(body)?;
     let engine = ready(&state)?;
-    check_model(&state, &map)?;
+    check_model(&state, engine, &map)?;
     let v = weft::openai::tokenize(engine.tokenizer().as_ref(), engine.config().max_model_len, &map)?;
     Ok(Json(v).into_response())
 }
@@ -412,7 +440,7 @@ async fn detokenize(
 ) -> ApiResult<Response> {
     let map = parse_body(body)?;
     let engine = ready(&state)?;
-    check_model(&state, &map)?;
+    check_model(&state, engine, &map)?;
     Ok(Json(weft::openai::detokenize(engine.tokenizer().as_ref(), &map)?).into_response())
 }
 
@@ -477,6 +505,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
             kv_dtype: e.executor().kv_config().dtype,
             enable_prefix_cache: state.enable_prefix_cache,
             now_seconds: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            lora: e.lora_metrics_snapshot(),
         }
     });
     let text = crate::metrics::render(&m, live.as_ref(), state.draining.load(Ordering::SeqCst));
@@ -636,12 +665,25 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let kv = opts.kv.clone();
     let speculation = opts.speculation.clone();
     let reasoning_parser = opts.reasoning_parser.clone();
+    let lora_modules = opts.lora_modules.clone();
+    let lora = (opts.max_loras.is_some() || opts.max_lora_rank.is_some() || !lora_modules.is_empty()).then(|| {
+        (
+            opts.max_loras.unwrap_or(weft::builder::DEFAULT_MAX_LORAS),
+            opts.max_lora_rank.unwrap_or(weft::builder::DEFAULT_MAX_LORA_RANK),
+        )
+    });
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
             .and_then(|b| speculation.apply(b))
+            .map(|b| match lora {
+                Some((slots, rank)) => {
+                    lora_modules.iter().fold(b.lora(slots, rank), |b, (name, dir)| b.lora_module(name, dir))
+                }
+                None => b,
+            })
             .and_then(|b| match &chat_template {
                 Some(source) => b.chat_template(source),
                 None => Ok(b),
