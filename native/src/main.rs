@@ -277,6 +277,11 @@ enum Command {
         /// where adapters are served]
         #[arg(long)]
         max_lora_rank: Option<usize>,
+        /// Answer vLLM's POST /v1/load_lora_adapter ({"lora_name", "lora_path"}) and
+        /// /v1/unload_lora_adapter ({"lora_name"}), which change the adapters served while
+        /// running (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING) [default: off, both 404]
+        #[arg(long, env = "WEFT_ALLOW_RUNTIME_LORA_UPDATING")]
+        allow_runtime_lora_updating: bool,
     },
     /// Download a model from the Hugging Face hub into its local cache and print the file's
     /// path; every --model takes the same name and downloads on first use.
@@ -491,6 +496,7 @@ fn main() -> ExitCode {
             lora_modules,
             max_loras,
             max_lora_rank,
+            allow_runtime_lora_updating,
         } => serve::run(serve::Options {
             model,
             host,
@@ -510,6 +516,7 @@ fn main() -> ExitCode {
             lora_modules,
             max_loras,
             max_lora_rank,
+            allow_runtime_lora_updating,
         }),
         Command::Pull { model } => hub::pull(&model),
     };

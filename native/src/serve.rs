@@ -80,6 +80,9 @@ pub struct Options {
     /// at vLLM's default.
     pub max_loras: Option<usize>,
     pub max_lora_rank: Option<usize>,
+    /// Answer vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (off by default, as in
+    /// vLLM, where `VLLM_ALLOW_RUNTIME_LORA_UPDATING` turns them on).
+    pub allow_runtime_lora_updating: bool,
 }
 
 /// `--lora-modules`: `name=path` (vLLM's form).
@@ -433,6 +436,58 @@ async fn tokenize(
     Ok(Json(v).into_response())
 }
 
+/// A body's `lora_name` (and, with `path`, `lora_path`), as vLLM's LoRA endpoints take them.
+fn lora_fields(map: &Map<String, Value>, path: bool) -> ApiResult<(String, Option<String>)> {
+    let field = |name: &str| match map.get(name) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(ApiError::from(OpenAiError::invalid(name, format!("{name} must be a non-empty string")))),
+    };
+    Ok((field("lora_name")?, if path { Some(field("lora_path")?) } else { None }))
+}
+
+/// vLLM's `/v1/load_lora_adapter`: serve the PEFT adapter at `lora_path` as `lora_name`. A
+/// path that holds no adapter, or one that does not fit the model, is a 400 saying why.
+async fn load_lora_adapter(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?.clone();
+    let (name, path) = lora_fields(&map, true)?;
+    if name == state.model_id {
+        return Err(OpenAiError::invalid("lora_name", format!("{name:?} is the base model's name")).into());
+    }
+    let dir = PathBuf::from(path.unwrap_or_default());
+    // Reading the adapter's files blocks: off the async workers.
+    let added = tokio::task::spawn_blocking(move || engine.add_lora_peft(&name, &dir).map(|()| name))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("loading the adapter failed: {e}")))?;
+    match added {
+        Ok(name) => Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response()),
+        Err(e) => Err(OpenAiError::invalid("lora_path", e.to_string()).into()),
+    }
+}
+
+/// vLLM's `/v1/unload_lora_adapter`: stop serving `lora_name` (404 when it is not served, 400
+/// while requests for it are queued or running).
+async fn unload_lora_adapter(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?;
+    let (name, _) = lora_fields(&map, false)?;
+    match engine.remove_lora(&name) {
+        Ok(()) => Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response()),
+        Err(e @ WeftError::InvalidRequest { .. }) => {
+            let error =
+                OpenAiError { code: Some("model_not_found"), ..OpenAiError::invalid("lora_name", e.to_string()) };
+            Err(ApiError { status: StatusCode::NOT_FOUND, error, retry_after: None })
+        }
+        Err(e) => Err(OpenAiError::invalid("lora_name", e.to_string()).into()),
+    }
+}
+
 /// vLLM's `/detokenize`: token ids to text.
 async fn detokenize(
     State(state): State<Shared>,
@@ -666,7 +721,8 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let speculation = opts.speculation.clone();
     let reasoning_parser = opts.reasoning_parser.clone();
     let lora_modules = opts.lora_modules.clone();
-    let lora = (opts.max_loras.is_some() || opts.max_lora_rank.is_some() || !lora_modules.is_empty()).then(|| {
+    let wants_lora = opts.max_loras.is_some() || opts.max_lora_rank.is_some() || opts.allow_runtime_lora_updating;
+    let lora = (wants_lora || !lora_modules.is_empty()).then(|| {
         (
             opts.max_loras.unwrap_or(weft::builder::DEFAULT_MAX_LORAS),
             opts.max_lora_rank.unwrap_or(weft::builder::DEFAULT_MAX_LORA_RANK),
@@ -730,8 +786,15 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        .route("/detokenize", post(detokenize));
+    // Routes that exist only when asked for: without the flag they are 404s, as in vLLM.
+    let v1 = if opts.allow_runtime_lora_updating {
+        v1.route("/v1/load_lora_adapter", post(load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+    } else {
+        v1
+    };
+    let v1 = v1.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let app = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready_probe))

@@ -9,6 +9,7 @@ vLLM's `vllm:lora_requests_info`.
 
 import json
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -91,3 +92,39 @@ def test_an_unknown_model_is_not_found(server):
     _, client = server
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="delta", prompt=[1, 2, 3], max_tokens=2)
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_runtime_loading_is_off_without_the_flag(server):
+    base, _ = server
+    assert post(base, "/v1/load_lora_adapter", {"lora_name": "delta", "lora_path": str(FIXTURE / "alpha")})[0] == 404
+
+
+def test_load_and_unload_lora_adapter():
+    proc, base = serve(FIXTURE / "hf", "--served-model-name", BASE, "--allow-runtime-lora-updating", "--max-lora-rank", "8")
+    try:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
+        status, text = post(base, "/v1/load_lora_adapter", {"lora_name": "delta", "lora_path": str(FIXTURE / "alpha")})
+        assert status == 200 and "delta" in text, text
+        assert {m.id for m in client.models.list().data} == {BASE, "delta"}
+        prompt, want = expected_text(base, "alpha", 1)
+        assert complete(client, "delta", prompt).startswith(want)
+        for bad in [FIXTURE / "missing", FIXTURE / "hf"]:
+            status, text = post(base, "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(bad)})
+            assert status == 400 and "adapter_config.json" in text, text
+        status, text = post(base, "/v1/load_lora_adapter", {"lora_name": "delta", "lora_path": str(FIXTURE / "beta")})
+        assert status == 400 and "already" in text, text
+        assert post(base, "/v1/unload_lora_adapter", {"lora_name": "delta"})[0] == 200
+        assert post(base, "/v1/unload_lora_adapter", {"lora_name": "delta"})[0] == 404
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="delta", prompt=prompt, max_tokens=2)
+    finally:
+        stop(proc)
