@@ -7,12 +7,14 @@
 // Bindings (group 0)
 //   0 params     uniform     Params  mirrors gpu::kernels::lora::ExpandParams
 //   1 u          read        f32 (rows, max_rank): lora_shrink's x · Aᵀ
-//   2 b          read        f32 (slots · out_dim, max_rank): each slot's B, rank columns used
+//   2 b          read        f32 (slots · max_rank, out_dim): each slot's Bᵀ, rank rows used
 //   3 row_slots  read        u32 (rows): the row's adapter slot, NO_SLOT for the base model
 //   4 slot_info  read        u32 (slots, 2): the slot's rank, its scale's f32 bits
 //   5 y          read_write  f32 (rows, y_cols): columns col .. col + out_dim get the delta
 // Workgroup: 64 invocations, one output element (row, j) each; the sum over the rank runs in a
-// fixed order (batch invariance), then is scaled and added.
+// fixed order (batch invariance), then is scaled and added. B is stored transposed so that
+// neighbouring invocations (neighbouring columns j) read neighbouring words: coalesced loads
+// on GPUs.
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(rows · out_dim / 64).
 
 struct Params {
@@ -47,10 +49,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
     let rank = slot_info[2u * slot];
     let u0 = row * params.max_rank;
-    let b0 = (slot * params.out_dim + j) * params.max_rank;
+    let b0 = slot * params.max_rank * params.out_dim + j;
     var acc = 0.0;
     for (var r = 0u; r < rank; r++) {
-        acc += u[u0 + r] * b[b0 + r];
+        acc += u[u0 + r] * b[b0 + r * params.out_dim];
     }
     y[row * params.y_cols + params.col + j] += bitcast<f32>(slot_info[2u * slot + 1u]) * acc;
 }

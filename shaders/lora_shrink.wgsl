@@ -6,12 +6,14 @@
 // Bindings (group 0)
 //   0 params     uniform  Params  mirrors gpu::kernels::lora::ShrinkParams
 //   1 x          read     f32 (rows, in_dim): the projection's input
-//   2 a          read     f32 (slots · max_rank, in_dim): each slot's A, rank rows used, zeros below
+//   2 a          read     f32 (slots · in_dim, max_rank): each slot's Aᵀ, rank columns used
 //   3 row_slots  read     u32 (rows): the row's adapter slot, NO_SLOT for the base model
 //   4 slot_info  read     u32 (slots, 2): the slot's rank, its scale's f32 bits
 //   5 u          read_write f32 (rows, max_rank): x · Aᵀ, the slot's rank columns written
 // Workgroup: 64 invocations, one (row, rank index) pair each; the sum over in_dim runs in a
-// fixed order, so a row's u does not depend on the other rows (batch invariance).
+// fixed order, so a row's u does not depend on the other rows (batch invariance). A is stored
+// transposed so that neighbouring invocations (neighbouring rank indices) read neighbouring
+// words: coalesced loads on GPUs.
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(rows · max_rank / 64).
 
 struct Params {
@@ -43,10 +45,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let x0 = row * params.in_dim;
-    let a0 = (slot * params.max_rank + r) * params.in_dim;
+    let a0 = slot * params.in_dim * params.max_rank + r;
     var acc = 0.0;
     for (var k = 0u; k < params.in_dim; k++) {
-        acc += x[x0 + k] * a[a0 + k];
+        acc += x[x0 + k] * a[a0 + k * params.max_rank];
     }
     u[i] = acc;
 }

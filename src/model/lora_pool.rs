@@ -4,8 +4,9 @@
 //! their slot through `kernels::lora`. Which adapter sits in which slot is decided elsewhere
 //! (`kv::LoraSlots`); the pool only follows.
 //!
-//! Layout per projection of in × out: A (slots · max_rank, in), slot s's rank rows at
-//! s · max_rank; B (slots · out, max_rank), slot s's rows at s · out, rank columns used. Loading
+//! Layout per projection of in × out, both transposed (`kernels::lora` reads them so): Aᵀ
+//! (slots · in, max_rank), slot s's rows at s · in, rank columns used; Bᵀ (slots · max_rank,
+//! out), slot s's rank rows at s · max_rank. Loading
 //! writes a slot's whole extent (zeros past the adapter's rank and for projections it does not
 //! target), so nothing of an evicted adapter survives in it.
 //!
@@ -30,8 +31,8 @@ pub struct LoraLayout {
 
 /// One projection's slots.
 struct Matrices {
-    a: GpuTensor, // (slots · max_rank, in) F32
-    b: GpuTensor, // (slots · out, max_rank) F32
+    a: GpuTensor, // (slots · in, max_rank) F32
+    b: GpuTensor, // (slots · max_rank, out) F32
 }
 
 /// Every slot of every layer and projection.
@@ -63,8 +64,8 @@ impl LoraPool {
                     .map(|&m| {
                         let (in_dim, out_dim) = layout.shape.dims(m);
                         Ok(Matrices {
-                            a: factory.zeros(&[max_loras * max_rank, in_dim], DType::F32)?,
-                            b: factory.zeros(&[max_loras * out_dim, max_rank], DType::F32)?,
+                            a: factory.zeros(&[max_loras * in_dim, max_rank], DType::F32)?,
+                            b: factory.zeros(&[max_loras * max_rank, out_dim], DType::F32)?,
                         })
                     })
                     .collect::<Result<Vec<_>>>()
@@ -108,22 +109,27 @@ impl LoraPool {
         for (layer, modules) in adapter.layers.iter().enumerate() {
             for m in LoraModule::ALL {
                 let (in_dim, out_dim) = self.layout.shape.dims(m);
-                let mut a = vec![0f32; max_rank * in_dim];
-                let mut b = vec![0f32; out_dim * max_rank];
+                // Aᵀ (in, max_rank) and Bᵀ (max_rank, out), zeros past the rank.
+                let mut a = vec![0f32; in_dim * max_rank];
+                let mut b = vec![0f32; max_rank * out_dim];
                 if let Some(w) = &modules[m as usize] {
-                    a[..r * in_dim].copy_from_slice(&w.a);
                     let permute = matches!(m, LoraModule::Q | LoraModule::K);
-                    for row in 0..out_dim {
-                        let from = match self.layout.interleaved_head_dim {
-                            Some(d) if permute => interleaved_source_row(row, d),
-                            _ => row,
-                        };
-                        b[row * max_rank..row * max_rank + r].copy_from_slice(&w.b[from * r..(from + 1) * r]);
+                    for rank_index in 0..r {
+                        for k in 0..in_dim {
+                            a[k * max_rank + rank_index] = w.a[rank_index * in_dim + k];
+                        }
+                        for row in 0..out_dim {
+                            let from = match self.layout.interleaved_head_dim {
+                                Some(d) if permute => interleaved_source_row(row, d),
+                                _ => row,
+                            };
+                            b[rank_index * out_dim + row] = w.b[from * r + rank_index];
+                        }
                     }
                 }
                 let t = &self.layers[layer][m as usize];
-                factory.write(&t.a.slice_rows(slot * max_rank..(slot + 1) * max_rank)?, bytemuck::cast_slice(&a))?;
-                factory.write(&t.b.slice_rows(slot * out_dim..(slot + 1) * out_dim)?, bytemuck::cast_slice(&b))?;
+                factory.write(&t.a.slice_rows(slot * in_dim..(slot + 1) * in_dim)?, bytemuck::cast_slice(&a))?;
+                factory.write(&t.b.slice_rows(slot * max_rank..(slot + 1) * max_rank)?, bytemuck::cast_slice(&b))?;
             }
         }
         let info = [r as u32, adapter.scale.to_bits()];

@@ -22,8 +22,21 @@ fn run_lora(row_slots: &[u32], x: &[f32], y0: &[f32], y_cols: usize, col: usize,
     let rows = row_slots.len();
     let info: Vec<u32> = ADAPTERS.iter().flat_map(|&(r, s)| [r as u32, s.to_bits()]).collect();
     let (xt, yt) = (f.upload_f32(&[rows, IN], x).unwrap(), f.upload_f32(&[rows, y_cols], y0).unwrap());
-    let (at, bt) =
-        (f.upload_f32(&[SLOTS * MAX_RANK, IN], a).unwrap(), f.upload_f32(&[SLOTS * OUT, MAX_RANK], b).unwrap());
+    // The kernels read each slot's Aᵀ (IN, MAX_RANK) and Bᵀ (MAX_RANK, OUT).
+    let a_t: Vec<f32> = (0..SLOTS * IN * MAX_RANK)
+        .map(|i| {
+            let (s, k, r) = (i / (IN * MAX_RANK), (i / MAX_RANK) % IN, i % MAX_RANK);
+            a[(s * MAX_RANK + r) * IN + k]
+        })
+        .collect();
+    let b_t: Vec<f32> = (0..SLOTS * MAX_RANK * OUT)
+        .map(|i| {
+            let (s, r, j) = (i / (MAX_RANK * OUT), (i / OUT) % MAX_RANK, i % OUT);
+            b[(s * OUT + j) * MAX_RANK + r]
+        })
+        .collect();
+    let at = f.upload_f32(&[SLOTS * IN, MAX_RANK], &a_t).unwrap();
+    let bt = f.upload_f32(&[SLOTS * MAX_RANK, OUT], &b_t).unwrap();
     let slots = f.upload_u32(&[rows], row_slots).unwrap();
     let info = f.upload_u32(&[SLOTS, 2], &info).unwrap();
     let u = f.zeros(&[rows, MAX_RANK], DType::F32).unwrap();

@@ -19,10 +19,11 @@ pub const SLOT_INFO_COLS: usize = 2;
 
 const WORKGROUP: usize = 64;
 
-/// One projection's slots: A and B of every slot, side by side in two tensors.
+/// One projection's slots: A and B of every slot, each transposed (so that neighbouring
+/// invocations read neighbouring words), slot after slot in two tensors.
 pub struct LoraMatrices<'a> {
-    pub a: &'a GpuTensor, // (slots · max_rank, in) F32
-    pub b: &'a GpuTensor, // (slots · out, max_rank) F32
+    pub a: &'a GpuTensor, // (slots · in, max_rank) F32: slot s's Aᵀ at rows s · in
+    pub b: &'a GpuTensor, // (slots · max_rank, out) F32: slot s's Bᵀ at rows s · max_rank
 }
 
 /// What every LoRA dispatch of a step shares.
@@ -50,9 +51,9 @@ pub fn lora(
     let max_rank = rows.u.shape()[1];
     expect(OP, "slot_info", rows.slot_info, DType::U32, &[None, Some(SLOT_INFO_COLS)])?;
     let num_slots = rows.slot_info.shape()[0];
-    expect(OP, "a", m.a, DType::F32, &[Some(num_slots * max_rank), Some(in_dim)])?;
-    expect(OP, "b", m.b, DType::F32, &[None, Some(max_rank)])?;
-    let out_dim = m.b.shape()[0] / num_slots.max(1);
+    expect(OP, "a", m.a, DType::F32, &[Some(num_slots * in_dim), Some(max_rank)])?;
+    expect(OP, "b", m.b, DType::F32, &[Some(num_slots * max_rank), None])?;
+    let out_dim = m.b.shape()[1];
     expect(OP, "y", y, DType::F32, &[Some(num_rows), None])?;
     if rows.row_slots.dtype() != DType::U32 || rows.row_slots.num_elems() != num_rows {
         return Err(WeftError::shape(
