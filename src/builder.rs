@@ -439,7 +439,7 @@ impl EngineBuilder {
         let modules = std::mem::take(&mut self.lora_modules);
         let with_adapters = |engine: ContinuousBatchEngine| -> Result<ContinuousBatchEngine> {
             for (name, dir) in &modules {
-                engine.add_lora_peft(name, dir)?;
+                engine.add_lora_path(name, dir)?;
             }
             Ok(engine)
         };

@@ -1,5 +1,6 @@
 //! LoRA adapters as plain data: a PEFT adapter (`adapter_config.json` +
-//! `adapter_model.safetensors`) read into f32 matrices per layer and projection, checked against
+//! `adapter_model.safetensors`) or a llama.cpp GGUF LoRA (`general.type` "adapter", from
+//! `convert_lora_to_gguf.py`) read into f32 matrices per layer and projection, checked against
 //! the base model's shape ([`LoraShape`]) and the pool's rank limit, with its scale
 //! (`lora_alpha / r`, or `lora_alpha / √r` under rsLoRA) worked out once.
 //!
@@ -125,6 +126,9 @@ pub struct LoraAdapter {
     pub scale: f32,
     /// Per layer, per module (indexed like [`LoraModule::ALL`]); `None` where not targeted.
     pub layers: Vec<[Option<LoraWeights>; 7]>,
+    /// B's q and k rows are in llama.cpp's interleaved-RoPE order (a GGUF adapter of a Llama
+    /// model, converted as its base was), not Hugging Face's.
+    pub qk_interleaved: bool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -153,6 +157,75 @@ struct PeftConfig {
 }
 
 impl LoraAdapter {
+    /// Read the adapter at `path`: a GGUF LoRA file, or a PEFT adapter directory.
+    pub fn open(name: &str, path: &Path, shape: &LoraShape, max_rank: usize) -> Result<LoraAdapter> {
+        if path.is_file() {
+            let gguf = crate::model::gguf::GgufFile::open(path)?;
+            Self::from_gguf(name, &gguf, shape, max_rank)
+                .map_err(|e| WeftError::model(path.display().to_string(), format!("LoRA adapter {name:?}: {e}")))
+        } else {
+            Self::from_peft_dir(name, path, shape, max_rank)
+        }
+    }
+
+    /// A llama.cpp LoRA adapter: `blk.N.{attn_q,…,ffn_down}.weight.lora_a` (rank, in) and
+    /// `.lora_b` (out, rank), scaled by `adapter.lora.alpha / rank` as llama.cpp scales it.
+    pub fn from_gguf(
+        name: &str,
+        gguf: &crate::model::gguf::GgufFile,
+        shape: &LoraShape,
+        max_rank: usize,
+    ) -> Result<LoraAdapter> {
+        let meta = gguf;
+        let bad = |detail: String| WeftError::model(gguf.name(), detail);
+        if meta.get_str("general.type") != Some("adapter") || meta.get_str("adapter.type") != Some("lora") {
+            return Err(bad(format!(
+                "not a LoRA adapter (general.type {:?}, adapter.type {:?})",
+                meta.get_str("general.type"),
+                meta.get_str("adapter.type")
+            )));
+        }
+        let alpha = meta.get_f64("adapter.lora.alpha").ok_or_else(|| bad("adapter.lora.alpha is missing".into()))?;
+        let mut found: BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]> = BTreeMap::new();
+        let mut rank = None;
+        for info in &gguf.tensors {
+            let (layer, module, which) = parse_gguf_name(&info.name)
+                .ok_or_else(|| bad(format!("tensor {:?} is not a LoRA A or B of a supported projection", info.name)))?;
+            if layer >= shape.num_layers {
+                return Err(bad(format!(
+                    "tensor {:?} is for layer {layer}, but the base model has {} layers",
+                    info.name, shape.num_layers
+                )));
+            }
+            let dims = info.shape();
+            let r = *rank.get_or_insert(if which == 0 { dims[0] } else { dims.get(1).copied().unwrap_or(0) });
+            if r == 0 || r > max_rank {
+                return Err(bad(format!("rank {r} is outside 1..={max_rank} (--max-lora-rank)")));
+            }
+            let (in_dim, out_dim) = shape.dims(module);
+            let want = if which == 0 { vec![r, in_dim] } else { vec![out_dim, r] };
+            if dims != want {
+                return Err(bad(format!(
+                    "tensor {:?} has shape {dims:?}; rank {r} over the base model's {} ({in_dim} in, {out_dim} out) \
+                     needs {want:?}",
+                    info.name,
+                    module.hf_name()
+                )));
+            }
+            let bytes = gguf.tensor_bytes(info);
+            let values = match info.dtype()? {
+                crate::model::gguf::TensorDType::Native(dtype) => crate::quant::dequantize(dtype, bytes)?,
+                crate::model::gguf::TensorDType::Bf16 => {
+                    to_f32(safetensors::Dtype::BF16, bytes).ok_or_else(|| bad("bad BF16 data".into()))?
+                }
+            };
+            found.entry((layer, module)).or_default()[which] = Some(values);
+        }
+        let rank = rank.ok_or_else(|| bad("no LoRA tensors".into()))?;
+        let interleaved = matches!(meta.architecture(), Some("llama" | "mistral"));
+        Self::assemble(name, rank, (alpha / rank as f64) as f32, shape, found, interleaved, gguf.name())
+    }
+
     /// Read a PEFT adapter directory.
     pub fn from_peft_dir(name: &str, dir: &Path, shape: &LoraShape, max_rank: usize) -> Result<LoraAdapter> {
         let read = |file: &str| {
@@ -227,34 +300,40 @@ impl LoraAdapter {
         if found.is_empty() {
             return Err(file("no LoRA tensors".into()));
         }
+        Self::assemble(name, c.r, scale, shape, found, false, "adapter_model.safetensors")
+    }
+
+    /// The adapter from each projection's (A, B), both required.
+    fn assemble(
+        name: &str,
+        rank: usize,
+        scale: f32,
+        shape: &LoraShape,
+        found: BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]>,
+        qk_interleaved: bool,
+        file: &str,
+    ) -> Result<LoraAdapter> {
         let mut layers: Vec<[Option<LoraWeights>; 7]> = (0..shape.num_layers).map(|_| Default::default()).collect();
         for ((layer, module), [a, b]) in found {
             let missing = |which: &str| {
-                file(format!("layer {layer} {}: lora_{which} is missing beside its pair", module.hf_name()))
+                WeftError::model(
+                    file,
+                    format!("layer {layer} {}: LoRA {which} is missing beside its pair", module.hf_name()),
+                )
             };
             let (a, b) = (a.ok_or_else(|| missing("A"))?, b.ok_or_else(|| missing("B"))?);
             layers[layer][module as usize] = Some(LoraWeights { a, b });
         }
-        Ok(LoraAdapter {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            name: name.to_string(),
-            rank: c.r,
-            scale,
-            layers,
-        })
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(LoraAdapter { id, name: name.to_string(), rank, scale, layers, qk_interleaved })
     }
 }
 
 impl LoraAdapter {
     /// An adapter of no layers, for tests of the bookkeeping around adapters.
     pub fn for_tests(name: &str) -> LoraAdapter {
-        LoraAdapter {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            name: name.into(),
-            rank: 1,
-            scale: 1.0,
-            layers: vec![],
-        }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        LoraAdapter { id, name: name.into(), rank: 1, scale: 1.0, layers: vec![], qk_interleaved: false }
     }
 }
 
@@ -272,6 +351,30 @@ fn parse_peft_name(name: &str) -> Option<(usize, LoraModule, usize)> {
     };
     let module = LoraModule::from_hf_name(module)?;
     (module.parent() == parent).then_some(())?;
+    Some((layer.parse().ok()?, module, which))
+}
+
+/// `blk.{i}.{attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down}.weight.lora_{a|b}` →
+/// (i, module, 0 for A or 1 for B).
+fn parse_gguf_name(name: &str) -> Option<(usize, LoraModule, usize)> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (tensor, which) = rest.rsplit_once(".weight.lora_")?;
+    let which = match which {
+        "a" => 0,
+        "b" => 1,
+        _ => return None,
+    };
+    let module = match tensor {
+        "attn_q" => LoraModule::Q,
+        "attn_k" => LoraModule::K,
+        "attn_v" => LoraModule::V,
+        "attn_output" => LoraModule::O,
+        "ffn_gate" => LoraModule::Gate,
+        "ffn_up" => LoraModule::Up,
+        "ffn_down" => LoraModule::Down,
+        _ => return None,
+    };
     Some((layer.parse().ok()?, module, which))
 }
 
@@ -299,5 +402,9 @@ mod tests {
         assert_eq!(p("base_model.model.model.layers.0.mlp.q_proj.lora_A.weight"), None, "q under mlp");
         assert_eq!(p("base_model.model.lm_head.lora_A.weight"), None);
         assert_eq!(p("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"), None);
+        let g = parse_gguf_name;
+        assert_eq!(g("blk.1.attn_output.weight.lora_b"), Some((1, LoraModule::O, 1)));
+        assert_eq!(g("blk.0.ffn_down.weight.lora_a"), Some((0, LoraModule::Down, 0)));
+        assert_eq!(g("token_embd.weight.lora_a"), None);
     }
 }

@@ -61,12 +61,17 @@ fn shape(exec: &GpuExecutor) -> LoraShape {
 
 /// The base model with a pool of `max_loras` slots.
 fn executor(f: &GpuTensorFactory, max_loras: usize) -> GpuExecutor {
-    let files = ModelFiles::open(&fixture("hf")).unwrap();
+    executor_of(f, "hf", max_loras)
+}
+
+/// The base model from `checkpoint` (the Hugging Face directory or llama.cpp's GGUF).
+fn executor_of(f: &GpuTensorFactory, checkpoint: &str, max_loras: usize) -> GpuExecutor {
+    let files = ModelFiles::open(&fixture(checkpoint)).unwrap();
     files.executor(f, KvCacheConfig::new(BLOCK, 256)).unwrap().with_lora(max_loras, MAX_RANK).unwrap()
 }
 
 fn adapter(exec: &GpuExecutor, name: &str) -> Arc<LoraAdapter> {
-    Arc::new(LoraAdapter::from_peft_dir(name, &fixture(name), &shape(exec), MAX_RANK).unwrap())
+    Arc::new(LoraAdapter::open(name, &fixture(name), &shape(exec), MAX_RANK).unwrap())
 }
 
 /// Sequence `i`'s step: `tokens` at `start_pos` in its own run of 8 blocks, with `slot`.
@@ -122,28 +127,47 @@ fn each_adapter_matches_peft() {
         .enumerate()
         .map(|(s, name)| LoraLoad { slot: s as u32, adapter: adapter(&exec, name) })
         .collect();
-    let e = expected();
     let mut loads = Some(loads);
     for (model, slot) in [("base", None), ("alpha", Some(0)), ("beta", Some(1)), ("gamma", Some(2))] {
-        let prompts = e["models"][model]["prompts"].as_array().unwrap();
-        let runs: Vec<(Vec<u32>, Option<u32>)> = prompts.iter().map(|p| (u32s(&p["prompt_ids"]), slot)).collect();
-        let got = greedy(&exec, &runs, loads.take().unwrap_or_default(), 9);
-        let mut worst = 0f32;
-        for (i, p) in prompts.iter().enumerate() {
-            let want = f32s(&p["last_logits"]);
-            let diff = got[i][0].iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            worst = worst.max(diff);
-            assert!(diff < 1e-4, "{model}: prompt {i}: last-position logits differ by {diff}");
-            let (want, margins) = (u32s(&p["greedy_ids"]), f32s(&p["greedy_margins"]));
-            for (n, l) in got[i].iter().enumerate().take(want.len()) {
-                if argmax(l) != want[n] {
-                    assert!(margins[n] < 1e-3, "{model}: prompt {i} token {n} is {}, peft says {}", argmax(l), want[n]);
-                    break;
-                }
+        check_peft_alone(&exec, model, slot, loads.take().unwrap_or_default());
+    }
+}
+
+/// llama.cpp's GGUF adapters (B's q and k rows permuted as the base's were) over either
+/// checkpoint, and a PEFT adapter over the GGUF checkpoint: each pairing runs peft's numbers.
+#[test]
+fn gguf_adapters_and_checkpoints_in_every_pairing_match_peft() {
+    let Some(f) = factory() else { return };
+    for (checkpoint, file, model) in
+        [("model.gguf", "alpha", "alpha"), ("model.gguf", "alpha.gguf", "alpha"), ("hf", "beta.gguf", "beta")]
+    {
+        let exec = executor_of(&f, checkpoint, 1);
+        eprintln!("{checkpoint} with {file}:");
+        check_peft_alone(&exec, model, Some(0), vec![LoraLoad { slot: 0, adapter: adapter(&exec, file) }]);
+    }
+}
+
+/// `model`'s prompts together on `exec` with `slot` (after `loads`), against peft.
+fn check_peft_alone(exec: &GpuExecutor, model: &str, slot: Option<u32>, loads: Vec<LoraLoad>) {
+    let e = expected();
+    let prompts = e["models"][model]["prompts"].as_array().unwrap();
+    let runs: Vec<(Vec<u32>, Option<u32>)> = prompts.iter().map(|p| (u32s(&p["prompt_ids"]), slot)).collect();
+    let got = greedy(exec, &runs, loads, 9);
+    let mut worst = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let want = f32s(&p["last_logits"]);
+        let diff = got[i][0].iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        worst = worst.max(diff);
+        assert!(diff < 1e-4, "{model}: prompt {i}: last-position logits differ by {diff}");
+        let (want, margins) = (u32s(&p["greedy_ids"]), f32s(&p["greedy_margins"]));
+        for (n, l) in got[i].iter().enumerate().take(want.len()) {
+            if argmax(l) != want[n] {
+                assert!(margins[n] < 1e-3, "{model}: prompt {i} token {n} is {}, peft says {}", argmax(l), want[n]);
+                break;
             }
         }
-        eprintln!("{model}: largest last-position logit difference {worst:e}");
     }
+    eprintln!("{model}: largest last-position logit difference {worst:e}");
 }
 
 #[test]
@@ -287,7 +311,7 @@ fn an_unknown_adapter_is_refused_naming_the_model_field() {
     let Some(e) = engine(1) else { return };
     let err = e.submit(request(&prompt(0), "delta")).unwrap_err();
     assert!(matches!(&err, WeftError::InvalidRequest { field: Some(f), .. } if f == "model"), "{err}");
-    assert!(e.add_lora_peft("alpha", &fixture("alpha")).is_err(), "a name is served once");
+    assert!(e.add_lora_path("alpha", &fixture("alpha")).is_err(), "a name is served once");
     e.remove_lora("gamma").unwrap();
     assert_eq!(e.lora_names(), ["alpha", "beta"]);
     e.shutdown();

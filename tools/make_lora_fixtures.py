@@ -11,6 +11,13 @@ Writes ``tests/fixtures/lora/``:
 ``expected.json``  per model (``base`` and each adapter), for a few prompts (token ids): the
                    last prompt position's logits and 10 greedy tokens with each step's top-1
                    margin.
+``model.gguf``     the base model through llama.cpp's ``convert_hf_to_gguf.py --outtype f32``
+                   (q and k rows permuted for interleaved RoPE, as llama.cpp does for Llama).
+``alpha.gguf``, ``beta.gguf``
+                   those adapters through llama.cpp's ``convert_lora_to_gguf.py --outtype f32``
+                   (``general.type`` "adapter", ``adapter.lora.alpha``; B's q and k rows
+                   permuted like the base's). gamma (rsLoRA) has no GGUF: llama.cpp scales by
+                   alpha / r always.
 
 The adapters target q, k, v, o, gate, up and down of both layers:
 
@@ -21,11 +28,13 @@ The adapters target q, k, v, o, gate, up and down of both layers:
 The model: hidden 64, 4 heads of 16 with 2 KV heads, MLP 96, 2 layers, vocabulary 304 (the toy
 tokenizer of ``tools/make_recurrent_fixtures.py``), untied LM head.
 
-Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0 and peft 0.21.2.
+Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, peft 0.21.2,
+and gguf-py and the converters of llama-cpp-python 0.3.36's ``vendor/llama.cpp`` (the version
+``cargo xtask fetch-vocabs`` pins).
 
 Usage::
 
-    python tools/make_lora_fixtures.py
+    python tools/make_lora_fixtures.py --llama-cpp /path/to/llama-cpp-python-0.3.36/vendor/llama.cpp
 """
 
 import json
@@ -75,7 +84,39 @@ def run(model, name: str) -> dict:
     return {"prompts": prompts}
 
 
+def convert(llama_cpp: Path) -> None:
+    """The base model and two adapters to GGUF by llama.cpp's own converters."""
+    sys.path.insert(0, str(llama_cpp))
+    sys.path.insert(1, str(llama_cpp / "gguf-py"))
+    import runpy
+
+    import conversion.base
+    import convert_hf_to_gguf
+
+    # The toy tokenizer's pre-tokenizer is GPT-2's (see make_recurrent_fixtures.py).
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    sys.argv = ["convert_hf_to_gguf.py", str(OUT / "hf"), "--outtype", "f32", "--outfile", str(OUT / "model.gguf")]
+    convert_hf_to_gguf.main()
+    for name in ["alpha", "beta"]:
+        sys.argv = ["convert_lora_to_gguf.py", "--base", str(OUT / "hf"), "--outtype", "f32",
+                    "--outfile", str(OUT / f"{name}.gguf"), str(OUT / name)]
+        # The script converts under `if __name__ == "__main__"`.
+        runpy.run_path(str(llama_cpp / "convert_lora_to_gguf.py"), run_name="__main__")
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
+    parser.add_argument("--gguf-only", action="store_true", help="convert what is there, without remaking it")
+    args = parser.parse_args()
+    if not args.gguf_only:
+        make()
+    convert(args.llama_cpp)
+
+
+def make() -> None:
     import peft
     import transformers
     from peft import LoraConfig, get_peft_model

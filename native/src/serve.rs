@@ -459,7 +459,7 @@ async fn load_lora_adapter(
     }
     let dir = PathBuf::from(path.unwrap_or_default());
     // Reading the adapter's files blocks: off the async workers.
-    let added = tokio::task::spawn_blocking(move || engine.add_lora_peft(&name, &dir).map(|()| name))
+    let added = tokio::task::spawn_blocking(move || engine.add_lora_path(&name, &dir).map(|()| name))
         .await
         .map_err(|e| ApiError::unavailable(format!("loading the adapter failed: {e}")))?;
     match added {

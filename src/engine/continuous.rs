@@ -439,12 +439,13 @@ impl ContinuousBatchEngine {
         Ok(())
     }
 
-    /// Read the PEFT adapter in `dir`, check it against the model and serve it as `name`.
-    pub fn add_lora_peft(&self, name: &str, dir: &std::path::Path) -> Result<()> {
+    /// Read the adapter at `path` (a PEFT directory or a GGUF LoRA file), check it against the
+    /// model and serve it as `name`.
+    pub fn add_lora_path(&self, name: &str, path: &std::path::Path) -> Result<()> {
         let pool = self
             .lora_config()
             .ok_or_else(|| WeftError::Unsupported("this engine was built without a LoRA pool (max_loras 0)".into()))?;
-        self.add_lora(LoraAdapter::from_peft_dir(name, dir, &pool.shape, pool.max_rank)?)
+        self.add_lora(LoraAdapter::open(name, path, &pool.shape, pool.max_rank)?)
     }
 
     /// Stop serving the adapter `name`; refused while requests for it are queued or running.

@@ -24,9 +24,11 @@ use crate::tensor::TensorFactory;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoraLayout {
     pub shape: LoraShape,
-    /// Head size, when q and k rows are stored as llama.cpp's converter permutes them for
-    /// interleaved RoPE: B's q and k rows are permuted the same way on load.
-    pub interleaved_head_dim: Option<usize>,
+    pub head_dim: usize,
+    /// q and k rows are stored as llama.cpp's converter permutes them for interleaved RoPE: an
+    /// adapter in Hugging Face's order has B's q and k rows permuted the same way on load (and
+    /// a GGUF adapter in that order over a Hugging Face checkpoint the other way).
+    pub qk_interleaved: bool,
 }
 
 /// One projection's slots.
@@ -113,14 +115,16 @@ impl LoraPool {
                 let mut a = vec![0f32; in_dim * max_rank];
                 let mut b = vec![0f32; max_rank * out_dim];
                 if let Some(w) = &modules[m as usize] {
-                    let permute = matches!(m, LoraModule::Q | LoraModule::K);
+                    let qk = matches!(m, LoraModule::Q | LoraModule::K);
+                    let d = self.layout.head_dim;
                     for rank_index in 0..r {
                         for k in 0..in_dim {
                             a[k * max_rank + rank_index] = w.a[rank_index * in_dim + k];
                         }
                         for row in 0..out_dim {
-                            let from = match self.layout.interleaved_head_dim {
-                                Some(d) if permute => interleaved_source_row(row, d),
+                            let from = match (self.layout.qk_interleaved, adapter.qk_interleaved) {
+                                (true, false) if qk => interleaved_source_row(row, d),
+                                (false, true) if qk => rotate_half_source_row(row, d),
                                 _ => row,
                             };
                             b[rank_index * out_dim + row] = w.b[from * r + rank_index];
@@ -163,6 +167,12 @@ fn interleaved_source_row(row: usize, head_dim: usize) -> usize {
     head * head_dim + (within % 2) * (head_dim / 2) + within / 2
 }
 
+/// The inverse: the interleaved row that goes back to Hugging Face's `row`.
+fn rotate_half_source_row(row: usize, head_dim: usize) -> usize {
+    let (head, within, half) = (row / head_dim, row % head_dim, head_dim / 2);
+    head * head_dim + 2 * (within % half) + within / half
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +181,8 @@ mod tests {
     fn interleaving_pairs_each_dimension_with_its_rotate_half_partner() {
         let rows: Vec<usize> = (0..8).map(|r| interleaved_source_row(r, 4)).collect();
         assert_eq!(rows, [0, 2, 1, 3, 4, 6, 5, 7]);
+        for r in 0..32 {
+            assert_eq!(rotate_half_source_row(interleaved_source_row(r, 8), 8), r);
+        }
     }
 }

@@ -209,7 +209,8 @@ impl Architecture for LlamaModel {
                 c.num_kv_heads * c.head_dim,
                 c.intermediate_size,
             ),
-            interleaved_head_dim: (self.pairing == RopePairing::Interleaved).then_some(c.head_dim),
+            head_dim: c.head_dim,
+            qk_interleaved: self.pairing == RopePairing::Interleaved,
         })
     }
 }
