@@ -316,3 +316,33 @@ fn an_unknown_adapter_is_refused_naming_the_model_field() {
     assert_eq!(e.lora_names(), ["alpha", "beta"]);
     e.shutdown();
 }
+
+/// Warm LoRA steps create nothing (loading an adapter into a slot is queued writes) and compile
+/// nothing the builder's warm-up did not, evictions included.
+#[test]
+fn warm_lora_steps_create_and_compile_nothing() {
+    let Some(f) = factory() else { return };
+    let mut b = EngineBuilder::from_model(fixture("hf")).unwrap().lora(2, MAX_RANK);
+    for name in ADAPTERS {
+        b = b.lora_module(name, fixture(name));
+    }
+    let config = EngineConfig { max_num_seqs: 8, max_num_batched_tokens: 64, max_model_len: 128, ..Default::default() };
+    let e = b.config(config).kv_memory_bytes(4 << 20).build_on(f.context().clone()).unwrap();
+    let built = f.context().creations().pipelines;
+    let run = || {
+        let mut streams: Vec<_> =
+            mixed().iter().map(|&(p, model)| e.submit(request(&prompt(p), model)).unwrap().1).collect();
+        while weft::rt::block_on(e.step()).unwrap() {}
+        for s in &mut streams {
+            let chunks: Vec<_> = weft::rt::block_on(futures::StreamExt::collect::<Vec<_>>(s));
+            assert!(chunks.last().unwrap().as_ref().unwrap().finish_reason.is_some());
+        }
+    };
+    run();
+    let warm = f.context().creations();
+    assert_eq!(warm.pipelines, built, "serving compiled kernels the warm-up missed");
+    let evictions = e.lora_metrics_snapshot().unwrap().evictions;
+    run();
+    assert!(e.lora_metrics_snapshot().unwrap().evictions > evictions, "the second run evicts too");
+    assert_eq!(f.context().creations(), warm, "warm LoRA steps created GPU objects");
+}
