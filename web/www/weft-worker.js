@@ -510,6 +510,39 @@ function create({ rid, kind, body }) {
   post({ type: 'accepted', rid });
 }
 
+// A LoRA adapter's bytes: a GGUF file (one file, no config) or a PEFT adapter's config text
+// and safetensors bytes.
+async function loraBytes({ url, file, files }) {
+  const bytes = async (blob) => new Uint8Array(await blob.arrayBuffer());
+  const fetched = async (u) => {
+    const r = await fetch(u);
+    if (!r.ok) throw new Error(`fetching ${u} failed: HTTP ${r.status}`);
+    return r;
+  };
+  if (file) return { config: undefined, bytes: await bytes(file) };
+  if (files) return { config: await files.config.text(), bytes: await bytes(files.safetensors) };
+  if (!url) throw new Error('loadLora needs a url, a file or files');
+  if (/\.gguf$/i.test(url)) return { config: undefined, bytes: await bytes(await fetched(url)) };
+  const dir = url.replace(/\/+$/, '');
+  const config = await (await fetched(`${dir}/adapter_config.json`)).text();
+  return { config, bytes: await bytes(await fetched(`${dir}/adapter_model.safetensors`)) };
+}
+
+async function lora(msg) {
+  try {
+    if (!engine) throw new Error('The model is not loaded yet.');
+    if (msg.type === 'addLora') {
+      const { config, bytes } = await loraBytes(msg);
+      engine.addLora(String(msg.name), config, bytes);
+    } else {
+      engine.removeLora(String(msg.name));
+    }
+    post({ type: 'lora', lid: msg.lid, model: engine.modelInfo() });
+  } catch (e) {
+    post({ type: 'lora', lid: msg.lid, error: messageOf(e) });
+  }
+}
+
 self.addEventListener('message', async (ev) => {
   const msg = ev.data || {};
   switch (msg.type) {
@@ -522,6 +555,10 @@ self.addEventListener('message', async (ev) => {
       break;
     case 'create':
       create(msg);
+      break;
+    case 'addLora':
+    case 'removeLora':
+      await lora(msg);
       break;
     case 'health':
       if (!engine) {
