@@ -9,6 +9,12 @@
 //!   after a reference near-tie (top-1/top-2 margin below 1e-3).
 //! - Mixed: 8 sequences over the three adapters and the base model in one batch give each
 //!   sequence the tokens and the very logits bits it gets alone (batch invariance).
+//! - llama.cpp's GGUF checkpoint and GGUF adapters (q and k rows permuted for interleaved RoPE)
+//!   in every pairing with the Hugging Face ones: the same numbers (leaving B's q and k rows
+//!   unpermuted over the GGUF checkpoint moves the logits by 0.1).
+//! - The engine: 8 requests over three adapters and the base model, and again with fewer slots
+//!   than adapters (evicted and reloaded), give peft's tokens and leak no block or slot; the
+//!   prefix cache never shares a prompt's blocks across adapters; warm steps create nothing.
 //! - Adapters that do not fit the base model are refused, naming what does not fit.
 
 use std::path::{Path, PathBuf};
