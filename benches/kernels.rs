@@ -4,7 +4,8 @@
 //! decode of 1 and of 16 sequences and a 128-token prefill; of its residual add and RMSNorm
 //! (`add_rms_norm`) at 1, 16 and 128 rows; and of the sampler over its 49152-token vocabulary,
 //! greedy, at temperature 0.8 alone, with top-k 40, with top-p 0.95, and with both (llama.cpp's
-//! default filters), at 1 and 16 rows. A benchmark, not a test: it prints tables.
+//! default filters), at 1 and 16 rows; and one layer's LoRA deltas (`lora`) over 1 and 4
+//! adapters. A benchmark, not a test: it prints tables.
 //!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
@@ -16,12 +17,14 @@
 use std::time::Instant;
 
 use weft::DType;
+use weft::gpu::kernels::lora::{LoraMatrices, LoraRows, lora};
 use weft::gpu::kernels::matmul::matmul;
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::kernels::reduce::add_rms_norm;
 use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::gpu::kernels::spec_sample::{SPEC_PER_ROW, spec_sample};
 use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
+use weft::lora::LoraShape;
 use weft::model::sampler::{settings_row, spec_row};
 use weft::sampling::{DraftRow, SamplingParams};
 use weft::tensor::TensorFactory;
@@ -76,6 +79,76 @@ fn main() -> weft::Result<()> {
     }
     if filter.as_ref().is_none_or(|f| f == "SAMPLE") {
         sampler(&ctx, &factory)?;
+    }
+    if filter.as_ref().is_none_or(|f| f == "LORA") {
+        lora_layer(&ctx, &factory)?;
+    }
+    Ok(())
+}
+
+/// One layer's LoRA deltas in the default model's shape (q, k, v, o, gate, up and down of
+/// hidden 576, KV 192, MLP 1536) at rank 16 from a pool of 4 slots, as a step records them:
+/// 16 decoding sequences and a 128-token prefill, their rows over 1 adapter and over 4 (a step
+/// with none records no LoRA dispatch: 0), beside the same layer's base projections in Q4_1
+/// (the default model's format). The step's cost is 30 times the layer's.
+fn lora_layer(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const RANK: usize = 16;
+    const SLOTS: usize = 4;
+    let dims = LoraShape::llama(30, 576, 576, 192, 1536).dims;
+    println!(
+        "
+LoRA, one layer's 7 projections at rank {RANK}, {SLOTS} slots, median of {RUNS} runs, {}",
+        clock(ctx)
+    );
+    let values = |len: usize| (0..len).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect::<Vec<f32>>();
+    let matrices = dims
+        .iter()
+        .map(|&(i, o)| {
+            Ok((
+                factory.upload_f32(&[SLOTS * i, RANK], &values(SLOTS * RANK * i))?,
+                factory.upload_f32(&[SLOTS * RANK, o], &values(SLOTS * o * RANK))?,
+            ))
+        })
+        .collect::<weft::Result<Vec<_>>>()?;
+    let info: Vec<u32> = (0..SLOTS).flat_map(|_| [RANK as u32, 0.5f32.to_bits()]).collect();
+    let info = factory.upload_u32(&[SLOTS, 2], &info)?;
+    let weights = dims
+        .iter()
+        .map(|&(i, o)| {
+            factory.upload_weight(&[o, i], DType::Q4_1, &weft::quant::quantize(DType::Q4_1, &values(o * i))?)
+        })
+        .collect::<weft::Result<Vec<_>>>()?;
+    println!("{:<28} {:>12} {:>12} {:>12}", "rows", "base (Q4_1)", "1 adapter", "4 adapters");
+    for (label, rows) in [("decode, 16 sequences", 16), ("prefill, 128 tokens", 128)] {
+        let u = factory.zeros(&[rows, RANK], DType::F32)?;
+        let xs = dims
+            .iter()
+            .map(|&(i, _)| factory.upload_f32(&[rows, i], &values(rows * i)))
+            .collect::<weft::Result<Vec<_>>>()?;
+        let ys = dims.iter().map(|&(_, o)| factory.zeros(&[rows, o], DType::F32)).collect::<weft::Result<Vec<_>>>()?;
+        let activations = dims
+            .iter()
+            .map(|&(i, _)| factory.upload_activations(&[rows, i], &values(rows * i)))
+            .collect::<weft::Result<Vec<_>>>()?;
+        let mut cells = vec![median_seconds(ctx, |rec| {
+            for ((w, x), y) in weights.iter().zip(&activations).zip(&ys) {
+                matmul(ctx, rec, x, w, y)?;
+            }
+            Ok(())
+        })?];
+        for adapters in [1, SLOTS] {
+            let slots: Vec<u32> = (0..rows).map(|r| (r % adapters) as u32).collect();
+            let slots = factory.upload_u32(&[rows], &slots)?;
+            let step = LoraRows { row_slots: &slots, slot_info: &info, u: &u };
+            let seconds = median_seconds(ctx, |rec| {
+                for (((a, b), x), y) in matrices.iter().zip(&xs).zip(&ys) {
+                    lora(ctx, rec, x, &LoraMatrices { a, b }, &step, y, 0)?;
+                }
+                Ok(())
+            })?;
+            cells.push(seconds);
+        }
+        println!("{label:<28} {:>9.1} us {:>9.1} us {:>9.1} us", cells[0] * 1e6, cells[1] * 1e6, cells[2] * 1e6);
     }
     Ok(())
 }

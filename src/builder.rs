@@ -18,6 +18,7 @@ use crate::model::config::ModelConfig;
 use crate::model::draft::DraftDistributions;
 use crate::model::executor::GpuExecutor;
 use crate::model::load::ModelFiles;
+use crate::model::lora_pool::LoraPool;
 use crate::quant::DType;
 use crate::rt;
 use crate::sampling::GpuSampler;
@@ -41,7 +42,15 @@ pub struct EngineBuilder {
     draft: Option<ModelFiles>,
     /// Rows per chunk of recurrent layers' chunked scan; `None` here: the executor's default.
     scan_chunk: Option<Option<usize>>,
+    /// The LoRA pool's (slots, rank); `None`: no adapters.
+    lora: Option<(usize, usize)>,
+    /// PEFT adapter directories to serve, by name.
+    lora_modules: Vec<(String, std::path::PathBuf)>,
 }
+
+/// vLLM's defaults: one adapter slot of rank up to 16.
+pub const DEFAULT_MAX_LORAS: usize = 1;
+pub const DEFAULT_MAX_LORA_RANK: usize = 16;
 
 impl EngineBuilder {
     /// A GGUF file or a Hugging Face directory.
@@ -69,7 +78,23 @@ impl EngineBuilder {
             speculation: None,
             draft: None,
             scan_chunk: None,
+            lora: None,
+            lora_modules: Vec::new(),
         }
+    }
+
+    /// Serve LoRA adapters from a pool of `max_loras` slots (distinct adapters in one step at
+    /// most) of rank up to `max_lora_rank`, made with the engine.
+    pub fn lora(mut self, max_loras: usize, max_lora_rank: usize) -> Self {
+        self.lora = Some((max_loras, max_lora_rank));
+        self
+    }
+
+    /// Serve the PEFT adapter in `dir` as `name` (a request's `lora`, the server's `model`);
+    /// without [`lora`](Self::lora), the pool gets vLLM's defaults.
+    pub fn lora_module(mut self, name: &str, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.lora_modules.push((name.to_string(), dir.into()));
+        self
     }
 
     /// The model's shape (layers, vocabulary, context …).
@@ -390,7 +415,13 @@ impl EngineBuilder {
             target_layers = total;
             progress(done, total)
         })?;
-        let weights_bytes = factory.context().creations().bytes - before;
+        let lora = self.lora.or((!self.lora_modules.is_empty()).then_some((DEFAULT_MAX_LORAS, DEFAULT_MAX_LORA_RANK)));
+        // The adapter pool is made beside the weights: the KV pool gets what is left of both.
+        let lora_bytes = match (lora, model.lora_layout()) {
+            (Some((slots, rank)), Some(layout)) => LoraPool::bytes(&layout.shape, slots, rank),
+            _ => 0,
+        };
+        let weights_bytes = factory.context().creations().bytes - before + lora_bytes;
         let plan = self.plan_kv_with(factory.context(), weights_bytes, model.max_context())?;
         tracing::info!("{}", plan.describe());
         let kv = plan.config;
@@ -398,18 +429,28 @@ impl EngineBuilder {
         if let Some(rows) = self.scan_chunk {
             exec = exec.with_scan_chunk(rows)?;
         }
+        if let Some((slots, rank)) = lora {
+            exec = exec.with_lora(slots, rank)?;
+        }
         // Compile now what serving will dispatch, not during the first requests.
         let (max_tokens, max_seqs) = (self.config.max_num_batched_tokens, self.config.max_num_seqs);
         exec.warm_up(max_tokens, max_seqs)?;
         let sampler = Arc::new(GpuSampler);
+        let modules = std::mem::take(&mut self.lora_modules);
+        let with_adapters = |engine: ContinuousBatchEngine| -> Result<ContinuousBatchEngine> {
+            for (name, dir) in &modules {
+                engine.add_lora_path(name, dir)?;
+            }
+            Ok(engine)
+        };
         let Some(spec) = self.speculation else {
-            return ContinuousBatchEngine::new_plan_runtime(
+            return with_adapters(ContinuousBatchEngine::new_plan_runtime(
                 self.config,
                 self.files.tokenizer.clone(),
                 sampler,
                 Arc::new(exec),
                 Arc::new(factory),
-            );
+            )?);
         };
         let draft: Option<Arc<dyn ModelExecutor>> = match &self.draft {
             Some(files) if spec.drafter == Drafter::DraftModel => {
@@ -444,7 +485,7 @@ impl EngineBuilder {
             None => None,
         };
         let kv_cache = KvCacheManager::new(kv.num_blocks, kv.block_size, self.config.enable_prefix_cache);
-        ContinuousBatchEngine::new_with_speculation(
+        with_adapters(ContinuousBatchEngine::new_with_speculation(
             self.config,
             self.files.tokenizer.clone(),
             sampler,
@@ -453,7 +494,7 @@ impl EngineBuilder {
             Arc::new(factory),
             draft,
             Some(spec),
-        )
+        )?)
     }
 }
 

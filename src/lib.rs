@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error;
 pub mod gpu;
 pub mod kv;
+pub mod lora;
 pub mod model;
 /// The OpenAI protocol (requests, responses, streamed chunks) without a transport.
 pub mod openai;

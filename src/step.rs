@@ -23,8 +23,11 @@
 //! **Invariant:** a [`StepOutput`] has exactly one entry per [`SeqStep`], in order, holding
 //! exactly `num_logits` samples.
 
+use std::sync::Arc;
+
 use crate::error::Result;
 use crate::kv::{KvCacheConfig, RecurrentStateConfig, SeqId};
+use crate::lora::{LoraAdapter, LoraConfig};
 use crate::rt::BoxFuture;
 use crate::sampling::{SampleSpec, Sampled};
 
@@ -53,6 +56,8 @@ pub struct SeqStep {
     /// A snapshot slot that also receives the state after `tokens` (the end of a prompt's full
     /// blocks, for the prefix cache).
     pub state_save: Option<u32>,
+    /// The LoRA adapter slot the sequence runs with; `None`: the base model.
+    pub lora_slot: Option<u32>,
 }
 
 impl SeqStep {
@@ -77,6 +82,21 @@ pub struct StepBatch {
     pub preempted: Vec<SeqId>,
     /// Sum of `seqs[i].tokens.len()`.
     pub num_batched_tokens: usize,
+    /// Adapters to write into their slots before this step runs (each slot idle until then).
+    pub lora_loads: Vec<LoraLoad>,
+}
+
+/// An adapter to put into a slot of the executor's pool.
+#[derive(Clone, Debug)]
+pub struct LoraLoad {
+    pub slot: u32,
+    pub adapter: Arc<LoraAdapter>,
+}
+
+impl PartialEq for LoraLoad {
+    fn eq(&self, other: &Self) -> bool {
+        self.slot == other.slot && self.adapter.id == other.adapter.id
+    }
 }
 
 impl StepBatch {
@@ -182,6 +202,11 @@ pub trait ModelExecutor: Send + Sync {
         None
     }
 
+    /// The LoRA adapter pool behind `SeqStep::lora_slot`; `None`: adapters are not served.
+    fn lora_config(&self) -> Option<LoraConfig> {
+        None
+    }
+
     /// The drafted rows' distribution store this executor shares with its draft (or target),
     /// if any. Without one, sampled requests are not speculated with a draft model.
     fn draft_store(&self) -> Option<DraftStore> {
@@ -204,6 +229,7 @@ mod tests {
             state_slot: None,
             state_restore: None,
             state_save: None,
+            lora_slot: None,
         }
     }
 

@@ -271,6 +271,25 @@ enum Command {
         reasoning_parser: Option<String>,
         #[command(flatten)]
         spec: SpecArgs,
+        /// Serve PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors in PATH) as
+        /// NAME: a request whose model is NAME runs with that adapter, beside requests for the
+        /// base model and for other adapters in the same steps; /v1/models lists them
+        #[arg(long, value_name = "NAME=PATH", num_args = 1.., value_parser = serve::parse_lora_module)]
+        lora_modules: Vec<(String, PathBuf)>,
+        /// Adapters resident on the GPU at once, hence distinct adapters in one step; others are
+        /// loaded on demand in place of the least recently used idle one [default: 1 where
+        /// adapters are served]
+        #[arg(long)]
+        max_loras: Option<usize>,
+        /// The highest adapter rank served; an adapter of a higher rank is refused [default: 16
+        /// where adapters are served]
+        #[arg(long)]
+        max_lora_rank: Option<usize>,
+        /// Answer vLLM's POST /v1/load_lora_adapter ({"lora_name", "lora_path"}) and
+        /// /v1/unload_lora_adapter ({"lora_name"}), which change the adapters served while
+        /// running (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING) [default: off, both 404]
+        #[arg(long, env = "WEFT_ALLOW_RUNTIME_LORA_UPDATING")]
+        allow_runtime_lora_updating: bool,
     },
     /// Download a model from the Hugging Face hub into its local cache and print the file's
     /// path; every --model takes the same name and downloads on first use.
@@ -487,6 +506,10 @@ fn main() -> ExitCode {
             cors_origin,
             reasoning_parser,
             spec,
+            lora_modules,
+            max_loras,
+            max_lora_rank,
+            allow_runtime_lora_updating,
         } => serve::run(serve::Options {
             model,
             host,
@@ -503,6 +526,10 @@ fn main() -> ExitCode {
             cors_origins: cors_origin,
             reasoning_parser,
             speculation: spec.speculation(),
+            lora_modules,
+            max_loras,
+            max_lora_rank,
+            allow_runtime_lora_updating,
         }),
         Command::Pull { model } => hub::pull(&model),
     };

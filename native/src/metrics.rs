@@ -17,6 +17,7 @@
 
 use std::fmt::Write;
 
+use weft::engine::api::LoraMetrics;
 use weft::engine::metrics::{EngineMetrics, Histogram};
 use weft::kv::{KvUsage, PrefixCacheStats};
 
@@ -38,6 +39,8 @@ pub struct Live {
     /// Seconds since the Unix epoch: the value of `vllm:lora_requests_info` (the endpoint picker
     /// takes the newest sample).
     pub now_seconds: f64,
+    /// The LoRA adapters, where the engine serves them.
+    pub lora: Option<LoraMetrics>,
 }
 
 /// The whole `/metrics` body. `live` is None until the model is loaded; vLLM's families appear
@@ -140,8 +143,15 @@ fn vllm_families(t: &mut Text, m: &EngineMetrics, live: &Live) {
         ("num_gpu_blocks", num_blocks.as_str()),
     ];
     t.gauge("vllm:cache_config_info", "The KV cache's shape, in the labels (the value is 1)", &cache_labels, 1.0);
-    // No adapters yet: the lists are empty and none can be loaded.
-    let lora_labels = [("max_lora", "0"), ("running_lora_adapters", ""), ("waiting_lora_adapters", "")];
+    // vLLM's labels: the slots, and the adapters of running and of waiting requests, each list
+    // comma-separated; an engine without adapters has 0 slots and empty lists.
+    let lora = live.lora.clone().unwrap_or_default();
+    let (max_lora, running, waiting) = (lora.max_loras.to_string(), lora.running.join(","), lora.waiting.join(","));
+    let lora_labels = [
+        ("max_lora", max_lora.as_str()),
+        ("running_lora_adapters", running.as_str()),
+        ("waiting_lora_adapters", waiting.as_str()),
+    ];
     let lora_help = "LoRA adapters, in the labels; the value is the time of the scrape (Unix seconds)";
     t.gauge("vllm:lora_requests_info", lora_help, &lora_labels, live.now_seconds);
 
@@ -273,6 +283,7 @@ mod tests {
             kv_dtype: weft::DType::F16,
             enable_prefix_cache: true,
             now_seconds: 1.5e9,
+            lora: None,
         }
     }
 

@@ -74,6 +74,23 @@ pub struct Options {
     /// `None`: chosen from the model.
     pub reasoning_parser: Option<String>,
     pub speculation: crate::generate::Speculation,
+    /// `--lora-modules name=path …`: PEFT adapters served under their names.
+    pub lora_modules: Vec<(String, PathBuf)>,
+    /// `--max-loras` and `--max-lora-rank`; either (or an adapter) turns adapters on, the other
+    /// at vLLM's default.
+    pub max_loras: Option<usize>,
+    pub max_lora_rank: Option<usize>,
+    /// Answer vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (off by default, as in
+    /// vLLM, where `VLLM_ALLOW_RUNTIME_LORA_UPDATING` turns them on).
+    pub allow_runtime_lora_updating: bool,
+}
+
+/// `--lora-modules`: `name=path` (vLLM's form).
+pub fn parse_lora_module(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), PathBuf::from(path))),
+        _ => Err(format!("{s:?} is not name=path (the adapter's name in requests, then its PEFT directory)")),
+    }
 }
 
 /// `--reasoning-parser`: one of vLLM's parser names weft knows, or `none`.
@@ -250,10 +267,17 @@ fn ready(state: &AppState) -> ApiResult<&ContinuousBatchEngine> {
     }
 }
 
-fn check_model(state: &AppState, body: &Map<String, Value>) -> ApiResult<()> {
+/// The LoRA adapter the body's `model` names (`None`: the base model), or 404 for a model not
+/// served.
+fn check_model(
+    state: &AppState,
+    engine: &ContinuousBatchEngine,
+    body: &Map<String, Value>,
+) -> ApiResult<Option<String>> {
     match weft::openai::requested_model(body)? {
-        None => Ok(()),
-        Some(m) if m == state.model_id || m == state.model_path => Ok(()),
+        None => Ok(None),
+        Some(m) if m == state.model_id || m == state.model_path => Ok(None),
+        Some(m) if engine.lora_names().iter().any(|n| n == m) => Ok(Some(m.to_string())),
         Some(m) => {
             let message = format!("The model `{m}` does not exist; this server serves `{}`", state.model_id);
             let error = OpenAiError { code: Some("model_not_found"), ..OpenAiError::invalid("model", message) };
@@ -301,8 +325,9 @@ async fn handle(
     }
     let map = parse_body(body)?;
     let engine = ready(&state)?.clone();
-    check_model(&state, &map)?;
+    let lora = check_model(&state, &engine, &map)?;
     let mut req = weft::openai::parse(endpoint, &map)?;
+    req.request.lora = lora;
     let parser = state.reasoning.get().copied().flatten();
     req.apply_reasoning(engine.tokenizer().as_ref(), parser.as_ref())?;
     check_queue(&engine)?;
@@ -317,7 +342,8 @@ async fn generate(
 ) -> ApiResult<Response> {
     let id = weft::openai::request_id(req.endpoint);
     let created = weft::openai::unix_now();
-    let model = state.model_id.clone();
+    // An adapter's requests answer in its name, as vLLM's do.
+    let model = req.request.lora.clone().unwrap_or_else(|| state.model_id.clone());
     if req.stream {
         // Each choice is its own engine request; their chunks interleave as they come, each
         // tagged with its choice.
@@ -383,14 +409,19 @@ impl SseState {
 
 async fn models(State(state): State<Shared>) -> ApiResult<Response> {
     let engine = ready(&state)?;
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft",
-            "max_model_len": engine.config().max_model_len,
-        }],
-    }))
-    .into_response())
+    let max_model_len = engine.config().max_model_len;
+    let mut data = vec![json!({
+        "id": state.model_id, "object": "model", "created": state.created, "owned_by": "weft",
+        "root": state.model_path, "parent": null, "max_model_len": max_model_len,
+    })];
+    // Each adapter as vLLM lists it: its own entry, its parent the base model.
+    data.extend(engine.lora_names().into_iter().map(|name| {
+        json!({
+            "id": name, "object": "model", "created": state.created, "owned_by": "weft",
+            "root": name, "parent": state.model_id, "max_model_len": max_model_len,
+        })
+    }));
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
 
 /// vLLM's `/tokenize`: a prompt or a conversation (rendered as a chat completion's) to token ids.
@@ -400,9 +431,61 @@ async fn tokenize(
 ) -> ApiResult<Response> {
     let map = parse_body(body)?;
     let engine = ready(&state)?;
-    check_model(&state, &map)?;
+    check_model(&state, engine, &map)?;
     let v = weft::openai::tokenize(engine.tokenizer().as_ref(), engine.config().max_model_len, &map)?;
     Ok(Json(v).into_response())
+}
+
+/// A body's `lora_name` (and, with `path`, `lora_path`), as vLLM's LoRA endpoints take them.
+fn lora_fields(map: &Map<String, Value>, path: bool) -> ApiResult<(String, Option<String>)> {
+    let field = |name: &str| match map.get(name) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        _ => Err(ApiError::from(OpenAiError::invalid(name, format!("{name} must be a non-empty string")))),
+    };
+    Ok((field("lora_name")?, if path { Some(field("lora_path")?) } else { None }))
+}
+
+/// vLLM's `/v1/load_lora_adapter`: serve the PEFT adapter at `lora_path` as `lora_name`. A
+/// path that holds no adapter, or one that does not fit the model, is a 400 saying why.
+async fn load_lora_adapter(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?.clone();
+    let (name, path) = lora_fields(&map, true)?;
+    if name == state.model_id {
+        return Err(OpenAiError::invalid("lora_name", format!("{name:?} is the base model's name")).into());
+    }
+    let dir = PathBuf::from(path.unwrap_or_default());
+    // Reading the adapter's files blocks: off the async workers.
+    let added = tokio::task::spawn_blocking(move || engine.add_lora_path(&name, &dir).map(|()| name))
+        .await
+        .map_err(|e| ApiError::unavailable(format!("loading the adapter failed: {e}")))?;
+    match added {
+        Ok(name) => Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response()),
+        Err(e) => Err(OpenAiError::invalid("lora_path", e.to_string()).into()),
+    }
+}
+
+/// vLLM's `/v1/unload_lora_adapter`: stop serving `lora_name` (404 when it is not served, 400
+/// while requests for it are queued or running).
+async fn unload_lora_adapter(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let map = parse_body(body)?;
+    let engine = ready(&state)?;
+    let (name, _) = lora_fields(&map, false)?;
+    match engine.remove_lora(&name) {
+        Ok(()) => Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response()),
+        Err(e @ WeftError::InvalidRequest { .. }) => {
+            let error =
+                OpenAiError { code: Some("model_not_found"), ..OpenAiError::invalid("lora_name", e.to_string()) };
+            Err(ApiError { status: StatusCode::NOT_FOUND, error, retry_after: None })
+        }
+        Err(e) => Err(OpenAiError::invalid("lora_name", e.to_string()).into()),
+    }
 }
 
 /// vLLM's `/detokenize`: token ids to text.
@@ -412,7 +495,7 @@ async fn detokenize(
 ) -> ApiResult<Response> {
     let map = parse_body(body)?;
     let engine = ready(&state)?;
-    check_model(&state, &map)?;
+    check_model(&state, engine, &map)?;
     Ok(Json(weft::openai::detokenize(engine.tokenizer().as_ref(), &map)?).into_response())
 }
 
@@ -477,6 +560,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
             kv_dtype: e.executor().kv_config().dtype,
             enable_prefix_cache: state.enable_prefix_cache,
             now_seconds: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+            lora: e.lora_metrics_snapshot(),
         }
     });
     let text = crate::metrics::render(&m, live.as_ref(), state.draining.load(Ordering::SeqCst));
@@ -636,12 +720,26 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let kv = opts.kv.clone();
     let speculation = opts.speculation.clone();
     let reasoning_parser = opts.reasoning_parser.clone();
+    let lora_modules = opts.lora_modules.clone();
+    let wants_lora = opts.max_loras.is_some() || opts.max_lora_rank.is_some() || opts.allow_runtime_lora_updating;
+    let lora = (wants_lora || !lora_modules.is_empty()).then(|| {
+        (
+            opts.max_loras.unwrap_or(weft::builder::DEFAULT_MAX_LORAS),
+            opts.max_lora_rank.unwrap_or(weft::builder::DEFAULT_MAX_LORA_RANK),
+        )
+    });
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
             .and_then(|b| speculation.apply(b))
+            .map(|b| match lora {
+                Some((slots, rank)) => {
+                    lora_modules.iter().fold(b.lora(slots, rank), |b, (name, dir)| b.lora_module(name, dir))
+                }
+                None => b,
+            })
             .and_then(|b| match &chat_template {
                 Some(source) => b.chat_template(source),
                 None => Ok(b),
@@ -688,8 +786,15 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        .route("/detokenize", post(detokenize));
+    // Routes that exist only when asked for: without the flag they are 404s, as in vLLM.
+    let v1 = if opts.allow_runtime_lora_updating {
+        v1.route("/v1/load_lora_adapter", post(load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_lora_adapter))
+    } else {
+        v1
+    };
+    let v1 = v1.route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let app = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready_probe))

@@ -23,6 +23,16 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     y
 }
 
+/// One row's LoRA delta, `scale · (x · Aᵀ) · Bᵀ`: x (in), a (rank, in), b (out, rank); the
+/// oracle of `lora_shrink` then `lora_expand` (which add it to the row's projection output).
+pub fn lora_delta(x: &[f32], a: &[f32], b: &[f32], rank: usize, scale: f32) -> Vec<f32> {
+    let u = matmul(x, a, 1, x.len(), rank);
+    matmul(&u, b, 1, rank, b.len() / rank.max(1))
+        .into_iter()
+        .map(|v| (f64::from(v) * f64::from(scale)) as f32)
+        .collect()
+}
+
 /// `out (ids.len(), k) = table[ids[t], :]`.
 pub fn embedding(table: &[f32], k: usize, ids: &[u32]) -> Vec<f32> {
     ids.iter().flat_map(|&id| table[id as usize * k..(id as usize + 1) * k].iter().copied()).collect()

@@ -41,10 +41,23 @@ pub struct AdmissionSnapshot {
     pub available_state_slots: Option<usize>,
 }
 
-/// LoRA adapter counters; no executor serves adapters yet, so engines report `None`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// LoRA adapters and their counters; `None` from an engine whose executor serves none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoraMetrics {
+    /// Slots of the adapter pool: distinct adapters running at once at most.
+    pub max_loras: usize,
+    /// Adapters registered (servable by name).
+    pub adapters_registered: usize,
+    /// Adapters resident in a slot now.
     pub adapters_loaded: usize,
+    /// Names of the adapters of running requests, and of waiting ones (vLLM's
+    /// `running_lora_adapters` and `waiting_lora_adapters`).
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    /// Adapters written into a slot, and resident adapters evicted for others, since the start.
+    pub loads: u64,
+    pub evictions: u64,
+    /// Requests submitted for an adapter.
     pub requests_with_adapter: u64,
 }
 
@@ -117,7 +130,7 @@ impl InferenceEngine for ContinuousBatchEngine {
     }
 
     fn lora_metrics_snapshot(&self) -> Option<LoraMetrics> {
-        None
+        self.lora_metrics()
     }
 
     fn health_check(&self) -> BoxFuture<'_, HealthReport> {

@@ -30,6 +30,7 @@ use futures::channel::mpsc;
 use web_time::Instant;
 
 use crate::constraint::{ConstraintCompiler, ConstraintState, tools};
+use crate::engine::api::LoraMetrics;
 use crate::engine::metrics::{EngineMetrics, MAX_STEP_RECORDS, StepRecord};
 use crate::engine::output::Live;
 use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
@@ -40,6 +41,7 @@ use crate::engine::stop::StopMatcher;
 use crate::engine::stream::Wakeup;
 use crate::error::{Result, WeftError};
 use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
+use crate::lora::{LoraAdapter, LoraConfig};
 use crate::sampling::{Sampled, Sampler, SamplingParams, TokenMask};
 use crate::step::{ModelExecutor, StepBatch, accepted_len};
 use crate::tensor::TensorFactory;
@@ -90,6 +92,9 @@ pub(crate) struct State {
     speculator: Option<Speculator>,
     /// Tokens a step may hold for its GPU work to stay within the time budget.
     step_budget: StepBudget,
+    /// LoRA adapters servable by name (requests name them in `lora`).
+    loras: HashMap<String, Arc<LoraAdapter>>,
+    requests_with_adapter: u64,
 }
 
 pub(crate) struct Inner {
@@ -205,6 +210,9 @@ impl ContinuousBatchEngine {
         if let Some(state) = state {
             scheduler = scheduler.with_recurrent_state(state);
         }
+        if let Some(lora) = model_executor.lora_config() {
+            scheduler = scheduler.with_lora_slots(lora.max_loras);
+        }
         let config = EngineConfig { max_model_len, enable_prefix_cache, ..config };
         let guess = model_executor.cautious_tokens_per_second();
         let target = config.max_step_seconds.unwrap_or(if guess.is_some() { DEFAULT_STEP_SECONDS } else { 0.0 });
@@ -224,6 +232,8 @@ impl ContinuousBatchEngine {
                     step_records: VecDeque::new(),
                     speculator: None,
                     step_budget,
+                    loras: HashMap::new(),
+                    requests_with_adapter: 0,
                 }),
                 constraints: OnceLock::new(),
                 step_lock: futures::lock::Mutex::new(()),
@@ -397,6 +407,88 @@ impl ContinuousBatchEngine {
         self.constraint_compiler(&c.field)?.compile(c).map(Some)
     }
 
+    /// The executor's LoRA adapter pool; `None`: adapters are not served.
+    pub fn lora_config(&self) -> Option<LoraConfig> {
+        self.inner.executor.lora_config()
+    }
+
+    /// Serve `adapter` under its name (a request's `lora`). Refused when the executor has no
+    /// adapter pool, the name is taken, or the adapter was read for another shape or rank.
+    pub fn add_lora(&self, adapter: LoraAdapter) -> Result<()> {
+        let Some(pool) = self.lora_config() else {
+            return Err(WeftError::Unsupported("this engine was built without a LoRA pool (max_loras 0)".into()));
+        };
+        if adapter.rank > pool.max_rank || adapter.layers.len() != pool.shape.num_layers {
+            return Err(WeftError::Unsupported(format!(
+                "LoRA adapter {:?} (rank {}, {} layers) does not fit the pool (rank up to {}, {} layers)",
+                adapter.name,
+                adapter.rank,
+                adapter.layers.len(),
+                pool.max_rank,
+                pool.shape.num_layers
+            )));
+        }
+        let mut state = self.state();
+        if state.loras.contains_key(&adapter.name) {
+            return Err(WeftError::invalid(
+                "lora_name",
+                format!("an adapter named {:?} is already loaded", adapter.name),
+            ));
+        }
+        state.loras.insert(adapter.name.clone(), Arc::new(adapter));
+        Ok(())
+    }
+
+    /// Read the adapter at `path` (a PEFT directory or a GGUF LoRA file), check it against the
+    /// model and serve it as `name`.
+    pub fn add_lora_path(&self, name: &str, path: &std::path::Path) -> Result<()> {
+        let pool = self
+            .lora_config()
+            .ok_or_else(|| WeftError::Unsupported("this engine was built without a LoRA pool (max_loras 0)".into()))?;
+        self.add_lora(LoraAdapter::open(name, path, &pool.shape, pool.max_rank)?)
+    }
+
+    /// Stop serving the adapter `name`; refused while requests for it are queued or running.
+    pub fn remove_lora(&self, name: &str) -> Result<()> {
+        let mut state = self.state();
+        let Some(adapter) = state.loras.get(name).cloned() else {
+            return Err(WeftError::invalid("lora_name", format!("no adapter named {name:?} is loaded")));
+        };
+        let sched = &state.scheduler;
+        let in_use = sched.running_adapters().into_iter().chain(sched.waiting_adapters()).any(|a| a.id == adapter.id);
+        if in_use {
+            return Err(WeftError::Unavailable(format!("adapter {name:?} is in use by queued or running requests")));
+        }
+        state.loras.remove(name);
+        state.scheduler.forget_lora(adapter.id);
+        Ok(())
+    }
+
+    /// The names of the adapters served, sorted.
+    pub fn lora_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.state().loras.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub(crate) fn lora_metrics(&self) -> Option<LoraMetrics> {
+        let max_loras = self.lora_config()?.max_loras;
+        let state = self.state();
+        let sched = &state.scheduler;
+        let names = |adapters: Vec<Arc<LoraAdapter>>| adapters.iter().map(|a| a.name.clone()).collect();
+        let slots = sched.lora_slots();
+        Some(LoraMetrics {
+            max_loras,
+            adapters_registered: state.loras.len(),
+            adapters_loaded: slots.resident().count(),
+            running: names(sched.running_adapters()),
+            waiting: names(sched.waiting_adapters()),
+            loads: slots.num_loads,
+            evictions: slots.num_evictions,
+            requests_with_adapter: state.requests_with_adapter,
+        })
+    }
+
     /// Queue a request; its chunks arrive on the returned receiver as steps run. This is the
     /// one place requests are validated: a refused request gets [`WeftError::InvalidRequest`]
     /// naming the field, and nothing of it is queued.
@@ -442,7 +534,18 @@ impl ContinuousBatchEngine {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let room = self.inner.config.max_model_len.saturating_sub(prompt.len()).clamp(1, DEFAULT_MAX_TOKENS);
         let max_tokens = request.params.max_tokens.unwrap_or(room);
-        let sched = SchedRequest { id, prompt: prompt.clone(), max_tokens, priority: request.params.priority };
+        let lora = match &request.lora {
+            Some(name) => match state.loras.get(name) {
+                Some(adapter) => Some(adapter.clone()),
+                None => {
+                    state.metrics.requests_rejected += 1;
+                    return Err(WeftError::invalid("model", format!("the model {name:?} does not exist")));
+                }
+            },
+            None => None,
+        };
+        state.requests_with_adapter += u64::from(lora.is_some());
+        let sched = SchedRequest { id, prompt: prompt.clone(), max_tokens, priority: request.params.priority, lora };
         if let Err(e) = state.scheduler.add_request(sched) {
             state.metrics.requests_rejected += 1;
             return Err(e);

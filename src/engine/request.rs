@@ -52,11 +52,14 @@ pub struct InferenceRequest {
     /// Extra variables for a chat prompt's template (`chat_template_kwargs`, e.g.
     /// `{"enable_thinking": false}`); empty: none.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// The LoRA adapter to run with, by the name it was registered under (OpenAI's `model`
+    /// naming an adapter); `None`: the base model.
+    pub lora: Option<String>,
 }
 
 impl InferenceRequest {
     pub fn new(prompt: Prompt, params: GenerationParams) -> Self {
-        InferenceRequest { prompt, params, tools: Vec::new(), chat_template_kwargs: serde_json::Map::new() }
+        InferenceRequest { prompt, params, tools: Vec::new(), chat_template_kwargs: serde_json::Map::new(), lora: None }
     }
 
     /// Reject values no engine can honour, naming the field. The engine calls this at its door

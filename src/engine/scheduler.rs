@@ -46,9 +46,11 @@
 //! that a fully accepted run still fits.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::error::{Result, WeftError};
-use crate::kv::{KvCacheManager, RecurrentStateManager, SeqId};
+use crate::kv::{KvCacheManager, LoraSlots, RecurrentStateManager, SeqId};
+use crate::lora::LoraAdapter;
 use crate::step::{SeqStep, StepBatch};
 
 /// Recurrent states are snapshotted for the prefix cache every this many blocks of a prompt
@@ -121,6 +123,17 @@ impl ChunkRules {
     }
 }
 
+/// The distinct adapters of `adapters`, in first-seen order.
+fn distinct(adapters: impl Iterator<Item = Arc<LoraAdapter>>) -> Vec<Arc<LoraAdapter>> {
+    let mut out: Vec<Arc<LoraAdapter>> = Vec::new();
+    for a in adapters {
+        if !out.iter().any(|o| o.id == a.id) {
+            out.push(a);
+        }
+    }
+    out
+}
+
 /// Limits of one step and of one sequence.
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -141,6 +154,8 @@ pub struct SchedRequest {
     pub max_tokens: usize,
     /// Higher runs first, and is preempted last.
     pub priority: i32,
+    /// The LoRA adapter it runs with; `None`: the base model.
+    pub lora: Option<Arc<LoraAdapter>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -176,6 +191,14 @@ struct Sequence {
     scheduled_end: usize,
     /// A prefix-state snapshot to start the next chunk from (set at admission on a hit).
     restore_from: Option<u32>,
+    lora: Option<Arc<LoraAdapter>>,
+}
+
+impl Sequence {
+    /// Its adapter's id, 0 for the base model (the prefix cache's key).
+    fn lora_id(&self) -> u64 {
+        self.lora.as_ref().map_or(0, |a| a.id)
+    }
 }
 
 impl Sequence {
@@ -212,6 +235,8 @@ pub struct ContinuousBatchScheduler {
     running: Vec<SeqId>,
     num_preemptions: u64,
     admission_clock: u64,
+    /// The executor's LoRA adapter slots; with none, requests for adapters are refused.
+    lora_slots: LoraSlots,
 }
 
 impl ContinuousBatchScheduler {
@@ -228,7 +253,43 @@ impl ContinuousBatchScheduler {
             running: Vec::new(),
             num_preemptions: 0,
             admission_clock: 0,
+            lora_slots: LoraSlots::new(0),
         }
+    }
+
+    /// The same scheduler serving LoRA adapters from `num_slots` slots: no more distinct
+    /// adapters run at once than that (a waiting request for another one is passed over until a
+    /// running adapter's sequences finish), and each step names the adapters to load.
+    pub fn with_lora_slots(mut self, num_slots: usize) -> Self {
+        self.lora_slots = LoraSlots::new(num_slots);
+        self
+    }
+
+    /// The adapter slots and their counters.
+    pub fn lora_slots(&self) -> &LoraSlots {
+        &self.lora_slots
+    }
+
+    /// Free the slot of an adapter no longer served (no sequence uses it).
+    pub fn forget_lora(&mut self, adapter_id: u64) {
+        self.lora_slots.remove(adapter_id);
+    }
+
+    /// The distinct adapters of the running sequences, in admission order.
+    pub fn running_adapters(&self) -> Vec<Arc<LoraAdapter>> {
+        distinct(self.running.iter().filter_map(|id| self.req_to_seq.get(id)?.lora.clone()))
+    }
+
+    /// The distinct adapters of the waiting sequences, in queue order.
+    pub fn waiting_adapters(&self) -> Vec<Arc<LoraAdapter>> {
+        distinct(self.waiting.iter().filter_map(|id| self.req_to_seq.get(id)?.lora.clone()))
+    }
+
+    /// Whether admitting `seq` keeps the running adapters within the slots.
+    fn adapter_fits(&self, seq: &Sequence) -> bool {
+        let Some(adapter) = &seq.lora else { return true };
+        let running = self.running_adapters();
+        running.iter().any(|a| a.id == adapter.id) || running.len() < self.lora_slots.num_slots()
     }
 
     /// The same scheduler admitting against `state`'s slots as well as KV blocks. With snapshot
@@ -276,6 +337,9 @@ impl ContinuousBatchScheduler {
         }
         if req.max_tokens == 0 {
             return Err(WeftError::invalid("max_tokens", "0 (must be at least 1)"));
+        }
+        if req.lora.is_some() && self.lora_slots.num_slots() == 0 {
+            return Err(WeftError::invalid("model", "this engine serves no LoRA adapters"));
         }
         let max_model_len = self.config.max_model_len;
         if num_prompt_tokens >= max_model_len {
@@ -335,6 +399,7 @@ impl ContinuousBatchScheduler {
             drafts: Vec::new(),
             scheduled_end: 0,
             restore_from: None,
+            lora: req.lora,
         };
         // Behind every waiting sequence of the same or higher priority.
         self.enqueue(req.id, |p| p < priority);
@@ -448,6 +513,11 @@ impl ContinuousBatchScheduler {
                     next += 1;
                     continue;
                 }
+                if self.req_to_seq.get(&id).is_some_and(|seq| !self.adapter_fits(seq)) {
+                    // Its adapter would be one more than the slots hold: it keeps its place.
+                    next += 1;
+                    continue;
+                }
                 let Some(seq) = self.req_to_seq.get_mut(&id) else {
                     self.waiting.remove(next);
                     continue;
@@ -462,7 +532,7 @@ impl ContinuousBatchScheduler {
                     let Some(hit) = self.kv.allocate_restoring(id, &seq.tokens) else { break };
                     hit
                 } else {
-                    let Some(num_cached_tokens) = self.kv.allocate(id, &seq.tokens) else { break };
+                    let Some(num_cached_tokens) = self.kv.allocate_keyed(id, &seq.tokens, seq.lora_id()) else { break };
                     (num_cached_tokens, None)
                 };
                 if let Some(state) = &mut self.state {
@@ -488,6 +558,24 @@ impl ContinuousBatchScheduler {
         }
 
         let mut batch = StepBatch { preempted, ..Default::default() };
+        // The step's adapters in their slots (never more than the slots: admission keeps the
+        // running adapters within them).
+        let adapters = distinct(
+            req_to_num_new_tokens.iter().filter_map(|(id, ..)| self.req_to_seq.get(id).and_then(|s| s.lora.clone())),
+        );
+        let assigned = self.lora_slots.assign(&adapters);
+        debug_assert!(
+            assigned.is_some(),
+            "{} adapters in a step of {} slots",
+            adapters.len(),
+            self.lora_slots.num_slots()
+        );
+        let (slots, loads) = assigned.unwrap_or_default();
+        batch.lora_loads = loads;
+        let slot_of = |seq: &Sequence| {
+            let id = seq.lora.as_ref()?.id;
+            adapters.iter().position(|a| a.id == id).and_then(|i| slots.get(i).copied())
+        };
         for (id, num_new_tokens, num_drafted) in req_to_num_new_tokens {
             let next_snapshot =
                 self.req_to_seq.get(&id).and_then(|s| self.next_snapshot(s.num_prompt_tokens, s.num_computed_tokens));
@@ -515,6 +603,7 @@ impl ContinuousBatchScheduler {
                 state_slot: self.state.as_ref().and_then(|state| state.slot(id)),
                 state_restore,
                 state_save,
+                lora_slot: slot_of(seq),
             });
             batch.num_batched_tokens += num_new_tokens;
         }
@@ -655,7 +744,7 @@ impl ContinuousBatchScheduler {
             .running
             .iter()
             .filter_map(|r| self.req_to_seq.get(r))
-            .filter(|other| other.num_computed_tokens < reach)
+            .filter(|other| other.num_computed_tokens < reach && other.lora_id() == seq.lora_id())
             .map(|other| {
                 let common = seq.tokens[..reach].iter().zip(&other.tokens).take_while(|(a, b)| a == b).count();
                 (common / block_size, other.num_computed_tokens)
@@ -663,7 +752,7 @@ impl ContinuousBatchScheduler {
             .filter(|&(shared, computed)| computed < shared * block_size)
             .map(|(shared, _)| shared)
             .max();
-        pending.is_some_and(|shared| shared > self.kv.num_cached_blocks(&seq.tokens))
+        pending.is_some_and(|shared| shared > self.kv.num_cached_blocks_keyed(&seq.tokens, seq.lora_id()))
     }
 
     /// Index in `running` of the sequence to preempt: lowest priority, then most recently
@@ -721,7 +810,7 @@ mod tests {
     }
 
     fn request(id: SeqId, prompt: Vec<u32>, max_tokens: usize, priority: i32) -> SchedRequest {
-        SchedRequest { id, prompt, max_tokens, priority }
+        SchedRequest { id, prompt, max_tokens, priority, lora: None }
     }
 
     /// Apply `out` as a runner that samples `token` for every chunk that asks for one.
@@ -734,6 +823,46 @@ mod tests {
 
     fn ids(out: &StepBatch) -> Vec<SeqId> {
         out.seqs.iter().map(|s| s.id).collect()
+    }
+
+    /// Two slots, three adapters: the third adapter's request waits (passed over, so the base
+    /// model's request behind it still runs) until an adapter's last sequence finishes; each
+    /// step names its adapters' slots and loads each adapter once.
+    #[test]
+    fn no_more_distinct_adapters_run_than_slots() {
+        let mut sched =
+            ContinuousBatchScheduler::new(config(8, 64), KvCacheManager::new(64, 4, true)).with_lora_slots(2);
+        let adapters: Vec<Arc<LoraAdapter>> =
+            ["a", "b", "c"].map(|n| Arc::new(LoraAdapter::for_tests(n))).into_iter().collect();
+        let with = |id: SeqId, a: Option<usize>| SchedRequest {
+            lora: a.map(|a| adapters[a].clone()),
+            ..request(id, vec![1, 2, 3], if id == 1 { 1 } else { 4 }, 0)
+        };
+        for (id, a) in [(1, Some(0)), (2, Some(1)), (3, Some(2)), (4, None), (5, Some(0))] {
+            sched.add_request(with(id, a)).unwrap();
+        }
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![1, 2, 4, 5], "c waits");
+        let slots: Vec<Option<u32>> = out.seqs.iter().map(|s| s.lora_slot).collect();
+        assert_eq!(slots, vec![Some(0), Some(1), None, Some(0)]);
+        assert_eq!(out.lora_loads.len(), 2);
+        run_step(&mut sched, &out, 100);
+        // Sequence 1 is done, but a still runs in 5: c waits on.
+        sched.finish(1);
+        let out = sched.schedule();
+        assert_eq!((ids(&out), out.lora_loads.len()), (vec![2, 4, 5], 0));
+        run_step(&mut sched, &out, 100);
+        for id in [2, 5] {
+            while sched.num_generated(id).is_some_and(|n| n < 4) {
+                let out = sched.schedule();
+                run_step(&mut sched, &out, 100);
+            }
+            sched.finish(id);
+        }
+        let out = sched.schedule();
+        assert!(ids(&out).contains(&3), "{:?}", ids(&out));
+        assert_eq!(out.lora_loads.len(), 1, "c loaded into a freed slot");
+        assert_eq!(sched.lora_slots().num_loads, 3);
     }
 
     /// The step cap (the GPU time budget's share) limits steps below the configured budget:
@@ -783,7 +912,8 @@ mod tests {
                 sampling: None,
                 state_slot: None,
                 state_restore: None,
-                state_save: None
+                state_save: None,
+                lora_slot: None
             }
         );
         assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));

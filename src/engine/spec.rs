@@ -315,6 +315,7 @@ impl DraftJob {
                     state_slot: None,
                     state_restore: None,
                     state_save: None,
+                    lora_slot: None,
                 });
                 members.push(i);
             }
@@ -629,9 +630,11 @@ mod tests {
                 state_slot: None,
                 state_restore: None,
                 state_save: None,
+                lora_slot: None,
             }],
             preempted: vec![],
             num_batched_tokens: 4,
+            ..Default::default()
         };
         strip_drafts(&mut batch, 0, 1);
         assert_eq!(

@@ -27,6 +27,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
     ("gelu_mul.wgsl", include_str!("../../shaders/gelu_mul.wgsl")),
     ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
+    ("lora_expand.wgsl", include_str!("../../shaders/lora_expand.wgsl")),
+    ("lora_shrink.wgsl", include_str!("../../shaders/lora_shrink.wgsl")),
     ("gated_rms_norm.wgsl", include_str!("../../shaders/gated_rms_norm.wgsl")),
     ("matmul.wgsl", include_str!("../../shaders/matmul.wgsl")),
     ("matmul_rows.wgsl", include_str!("../../shaders/matmul_rows.wgsl")),

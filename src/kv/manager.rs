@@ -29,6 +29,9 @@
 //! block stores its tokens and the identity (id and generation) of the cached block before it,
 //! and a lookup compares both, so two different prefixes never share a block even if their
 //! hashes collide.
+//! **Invariant:** the cache is keyed by a prefix key besides the tokens (the LoRA adapter a
+//! sequence runs, 0 for the base model): the same prompt under two keys never shares a block.
+//! The key starts the hash chain and is stored and compared in every entry.
 //! **Invariant:** a recurrent-state snapshot slot (prefix reuse for state-space layers) is free,
 //! pending for exactly one sequence (taken when its chunk reaching the end of its prompt's full
 //! blocks is scheduled), or attached to exactly one cache entry, and goes back to the free list
@@ -97,6 +100,8 @@ struct BlockRef {
 #[derive(Clone, Debug)]
 struct CacheEntry {
     hash: u64,
+    /// The prefix key of the sequences that may share it.
+    key: u64,
     /// The cached block holding the previous `block_size` tokens; `None` for a first block.
     parent: Option<BlockRef>,
     /// (block_size,) the token ids whose K/V the block holds.
@@ -122,6 +127,8 @@ struct Block {
 struct SeqBlocks {
     /// (num_blocks,) append-only.
     block_ids: Vec<u32>,
+    /// The prefix key its blocks are cached under.
+    key: u64,
     /// Leading blocks already taken from the cache or passed through `mark_computed`.
     num_hashed_blocks: usize,
     /// Hash and cached block of the last hashed block: the parent of the next one. When the
@@ -225,7 +232,13 @@ impl KvCacheManager {
     /// Returns the number of tokens already computed (a multiple of `block_size`), or `None`,
     /// with nothing changed, when the blocks are not available or `seq` is already live.
     pub fn allocate(&mut self, seq: SeqId, tokens: &[u32]) -> Option<usize> {
-        self.allocate_inner(seq, tokens, false).map(|(num_cached_tokens, _)| num_cached_tokens)
+        self.allocate_keyed(seq, tokens, 0)
+    }
+
+    /// [`allocate`](Self::allocate) sharing cached blocks only with sequences of the same prefix
+    /// `key` (a LoRA adapter's id; 0, the base model, is what `allocate` uses).
+    pub fn allocate_keyed(&mut self, seq: SeqId, tokens: &[u32], key: u64) -> Option<usize> {
+        self.allocate_inner(seq, tokens, false, key).map(|(num_cached_tokens, _)| num_cached_tokens)
     }
 
     /// [`allocate`](Self::allocate) for a sequence with recurrent state: the reused run of cached
@@ -233,17 +246,23 @@ impl KvCacheManager {
     /// the recurrent layers' work), and that snapshot is returned with the number of computed
     /// tokens; `(0, None)` without one.
     pub fn allocate_restoring(&mut self, seq: SeqId, tokens: &[u32]) -> Option<(usize, Option<u32>)> {
-        self.allocate_inner(seq, tokens, true)
+        self.allocate_inner(seq, tokens, true, 0)
     }
 
-    fn allocate_inner(&mut self, seq: SeqId, tokens: &[u32], restoring: bool) -> Option<(usize, Option<u32>)> {
+    fn allocate_inner(
+        &mut self,
+        seq: SeqId,
+        tokens: &[u32],
+        restoring: bool,
+        key: u64,
+    ) -> Option<(usize, Option<u32>)> {
         if self.seq_to_blocks.contains_key(&seq) {
             return None;
         }
         let num_blocks = tokens.len().div_ceil(self.block_size);
         let max_cached_blocks = self.max_cached_blocks(tokens.len());
         let (mut hit_block_ids, mut chain) = if self.enable_prefix_cache {
-            self.find_cached_prefix(tokens, max_cached_blocks)
+            self.find_cached_prefix(tokens, max_cached_blocks, key)
         } else {
             (Vec::new(), None)
         };
@@ -297,7 +316,7 @@ impl KvCacheManager {
         }
         self.seq_to_blocks.insert(
             seq,
-            SeqBlocks { block_ids, num_hashed_blocks, chain, chain_broken: false, pending_snapshot: None },
+            SeqBlocks { block_ids, key, num_hashed_blocks, chain, chain_broken: false, pending_snapshot: None },
         );
         Some((num_hashed_blocks * self.block_size, snapshot))
     }
@@ -397,7 +416,7 @@ impl KvCacheManager {
                 s.chain_broken = true;
                 break;
             }
-            let parent_hash = s.chain.map_or(ROOT_HASH, |(h, _)| h);
+            let parent_hash = s.chain.map_or_else(|| self.root_hash(s.key), |(h, _)| h);
             let own_id = s.block_ids[index];
             let own = &self.blocks[own_id as usize];
             let (hash, canonical) = if let Some(entry) = &own.entry {
@@ -405,10 +424,11 @@ impl KvCacheManager {
                 (entry.hash, own_id)
             } else {
                 let hash = (self.hasher)(parent_hash, block_tokens);
-                match self.find_entry(hash, parent, block_tokens) {
+                match self.find_entry(hash, parent, block_tokens, s.key) {
                     Some(other_id) => (hash, other_id),
                     None => {
-                        let entry = CacheEntry { hash, parent, tokens: block_tokens.into(), snapshot: None };
+                        let entry =
+                            CacheEntry { hash, key: s.key, parent, tokens: block_tokens.into(), snapshot: None };
                         self.blocks[own_id as usize].entry = Some(entry);
                         self.hash_to_block_ids.entry(hash).or_default().push(own_id);
                         (hash, own_id)
@@ -475,10 +495,20 @@ impl KvCacheManager {
     /// How many full blocks of `tokens`' prefix [`allocate`](Self::allocate) would take from
     /// the cache now (nothing is taken).
     pub fn num_cached_blocks(&self, tokens: &[u32]) -> usize {
+        self.num_cached_blocks_keyed(tokens, 0)
+    }
+
+    /// [`num_cached_blocks`](Self::num_cached_blocks) under prefix key `key`.
+    pub fn num_cached_blocks_keyed(&self, tokens: &[u32], key: u64) -> usize {
         if !self.enable_prefix_cache {
             return 0;
         }
-        self.find_cached_prefix(tokens, self.max_cached_blocks(tokens.len())).0.len()
+        self.find_cached_prefix(tokens, self.max_cached_blocks(tokens.len()), key).0.len()
+    }
+
+    /// The parent hash of a first block under prefix key `key`.
+    fn root_hash(&self, key: u64) -> u64 {
+        if key == 0 { ROOT_HASH } else { (self.hasher)(ROOT_HASH, &[key as u32, (key >> 32) as u32]) }
     }
 
     /// The most full blocks a sequence of `num_tokens` can take from the cache: at least its
@@ -489,13 +519,18 @@ impl KvCacheManager {
 
     /// The longest run of cached blocks matching `tokens` block by block, at most
     /// `max_cached_blocks`, with the chain state after the last one.
-    fn find_cached_prefix(&self, tokens: &[u32], max_cached_blocks: usize) -> (Vec<u32>, Option<(u64, BlockRef)>) {
+    fn find_cached_prefix(
+        &self,
+        tokens: &[u32],
+        max_cached_blocks: usize,
+        key: u64,
+    ) -> (Vec<u32>, Option<(u64, BlockRef)>) {
         let mut hit_block_ids = Vec::new();
         let mut chain: Option<(u64, BlockRef)> = None;
         for block_tokens in tokens.chunks_exact(self.block_size).take(max_cached_blocks) {
-            let parent_hash = chain.map_or(ROOT_HASH, |(h, _)| h);
+            let parent_hash = chain.map_or_else(|| self.root_hash(key), |(h, _)| h);
             let hash = (self.hasher)(parent_hash, block_tokens);
-            let Some(block_id) = self.find_entry(hash, chain.map(|(_, r)| r), block_tokens) else { break };
+            let Some(block_id) = self.find_entry(hash, chain.map(|(_, r)| r), block_tokens, key) else { break };
             hit_block_ids.push(block_id);
             chain = Some((hash, BlockRef { block_id, generation: self.blocks[block_id as usize].generation }));
         }
@@ -504,10 +539,11 @@ impl KvCacheManager {
 
     /// The registered block with this hash whose parent and tokens are exactly these. Comparing
     /// them is what makes a hash collision harmless.
-    fn find_entry(&self, hash: u64, parent: Option<BlockRef>, tokens: &[u32]) -> Option<u32> {
+    fn find_entry(&self, hash: u64, parent: Option<BlockRef>, tokens: &[u32], key: u64) -> Option<u32> {
         let candidates = self.hash_to_block_ids.get(&hash)?;
         candidates.iter().copied().find(|&block_id| {
-            self.blocks[block_id as usize].entry.as_ref().is_some_and(|e| e.parent == parent && *e.tokens == *tokens)
+            let entry = self.blocks[block_id as usize].entry.as_ref();
+            entry.is_some_and(|e| e.key == key && e.parent == parent && *e.tokens == *tokens)
         })
     }
 
@@ -662,6 +698,23 @@ mod tests {
         kv.check_invariants();
         // An already-live sequence is refused rather than silently re-allocated.
         assert_eq!(kv.allocate(1, &seq_tokens(0, 1)), None);
+    }
+
+    #[test]
+    fn a_prefix_is_shared_only_under_its_own_key() {
+        let mut kv = KvCacheManager::new(16, 4, true);
+        let a = seq_tokens(0, 14);
+        assert_eq!(kv.allocate_keyed(1, &a, 7), Some(0));
+        kv.mark_computed(1, &a, a.len());
+        assert_eq!(kv.num_cached_blocks(&a), 0, "the base model does not see adapter 7's blocks");
+        assert_eq!(kv.allocate(2, &a), Some(0));
+        kv.mark_computed(2, &a, a.len());
+        assert_eq!(kv.allocate_keyed(3, &a, 8), Some(0), "nor does adapter 8");
+        assert_eq!(kv.allocate_keyed(4, &a, 7), Some(12), "adapter 7 does");
+        assert_eq!(kv.block_table(4)[..3], kv.block_table(1)[..3]);
+        assert!(kv.block_table(2).iter().all(|b| !kv.block_table(1).contains(b)));
+        assert_eq!(kv.num_cached_blocks_keyed(&a, 0), 3);
+        kv.check_invariants();
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Paged KV bookkeeping: which blocks each sequence holds, the prefix cache, and the pool's
-//! shape; beside it, the recurrent-state slots of state-space layers (`state`). Plain data: the
+//! shape; beside it, the recurrent-state slots of state-space layers (`state`) and the LoRA
+//! adapter slots (`lora`). Plain data: the
 //! GPU memory behind blocks and slots belongs to the executor (`model::kv_pool`), which only
 //! follows the tables.
 //!
@@ -7,8 +8,10 @@
 //! tables and state slots and write into what they name; they never allocate or free either.
 //! **Invariant:** nothing here uses the GPU (a tidy test checks the imports).
 
+mod lora;
 mod manager;
 mod state;
+pub use lora::LoraSlots;
 pub use manager::{KvCacheManager, KvUsage, PrefixCacheStats, SeqId};
 pub use state::{RecurrentStateConfig, RecurrentStateManager, StateUsage};
 

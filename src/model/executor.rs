@@ -18,13 +18,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use web_time::Instant;
 
 use crate::error::{Result, WeftError};
+use crate::gpu::kernels::lora::NO_SLOT as NO_LORA;
 use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates, SsdChunks};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::{KvCacheConfig, RecurrentStateConfig};
+use crate::lora::{LoraAdapter, LoraConfig};
 use crate::model::arch::Architecture;
 use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, ScanTables, StepInputs};
+use crate::model::lora_pool::{LoraPool, LoraStep};
 use crate::model::sampler::{self, SamplerBuffers, SamplerInputs};
 use crate::model::scan_plan::ScanPlan;
 use crate::quant::DType;
@@ -61,6 +64,8 @@ pub struct GpuExecutor {
     draft_distributions: Option<Arc<DraftDistributions>>,
     /// Rows per chunk of recurrent layers' chunked scan; `None`: token by token only.
     scan_chunk: Option<usize>,
+    /// The LoRA adapter slots, where adapters are served.
+    lora: Option<LoraPool>,
 }
 
 /// The most a step may hold, for sizing the workspace.
@@ -112,6 +117,9 @@ struct Workspace {
     scan_after: GpuTensor,   // (seqs, 6) U32: ScanPlan::after
     ssd_runs: GpuTensor,     // (seqs, 6) U32: ScanPlan::runs
     ssd_chunks: GpuTensor,   // (tokens / scan chunk, 1) U32: ScanPlan::chunks
+    /// With a LoRA pool: each row's slot (tokens, 1) U32, and the shrink's output (tokens,
+    /// max rank) F32.
+    lora: Option<(GpuTensor, GpuTensor)>,
     acts: Activations,
     logits: GpuTensor, // (logits, vocab) F32
     sampler: SamplerBuffers,
@@ -123,6 +131,7 @@ impl Workspace {
         model: &dyn Architecture,
         capacity: StepCapacity,
         scan_chunk: Option<usize>,
+        lora_rank: Option<usize>,
     ) -> Result<Self> {
         let c = model.config();
         let u32s = |shape: &[usize]| factory.zeros(shape, DType::U32);
@@ -140,6 +149,10 @@ impl Workspace {
             scan_after: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
             ssd_runs: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
             ssd_chunks: u32s(&[max_chunks, 1])?,
+            lora: match lora_rank {
+                Some(r) => Some((u32s(&[capacity.tokens, 1])?, factory.zeros(&[capacity.tokens, r], DType::F32)?)),
+                None => None,
+            },
             acts: Activations::new(
                 factory,
                 c,
@@ -173,6 +186,8 @@ struct HostInputs {
     seq_states: Vec<u32>,
     /// How recurrent layers scan those rows (empty for models without them).
     scan: ScanPlan,
+    /// Each row's LoRA slot (`NO_LORA` for the base model); empty when no row has one.
+    lora_rows: Vec<u32>,
     sampler: SamplerInputs,
 }
 
@@ -190,8 +205,14 @@ impl HostInputs {
             logit_rows: Vec::with_capacity(batch.num_logits()),
             seq_states: Vec::with_capacity(SEQ_STATE_COLS * batch.seqs.len()),
             scan: ScanPlan::default(),
+            lora_rows: Vec::new(),
             sampler: SamplerInputs::of(batch),
         };
+        if batch.seqs.iter().any(|s| s.lora_slot.is_some()) {
+            for seq in &batch.seqs {
+                inputs.lora_rows.extend(std::iter::repeat_n(seq.lora_slot.unwrap_or(NO_LORA), seq.tokens.len()));
+            }
+        }
         for (s, seq) in batch.seqs.iter().enumerate() {
             let (first_row, num_rows) = (inputs.ids.len() as u32, seq.tokens.len() as u32);
             let slot = seq.state_slot.unwrap_or(0);
@@ -232,13 +253,14 @@ impl HostInputs {
     fn shape(&self, num_seqs: usize) -> StepShape {
         let sampler = &self.sampler;
         let sampled = (sampler.num_entries(), sampler.num_spec_rows(), sampler.num_mask_rows());
-        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled, self.scan.shape())
+        let lora = !self.lora_rows.is_empty();
+        (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled, self.scan.shape(), lora)
     }
 }
 
 /// Tokens, sequences, blocks per sequence, logit rows, (penalty entries, draft rows, masked
-/// rows), and the scans' (heads, chunks, runs, sequences after).
-type StepShape = (usize, usize, usize, usize, (usize, usize, usize), (usize, usize, usize, usize));
+/// rows), the scans' (heads, chunks, runs, sequences after), and whether LoRA runs.
+type StepShape = (usize, usize, usize, usize, (usize, usize, usize), (usize, usize, usize, usize), bool);
 
 /// The executor's state between steps.
 #[derive(Default)]
@@ -304,7 +326,29 @@ impl GpuExecutor {
             profiling: AtomicBool::new(false),
             draft_distributions: None,
             scan_chunk,
+            lora: None,
         })
+    }
+
+    /// Serve LoRA adapters from a pool of `max_loras` slots of rank up to `max_rank`, made now
+    /// (before the first step). Refused for an architecture that takes no adapters.
+    pub fn with_lora(mut self, max_loras: usize, max_rank: usize) -> Result<Self> {
+        let layout = self.model.lora_layout().ok_or_else(|| {
+            WeftError::Unsupported(format!(
+                "LoRA adapters are not supported for the {} architecture yet",
+                self.model.config().architecture
+            ))
+        })?;
+        self.lora = Some(LoraPool::new(&self.factory, layout, max_loras, max_rank)?);
+        self.arena = futures::lock::Mutex::new(StepArena::default());
+        Ok(self)
+    }
+
+    /// Write `adapter` into LoRA slot `slot` (queued; the next step sees it). The slot must be
+    /// idle: no sequence of a step in flight uses it.
+    pub fn load_lora(&self, slot: usize, adapter: &LoraAdapter) -> Result<()> {
+        let pool = self.lora.as_ref().ok_or_else(|| WeftError::Unsupported("this executor has no LoRA pool".into()))?;
+        pool.load(&self.factory, slot, adapter)
     }
 
     /// Scan recurrent layers' prefill in chunks of `rows` rows (the SSD form; at least 2), or
@@ -355,7 +399,8 @@ impl GpuExecutor {
         let have = arena.ws.as_ref().map(|w| w.capacity).unwrap_or_default();
         if arena.ws.is_none() || !have.covers(need) {
             let capacity = have.grown_to(need);
-            arena.ws = Some(Workspace::new(&self.factory, self.model.as_ref(), capacity, self.scan_chunk)?);
+            let lora_rank = self.lora.as_ref().map(LoraPool::max_rank);
+            arena.ws = Some(Workspace::new(&self.factory, self.model.as_ref(), capacity, self.scan_chunk, lora_rank)?);
             arena.recorded = None;
         }
         Ok(())
@@ -375,6 +420,9 @@ impl GpuExecutor {
             let snapshot = |s: Option<u32>| s.is_none_or(|s| (slots..slots + snapshots).contains(&(s as usize)));
             debug_assert!(snapshot(seq.state_restore) && snapshot(seq.state_save));
             debug_assert_eq!(seq.state_slot.is_some(), slots > 0, "a state slot exactly for recurrent models");
+            debug_assert!(
+                seq.lora_slot.is_none_or(|s| self.lora.as_ref().is_some_and(|p| (s as usize) < p.max_loras()))
+            );
         }
     }
 
@@ -402,6 +450,7 @@ impl GpuExecutor {
             state_slot: (slots > 0).then_some(i as u32),
             state_restore: None,
             state_save: None,
+            lora_slot: None,
         };
         // Decodes of 1, up to 4 and up to 8 sequences: each class of rows the matmul tiles take
         // (the LM head sees only these: a prefill samples one row).
@@ -409,6 +458,12 @@ impl GpuExecutor {
         // Fewer sequences than that allowed: record each decode once.
         shapes.dedup_by_key(|decode| decode.len());
         shapes.push(vec![seq(0, prefill)]);
+        if self.lora.is_some() {
+            // A decode and a prefill with an adapter: the LoRA kernels, and the MLP's unfused
+            // gate they need.
+            shapes.push(vec![SeqStep { lora_slot: Some(0), ..seq(0, 1) }]);
+            shapes.push(vec![SeqStep { lora_slot: Some(0), ..seq(0, prefill) }]);
+        }
         // A decode whose context passes SPLIT_MIN_POSITIONS, where the pool holds one: split-K
         // attention and its merge, in the families that split.
         let long = crate::gpu::kernels::paged::SPLIT_MIN_POSITIONS + 1;
@@ -429,7 +484,7 @@ impl GpuExecutor {
         let mut kernels = std::collections::HashSet::new();
         for seqs in shapes {
             let num_batched_tokens = seqs.iter().map(|s| s.tokens.len()).sum();
-            let batch = StepBatch { seqs, preempted: Vec::new(), num_batched_tokens };
+            let batch = StepBatch { seqs, num_batched_tokens, ..Default::default() };
             self.record(&mut arena, &batch, true)?;
             kernels.extend(arena.rec.kernels());
         }
@@ -443,6 +498,9 @@ impl GpuExecutor {
     /// logits and the sampler's output rows, viewed at the step's size.
     fn record(&self, arena: &mut StepArena, batch: &StepBatch, sample: bool) -> Result<(GpuTensor, GpuTensor)> {
         self.debug_check(batch);
+        for load in &batch.lora_loads {
+            self.load_lora(load.slot as usize, &load.adapter)?;
+        }
         let recurrent = self.kv.state_config().is_some();
         let inputs = HostInputs::of(batch, self.kv.config().block_size, recurrent, self.scan_chunk);
         let store = self.draft_distributions.as_deref();
@@ -467,6 +525,14 @@ impl GpuExecutor {
             f.write(t, bytemuck::cast_slice(table))?;
         }
         f.write(&ws.ssd_chunks, bytemuck::cast_slice(&plan.chunks))?;
+        let lora = match (&self.lora, &ws.lora, inputs.lora_rows.is_empty()) {
+            (Some(pool), Some((rows, u)), false) => {
+                f.write(rows, bytemuck::cast_slice(&inputs.lora_rows))?;
+                Some((pool, first(rows, num_tokens)?, view(u, num_tokens)?))
+            }
+            (_, _, true) => None,
+            _ => return Err(WeftError::Unsupported("a step names LoRA slots, but this executor has no pool".into())),
+        };
         let logits = view(&ws.logits, num_logits)?;
         let out = ws.sampler.out(num_logits)?;
         let shape = (inputs.shape(batch.seqs.len()), sample);
@@ -502,6 +568,7 @@ impl GpuExecutor {
                 },
                 after: SeqStates { seqs: &view(&ws.scan_after, num_after)?, num_seqs: num_after },
             },
+            lora: lora.as_ref().map(|(pool, row_slots, u)| LoraStep { pool, row_slots, u }),
         };
         let acts = ws.acts.view(num_tokens, num_logits)?;
         self.model.record_forward(self.ctx(), rec, &step_inputs, &acts, &self.kv, &logits)?;
@@ -622,5 +689,9 @@ impl ModelExecutor for GpuExecutor {
 
     fn draft_store(&self) -> Option<DraftStore> {
         self.draft_distributions.as_ref().map(|d| d.store())
+    }
+
+    fn lora_config(&self) -> Option<LoraConfig> {
+        self.lora.as_ref().map(|p| LoraConfig { max_loras: p.max_loras(), max_rank: p.max_rank(), shape: p.shape() })
     }
 }

@@ -26,7 +26,9 @@ use crate::gpu::kernels::ssm::{
     ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::lora::LoraModule;
 use crate::model::config::{ModelConfig, SsmConfig};
+use crate::model::lora_pool::LoraStep;
 use crate::model::weights::{Checkpoint, Loader};
 use crate::tensor::TensorFactory;
 
@@ -63,6 +65,30 @@ pub struct StepInputs<'a> {
     pub seq_states: SeqStates<'a>,
     /// How the recurrent layers' scans split those rows (see `model::scan_plan`).
     pub scan: ScanTables<'a>,
+    /// The adapter slot of each row, when any row of the step runs a LoRA adapter; `None`
+    /// records no LoRA dispatch at all.
+    pub lora: Option<LoraStep<'a>>,
+}
+
+/// One layer's LoRA: the step's slots and the layer's index in the pool.
+#[derive(Clone, Copy)]
+pub struct LayerLora<'a> {
+    pub step: LoraStep<'a>,
+    pub layer: usize,
+}
+
+impl LayerLora<'_> {
+    fn apply(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        m: LoraModule,
+        x: &GpuTensor,
+        y: &GpuTensor,
+        col: usize,
+    ) -> Result<()> {
+        self.step.pool.apply(ctx, rec, &self.step, self.layer, m, x, y, col)
+    }
 }
 
 /// A step's recurrent rows as the scans take them (`model::scan_plan::ScanPlan` on the GPU):
@@ -207,7 +233,8 @@ pub struct AttentionSetup<'a> {
 
 impl Attention {
     /// `a.proj = o(attention(rope(q), rope(k), v))` with q, k, v from `a.xn`, writing this
-    /// step's K and V into `cache`.
+    /// step's K and V into `cache`; each projection with its rows' LoRA deltas when `lora`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         ctx: &GpuContext,
@@ -216,8 +243,15 @@ impl Attention {
         inputs: &StepInputs<'_>,
         cache: &PagedKv<'_>,
         s: &AttentionSetup<'_>,
+        lora: Option<LayerLora<'_>>,
     ) -> Result<()> {
         self.qkv.forward(ctx, rec, &a.xn, &a.qkv)?;
+        if let Some(l) = &lora {
+            let (q_cols, kv_cols) = (s.layout.num_heads * s.layout.head_dim, s.layout.num_kv_heads * s.layout.head_dim);
+            l.apply(ctx, rec, LoraModule::Q, &a.xn, &a.qkv, 0)?;
+            l.apply(ctx, rec, LoraModule::K, &a.xn, &a.qkv, q_cols)?;
+            l.apply(ctx, rec, LoraModule::V, &a.xn, &a.qkv, q_cols + kv_cols)?;
+        }
         if let Some(n) = &self.qk_norm {
             head_rms_norm(ctx, rec, &a.qkv, s.layout, &n.q, &n.k, n.eps)?;
         }
@@ -225,7 +259,11 @@ impl Attention {
         let (tables, info) = (inputs.block_tables, inputs.token_info);
         let (out, partials) = (&a.attn, &a.attn_partials);
         paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, out, partials, s.sliding_window, s.scale)?;
-        self.o.forward(ctx, rec, &a.attn, &a.proj)
+        self.o.forward(ctx, rec, &a.attn, &a.proj)?;
+        match &lora {
+            Some(l) => l.apply(ctx, rec, LoraModule::O, &a.attn, &a.proj, 0),
+            None => Ok(()),
+        }
     }
 }
 
@@ -246,25 +284,45 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
+    /// With `lora`, gate and up take their deltas before the gate is applied, so the pass that
+    /// fuses the gate into the matmul is not used.
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        a: &Activations,
+        lora: Option<LayerLora<'_>>,
+    ) -> Result<()> {
         let epilogue = match self.gate {
             Gate::Silu => Epilogue::SiluMul,
             Gate::GeluTanh => Epilogue::GeluMul,
         };
         match self.gate_up.weights.as_slice() {
             // Gate and up in one matrix: one pass that also applies the gate, where supported.
-            [w] if self.gate_up.bias.is_none() && w.parts().len() == 1 && supports_gated(ctx, a.xn.shape()[0]) => {
+            [w] if lora.is_none()
+                && self.gate_up.bias.is_none()
+                && w.parts().len() == 1
+                && supports_gated(ctx, a.xn.shape()[0]) =>
+            {
                 matmul_gated(ctx, rec, &a.xn, w, &a.act, epilogue)?
             }
             _ => {
                 self.gate_up.forward(ctx, rec, &a.xn, &a.gate_up)?;
+                if let Some(l) = &lora {
+                    l.apply(ctx, rec, LoraModule::Gate, &a.xn, &a.gate_up, 0)?;
+                    l.apply(ctx, rec, LoraModule::Up, &a.xn, &a.gate_up, a.act.shape()[1])?;
+                }
                 match self.gate {
                     Gate::Silu => silu_mul(ctx, rec, &a.gate_up, &a.act)?,
                     Gate::GeluTanh => gelu_mul(ctx, rec, &a.gate_up, &a.act)?,
                 }
             }
         }
-        self.down.forward(ctx, rec, &a.act, &a.proj)
+        self.down.forward(ctx, rec, &a.act, &a.proj)?;
+        match &lora {
+            Some(l) => l.apply(ctx, rec, LoraModule::Down, &a.act, &a.proj, 0),
+            None => Ok(()),
+        }
     }
 }
 

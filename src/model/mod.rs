@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod kv_pool;
 pub mod layers;
 pub mod load;
+pub mod lora_pool;
 pub mod sampler;
 pub mod scan_plan;
 pub mod synthetic;

@@ -53,7 +53,7 @@ fn sample_step(rows: &[Row]) -> (Vec<Sampled>, Vec<f32>) {
             ..Default::default()
         })
         .collect();
-    let batch = StepBatch { seqs, preempted: Vec::new(), num_batched_tokens: rows.len() };
+    let batch = StepBatch { seqs, num_batched_tokens: rows.len(), ..Default::default() };
     let inputs = SamplerInputs::of(&batch);
     let bufs = SamplerBuffers::new(f, rows.len(), inputs.num_entries(), VOCAB).unwrap();
     let logits: Vec<f32> = rows.iter().flat_map(|r| r.logits.iter().copied()).collect();

@@ -9,6 +9,7 @@ mod elementwise;
 mod embedding;
 mod invariance;
 mod logit_bias;
+mod lora;
 mod matmul;
 mod paged;
 mod recording;

@@ -35,6 +35,10 @@ export interface EngineOptions {
   specNgram?: boolean;
   /** Most tokens drafted per request and step with specNgram (default 4). */
   specTokens?: number;
+  /** LoRA adapters resident at once, hence distinct adapters in one step (default 1 once maxLoraRank is set). */
+  maxLoras?: number;
+  /** The highest LoRA rank served (default 16 once maxLoras is set). */
+  maxLoraRank?: number;
   /** Force a kernel family instead of the one weft picks for the adapter. */
   kernels?: KernelFamily;
   /**
@@ -225,6 +229,20 @@ export interface ModelInfo {
   reasoningParser: string | null;
   /** Present when specNgram is on. */
   speculation?: { drafter: 'promptLookup'; specTokens: number };
+  /** The LoRA adapters served, by name (a request's model selects one). */
+  loras: string[];
+}
+
+/** Where a LoRA adapter comes from: one of url, file or files. */
+export interface LoraSource {
+  /** The name requests give as their model. */
+  name: string;
+  /** A llama.cpp GGUF LoRA file (ending .gguf), or a PEFT adapter folder. */
+  url?: string;
+  /** A GGUF LoRA file. */
+  file?: Blob;
+  /** A PEFT adapter's adapter_config.json and adapter_model.safetensors. */
+  files?: { config: Blob; safetensors: Blob };
 }
 
 export interface HubChoice {
@@ -271,6 +289,10 @@ export declare class WeftEngine {
   modelInfo(): ModelInfo;
   /** Aborts a running request by id; true if it was running. */
   abort(id: string): boolean;
+  /** Serve a LoRA adapter (needs the maxLoras option); rejects with a WeftError saying why it does not fit. */
+  loadLora(source: LoraSource): Promise<void>;
+  /** Stop serving a LoRA adapter. */
+  unloadLora(name: string): Promise<void>;
   /** A small round trip to the GPU. */
   health(): Promise<HealthReport>;
   /** Ends the worker and frees the GPU; pending requests end with a WeftError. */

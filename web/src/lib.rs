@@ -23,6 +23,7 @@ use wasm_bindgen::prelude::*;
 use weft::EngineBuilder;
 use weft::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use weft::gpu::{GpuContext, GpuOptions, KernelFamily};
+use weft::lora::LoraAdapter;
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError, ReasoningParser};
 
 #[wasm_bindgen(start)]
@@ -114,6 +115,8 @@ struct LoadOptions {
     /// What the KV cache holds (`kvCacheDtype`: "f32", or "f16" for twice the tokens); `None`:
     /// f16 where the device has shader-f16, else f32.
     kv_dtype: Option<weft::DType>,
+    /// The LoRA pool (`maxLoras`, `maxLoraRank`); `None`: no adapters.
+    lora: Option<(usize, usize)>,
 }
 
 impl LoadOptions {
@@ -132,6 +135,7 @@ impl LoadOptions {
             speculation: None,
             kernels: None,
             kv_dtype: None,
+            lora: None,
         };
         if options.is_undefined() || options.is_null() {
             return Ok(o);
@@ -168,6 +172,15 @@ impl LoadOptions {
         }
         if let Some(x) = number("maxModelLen")? {
             o.config.max_model_len = x;
+        }
+        match (number("maxLoras")?, number("maxLoraRank")?) {
+            (None, None) => {}
+            (slots, rank) => {
+                o.lora = Some((
+                    slots.unwrap_or(weft::builder::DEFAULT_MAX_LORAS),
+                    rank.unwrap_or(weft::builder::DEFAULT_MAX_LORA_RANK),
+                ))
+            }
         }
         let spec_ngram =
             Reflect::get(options, &"specNgram".into()).map_err(|_| JsError::new("invalid option specNgram"))?;
@@ -241,6 +254,9 @@ impl WebEngine {
         if let Some(dtype) = options.kv_dtype {
             builder = builder.kv_cache_dtype(dtype);
         }
+        if let Some((slots, rank)) = options.lora {
+            builder = builder.lora(slots, rank);
+        }
         if let Some(spec) = options.speculation {
             model["speculation"] = json!({"drafter": "promptLookup", "specTokens": spec.num_speculative_tokens});
             builder = builder.speculation(spec);
@@ -301,10 +317,36 @@ impl WebEngine {
         }))
     }
 
-    /// The model: name, architecture, layers, hidden size, vocabulary, context, chat template.
+    /// The model: name, architecture, layers, hidden size, vocabulary, context, chat template,
+    /// and the LoRA adapters served (`loras`).
     #[wasm_bindgen(js_name = modelInfo)]
     pub fn model_info(&self) -> JsValue {
-        to_js(&self.model)
+        let mut model = self.model.clone();
+        model["loras"] = json!(self.engine.lora_names());
+        to_js(&model)
+    }
+
+    /// Serve a LoRA adapter as `name` (a request's `model` then selects it): a PEFT adapter
+    /// (`config` the text of its adapter_config.json, `bytes` its adapter_model.safetensors) or,
+    /// without `config`, a llama.cpp GGUF LoRA file. Throws, saying why, when the engine was
+    /// loaded without `maxLoras`, the name is taken or the adapter does not fit the model.
+    #[wasm_bindgen(js_name = addLora)]
+    pub fn add_lora(&self, name: &str, config: Option<String>, bytes: Vec<u8>) -> Result<(), JsError> {
+        let pool = self.engine.lora_config().ok_or_else(|| {
+            JsError::new("this engine serves no LoRA adapters: load it with maxLoras (and maxLoraRank)")
+        })?;
+        let adapter = match config {
+            Some(config) => LoraAdapter::from_peft_bytes(name, &config, &bytes, &pool.shape, pool.max_rank),
+            None => weft::model::gguf::GgufFile::from_bytes(name, bytes)
+                .and_then(|gguf| LoraAdapter::from_gguf(name, &gguf, &pool.shape, pool.max_rank)),
+        };
+        self.engine.add_lora(adapter.map_err(js)?).map_err(js)
+    }
+
+    /// Stop serving the adapter `name` (refused while requests for it run).
+    #[wasm_bindgen(js_name = removeLora)]
+    pub fn remove_lora(&self, name: &str) -> Result<(), JsError> {
+        self.engine.remove_lora(name).map_err(js)
     }
 
     /// Start an OpenAI request: `kind` is "chat" (chat/completions) or "completion"
@@ -327,6 +369,9 @@ impl WebEngine {
         }
         let map = weft::openai::parse_body(body.as_bytes()).map_err(|e| js_error(&e))?;
         let mut req = weft::openai::parse(endpoint, &map).map_err(|e| js_error(&e))?;
+        // A `model` naming an adapter selects it; any other name is the page's label for the
+        // base model.
+        req.request.lora = req.model.clone().filter(|m| self.engine.lora_names().contains(m));
         req.apply_reasoning(self.engine.tokenizer().as_ref(), self.reasoning.as_ref()).map_err(|e| js_error(&e))?;
         // Each choice is its own engine request; their chunks interleave, tagged by choice.
         let mut seqs = Vec::with_capacity(req.n);
@@ -348,7 +393,8 @@ impl WebEngine {
         self.live.borrow_mut().insert(id.clone(), seqs);
         let engine = self.engine.clone();
         let live = self.live.clone();
-        let model = self.model["name"].as_str().unwrap_or_default().to_string();
+        let base = self.model["name"].as_str().unwrap_or_default().to_string();
+        let model = req.request.lora.clone().unwrap_or(base);
         let created = weft::openai::unix_now();
         let emit = move |text: &str| {
             let _ = on_event.call1(&JsValue::NULL, &JsValue::from_str(text));

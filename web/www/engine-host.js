@@ -15,6 +15,7 @@
 //                                    attaches to it and another one is refused.
 //   {type: 'create', rid, kind: 'chat'|'completion', body: JSON string}
 //   {type: 'abort', rid}              only the connection's own requests
+//   {type: 'addLora', lid, name, url?|file?|files?}, {type: 'removeLora', lid, name}
 //   {type: 'health', hid}
 //   {type: 'dispose'}                 ends the connection's requests; the last one frees the engine
 // Messages out (to that connection):
@@ -28,6 +29,7 @@
 //   {type: 'rejected', rid, error: {message, type, param, code}}
 //   {type: 'event', rid, data}                    data is JSON text or the string "[DONE]"
 //   {type: 'health', hid, report}
+//   {type: 'lora', lid, model?, error?}           an adapter added or removed (modelInfo), or why not
 //   {type: 'fatal', message}                      an uncaught error after loading
 //   {type: 'disposed'}
 //
@@ -469,6 +471,40 @@ function create(conn, { rid, kind, body }) {
   conn.send({ type: 'accepted', rid });
 }
 
+// A LoRA adapter's bytes: a GGUF file (one file, no config) or a PEFT adapter's config text
+// and safetensors bytes.
+async function loraBytes({ url, file, files }) {
+  const bytes = async (blob) => new Uint8Array(await blob.arrayBuffer());
+  const fetched = async (u) => {
+    const r = await fetch(u);
+    if (!r.ok) throw new Error(`fetching ${u} failed: HTTP ${r.status}`);
+    return r;
+  };
+  if (file) return { config: undefined, bytes: await bytes(file) };
+  if (files) return { config: await files.config.text(), bytes: await bytes(files.safetensors) };
+  if (!url) throw new Error('loadLora needs a url, a file or files');
+  if (/\.gguf$/i.test(url)) return { config: undefined, bytes: await bytes(await fetched(url)) };
+  const dir = url.replace(/\/+$/, '');
+  const config = await (await fetched(`${dir}/adapter_config.json`)).text();
+  return { config, bytes: await bytes(await fetched(`${dir}/adapter_model.safetensors`)) };
+}
+
+/** Adds or removes an adapter of the engine (every connection's, in a shared one). */
+async function lora(conn, msg) {
+  try {
+    if (!engine) throw new Error('The model is not loaded yet.');
+    if (msg.type === 'addLora') {
+      const { config, bytes } = await loraBytes(msg);
+      engine.addLora(String(msg.name), config, bytes);
+    } else {
+      engine.removeLora(String(msg.name));
+    }
+    conn.send({ type: 'lora', lid: msg.lid, model: engine.modelInfo() });
+  } catch (e) {
+    conn.send({ type: 'lora', lid: msg.lid, error: messageOf(e) });
+  }
+}
+
 /** What makes two loads the same model: the same URL, hub name, or picked file. */
 function modelIdentity({ modelUrl, file, hf }) {
   if (file) return `file ${file.name} ${file.size} ${file.lastModified ?? ''}`;
@@ -536,6 +572,10 @@ export function connect(send) {
         break;
       case 'create':
         create(conn, msg);
+        break;
+      case 'addLora':
+      case 'removeLora':
+        await lora(conn, msg);
         break;
       case 'health':
         if (!engine) {

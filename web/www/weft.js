@@ -120,6 +120,14 @@
  *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
  *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages;
  *     `hub`: for a model named hf:…, {repo, file, commit, why} (why that file), else null.
+ *   - `loadLora({name, url | file | files})` → Promise: serve a LoRA adapter as `name` (needs the
+ *     `maxLoras` option, and `maxLoraRank` above 16); a request whose `model` is `name` then runs
+ *     with it, in the same steps as the base model's and other adapters' requests. `url`: a
+ *     llama.cpp GGUF LoRA file (ending .gguf) or a PEFT adapter folder (its
+ *     adapter_config.json and adapter_model.safetensors are fetched); `file`: a GGUF LoRA File
+ *     or Blob; `files`: {config, safetensors}, a PEFT adapter's two Files. Rejects with a
+ *     WeftError saying why when the adapter does not fit the model. `unloadLora(name)` →
+ *     Promise: stop serving it. `modelInfo().loras` lists the adapters.
  *   - `health()` → Promise<{healthy, detail}>: a small round trip to the GPU. Unhealthy with the
  *     reason once the device is lost (the browser's GPU process crashed or reset it: every
  *     request then running ended with a WeftError saying so), after dispose(), or when the last
@@ -320,6 +328,8 @@ export class WeftEngine {
   #pending = new Map();
   #health = new Map();
   #nextHealth = 0;
+  #loras = new Map();
+  #nextLora = 0;
   #adapter;
   #model;
   #disposed = false;
@@ -361,6 +371,27 @@ export class WeftEngine {
     if (!req || req.finished) return false;
     req.controller.abort();
     return true;
+  }
+
+  /** Serve a LoRA adapter (see the header). */
+  loadLora({ name, url, file, files } = {}) {
+    return this.#lora({ type: 'addLora', name, url, file, files });
+  }
+
+  /** Stop serving a LoRA adapter. */
+  unloadLora(name) {
+    return this.#lora({ type: 'removeLora', name });
+  }
+
+  #lora(msg) {
+    if (this.#disposed) return Promise.reject(new WeftError('The engine was disposed.', { type: 'server_error' }));
+    const lid = ++this.#nextLora;
+    return new Promise((resolve, reject) => {
+      this.#loras.set(lid, { resolve, reject });
+      this.#worker.postMessage({ ...msg, lid });
+    }).then((model) => {
+      this.#model = { ...this.#model, loras: model.loras };
+    });
   }
 
   /** Whether the engine can still serve: {healthy, detail} (see the header). */
@@ -454,6 +485,13 @@ export class WeftEngine {
       this.#health.delete(msg.hid);
       return;
     }
+    if (msg.type === 'lora') {
+      const settle = this.#loras.get(msg.lid);
+      this.#loras.delete(msg.lid);
+      if (msg.error) settle?.reject(new WeftError(msg.error, { type: 'invalid_request_error', param: 'lora' }));
+      else settle?.resolve(msg.model);
+      return;
+    }
     const req = this.#pending.get(msg.rid);
     if (!req) return;
     switch (msg.type) {
@@ -536,6 +574,8 @@ export class WeftEngine {
     this.#pending.clear();
     for (const resolve of this.#health.values()) resolve({ healthy: false, detail: err.message });
     this.#health.clear();
+    for (const settle of this.#loras.values()) settle.reject(err);
+    this.#loras.clear();
   }
 }
 

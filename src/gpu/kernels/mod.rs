@@ -6,6 +6,7 @@
 
 pub mod elementwise;
 pub mod embedding;
+pub mod lora;
 pub mod matmul;
 pub mod paged;
 pub mod penalize;
@@ -78,6 +79,8 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<ssm::SsdParams>("ssd_state_pass", "Params"),
         entry::<ssm::SsdParams>("ssd_chunk_scan", "Params"),
         entry::<ssm::GatedNormParams>("gated_rms_norm", "Params"),
+        entry::<lora::ShrinkParams>("lora_shrink", "Params"),
+        entry::<lora::ExpandParams>("lora_expand", "Params"),
     ]
 }
 

@@ -153,10 +153,10 @@ impl Architecture for Gemma3Model {
                 sliding_window: if sliding { c.sliding_window } else { None },
                 scale: query_scale,
             };
-            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup)?;
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, None)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_attn_norm, &a.normed, eps)?;
             add_rms_norm(ctx, rec, &a.x, &a.normed, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a)?;
+            layer.mlp.forward(ctx, rec, a, None)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_ffn_norm, &a.normed, eps)?;
         }
         add_rms_norm(ctx, rec, &a.x, &a.normed, &self.norm, &a.xn, eps)?;

@@ -176,14 +176,14 @@ impl Architecture for GraniteHybridModel {
                 add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.attn_norm, &a.xn, eps)?;
             }
             match &layer.mixer {
-                Mixer::Attention(attention) => attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup)?,
+                Mixer::Attention(attention) => attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, None)?,
                 Mixer::Ssm(mixer) => {
                     let (conv_state, ssm_state) = kv.states()?.layer(i)?;
                     mixer.forward(ctx, rec, a, inputs, conv_state, ssm_state, eps)?
                 }
             }
             add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a)?;
+            layer.mlp.forward(ctx, rec, a, None)?;
         }
         add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.

@@ -29,10 +29,12 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, QkNorm, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
+use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -52,6 +54,7 @@ pub struct LlamaModel {
     lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
     cos_sin: GpuTensor,         // (max_positions, rope_dim / 2, 2)
     pairing: RopePairing,
+    projections: Projections,
 }
 
 /// Positions the RoPE table covers at most (a 32k × 64 × 2 f32 table is 16 MiB).
@@ -143,7 +146,7 @@ impl LlamaModel {
             (Checkpoint::Gguf, "llama" | "mistral") => RopePairing::Interleaved,
             _ => RopePairing::Neox,
         };
-        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, pairing })
+        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, pairing, projections })
     }
 }
 
@@ -183,13 +186,31 @@ impl Architecture for LlamaModel {
                 // The previous layer's residual connection, then this layer's first norm.
                 add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.attn_norm, &a.xn, eps)?;
             }
-            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup)?;
+            let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?;
             add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a)?;
+            layer.mlp.forward(ctx, rec, a, lora)?;
         }
         add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
+    }
+
+    /// PEFT adapters name q, k, v, o, gate, up and down as Hugging Face stores them; Phi-3's
+    /// fused qkv and gate-up are not taken yet.
+    fn lora_layout(&self) -> Option<LoraLayout> {
+        let c = &self.config;
+        (self.projections == Projections::Separate).then(|| LoraLayout {
+            shape: LoraShape::llama(
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads * c.head_dim,
+                c.num_kv_heads * c.head_dim,
+                c.intermediate_size,
+            ),
+            head_dim: c.head_dim,
+            qk_interleaved: self.pairing == RopePairing::Interleaved,
+        })
     }
 }

@@ -21,6 +21,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, StepInputs};
+use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
@@ -47,6 +48,12 @@ pub trait Architecture: Send + Sync {
         kv: &KvPool,
         logits: &GpuTensor,
     ) -> Result<()>;
+
+    /// How this architecture's projections take LoRA deltas (`inputs.lora` in
+    /// `record_forward`); `None`: it runs no adapters, and a pool for it is refused.
+    fn lora_layout(&self) -> Option<LoraLayout> {
+        None
+    }
 }
 
 /// Upload `config`'s model from `source`, calling `progress(layers done, layers in all)`.

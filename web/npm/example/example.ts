@@ -49,6 +49,8 @@ async function main(file: Blob | undefined): Promise<void> {
       specTokens: 4,
       kernels: 'baseline',
       kvCacheDtype: 'f16',
+      maxLoras: 2,
+      maxLoraRank: 16,
     },
   });
 
@@ -145,6 +147,15 @@ async function main(file: Blob | undefined): Promise<void> {
   } catch (e) {
     if (e instanceof WeftError) console.log(e.message, e.type, e.param, e.code, e.status, e.error.param);
   }
+
+  // LoRA adapters: a GGUF file by URL, a PEFT folder by URL, a PEFT adapter's two files.
+  await engine.loadLora({ name: 'sql', url: '/adapters/sql.gguf' });
+  await engine.loadLora({ name: 'chat', url: '/adapters/chat' });
+  const config = new Blob(['{}']);
+  await engine.loadLora({ name: 'local', files: { config, safetensors: new Blob([]) } });
+  console.log(engine.modelInfo().loras.join(', '));
+  await engine.chat.completions.create({ model: 'sql', messages: [{ role: 'user', content: 'x' }] });
+  await engine.unloadLora('local');
 
   const health: HealthReport = await engine.health();
   if (!health.healthy) console.error(health.detail);

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Make the outside-truth fixtures of weft's multi-LoRA tests: a tiny random-weight
+``LlamaForCausalLM`` and three LoRA adapters over it, randomly initialised by peft
+(``init_lora_weights=False``, so B is not zero and every adapter changes the output), with
+peft's logits and greedy tokens for each adapter and for the base model.
+
+Writes ``tests/fixtures/lora/``:
+
+``hf/``            the base model: config.json, model.safetensors (f32), tokenizer.json.
+``<adapter>/``     adapter_config.json and adapter_model.safetensors, as peft saves them.
+``expected.json``  per model (``base`` and each adapter), for a few prompts (token ids): the
+                   last prompt position's logits and 10 greedy tokens with each step's top-1
+                   margin.
+``model.gguf``     the base model through llama.cpp's ``convert_hf_to_gguf.py --outtype f32``
+                   (q and k rows permuted for interleaved RoPE, as llama.cpp does for Llama).
+``alpha.gguf``, ``beta.gguf``
+                   those adapters through llama.cpp's ``convert_lora_to_gguf.py --outtype f32``
+                   (``general.type`` "adapter", ``adapter.lora.alpha``; B's q and k rows
+                   permuted like the base's). gamma (rsLoRA) has no GGUF: llama.cpp scales by
+                   alpha / r always.
+
+The adapters target q, k, v, o, gate, up and down of both layers:
+
+``alpha``   rank 4, lora_alpha 8 (scale 2).
+``beta``    rank 8, lora_alpha 4 (scale 0.5).
+``gamma``   rank 6, lora_alpha 12, use_rslora (scale 12 / sqrt 6), q, v and down only.
+
+The model: hidden 64, 4 heads of 16 with 2 KV heads, MLP 96, 2 layers, vocabulary 304 (the toy
+tokenizer of ``tools/make_recurrent_fixtures.py``), untied LM head.
+
+Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, peft 0.21.2,
+and gguf-py and the converters of llama-cpp-python 0.3.36's ``vendor/llama.cpp`` (the version
+``cargo xtask fetch-vocabs`` pins).
+
+Usage::
+
+    python tools/make_lora_fixtures.py --llama-cpp /path/to/llama-cpp-python-0.3.36/vendor/llama.cpp
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_recurrent_fixtures as recurrent  # noqa: E402
+
+OUT = recurrent.FIXTURES / "lora"
+PROMPTS = [[5, 17, 42, 9, 100], list(range(3, 20)), [(7 * i + 3) % 250 + 1 for i in range(23)]]
+NUM_GREEDY = 10
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = [
+    ("alpha", dict(r=4, lora_alpha=8, target_modules=ALL)),
+    ("beta", dict(r=8, lora_alpha=4, target_modules=ALL)),
+    ("gamma", dict(r=6, lora_alpha=12, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"])),
+]
+
+
+def base(vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )
+    return LlamaForCausalLM(config)
+
+
+def run(model, name: str) -> dict:
+    prompts = []
+    with torch.no_grad():
+        for ids in PROMPTS:
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=NUM_GREEDY, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, eos_token_id=None,
+                                 pad_token_id=0)
+            greedy = out.sequences[0, len(ids):].tolist()
+            margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in (s[0] for s in out.logits)]
+            prompts.append({"prompt_ids": ids, "last_logits": [round(float(v), 6) for v in logits],
+                            "greedy_ids": greedy, "greedy_margins": [round(m, 5) for m in margins]})
+    print(name, [p["greedy_ids"] for p in prompts])
+    return {"prompts": prompts}
+
+
+def convert(llama_cpp: Path) -> None:
+    """The base model and two adapters to GGUF by llama.cpp's own converters."""
+    sys.path.insert(0, str(llama_cpp))
+    sys.path.insert(1, str(llama_cpp / "gguf-py"))
+    import runpy
+
+    import conversion.base
+    import convert_hf_to_gguf
+
+    # The toy tokenizer's pre-tokenizer is GPT-2's (see make_recurrent_fixtures.py).
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    sys.argv = ["convert_hf_to_gguf.py", str(OUT / "hf"), "--outtype", "f32", "--outfile", str(OUT / "model.gguf")]
+    convert_hf_to_gguf.main()
+    for name in ["alpha", "beta"]:
+        sys.argv = ["convert_lora_to_gguf.py", "--base", str(OUT / "hf"), "--outtype", "f32",
+                    "--outfile", str(OUT / f"{name}.gguf"), str(OUT / name)]
+        # The script converts under `if __name__ == "__main__"`.
+        runpy.run_path(str(llama_cpp / "convert_lora_to_gguf.py"), run_name="__main__")
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
+    parser.add_argument("--gguf-only", action="store_true", help="convert what is there, without remaking it")
+    args = parser.parse_args()
+    if not args.gguf_only:
+        make()
+    convert(args.llama_cpp)
+
+
+def make() -> None:
+    import peft
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    hf = OUT / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "add_bos_token": False}, indent=2) + "\n")
+    vocab = recurrent.tokenizer(hf)
+    torch.manual_seed(40)
+    model = base(vocab).float().eval()
+    recurrent.randomize(model)
+    model.save_pretrained(hf, safe_serialization=True)
+    expected = {"meta": {"generator": "tools/make_lora_fixtures.py", "transformers": transformers.__version__,
+                         "torch": torch.__version__, "peft": peft.__version__, "vocab_size": vocab},
+                "models": {"base": run(model, "base")}}
+    for i, (name, options) in enumerate(ADAPTERS):
+        torch.manual_seed(100 + i)
+        fresh = base(vocab).float().eval()
+        fresh.load_state_dict(model.state_dict())
+        lora = get_peft_model(fresh, LoraConfig(init_lora_weights=False, lora_dropout=0.0, **options)).eval()
+        with torch.no_grad():
+            # peft's random init gives B the spread of A; a smaller B keeps the adapter a
+            # perturbation of the base model, as trained adapters are.
+            for pname, p in lora.named_parameters():
+                if "lora_B" in pname:
+                    p.mul_(0.3)
+        lora.save_pretrained(OUT / name)
+        expected["models"][name] = run(lora, name)
+    (OUT / "expected.json").write_text(json.dumps(expected) + "\n")
+
+
+if __name__ == "__main__":
+    main()
