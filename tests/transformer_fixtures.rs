@@ -16,6 +16,9 @@
 //!   miniature, a `Phi3ForCausalLM` whose RoPE rotates 12 of each head's 16 dimensions
 //!   (`partial_rotary_factor` 0.75; the GGUF's `rope.dimension_count` 12), with LongRoPE's 6
 //!   short and 6 long factors and tied embeddings, both checkpoints.
+//! - `tests/fixtures/granite/` (`tools/make_dense_fixtures.py`): a `GraniteForCausalLM` (IBM
+//!   Granite 3.x dense) with its four multipliers far from their defaults (embedding 12,
+//!   residual 0.22, attention 0.75, logits divided by 6), both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -27,7 +30,9 @@
 //!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
 //!   wrong factor set, a missing attention factor, a swapped gate/up half, a norm without its
 //!   1 + w, YaRN left out or the whole head rotated instead of its first 12 dimensions moves
-//!   logits by 1e-2 or more (`*_is_visible` below checks the last two).
+//!   logits by 1e-2 or more, a Granite multiplier left at its default by 1e-3 or more (the
+//!   attention scale, behind Granite's residual and logit scaling, moves them least: about
+//!   5e-3); `*_visible` below checks the last three.
 //! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
@@ -326,4 +331,56 @@ fn phi3_partial_rotary_is_visible() {
     let diff = last_logits_diff(&exec, "phi3_partial", 1);
     eprintln!("phi3_partial rotating whole heads: last-position logits differ by {diff}");
     assert!(diff > 1e-2, "rotating whole heads differs by only {diff}");
+}
+
+/// `family`'s prompts, all of them, run on `family/path`.
+fn fixture_fidelity(f: &GpuTensorFactory, family: &str, path: &str) {
+    let prompts = expected_of(family)["prompts"].as_array().unwrap().clone();
+    let name = format!("{family}/{path}");
+    fidelity(f, &name, None, &prompts, &name);
+}
+
+#[test]
+fn granite_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granite", "model.gguf");
+}
+
+#[test]
+fn granite_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granite", "hf");
+}
+
+/// Both checkpoints read Granite's four multipliers (config.json's `*_multiplier` and
+/// `logits_scaling`, the GGUF's `embedding_scale`, `residual_scale`, `attention.scale`,
+/// `logit_scale`).
+#[test]
+fn granite_checkpoints_read_the_same_multipliers() {
+    for path in ["granite/model.gguf", "granite/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        let m = config.multipliers.unwrap_or_else(|| panic!("{path}: no multipliers"));
+        assert_eq!((m.embedding, m.residual, m.attention, m.logits_scaling), (12.0, 0.22, 0.75, 6.0), "{path}");
+    }
+}
+
+/// Each multiplier matters at this size: any one left at its neutral value moves logits ten
+/// times the fidelity tolerance or more from transformers'.
+#[test]
+fn granite_multipliers_are_visible() {
+    let Some(f) = factory() else { return };
+    let neutral: [(&str, fn(&mut weft::model::config::Multipliers)); 4] = [
+        ("embedding", |m| m.embedding = 1.0),
+        ("residual", |m| m.residual = 1.0),
+        ("attention", |m| m.attention = 0.25),
+        ("logits", |m| m.logits_scaling = 1.0),
+    ];
+    for (name, reset) in neutral {
+        let mut files = ModelFiles::open(&fixture("granite/model.gguf")).unwrap();
+        reset(files.config.multipliers.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "granite", 1);
+        eprintln!("granite without its {name} multiplier: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "the {name} multiplier moves logits by only {diff}");
+    }
 }

@@ -25,8 +25,19 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "mamba2", "granitehybrid", "granitemoehybrid"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "smollm3",
+    "granite",
+    "gemma3",
+    "phi3",
+    "mamba2",
+    "granitehybrid",
+    "granitemoehybrid",
+];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -74,7 +85,9 @@ fn load_layers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn Architecture>> {
     match config.architecture.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" | "smollm3" | "granite" => {
+            Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
+        }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
         "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
