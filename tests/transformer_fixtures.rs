@@ -19,6 +19,9 @@
 //! - `tests/fixtures/granite/` (`tools/make_dense_fixtures.py`): a `GraniteForCausalLM` (IBM
 //!   Granite 3.x dense) with its four multipliers far from their defaults (embedding 12,
 //!   residual 0.22, attention 0.75, logits divided by 6), both checkpoints.
+//! - `tests/fixtures/smollm3/` (`tools/make_dense_fixtures.py`): a `SmolLM3ForCausalLM` of 4
+//!   layers whose last is NoPE (`no_rope_layers` [1, 1, 1, 0]; llama.cpp's fixed step of 4),
+//!   tied embeddings, both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -30,9 +33,9 @@
 //!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
 //!   wrong factor set, a missing attention factor, a swapped gate/up half, a norm without its
 //!   1 + w, YaRN left out or the whole head rotated instead of its first 12 dimensions moves
-//!   logits by 1e-2 or more, a Granite multiplier left at its default by 1e-3 or more (the
-//!   attention scale, behind Granite's residual and logit scaling, moves them least: about
-//!   5e-3); `*_visible` below checks the last three.
+//!   logits by 1e-2 or more, as does rotating SmolLM3's NoPE layer; a Granite multiplier left
+//!   at its default moves them by 1e-3 or more (the attention scale, behind Granite's residual
+//!   and logit scaling, moves them least: about 5e-3); `*_visible` below checks the last four.
 //! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
@@ -383,4 +386,39 @@ fn granite_multipliers_are_visible() {
         eprintln!("granite without its {name} multiplier: last-position logits differ by {diff}");
         assert!(diff > 1e-3, "the {name} multiplier moves logits by only {diff}");
     }
+}
+
+#[test]
+fn smollm3_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "smollm3", "model.gguf");
+}
+
+#[test]
+fn smollm3_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "smollm3", "hf");
+}
+
+/// Both checkpoints make the fourth layer NoPE: config.json's `no_rope_layers`, llama.cpp's
+/// fixed step for the GGUF (which has no key for it).
+#[test]
+fn smollm3_checkpoints_read_the_same_nope_layers() {
+    for path in ["smollm3/model.gguf", "smollm3/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        assert_eq!((config.num_layers, config.no_rope_layers.as_slice()), (4, &[3][..]), "{path}");
+    }
+}
+
+/// NoPE matters at this size: rotating the fourth layer too moves logits far from
+/// transformers'.
+#[test]
+fn smollm3_nope_layer_is_visible() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("smollm3/model.gguf")).unwrap();
+    files.config.no_rope_layers.clear();
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let diff = last_logits_diff(&exec, "smollm3", 1);
+    eprintln!("smollm3 with RoPE in every layer: last-position logits differ by {diff}");
+    assert!(diff > 1e-2, "rotating the NoPE layer differs by only {diff}");
 }

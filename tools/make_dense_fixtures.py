@@ -16,14 +16,15 @@ this reuses, as ``tools/make_yarn_fixtures.py`` does).
 ``tests/fixtures/smollm3/``
     A ``SmolLM3ForCausalLM``: Llama whose every fourth layer has no RoPE (transformers'
     ``no_rope_layers`` [1, 1, 1, 0], from ``no_rope_layer_interval`` 4; llama.cpp fixes the
-    step at 4 and writes no key for it). 4 layers, MLP 48, tied embeddings.
+    step at 4 and writes no key for it). 4 layers, MLP 32, tied embeddings.
 ``tests/fixtures/olmo2/``
     An ``Olmo2ForCausalLM``: no norm before attention or MLP; RMSNorms of their outputs before
     each residual add (``post_attention_layernorm``, ``post_feedforward_layernorm``), and
     ``q_norm`` / ``k_norm`` over the whole q and k projections (64 and 32 wide), not per head.
     2 layers, untied LM head (llama.cpp requires one).
 
-The models: hidden 64, 4 heads of 16 with 2 KV heads, MLP 96 (SmolLM3: 48), RoPE base 10000.
+The models: hidden 64, 4 heads of 16 with 2 KV heads, MLP 96 (SmolLM3: 32, which keeps its 4
+layers under 1 MB), RoPE base 10000.
 
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, gguf-py and
 ``convert_hf_to_gguf.py`` of llama-cpp-python 0.3.36's ``vendor/llama.cpp`` (the version
@@ -61,7 +62,7 @@ def smollm3(vocab: int):
     from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
     config = SmolLM3Config(
-        vocab_size=vocab, intermediate_size=48, num_hidden_layers=4, no_rope_layer_interval=4,
+        vocab_size=vocab, intermediate_size=32, num_hidden_layers=4, no_rope_layer_interval=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False, pad_token_id=1, **SHAPE,
     )
