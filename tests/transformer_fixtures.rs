@@ -22,6 +22,9 @@
 //! - `tests/fixtures/smollm3/` (`tools/make_dense_fixtures.py`): a `SmolLM3ForCausalLM` of 4
 //!   layers whose last is NoPE (`no_rope_layers` [1, 1, 1, 0]; llama.cpp's fixed step of 4),
 //!   tied embeddings, both checkpoints.
+//! - `tests/fixtures/olmo2/` (`tools/make_dense_fixtures.py`): an `Olmo2ForCausalLM`: norms of
+//!   the attention and MLP outputs, none before them, and q_norm / k_norm over the whole q and k
+//!   projections, both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -421,4 +424,16 @@ fn smollm3_nope_layer_is_visible() {
     let diff = last_logits_diff(&exec, "smollm3", 1);
     eprintln!("smollm3 with RoPE in every layer: last-position logits differ by {diff}");
     assert!(diff > 1e-2, "rotating the NoPE layer differs by only {diff}");
+}
+
+#[test]
+fn olmo2_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "olmo2", "model.gguf");
+}
+
+#[test]
+fn olmo2_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "olmo2", "hf");
 }
