@@ -375,7 +375,8 @@ fn granite_checkpoints_read_the_same_multipliers() {
 #[test]
 fn granite_multipliers_are_visible() {
     let Some(f) = factory() else { return };
-    let neutral: [(&str, fn(&mut weft::model::config::Multipliers)); 4] = [
+    type Reset = fn(&mut weft::model::config::Multipliers);
+    let neutral: [(&str, Reset); 4] = [
         ("embedding", |m| m.embedding = 1.0),
         ("residual", |m| m.residual = 1.0),
         ("attention", |m| m.attention = 0.25),
