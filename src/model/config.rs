@@ -1067,6 +1067,28 @@ mod tests {
         assert!(err.contains("rope_scaling type \"dynamic\" is not supported"), "{err}");
     }
 
+    /// SmolLM3's NoPE layers from config.json: the `no_rope_layers` list (0 = NoPE), else every
+    /// `no_rope_layer_interval`-th layer (4 by default); a short list and a sliding window are
+    /// refused.
+    #[test]
+    fn smollm3_nope_layers_are_read_as_transformers_reads_them() {
+        let smollm3 = |extra: &str| {
+            let json = format!(
+                r#"{{"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 32,
+                    "num_hidden_layers": 8, "vocab_size": 10{extra}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json)
+        };
+        assert_eq!(smollm3("").unwrap().no_rope_layers, [3, 7]);
+        assert_eq!(smollm3(r#", "no_rope_layer_interval": 3"#).unwrap().no_rope_layers, [2, 5]);
+        let listed = smollm3(r#", "no_rope_layers": [0, 1, 1, 1, 1, 0, 1, 1]"#).unwrap();
+        assert_eq!(listed.no_rope_layers, [0, 5]);
+        let short = smollm3(r#", "no_rope_layers": [1, 1, 1, 0]"#).unwrap_err().to_string();
+        assert!(short.contains("no_rope_layers has 4 entries"), "{short}");
+        let window = smollm3(r#", "use_sliding_window": true, "sliding_window": 8"#).unwrap_err().to_string();
+        assert!(window.contains("use_sliding_window"), "{window}");
+    }
+
     /// config.json's YaRN keys as transformers reads them: the factor, the original context (in
     /// rope_scaling, else top level, else the context), betas (0 meaning the default), and the
     /// attention factor given, or from mscale / mscale_all_dim, or 0.1 · ln(factor) + 1.
