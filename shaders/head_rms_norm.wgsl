@@ -1,21 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// head_rms_norm: RMSNorm of every query and key head of a fused qkv row, in place, before RoPE
-// (Qwen3's and Gemma 3's q_norm / k_norm): for token t and head h < num_heads + num_kv_heads,
-// x[t, h·hd .. (h+1)·hd] = x / sqrt(mean(x²) + eps) * weight, with q_weight for the query heads
-// and k_weight for the key heads. The value heads after them are left alone.
+// head_rms_norm: RMSNorm of the query and key parts of a fused qkv row, in place, before RoPE,
+// in groups: each query head or the whole query projection, and likewise the keys (Qwen3's and
+// Gemma 3's q_norm / k_norm per head; OLMo 2's over the whole q and k projections). For token t
+// and group g < q_groups + k_groups, over its n columns from `base`,
+// x[t, base .. base + n] = x / sqrt(mean(x²) + eps) * weight, with q_weight (n wide) for the
+// query groups (n = params.n, base = g·n) and k_weight (params.k_n wide) for the key groups
+// (base = q_groups·params.n + (g - q_groups)·k_n). The value heads after them are left alone.
 //
 // Bindings (group 0)
 //   0 params    uniform     Params    mirrors gpu::kernels::reduce::HeadNormParams
-//   1 q_weight  read        f32 (head_dim)
-//   2 k_weight  read        f32 (head_dim)
+//   1 q_weight  read        f32 (n): a head's width, or all the query heads'
+//   2 k_weight  read        f32 (k_n): a head's width, or all the key heads'
 //   3 x         read_write  f32 (num_tokens, row_stride): the qkv rows
-// Workgroup: 64 invocations per (head, token), reducing as rms_norm.wgsl does
+// Workgroup: 64 invocations per (group, token), reducing as rms_norm.wgsl does
 // (shared/row_norm.wgsl): each invocation reads and writes only its own strided elements.
-// Grid: (num_heads + num_kv_heads, num_tokens, 1).
+// Grid: (q_groups + k_groups, num_tokens, 1).
 
 struct Params {
-    num_heads: u32,
+    q_groups: u32,
     n: u32,
+    k_n: u32,
     row_stride: u32,
     eps: f32,
 }
@@ -31,16 +35,18 @@ const WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let head = wid.x;
-    let base = wid.y * params.row_stride + head * params.n;
+    let group = wid.x;
+    let is_q = group < params.q_groups;
+    let n = select(params.k_n, params.n, is_q);
+    let offset = select(params.q_groups * params.n + (group - params.q_groups) * params.k_n, group * params.n, is_q);
+    let base = wid.y * params.row_stride + offset;
     var s = 0.0;
-    for (var i = lid; i < params.n; i += WG) {
+    for (var i = lid; i < n; i += WG) {
         let v = x[base + i];
         s += v * v;
     }
-    let scale = norm_scale(lid, s);
-    let is_q = head < params.num_heads;
-    for (var i = lid; i < params.n; i += WG) {
+    let scale = norm_scale_of(lid, s, n);
+    for (var i = lid; i < n; i += WG) {
         x[base + i] = x[base + i] * scale * select(k_weight[i], q_weight[i], is_q);
     }
 }

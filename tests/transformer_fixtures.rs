@@ -16,6 +16,15 @@
 //!   miniature, a `Phi3ForCausalLM` whose RoPE rotates 12 of each head's 16 dimensions
 //!   (`partial_rotary_factor` 0.75; the GGUF's `rope.dimension_count` 12), with LongRoPE's 6
 //!   short and 6 long factors and tied embeddings, both checkpoints.
+//! - `tests/fixtures/granite/` (`tools/make_dense_fixtures.py`): a `GraniteForCausalLM` (IBM
+//!   Granite 3.x dense) with its four multipliers far from their defaults (embedding 12,
+//!   residual 0.22, attention 0.75, logits divided by 6), both checkpoints.
+//! - `tests/fixtures/smollm3/` (`tools/make_dense_fixtures.py`): a `SmolLM3ForCausalLM` of 4
+//!   layers whose last is NoPE (`no_rope_layers` [1, 1, 1, 0]; llama.cpp's fixed step of 4),
+//!   tied embeddings, both checkpoints.
+//! - `tests/fixtures/olmo2/` (`tools/make_dense_fixtures.py`): an `Olmo2ForCausalLM`: norms of
+//!   the attention and MLP outputs, none before them, and q_norm / k_norm over the whole q and k
+//!   projections, both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -27,7 +36,9 @@
 //!   width 64 and differ only in summation order (about 1e-6 on lavapipe, printed), while the
 //!   wrong factor set, a missing attention factor, a swapped gate/up half, a norm without its
 //!   1 + w, YaRN left out or the whole head rotated instead of its first 12 dimensions moves
-//!   logits by 1e-2 or more (`*_is_visible` below checks the last two).
+//!   logits by 1e-2 or more, as does rotating SmolLM3's NoPE layer; a Granite multiplier left
+//!   at its default moves them by 1e-3 or more (the attention scale, behind Granite's residual
+//!   and logit scaling, moves them least: about 5e-3); `*_visible` below checks the last four.
 //! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
@@ -326,4 +337,104 @@ fn phi3_partial_rotary_is_visible() {
     let diff = last_logits_diff(&exec, "phi3_partial", 1);
     eprintln!("phi3_partial rotating whole heads: last-position logits differ by {diff}");
     assert!(diff > 1e-2, "rotating whole heads differs by only {diff}");
+}
+
+/// `family`'s prompts, all of them, run on `family/path`.
+fn fixture_fidelity(f: &GpuTensorFactory, family: &str, path: &str) {
+    let prompts = expected_of(family)["prompts"].as_array().unwrap().clone();
+    let name = format!("{family}/{path}");
+    fidelity(f, &name, None, &prompts, &name);
+}
+
+#[test]
+fn granite_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granite", "model.gguf");
+}
+
+#[test]
+fn granite_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granite", "hf");
+}
+
+/// Both checkpoints read Granite's four multipliers (config.json's `*_multiplier` and
+/// `logits_scaling`, the GGUF's `embedding_scale`, `residual_scale`, `attention.scale`,
+/// `logit_scale`).
+#[test]
+fn granite_checkpoints_read_the_same_multipliers() {
+    for path in ["granite/model.gguf", "granite/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        let m = config.multipliers.unwrap_or_else(|| panic!("{path}: no multipliers"));
+        assert_eq!((m.embedding, m.residual, m.attention, m.logits_scaling), (12.0, 0.22, 0.75, 6.0), "{path}");
+    }
+}
+
+/// Each multiplier matters at this size: any one left at its neutral value moves logits ten
+/// times the fidelity tolerance or more from transformers'.
+#[test]
+fn granite_multipliers_are_visible() {
+    let Some(f) = factory() else { return };
+    type Reset = fn(&mut weft::model::config::Multipliers);
+    let neutral: [(&str, Reset); 4] = [
+        ("embedding", |m| m.embedding = 1.0),
+        ("residual", |m| m.residual = 1.0),
+        ("attention", |m| m.attention = 0.25),
+        ("logits", |m| m.logits_scaling = 1.0),
+    ];
+    for (name, reset) in neutral {
+        let mut files = ModelFiles::open(&fixture("granite/model.gguf")).unwrap();
+        reset(files.config.multipliers.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "granite", 1);
+        eprintln!("granite without its {name} multiplier: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "the {name} multiplier moves logits by only {diff}");
+    }
+}
+
+#[test]
+fn smollm3_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "smollm3", "model.gguf");
+}
+
+#[test]
+fn smollm3_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "smollm3", "hf");
+}
+
+/// Both checkpoints make the fourth layer NoPE: config.json's `no_rope_layers`, llama.cpp's
+/// fixed step for the GGUF (which has no key for it).
+#[test]
+fn smollm3_checkpoints_read_the_same_nope_layers() {
+    for path in ["smollm3/model.gguf", "smollm3/hf"] {
+        let config = ModelFiles::open(&fixture(path)).unwrap().config;
+        assert_eq!((config.num_layers, config.no_rope_layers.as_slice()), (4, &[3][..]), "{path}");
+    }
+}
+
+/// NoPE matters at this size: rotating the fourth layer too moves logits far from
+/// transformers'.
+#[test]
+fn smollm3_nope_layer_is_visible() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("smollm3/model.gguf")).unwrap();
+    files.config.no_rope_layers.clear();
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let diff = last_logits_diff(&exec, "smollm3", 1);
+    eprintln!("smollm3 with RoPE in every layer: last-position logits differ by {diff}");
+    assert!(diff > 1e-2, "rotating the NoPE layer differs by only {diff}");
+}
+
+#[test]
+fn olmo2_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "olmo2", "model.gguf");
+}
+
+#[test]
+fn olmo2_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "olmo2", "hf");
 }

@@ -7,6 +7,11 @@
 var<workgroup> sh_sum: array<f32, WG>;
 
 fn norm_scale(lid: u32, partial: f32) -> f32 {
+    return norm_scale_of(lid, partial, params.n);
+}
+
+// norm_scale of a row n wide, where n is not params.n (head_rms_norm's key groups).
+fn norm_scale_of(lid: u32, partial: f32, n: u32) -> f32 {
     sh_sum[lid] = partial;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
@@ -15,5 +20,5 @@ fn norm_scale(lid: u32, partial: f32) -> f32 {
         }
         workgroupBarrier();
     }
-    return inverseSqrt(sh_sum[0] / f32(params.n) + params.eps);
+    return inverseSqrt(sh_sum[0] / f32(n) + params.eps);
 }

@@ -138,14 +138,32 @@ pub fn head_rms_norm(
     k_weight: &[f32],
     eps: f32,
 ) -> Vec<f32> {
-    let hd = q_weight.len();
-    let stride = (num_heads + 2 * num_kv_heads) * hd;
+    qk_rms_norm(qkv, num_heads, num_kv_heads, q_weight.len(), q_weight, k_weight, eps)
+}
+
+/// RMSNorm of the query and key parts of fused qkv rows in groups as wide as their weights:
+/// each head (a weight head_dim wide) or all of q's or k's heads as one (OLMo 2), as
+/// `gpu::kernels::reduce::head_rms_norm` does in place.
+pub fn qk_rms_norm(
+    qkv: &[f32],
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    q_weight: &[f32],
+    k_weight: &[f32],
+    eps: f32,
+) -> Vec<f32> {
+    let stride = (num_heads + 2 * num_kv_heads) * head_dim;
+    let q_cols = num_heads * head_dim;
     let mut out = qkv.to_vec();
     for row in out.chunks_mut(stride) {
-        for h in 0..num_heads + num_kv_heads {
-            let w = if h < num_heads { q_weight } else { k_weight };
-            let normed = rms_norm(&row[h * hd..(h + 1) * hd], w, eps);
-            row[h * hd..(h + 1) * hd].copy_from_slice(&normed);
+        let (q, rest) = row.split_at_mut(q_cols);
+        let k = &mut rest[..num_kv_heads * head_dim];
+        for (part, w) in [(q, q_weight), (k, k_weight)] {
+            for group in part.chunks_mut(w.len()) {
+                let normed = rms_norm(group, w, eps);
+                group.copy_from_slice(&normed);
+            }
         }
     }
     out

@@ -122,24 +122,36 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f32>,
     /// The Mamba2 mixer's shape, for models with state-space layers (mamba2, granitehybrid).
     pub ssm: Option<SsmConfig>,
-    /// Granite 4.0-H: which layers attend and the Granite multipliers.
+    /// Granite 4.0-H: which layers attend.
     pub hybrid: Option<HybridConfig>,
+    /// Granite's four multipliers (Granite 3.x dense, Granite 4.0-H); `None`: all neutral.
+    pub multipliers: Option<Multipliers>,
+    /// Layers whose attention rotates nothing (NoPE: SmolLM3's every fourth layer, transformers'
+    /// `no_rope_layers` 0s); empty: every layer uses RoPE.
+    pub no_rope_layers: Vec<usize>,
 }
 
 /// What a Granite 4.0-H hybrid adds (transformers' `GraniteMoeHybridConfig`, llama.cpp's
-/// `granitehybrid`): attention layers among Mamba2 ones, and four multipliers.
+/// `granitehybrid`): attention layers among Mamba2 ones (its multipliers are
+/// [`ModelConfig::multipliers`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HybridConfig {
     /// The layers with attention (and a KV cache); every other layer is a Mamba2 layer.
     pub attention_layers: Vec<usize>,
     /// Attention layers rotate q and k (RoPE); Granite 4.0-H's do not (NoPE).
     pub use_rope: bool,
+}
+
+/// IBM Granite's scalars (transformers' `GraniteConfig` and `GraniteMoeHybridConfig`; llama.cpp's
+/// `embedding_scale`, `residual_scale`, `attention.scale` and `logit_scale`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Multipliers {
     /// x = embedding · embedding_multiplier.
-    pub embedding_multiplier: f32,
+    pub embedding: f32,
     /// Each residual branch is scaled by this before it is added.
-    pub residual_multiplier: f32,
+    pub residual: f32,
     /// The attention scale (instead of 1/sqrt(head_dim)).
-    pub attention_multiplier: f32,
+    pub attention: f32,
     /// Logits are divided by this.
     pub logits_scaling: f32,
 }
@@ -214,6 +226,31 @@ pub fn hf_moe_refusal(config: &Value) -> Option<String> {
     })
 }
 
+/// llama.cpp's SmolLM3 makes every this-many-th layer NoPE (transformers' default
+/// `no_rope_layer_interval`); its GGUF files carry no key for it.
+const SMOLLM3_NO_ROPE_STEP: usize = 4;
+
+/// SmolLM3's NoPE layers from `config.json`: `no_rope_layers` (1 = RoPE, 0 = NoPE, one per
+/// layer at least), else every `no_rope_layer_interval`-th layer. A sliding window is refused.
+fn smollm3_no_rope_layers(file: &str, v: &Value, num_layers: usize) -> Result<Vec<usize>> {
+    if v["use_sliding_window"].as_bool() == Some(true) {
+        return Err(WeftError::model(file, "use_sliding_window is set; weft runs SmolLM3 with global attention"));
+    }
+    match v["no_rope_layers"].as_array() {
+        Some(flags) if flags.len() >= num_layers => {
+            Ok((0..num_layers).filter(|&i| flags[i].as_u64() == Some(0)).collect())
+        }
+        Some(flags) => Err(WeftError::model(
+            file,
+            format!("no_rope_layers has {} entries; the model has {num_layers} layers", flags.len()),
+        )),
+        None => {
+            let step = v["no_rope_layer_interval"].as_u64().unwrap_or(SMOLLM3_NO_ROPE_STEP as u64).max(1) as usize;
+            Ok((0..num_layers).filter(|i| (i + 1).is_multiple_of(step)).collect())
+        }
+    }
+}
+
 fn missing(file: &str, key: &str) -> WeftError {
     WeftError::model(file, format!("missing or malformed metadata {key}"))
 }
@@ -258,18 +295,43 @@ impl ModelConfig {
         let rope_scaling = Self::rope_scaling_from_gguf(gguf, &arch)?;
         // A hybrid lists each layer's KV heads: 0 marks a Mamba2 layer.
         let kv_heads_per_layer = gguf.get_i64_array(&format!("{arch}.attention.head_count_kv"));
+        // llama.cpp writes whether a Granite uses RoPE as rope.scaling.finetuned (a hybrid's
+        // default: no; a dense Granite's: yes).
+        let granite_rope = gguf.get_bool(&format!("{arch}.rope.scaling.finetuned"));
         let hybrid = match (&kv_heads_per_layer, arch.as_str()) {
             (Some(per_layer), "granitehybrid") => Some(HybridConfig {
                 attention_layers: (0..per_layer.len()).filter(|&i| per_layer[i] > 0).collect(),
-                // llama.cpp writes whether a hybrid uses RoPE as rope.scaling.finetuned.
-                use_rope: gguf.get_bool(&format!("{arch}.rope.scaling.finetuned")).unwrap_or(false),
-                embedding_multiplier: float("embedding_scale").unwrap_or(1.0),
-                residual_multiplier: float("residual_scale").unwrap_or(1.0),
-                attention_multiplier: float("attention.scale").unwrap_or(1.0),
+                use_rope: granite_rope.unwrap_or(false),
+            }),
+            _ => None,
+        };
+        let multipliers = match arch.as_str() {
+            "granite" | "granitehybrid" => Some(Multipliers {
+                embedding: float("embedding_scale").unwrap_or(1.0),
+                residual: float("residual_scale").unwrap_or(1.0),
+                // Without the key llama.cpp scales a dense Granite's attention by head_dim^-1/2.
+                attention: float("attention.scale").unwrap_or(if arch == "granite" {
+                    1.0 / (head_dim as f32).sqrt()
+                } else {
+                    1.0
+                }),
                 logits_scaling: float("logit_scale").unwrap_or(1.0),
             }),
             _ => None,
         };
+        let num_layers = int("block_count")?;
+        let no_rope_layers: Vec<usize> = match arch.as_str() {
+            // llama.cpp's SmolLM3: every fourth layer is NoPE, a constant with no key.
+            "smollm3" => (0..num_layers).filter(|i| (i + 1).is_multiple_of(SMOLLM3_NO_ROPE_STEP)).collect(),
+            "granite" if granite_rope == Some(false) => (0..num_layers).collect(),
+            _ => Vec::new(),
+        };
+        if arch == "olmo2" && int("attention.sliding_window").is_ok() {
+            return Err(WeftError::model(
+                file,
+                "olmo2 with a sliding window (OLMo 3) is not supported; weft runs OLMo 2, which attends globally",
+            ));
+        }
         let num_kv_heads = match &kv_heads_per_layer {
             Some(per_layer) => per_layer.iter().copied().max().unwrap_or(0).max(0) as usize,
             None => int("attention.head_count_kv").unwrap_or(num_heads),
@@ -280,7 +342,7 @@ impl ModelConfig {
             vocab_size,
             hidden_size,
             intermediate_size,
-            num_layers: int("block_count")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -300,6 +362,8 @@ impl ModelConfig {
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
             hybrid,
+            multipliers,
+            no_rope_layers,
             architecture: arch,
         };
         config.check(file)?;
@@ -488,11 +552,22 @@ impl ModelConfig {
             }
             _ => None,
         };
+        let num_layers = int("num_hidden_layers")?;
+        if v["mlp_bias"].as_bool() == Some(true) {
+            return Err(WeftError::model(file, format!("mlp_bias is set; weft runs {arch} without MLP biases")));
+        }
+        let multipliers = (arch == "granite").then(|| Multipliers {
+            embedding: float("embedding_multiplier").unwrap_or(1.0),
+            residual: float("residual_multiplier").unwrap_or(1.0),
+            attention: float("attention_multiplier").unwrap_or(1.0),
+            logits_scaling: float("logits_scaling").unwrap_or(1.0),
+        });
+        let no_rope_layers = if arch == "smollm3" { smollm3_no_rope_layers(file, &v, num_layers)? } else { Vec::new() };
         let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
             intermediate_size: int("intermediate_size")?,
-            num_layers: int("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
             head_dim,
@@ -508,12 +583,15 @@ impl ModelConfig {
             } else {
                 None
             },
-            qk_norm: arch == "qwen3",
+            // Qwen3's per head; OLMo 2's over the whole q and k projections.
+            qk_norm: arch == "qwen3" || arch == "olmo2",
             sliding_window_pattern: None,
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            multipliers,
+            no_rope_layers,
             architecture: arch,
         };
         config.check(file)?;
@@ -578,6 +656,8 @@ impl ModelConfig {
             query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(head_dim as f64) as f32),
             ssm: None,
             hybrid: None,
+            multipliers: None,
+            no_rope_layers: Vec::new(),
         };
         if config.attention_bias {
             return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
@@ -637,11 +717,14 @@ impl ModelConfig {
                     .filter(|&i| matches!(layer_types.get(i), Some(&"attention" | &"full_attention")))
                     .collect(),
                 use_rope: v["position_embedding_type"].as_str() == Some("rope"),
-                embedding_multiplier: float("embedding_multiplier", 1.0),
-                residual_multiplier: float("residual_multiplier", 1.0),
-                attention_multiplier: float("attention_multiplier", 1.0),
+            }),
+            multipliers: Some(Multipliers {
+                embedding: float("embedding_multiplier", 1.0),
+                residual: float("residual_multiplier", 1.0),
+                attention: float("attention_multiplier", 1.0),
                 logits_scaling: float("logits_scaling", 1.0),
             }),
+            no_rope_layers: Vec::new(),
         };
         config.check(file)?;
         Ok(config)
@@ -685,6 +768,8 @@ impl ModelConfig {
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             hybrid: None,
+            multipliers: None,
+            no_rope_layers: Vec::new(),
             ssm: Some(SsmConfig {
                 conv_kernel: int("conv_kernel")?,
                 state_size: int("state_size")?,
@@ -922,6 +1007,8 @@ mod tests {
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            multipliers: None,
+            no_rope_layers: Vec::new(),
         };
         let got = config.inv_freq();
         let want = [
@@ -978,6 +1065,28 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("rope_scaling type \"dynamic\" is not supported"), "{err}");
+    }
+
+    /// SmolLM3's NoPE layers from config.json: the `no_rope_layers` list (0 = NoPE), else every
+    /// `no_rope_layer_interval`-th layer (4 by default); a short list and a sliding window are
+    /// refused.
+    #[test]
+    fn smollm3_nope_layers_are_read_as_transformers_reads_them() {
+        let smollm3 = |extra: &str| {
+            let json = format!(
+                r#"{{"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 32,
+                    "num_hidden_layers": 8, "vocab_size": 10{extra}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json)
+        };
+        assert_eq!(smollm3("").unwrap().no_rope_layers, [3, 7]);
+        assert_eq!(smollm3(r#", "no_rope_layer_interval": 3"#).unwrap().no_rope_layers, [2, 5]);
+        let listed = smollm3(r#", "no_rope_layers": [0, 1, 1, 1, 1, 0, 1, 1]"#).unwrap();
+        assert_eq!(listed.no_rope_layers, [0, 5]);
+        let short = smollm3(r#", "no_rope_layers": [1, 1, 1, 0]"#).unwrap_err().to_string();
+        assert!(short.contains("no_rope_layers has 4 entries"), "{short}");
+        let window = smollm3(r#", "use_sliding_window": true, "sliding_window": 8"#).unwrap_err().to_string();
+        assert!(window.contains("use_sliding_window"), "{window}");
     }
 
     /// config.json's YaRN keys as transformers reads them: the factor, the original context (in

@@ -1,8 +1,9 @@
 //! The building blocks architectures share, each recording its dispatches: a [`Linear`]
 //! projection (one or several weight matrices written side by side, optional bias),
-//! self-[`Attention`] over the paged KV cache with RoPE (and optional per-head q/k norms), the
-//! gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2 [`SsmMixer`] over a sequence's
-//! recurrent-state slot. An architecture file composes them top to bottom.
+//! self-[`Attention`] over the paged KV cache with RoPE (and optional q/k norms, per head or
+//! over the whole projection), the gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2
+//! [`SsmMixer`] over a sequence's recurrent-state slot. An architecture file composes them top
+//! to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
@@ -211,14 +212,15 @@ impl Activations {
 pub struct Attention {
     pub qkv: Linear, // q, k, v side by side
     pub o: Linear,
-    /// RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3).
+    /// RMSNorm of q and k before RoPE: each head (Qwen3, Gemma 3) or each whole projection
+    /// (OLMo 2), by the weights' widths.
     pub qk_norm: Option<QkNorm>,
 }
 
-/// The per-head norms of q and k.
+/// The norms of q and k, per head or over the whole projection.
 pub struct QkNorm {
-    pub q: GpuTensor, // (head_dim)
-    pub k: GpuTensor, // (head_dim)
+    pub q: GpuTensor, // (head_dim) per head, or (heads · head_dim)
+    pub k: GpuTensor, // (head_dim) per head, or (kv_heads · head_dim)
     pub eps: f32,
 }
 

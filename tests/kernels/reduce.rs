@@ -64,10 +64,46 @@ fn head_rms_norm_matches_cpu() {
         }
     }
     let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 32 };
+    let xt = f.zeros(&[2, 128], DType::F32).unwrap();
+    let w = f.zeros(&[48], DType::F32).unwrap();
+    let err = head_rms_norm(ctx(f), &mut Recording::new(), &xt, layout, &w, &w, 1e-6).unwrap_err();
+    assert!(err.to_string().contains("q_weight has 48 values"), "{err}");
     let xt = f.zeros(&[2, 100], DType::F32).unwrap();
     let w = f.zeros(&[32], DType::F32).unwrap();
     let err = head_rms_norm(ctx(f), &mut Recording::new(), &xt, layout, &w, &w, 1e-6).unwrap_err();
     assert!(err.to_string().contains("qkv must be F32 of shape [_, 128]"), "{err}");
+}
+
+/// RMSNorm of the whole query and key projections (OLMo 2's q_norm / k_norm, weights as wide as
+/// all the query or key heads), in place: the tolerance of rms_norm over that width; the value
+/// heads come back untouched, bit for bit.
+#[test]
+fn head_rms_norm_of_whole_projections_matches_cpu() {
+    use weft::gpu::kernels::paged::QkvLayout;
+    use weft::gpu::kernels::reduce::head_rms_norm;
+    let Some(f) = gpu() else { return };
+    for (tokens, heads, kv_heads, hd) in [(1, 4, 2, 16), (3, 8, 8, 64), (2, 32, 8, 128)] {
+        let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim: hd };
+        let stride = layout.row_stride();
+        let x = random(tokens * stride, hd as u64 + 7, 3.0);
+        let (qw, kw) = (random(heads * hd, 23, 1.5), random(kv_heads * hd, 24, 1.5));
+        let xt = f.upload_f32(&[tokens, stride], &x).unwrap();
+        let qt = f.upload_f32(&[heads * hd], &qw).unwrap();
+        let kt = f.upload_f32(&[kv_heads * hd], &kw).unwrap();
+        let mut rec = Recording::new();
+        head_rms_norm(ctx(f), &mut rec, &xt, layout, &qt, &kt, 1e-6).unwrap();
+        run(f, &rec);
+        let got = read_f32(f, &xt);
+        let want = weft::cpu::qk_rms_norm(&x, heads, kv_heads, hd, &qw, &kw, 1e-6);
+        let rel = 2.0 * ((heads * hd) as f64 / 64.0 + 12.0) * U;
+        assert_close(&format!("whole-projection norm {tokens}x{heads}+{kv_heads}x{hd}"), &got, &want, |i| {
+            rel * f64::from(want[i].abs()) + 1e-30
+        });
+        for t in 0..tokens {
+            let v = t * stride + (heads + kv_heads) * hd..(t + 1) * stride;
+            assert!(got[v.clone()] == x[v], "value heads of token {t} changed");
+        }
+    }
 }
 
 /// The fused residual connection and norm computes exactly what `add` then `rms_norm` do: the

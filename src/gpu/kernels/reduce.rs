@@ -3,7 +3,7 @@
 //! One workgroup per row, so at most 65535 rows per dispatch.
 
 use super::{expect, shader_params, u32_of};
-use crate::error::Result;
+use crate::error::{Result, WeftError};
 use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
@@ -11,16 +11,18 @@ use crate::quant::DType;
 shader_params!(RmsNormParams { rows: u32, n: u32, eps: f32 });
 shader_params!(AddRmsNormParams { rows: u32, n: u32, eps: f32, delta_scale: f32 });
 shader_params!(RowParams { rows: u32, n: u32 });
-shader_params!(HeadNormParams { num_heads: u32, n: u32, row_stride: u32, eps: f32 });
+shader_params!(HeadNormParams { q_groups: u32, n: u32, k_n: u32, row_stride: u32, eps: f32 });
 
 fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
     expect(op, "x", x, DType::F32, &[None, None])?;
     Ok((x.shape()[0], x.shape()[1]))
 }
 
-/// Record RMSNorm over every query and key head of the fused qkv rows, in place (Qwen3's and
-/// Gemma 3's q_norm / k_norm, before RoPE): qkv (num_tokens, layout.row_stride()) F32, q_weight
-/// and k_weight (head_dim) F32. Value heads are left as they are.
+/// Record RMSNorm of the query and key parts of the fused qkv rows, in place, before RoPE:
+/// each query head (q_weight head_dim wide: Qwen3's and Gemma 3's q_norm) or all of them as one
+/// (q_weight num_heads · head_dim wide: OLMo 2's), and likewise the keys by k_weight's width.
+/// qkv (num_tokens, layout.row_stride()) F32, q_weight and k_weight F32. Value heads are left as
+/// they are.
 pub fn head_rms_norm(
     ctx: &GpuContext,
     rec: &mut Recording,
@@ -33,11 +35,24 @@ pub fn head_rms_norm(
     const OP: &str = "head_rms_norm";
     let hd = layout.head_dim;
     expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
-    expect(OP, "q_weight", q_weight, DType::F32, &[Some(hd)])?;
-    expect(OP, "k_weight", k_weight, DType::F32, &[Some(hd)])?;
+    // (weight, heads it covers): one head, or all of them.
+    let groups = |name: &'static str, weight: &GpuTensor, heads: usize| -> Result<usize> {
+        expect(OP, name, weight, DType::F32, &[None])?;
+        match weight.shape()[0] {
+            n if n == hd => Ok(heads),
+            n if n == heads * hd => Ok(1),
+            n => Err(WeftError::shape(
+                OP,
+                format!("{name} has {n} values; it must cover one head ({hd}) or all {heads} heads ({})", heads * hd),
+            )),
+        }
+    };
+    let q_groups = groups("q_weight", q_weight, layout.num_heads)?;
+    let k_groups = groups("k_weight", k_weight, layout.num_kv_heads)?;
     let params = HeadNormParams {
-        num_heads: u32_of(OP, "num_heads", layout.num_heads)?,
-        n: u32_of(OP, "head_dim", hd)?,
+        q_groups: u32_of(OP, "q_groups", q_groups)?,
+        n: u32_of(OP, "q_weight length", q_weight.shape()[0])?,
+        k_n: u32_of(OP, "k_weight length", k_weight.shape()[0])?,
         row_stride: u32_of(OP, "row stride", layout.row_stride())?,
         eps,
     };
@@ -46,8 +61,7 @@ pub fn head_rms_norm(
         k_weight.single_part(OP)?.resource(ctx)?,
         qkv.single_part(OP)?.resource(ctx)?,
     ];
-    let heads = u32_of(OP, "heads", layout.num_heads + layout.num_kv_heads)?;
-    let grid = [heads, u32_of(OP, "num_tokens", qkv.shape()[0])?, 1];
+    let grid = [u32_of(OP, "groups", q_groups + k_groups)?, u32_of(OP, "num_tokens", qkv.shape()[0])?, 1];
     ctx.dispatch(rec, ShaderVariant::plain("head_rms_norm"), bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
 }

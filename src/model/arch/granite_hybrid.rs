@@ -27,7 +27,7 @@ use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
-use crate::model::config::{HybridConfig, ModelConfig};
+use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Linear, Mlp, SsmMixer, StepInputs};
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
@@ -48,7 +48,7 @@ struct Layer {
 
 pub struct GraniteHybridModel {
     config: ModelConfig,
-    hybrid: HybridConfig,
+    multipliers: Multipliers,
     embed: GpuTensor, // (vocab, hidden)
     layers: Vec<Layer>,
     norm: GpuTensor,            // (hidden), divided by logits_scaling
@@ -71,8 +71,8 @@ impl GraniteHybridModel {
     ) -> Result<GraniteHybridModel> {
         let c = &config;
         let file = source.file();
-        let (Some(ssm), Some(hybrid)) = (c.ssm, c.hybrid.clone()) else {
-            return Err(WeftError::model(file, "a Granite hybrid needs its ssm and layer-type metadata"));
+        let (Some(ssm), Some(hybrid), Some(multipliers)) = (c.ssm, c.hybrid.clone(), c.multipliers) else {
+            return Err(WeftError::model(file, "a Granite hybrid needs its ssm, layer-type and multiplier metadata"));
         };
         let (hidden, q_rows, kv_rows) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let inter = c.intermediate_size;
@@ -121,7 +121,7 @@ impl GraniteHybridModel {
         }
         let embed = w.matrix(None, Part::Q, &[c.vocab_size, hidden])?;
         let name = crate::model::weights::tensor_name(source.checkpoint(), None, Part::AttnNorm);
-        let norm: Vec<f32> = w.named_values(&name, hidden)?.iter().map(|v| v / hybrid.logits_scaling).collect();
+        let norm: Vec<f32> = w.named_values(&name, hidden)?.iter().map(|v| v / multipliers.logits_scaling).collect();
         let norm = factory.upload_f32(&[hidden], &norm)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { w.optional_matrix(None, Part::O, &[c.vocab_size, hidden])? };
@@ -135,7 +135,7 @@ impl GraniteHybridModel {
         let cos_sin = factory.upload_f32(&[positions, half, 2], &table)?;
         // llama.cpp permutes q/k for RoPE's (2i, 2i+1) pairs; transformers rotates halves.
         let pairing = if gguf { RopePairing::Interleaved } else { RopePairing::Neox };
-        Ok(GraniteHybridModel { config, hybrid, embed, layers, norm, lm_head, cos_sin, pairing })
+        Ok(GraniteHybridModel { config, multipliers, embed, layers, norm, lm_head, cos_sin, pairing })
     }
 }
 
@@ -158,16 +158,16 @@ impl Architecture for GraniteHybridModel {
         logits: &GpuTensor,
     ) -> Result<()> {
         let c = &self.config;
-        let h = &self.hybrid;
+        let m = &self.multipliers;
         let setup = AttentionSetup {
             layout: QkvLayout { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
             cos_sin: &self.cos_sin,
             pairing: self.pairing,
             sliding_window: None,
-            scale: h.attention_multiplier,
+            scale: m.attention,
         };
-        let (eps, r) = (c.rms_norm_eps, h.residual_multiplier);
-        embedding_scaled(ctx, rec, &self.embed, inputs.token_ids, &a.x, h.embedding_multiplier)?;
+        let (eps, r) = (c.rms_norm_eps, m.residual);
+        embedding_scaled(ctx, rec, &self.embed, inputs.token_ids, &a.x, m.embedding)?;
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, eps)?;

@@ -1,5 +1,5 @@
-//! The Llama family — Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM — as one forward pass recorded
-//! on the GPU.
+//! The Llama family — Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM, SmolLM3, IBM Granite 3.x
+//! (dense) — as one forward pass recorded on the GPU.
 //!
 //! Reference: transformers' `models/llama/modeling_llama.py` (`LlamaForCausalLM`), and
 //! llama.cpp's `llama` graph for the GGUF layout. Each layer is
@@ -18,24 +18,34 @@
 //! frequencies come from `ModelConfig::rope_table` (linear, Llama 3 and YaRN scaling — the
 //! 128K Qwen3 files —, with YaRN's attention factor on cos and sin).
 //!
+//! SmolLM3 (transformers' `modeling_smollm3.py`, llama.cpp's `smollm3` graph) is Llama with
+//! NoPE layers: every fourth layer (`no_rope_layers`) rotates nothing, which weft runs with a
+//! one-row identity table (the RoPE kernel leaves positions past its table unrotated). Granite
+//! (`modeling_granite.py`, llama.cpp's `granite` graph) is Llama with four multipliers
+//! (`ModelConfig::multipliers`): `x = embedding · embedding_multiplier`, each residual branch
+//! scaled by `residual_multiplier` before it is added, attention scaled by
+//! `attention_multiplier` instead of head_dim^-1/2, and logits divided by `logits_scaling`
+//! (folded into the final norm's weight, which the LM head multiplies linearly). Without
+//! multipliers every one of these is 1 (or head_dim^-1/2), which changes no bit.
+//!
 //! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
 //! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
 //! checkpoint runs with its own pairing, which gives the same numbers without un-permuting.
 
 use crate::error::Result;
-use crate::gpu::kernels::embedding::embedding;
+use crate::gpu::kernels::embedding::{embedding, embedding_scaled};
 use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::QkvLayout;
-use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
+use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
 use crate::model::lora_pool::LoraLayout;
-use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
+use crate::model::weights::{Checkpoint, Loader, Part, WeightSource, tensor_name};
 use crate::tensor::TensorFactory;
 
 /// One block. Phi-3 (`phi3.rs`) loads its fused checkpoints into the same layers.
@@ -50,11 +60,13 @@ pub struct LlamaModel {
     config: ModelConfig,
     embed: GpuTensor, // (vocab, hidden)
     layers: Vec<Layer>,
-    norm: GpuTensor,            // (hidden)
+    norm: GpuTensor,            // (hidden), divided by logits_scaling
     lm_head: Option<GpuTensor>, // (vocab, hidden); None when tied to `embed`
     cos_sin: GpuTensor,         // (max_positions, rope_dim / 2, 2)
+    no_rope: Option<GpuTensor>, // (1, rope_dim / 2, 2): (1, 0), for NoPE layers, if any
     pairing: RopePairing,
     projections: Projections,
+    multipliers: Multipliers,
 }
 
 /// Positions the RoPE table covers at most (a 32k × 64 × 2 f32 table is 16 MiB).
@@ -131,7 +143,20 @@ impl LlamaModel {
             progress(i + 1, c.num_layers);
         }
         let embed = w.matrix(None, Part::Q, &[c.vocab_size, hidden])?;
-        let norm = w.vector(None, Part::AttnNorm, hidden)?;
+        let multipliers = c.multipliers.unwrap_or(Multipliers {
+            embedding: 1.0,
+            residual: 1.0,
+            attention: 1.0 / (c.head_dim as f32).sqrt(),
+            logits_scaling: 1.0,
+        });
+        let norm = if multipliers.logits_scaling == 1.0 {
+            w.vector(None, Part::AttnNorm, hidden)?
+        } else {
+            let name = tensor_name(source.checkpoint(), None, Part::AttnNorm);
+            let values: Vec<f32> =
+                w.named_values(&name, hidden)?.iter().map(|v| v / multipliers.logits_scaling).collect();
+            factory.upload_f32(&[hidden], &values)?
+        };
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(w.matrix(None, Part::O, &[c.vocab_size, hidden])?) };
         // The context served (the table's length) picks LongRoPE's factors; LongRoPE's and
@@ -139,14 +164,22 @@ impl LlamaModel {
         // rotary (Phi-4-mini) the table covers the rotated dimensions only.
         let positions = c.max_position_embeddings.min(MAX_TABLE_POSITIONS);
         let table = c.rope_table(positions, positions);
-        let cos_sin = factory.upload_f32(&[positions, c.rope_dim() / 2, 2], &table)?;
+        let half = c.rope_dim() / 2;
+        let cos_sin = factory.upload_f32(&[positions, half, 2], &table)?;
+        // Every position past this one-row table of angle 0 is left unrotated, and position 0
+        // is rotated by the identity: NoPE.
+        let no_rope = if c.no_rope_layers.is_empty() {
+            None
+        } else {
+            Some(factory.upload_f32(&[1, half, 2], &[1.0f32, 0.0].repeat(half))?)
+        };
         let pairing = match (source.checkpoint(), c.architecture.as_str()) {
             // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
             // HF's order.
-            (Checkpoint::Gguf, "llama" | "mistral") => RopePairing::Interleaved,
+            (Checkpoint::Gguf, "llama" | "mistral" | "granite" | "smollm3") => RopePairing::Interleaved,
             _ => RopePairing::Neox,
         };
-        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, pairing, projections })
+        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, no_rope, pairing, projections, multipliers })
     }
 }
 
@@ -169,29 +202,34 @@ impl Architecture for LlamaModel {
         logits: &GpuTensor,
     ) -> Result<()> {
         let c = &self.config;
-        let setup = AttentionSetup {
+        let m = &self.multipliers;
+        let mut setup = AttentionSetup {
             layout: QkvLayout { num_heads: c.num_heads, num_kv_heads: c.num_kv_heads, head_dim: c.head_dim },
             cos_sin: &self.cos_sin,
             pairing: self.pairing,
             sliding_window: c.sliding_window,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale: m.attention,
         };
 
-        let eps = c.rms_norm_eps;
-        embedding(ctx, rec, &self.embed, inputs.token_ids, &a.x)?;
+        let (eps, r) = (c.rms_norm_eps, m.residual);
+        embedding_scaled(ctx, rec, &self.embed, inputs.token_ids, &a.x, m.embedding)?;
         for (i, layer) in self.layers.iter().enumerate() {
             if i == 0 {
                 rms_norm(ctx, rec, &a.x, &layer.attn_norm, &a.xn, eps)?;
             } else {
                 // The previous layer's residual connection, then this layer's first norm.
-                add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.attn_norm, &a.xn, eps)?;
+                add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.attn_norm, &a.xn, eps)?;
             }
+            setup.cos_sin = match &self.no_rope {
+                Some(identity) if c.no_rope_layers.contains(&i) => identity,
+                _ => &self.cos_sin,
+            };
             let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
             layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?;
-            add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.ffn_norm, &a.xn, eps)?;
+            add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.ffn_norm, &a.xn, eps)?;
             layer.mlp.forward(ctx, rec, a, lora)?;
         }
-        add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
+        add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)

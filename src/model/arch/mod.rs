@@ -9,12 +9,14 @@ mod gemma3;
 mod granite_hybrid;
 mod llama;
 mod mamba2;
+mod olmo2;
 mod phi3;
 
 pub use gemma3::Gemma3Model;
 pub use granite_hybrid::GraniteHybridModel;
 pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
+pub use olmo2::Olmo2Model;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -26,8 +28,20 @@ use crate::model::weights::WeightSource;
 use crate::tensor::TensorFactory;
 
 /// Architecture names weft runs (GGUF `general.architecture`, Hugging Face `model_type`).
-pub const SUPPORTED: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "mamba2", "granitehybrid", "granitemoehybrid"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "smollm3",
+    "granite",
+    "olmo2",
+    "gemma3",
+    "phi3",
+    "mamba2",
+    "granitehybrid",
+    "granitemoehybrid",
+];
 
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
@@ -81,8 +95,11 @@ fn load_layers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn Architecture>> {
     match config.architecture.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(LlamaModel::load(config, source, factory, progress)?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" | "smollm3" | "granite" => {
+            Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
+        }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),
         "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
         "granitehybrid" | "granitemoehybrid" => {
