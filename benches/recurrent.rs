@@ -45,6 +45,7 @@ fn step(exec: &GpuExecutor, i: usize, tokens: &[u32], start_pos: usize, blocks_p
         state_slot: recurrent.then_some(i as u32),
         state_restore: None,
         state_save: None,
+        embed: false,
     }
 }
 

@@ -53,6 +53,9 @@ pub struct SeqStep {
     /// A snapshot slot that also receives the state after `tokens` (the end of a prompt's full
     /// blocks, for the prefix cache).
     pub state_save: Option<u32>,
+    /// An embedding request's last chunk: the executor also returns the final hidden state of
+    /// its last logit row (the prompt's last token, which last-token pooling takes).
+    pub embed: bool,
 }
 
 impl SeqStep {
@@ -95,6 +98,9 @@ impl StepBatch {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepOutput {
     pub samples: Vec<Vec<Sampled>>,
+    /// Per sequence of the batch, in order: the final hidden state (hidden_size values) of its
+    /// last logit row when it asked for it (`SeqStep::embed`), else empty.
+    pub hidden: Vec<Vec<f32>>,
     /// Where the step's time went.
     pub timings: StepTimings,
 }
@@ -166,6 +172,11 @@ pub trait ModelExecutor: Send + Sync {
     /// Positions a sequence may reach.
     fn max_context(&self) -> usize;
     fn kv_config(&self) -> KvCacheConfig;
+    /// The length of the hidden states `SeqStep::embed` returns, for a model that serves
+    /// embeddings (`model::config::Pooling`); `None`: it serves none.
+    fn embedding_size(&self) -> Option<usize> {
+        None
+    }
     /// The state-slot pool behind `SeqStep::state_slot`; `None` for a model without
     /// recurrent layers.
     fn state_config(&self) -> Option<RecurrentStateConfig> {
@@ -204,6 +215,7 @@ mod tests {
             state_slot: None,
             state_restore: None,
             state_save: None,
+            embed: false,
         }
     }
 

@@ -44,6 +44,7 @@ fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize)
         state_slot: None,
         state_restore: None,
         state_save: None,
+        embed: false,
     }
 }
 

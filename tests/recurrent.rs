@@ -73,6 +73,7 @@ fn step(slot: u32, tokens: &[u32], start_pos: usize, num_logits: usize) -> SeqSt
         state_slot: Some(slot),
         state_restore: None,
         state_save: None,
+        embed: false,
     }
 }
 

@@ -515,6 +515,7 @@ impl ContinuousBatchScheduler {
                 state_slot: self.state.as_ref().and_then(|state| state.slot(id)),
                 state_restore,
                 state_save,
+                embed: false,
             });
             batch.num_batched_tokens += num_new_tokens;
         }
@@ -783,7 +784,8 @@ mod tests {
                 sampling: None,
                 state_slot: None,
                 state_restore: None,
-                state_save: None
+                state_save: None,
+                embed: false,
             }
         );
         assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));

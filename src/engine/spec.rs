@@ -315,6 +315,7 @@ impl DraftJob {
                     state_slot: None,
                     state_restore: None,
                     state_save: None,
+                    embed: false,
                 });
                 members.push(i);
             }
@@ -629,6 +630,7 @@ mod tests {
                 state_slot: None,
                 state_restore: None,
                 state_save: None,
+                embed: false,
             }],
             preempted: vec![],
             num_batched_tokens: 4,

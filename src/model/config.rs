@@ -124,6 +124,43 @@ pub struct ModelConfig {
     pub ssm: Option<SsmConfig>,
     /// Granite 4.0-H: which layers attend and the Granite multipliers.
     pub hybrid: Option<HybridConfig>,
+    /// How an embedding model pools its hidden states (GGUF `{arch}.pooling_type`, or
+    /// `EngineBuilder::pooling`); `None`: a generation-only model, which serves no embeddings.
+    pub pooling: Option<Pooling>,
+}
+
+/// How the final hidden states of a prompt become one embedding (llama.cpp's
+/// `LLAMA_POOLING_TYPE_*`, sentence-transformers' `Pooling` modes). The vector is then L2
+/// normalised, as sentence-transformers' `Normalize` and llama.cpp's server do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The last token's state (Qwen3-Embedding: a causal model's last position has seen the
+    /// whole prompt).
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's `pooling_type` value; 0 (none) is `Ok(None)`, a kind weft does not pool
+    /// yet is refused, naming it.
+    pub fn from_gguf(value: u64) -> Result<Option<Pooling>> {
+        match value {
+            0 => Ok(None),
+            3 => Ok(Some(Pooling::Last)),
+            1 | 2 | 4 => {
+                let name = ["", "mean", "cls", "", "rank"][value as usize];
+                Err(WeftError::Unsupported(format!("{name} pooling (weft pools the last token only)")))
+            }
+            other => Err(WeftError::Unsupported(format!("pooling type {other}"))),
+        }
+    }
+
+    /// Parse a `--pooling` value.
+    pub fn parse(name: &str) -> Result<Pooling> {
+        match name {
+            "last" => Ok(Pooling::Last),
+            other => Err(WeftError::Unsupported(format!("pooling {other:?}; weft pools \"last\" (the last token)"))),
+        }
+    }
 }
 
 /// What a Granite 4.0-H hybrid adds (transformers' `GraniteMoeHybridConfig`, llama.cpp's
@@ -300,6 +337,10 @@ impl ModelConfig {
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
             hybrid,
+            pooling: match gguf.get_u64(&format!("{arch}.pooling_type")) {
+                Some(value) => Pooling::from_gguf(value).map_err(|e| WeftError::model(file, e.to_string()))?,
+                None => None,
+            },
             architecture: arch,
         };
         config.check(file)?;
@@ -514,6 +555,7 @@ impl ModelConfig {
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            pooling: None,
             architecture: arch,
         };
         config.check(file)?;
@@ -578,6 +620,7 @@ impl ModelConfig {
             query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(head_dim as f64) as f32),
             ssm: None,
             hybrid: None,
+            pooling: None,
         };
         if config.attention_bias {
             return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
@@ -642,6 +685,7 @@ impl ModelConfig {
                 attention_multiplier: float("attention_multiplier", 1.0),
                 logits_scaling: float("logits_scaling", 1.0),
             }),
+            pooling: None,
         };
         config.check(file)?;
         Ok(config)
@@ -685,6 +729,7 @@ impl ModelConfig {
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             hybrid: None,
+            pooling: None,
             ssm: Some(SsmConfig {
                 conv_kernel: int("conv_kernel")?,
                 state_size: int("state_size")?,
@@ -922,6 +967,7 @@ mod tests {
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            pooling: None,
         };
         let got = config.inv_freq();
         let want = [

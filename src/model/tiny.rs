@@ -34,6 +34,7 @@ pub fn tiny_config() -> ModelConfig {
         query_pre_attn_scalar: None,
         ssm: None,
         hybrid: None,
+        pooling: None,
     }
 }
 
