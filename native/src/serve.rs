@@ -73,7 +73,14 @@ pub struct Options {
     /// `--reasoning-parser`: a family of `weft::openai::reasoning::FAMILIES` or `none`;
     /// `None`: chosen from the model.
     pub reasoning_parser: Option<String>,
+    /// `--pooling`: serve embeddings so pooled whatever the model's file says.
+    pub pooling: Option<weft::model::config::Pooling>,
     pub speculation: crate::generate::Speculation,
+}
+
+/// `--pooling`: a `Pooling` weft knows.
+pub fn parse_pooling(s: &str) -> std::result::Result<weft::model::config::Pooling, String> {
+    weft::model::config::Pooling::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--reasoning-parser`: one of vLLM's parser names weft knows, or `none`.
@@ -393,6 +400,28 @@ async fn models(State(state): State<Shared>) -> ApiResult<Response> {
     .into_response())
 }
 
+/// OpenAI's `/v1/embeddings`: each input is one engine request, batched with everything else
+/// in the engine's steps. A model that serves no embeddings answers 400 (the engine's refusal);
+/// a model that is only an encoder does not exist in weft yet, so completions never need one.
+async fn embeddings(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let in_flight = InFlight::new(&state);
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down; retry on another replica"));
+    }
+    let map = parse_body(body)?;
+    let engine = ready(&state)?.clone();
+    check_model(&state, &map)?;
+    let req = weft::openai::parse_embeddings(&map)?;
+    check_queue(&engine)?;
+    let all = req.inputs.iter().map(|p| engine.embed(p.clone(), req.params));
+    let embeddings = futures::future::try_join_all(all).await.map_err(OpenAiError::from_engine)?;
+    drop(in_flight);
+    Ok(Json(weft::openai::embeddings_json(&req, &state.model_id, &embeddings)).into_response())
+}
+
 /// vLLM's `/tokenize`: a prompt or a conversation (rendered as a chat completion's) to token ids.
 async fn tokenize(
     State(state): State<Shared>,
@@ -636,12 +665,17 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let kv = opts.kv.clone();
     let speculation = opts.speculation.clone();
     let reasoning_parser = opts.reasoning_parser.clone();
+    let pooling = opts.pooling;
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
         let progress = crate::progress::loading(path.display().to_string());
         let built = EngineBuilder::from_model(&path)
             .and_then(|b| speculation.apply(b))
+            .map(|b| match pooling {
+                Some(p) => b.pooling(p),
+                None => b,
+            })
             .and_then(|b| match &chat_template {
                 Some(source) => b.chat_template(source),
                 None => Ok(b),
@@ -686,6 +720,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
