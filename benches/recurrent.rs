@@ -46,6 +46,7 @@ fn step(exec: &GpuExecutor, i: usize, tokens: &[u32], start_pos: usize, blocks_p
         state_restore: None,
         state_save: None,
         lora_slot: None,
+        embed: false,
     }
 }
 

@@ -14,7 +14,7 @@ use crate::gpu::{
     KvLimit, gib,
 };
 use crate::kv::{KvCacheConfig, KvCacheManager};
-use crate::model::config::ModelConfig;
+use crate::model::config::{ModelConfig, Pooling};
 use crate::model::draft::DraftDistributions;
 use crate::model::executor::GpuExecutor;
 use crate::model::load::ModelFiles;
@@ -182,6 +182,14 @@ impl EngineBuilder {
 
     pub fn gpu_options(mut self, options: GpuOptions) -> Self {
         self.gpu = options;
+        self
+    }
+
+    /// Serve embeddings by `pooling` whatever the model's file says (`--pooling`): any decoder
+    /// embeds with its last token's final hidden state, which is what Qwen3-Embedding is
+    /// trained for, even when its GGUF names no pooling.
+    pub fn pooling(mut self, pooling: Pooling) -> Self {
+        self.files.config.pooling = Some(pooling);
         self
     }
 

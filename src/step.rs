@@ -58,6 +58,9 @@ pub struct SeqStep {
     pub state_save: Option<u32>,
     /// The LoRA adapter slot the sequence runs with; `None`: the base model.
     pub lora_slot: Option<u32>,
+    /// An embedding request's last chunk: the executor also returns the final hidden state of
+    /// its last logit row (the prompt's last token, which last-token pooling takes).
+    pub embed: bool,
 }
 
 impl SeqStep {
@@ -115,6 +118,9 @@ impl StepBatch {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepOutput {
     pub samples: Vec<Vec<Sampled>>,
+    /// Per sequence of the batch, in order: the final hidden state (hidden_size values) of its
+    /// last logit row when it asked for it (`SeqStep::embed`), else empty.
+    pub hidden: Vec<Vec<f32>>,
     /// Where the step's time went.
     pub timings: StepTimings,
 }
@@ -186,6 +192,11 @@ pub trait ModelExecutor: Send + Sync {
     /// Positions a sequence may reach.
     fn max_context(&self) -> usize;
     fn kv_config(&self) -> KvCacheConfig;
+    /// The length of the hidden states `SeqStep::embed` returns, for a model that serves
+    /// embeddings (`model::config::Pooling`); `None`: it serves none.
+    fn embedding_size(&self) -> Option<usize> {
+        None
+    }
     /// The state-slot pool behind `SeqStep::state_slot`; `None` for a model without
     /// recurrent layers.
     fn state_config(&self) -> Option<RecurrentStateConfig> {
@@ -230,6 +241,7 @@ mod tests {
             state_restore: None,
             state_save: None,
             lora_slot: None,
+            embed: false,
         }
     }
 

@@ -45,6 +45,7 @@ fn seq(tokens: &[u32], start_pos: usize, block_table: &[u32], num_logits: usize)
         state_restore: None,
         state_save: None,
         lora_slot: None,
+        embed: false,
     }
 }
 

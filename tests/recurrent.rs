@@ -74,6 +74,7 @@ fn step(slot: u32, tokens: &[u32], start_pos: usize, num_logits: usize) -> SeqSt
         state_restore: None,
         state_save: None,
         lora_slot: None,
+        embed: false,
     }
 }
 

@@ -269,6 +269,11 @@ enum Command {
         /// [default: chosen from the model's chat template and vocabulary]
         #[arg(long, value_name = "NAME", value_parser = serve::parse_reasoning_parser)]
         reasoning_parser: Option<String>,
+        /// Serve /v1/embeddings by pooling KIND (`last`: the last token's final hidden state,
+        /// as Qwen3-Embedding is used) even when the model's file names no pooling [default:
+        /// the file's `pooling_type`; none: the model serves no embeddings]
+        #[arg(long, value_name = "KIND", value_parser = serve::parse_pooling)]
+        pooling: Option<weft::model::config::Pooling>,
         #[command(flatten)]
         spec: SpecArgs,
         /// Serve PEFT LoRA adapters (adapter_config.json + adapter_model.safetensors in PATH) as
@@ -505,6 +510,7 @@ fn main() -> ExitCode {
             chat_template,
             cors_origin,
             reasoning_parser,
+            pooling,
             spec,
             lora_modules,
             max_loras,
@@ -525,6 +531,7 @@ fn main() -> ExitCode {
             chat_template,
             cors_origins: cors_origin,
             reasoning_parser,
+            pooling,
             speculation: spec.speculation(),
             lora_modules,
             max_loras,

@@ -73,6 +73,8 @@ pub struct Options {
     /// `--reasoning-parser`: a family of `weft::openai::reasoning::FAMILIES` or `none`;
     /// `None`: chosen from the model.
     pub reasoning_parser: Option<String>,
+    /// `--pooling`: serve embeddings so pooled whatever the model's file says.
+    pub pooling: Option<weft::model::config::Pooling>,
     pub speculation: crate::generate::Speculation,
     /// `--lora-modules name=path …`: PEFT adapters served under their names.
     pub lora_modules: Vec<(String, PathBuf)>,
@@ -91,6 +93,11 @@ pub fn parse_lora_module(s: &str) -> std::result::Result<(String, PathBuf), Stri
         Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), PathBuf::from(path))),
         _ => Err(format!("{s:?} is not name=path (the adapter's name in requests, then its PEFT directory)")),
     }
+}
+
+/// `--pooling`: a `Pooling` weft knows.
+pub fn parse_pooling(s: &str) -> std::result::Result<weft::model::config::Pooling, String> {
+    weft::model::config::Pooling::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--reasoning-parser`: one of vLLM's parser names weft knows, or `none`.
@@ -424,6 +431,29 @@ async fn models(State(state): State<Shared>) -> ApiResult<Response> {
     Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
 
+/// OpenAI's `/v1/embeddings`: each input is one engine request, batched with everything else
+/// in the engine's steps. A model that serves no embeddings answers 400 (the engine's refusal);
+/// a model that is only an encoder does not exist in weft yet, so completions never need one.
+async fn embeddings(
+    State(state): State<Shared>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let in_flight = InFlight::new(&state);
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::unavailable("the server is shutting down; retry on another replica"));
+    }
+    let map = parse_body(body)?;
+    let engine = ready(&state)?.clone();
+    let lora = check_model(&state, &engine, &map)?;
+    let req = weft::openai::parse_embeddings(&map)?;
+    check_queue(&engine)?;
+    let all = req.inputs.iter().map(|p| engine.embed(p.clone(), req.params, lora.as_deref()));
+    let embeddings = futures::future::try_join_all(all).await.map_err(OpenAiError::from_engine)?;
+    drop(in_flight);
+    let model = lora.as_deref().unwrap_or(&state.model_id);
+    Ok(Json(weft::openai::embeddings_json(&req, model, &embeddings)).into_response())
+}
+
 /// vLLM's `/tokenize`: a prompt or a conversation (rendered as a chat completion's) to token ids.
 async fn tokenize(
     State(state): State<Shared>,
@@ -728,6 +758,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
             opts.max_lora_rank.unwrap_or(weft::builder::DEFAULT_MAX_LORA_RANK),
         )
     });
+    let pooling = opts.pooling;
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // Reading and uploading the weights blocks: off the async workers, driven by weft's own shim.
@@ -738,6 +769,10 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
                 Some((slots, rank)) => {
                     lora_modules.iter().fold(b.lora(slots, rank), |b, (name, dir)| b.lora_module(name, dir))
                 }
+                None => b,
+            })
+            .map(|b| match pooling {
+                Some(p) => b.pooling(p),
                 None => b,
             })
             .and_then(|b| match &chat_template {
@@ -784,6 +819,7 @@ async fn serve(opts: Options, path: PathBuf, chat_template: Option<String>, stat
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize));

@@ -33,7 +33,9 @@ use crate::constraint::{ConstraintCompiler, ConstraintState, tools};
 use crate::engine::api::LoraMetrics;
 use crate::engine::metrics::{EngineMetrics, MAX_STEP_RECORDS, StepRecord};
 use crate::engine::output::Live;
-use crate::engine::request::{DEFAULT_MAX_TOKENS, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage};
+use crate::engine::request::{
+    DEFAULT_MAX_TOKENS, EmbeddingParams, FinishReason, InferenceRequest, Prompt, StreamChunk, Usage,
+};
 use crate::engine::scheduler::{ContinuousBatchScheduler, SchedRequest, SchedulerConfig};
 use crate::engine::spec::{Drafter, SpeculationConfig, Speculator};
 use crate::engine::step_budget::{DEFAULT_STEP_SECONDS, StepBudget};
@@ -519,6 +521,9 @@ impl ContinuousBatchEngine {
             }
             // Decoding continues the prompt, so a SentencePiece vocabulary keeps the first word's space.
             let decoder = DecodeStream::with_context(self.inner.tokenizer.clone(), true, &prompt)?;
+            if let Some(embedding) = &request.params.embedding {
+                self.check_embedding(embedding)?;
+            }
             // Compiled here, once: a constraint that cannot be compiled never reaches a step.
             let constraint = self.compile_constraint(&request)?;
             Ok((prompt, decoder, constraint))
@@ -533,7 +538,9 @@ impl ContinuousBatchEngine {
         };
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let room = self.inner.config.max_model_len.saturating_sub(prompt.len()).clamp(1, DEFAULT_MAX_TOKENS);
-        let max_tokens = request.params.max_tokens.unwrap_or(room);
+        // An embedding runs its prompt and samples one row it never keeps: the scheduler's
+        // prefill with a single token to generate.
+        let max_tokens = if request.params.embedding.is_some() { 1 } else { request.params.max_tokens.unwrap_or(room) };
         let lora = match &request.lora {
             Some(name) => match state.loras.get(name) {
                 Some(adapter) => Some(adapter.clone()),
@@ -574,6 +581,25 @@ impl ContinuousBatchEngine {
         drop(state);
         self.wake();
         Ok((id, receiver))
+    }
+
+    /// Refuse an embedding request this model cannot serve, naming the field.
+    fn check_embedding(&self, embedding: &EmbeddingParams) -> Result<()> {
+        let Some(size) = self.inner.executor.embedding_size() else {
+            return Err(WeftError::invalid(
+                "model",
+                "this model serves no embeddings: its file names no pooling (GGUF `pooling_type`); an embedding \
+                 model such as Qwen3-Embedding pools its last token, which `--pooling last` (EngineBuilder::pooling) \
+                 turns on",
+            ));
+        };
+        match embedding.dimensions {
+            Some(d) if d == 0 || d > size => Err(WeftError::invalid(
+                "dimensions",
+                format!("{d}; this model's embeddings have {size} dimensions, so 1 to {size} may be kept"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Run one step for every pending request. Returns false when there was nothing to do.
@@ -637,7 +663,7 @@ impl ContinuousBatchEngine {
                     state.step_records.pop_front();
                 }
                 let applying = Instant::now();
-                self.apply(&mut state, &batch, output.samples);
+                self.apply(&mut state, &batch, output.samples, &output.hidden);
                 let output_s = applying.elapsed().as_secs_f64();
                 let timings = crate::step::StepTimings { schedule_s, output_s, ..output.timings };
                 // The GPU's own time where the adapter has timestamps, else the wait for it.
@@ -700,6 +726,8 @@ impl ContinuousBatchEngine {
                 }
             }
             s.sampling = Some(spec);
+            // The prompt's last chunk: its logit row is the last token.
+            s.embed = live.request.params.embedding.is_some();
         }
         mask_jobs
     }
@@ -713,7 +741,7 @@ impl ContinuousBatchEngine {
 
     /// Each sequence keeps its accepted run of samples: the scheduler appends it (rolling back
     /// rejected drafts), output processing streams it, and requests it ends are retired.
-    fn apply(&self, state: &mut State, batch: &StepBatch, samples: Vec<Vec<Sampled>>) {
+    fn apply(&self, state: &mut State, batch: &StepBatch, samples: Vec<Vec<Sampled>>, hidden: &[Vec<f32>]) {
         let runs: Vec<&[Sampled]> = batch
             .seqs
             .iter()
@@ -727,12 +755,18 @@ impl ContinuousBatchEngine {
         }
         let now = Instant::now();
         let eos = self.inner.tokenizer.eos_token_ids();
-        for (s, run) in batch.seqs.iter().zip(runs) {
+        for (i, (s, run)) in batch.seqs.iter().zip(runs).enumerate() {
             if run.is_empty() {
                 continue;
             }
             // A request cancelled (or the engine shut down) while the step ran is gone already.
             let Some(live) = state.live.get_mut(&s.id) else { continue };
+            if s.embed {
+                // The sampled token is not kept: the embedding is the whole answer.
+                live.send_embedding(hidden.get(i).map_or(&[][..], Vec::as_slice));
+                self.end(state, s.id, FinishReason::Stop, None);
+                continue;
+            }
             let since = live.last_token_at.unwrap_or(live.submitted_at);
             let first = live.last_token_at.is_none();
             live.last_token_at = Some(now);

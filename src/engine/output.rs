@@ -13,7 +13,7 @@ use futures::channel::mpsc;
 use web_time::Instant;
 
 use crate::constraint::{Advance, ConstraintState};
-use crate::engine::request::{FinishReason, InferenceRequest, StreamChunk, TokenLogprob, Usage};
+use crate::engine::request::{FinishReason, InferenceRequest, StreamChunk, TokenLogprob, Usage, normalize_embedding};
 use crate::engine::stop::StopMatcher;
 use crate::error::{Result, WeftError};
 use crate::sampling::Sampled;
@@ -54,6 +54,7 @@ impl Live {
             logprobs: Vec::new(),
             finish_reason: None,
             usage: None,
+            embedding: None,
         };
         let mut finish = None;
         for x in run {
@@ -145,6 +146,20 @@ impl Live {
             logprobs: Vec::new(),
             finish_reason: Some(reason),
             usage: Some(self.usage),
+            embedding: None,
+        }));
+    }
+
+    /// The one chunk of an embedding request, from its pooled final hidden state.
+    pub fn send_embedding(&self, hidden: &[f32]) {
+        let dimensions = self.request.params.embedding.and_then(|e| e.dimensions);
+        let _ = self.sender.unbounded_send(Ok(StreamChunk {
+            text: String::new(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: Some(FinishReason::Stop),
+            usage: Some(self.usage),
+            embedding: Some(normalize_embedding(hidden, dimensions)),
         }));
     }
 }

@@ -40,6 +40,28 @@ pub struct GenerationParams {
     /// answer after it, so the tokens up to and including it are free, and the constraint
     /// starts with the token after. Without a constraint it changes nothing.
     pub constraint_after: Option<u32>,
+    /// An embedding request: the prompt's embedding (its final hidden states pooled and L2
+    /// normalised, `model::config::Pooling`) instead of generated text; the last chunk carries
+    /// it. Sampling, stops and `max_tokens` do not apply.
+    pub embedding: Option<EmbeddingParams>,
+}
+
+/// What an embedding request asks beyond its prompt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmbeddingParams {
+    /// Keep the first `dimensions` values of the pooled state, then normalise (OpenAI's
+    /// `dimensions`; Matryoshka-trained models such as Qwen3-Embedding keep their quality so
+    /// truncated); `None`: all of them.
+    pub dimensions: Option<usize>,
+}
+
+/// L2-normalise the first `dimensions` values of a pooled hidden state (all when `None`), in
+/// f64 so the result does not depend on how a sum was split. A zero vector stays zero.
+pub fn normalize_embedding(hidden: &[f32], dimensions: Option<usize>) -> Vec<f32> {
+    let kept = &hidden[..dimensions.unwrap_or(hidden.len()).min(hidden.len())];
+    let norm = kept.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
+    let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+    kept.iter().map(|&v| (f64::from(v) * scale) as f32).collect()
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -133,6 +155,8 @@ pub struct StreamChunk {
     pub finish_reason: Option<FinishReason>,
     /// Set on the last chunk only.
     pub usage: Option<Usage>,
+    /// An embedding request's embedding, on its last (and only) chunk.
+    pub embedding: Option<Vec<f32>>,
 }
 
 /// A whole response.
@@ -173,5 +197,12 @@ mod tests {
             assert!(err.contains(field), "{err}");
         }
         assert!(req(Prompt::Chat(vec![ChatMessage::user("hi")]), |_| {}).validate().is_ok());
+    }
+
+    #[test]
+    fn embeddings_are_truncated_then_normalised() {
+        assert_eq!(normalize_embedding(&[3.0, 4.0, 12.0], None), vec![3.0 / 13.0, 4.0 / 13.0, 12.0 / 13.0]);
+        assert_eq!(normalize_embedding(&[3.0, 4.0, 12.0], Some(2)), vec![0.6, 0.8]);
+        assert_eq!(normalize_embedding(&[0.0, 0.0], None), vec![0.0, 0.0]);
     }
 }

@@ -604,6 +604,7 @@ impl ContinuousBatchScheduler {
                 state_restore,
                 state_save,
                 lora_slot: slot_of(seq),
+                embed: false,
             });
             batch.num_batched_tokens += num_new_tokens;
         }
@@ -913,7 +914,8 @@ mod tests {
                 state_slot: None,
                 state_restore: None,
                 state_save: None,
-                lora_slot: None
+                lora_slot: None,
+                embed: false,
             }
         );
         assert_eq!((out.seqs[1].start_pos, out.seqs[1].tokens.len()), (0, 6));

@@ -316,6 +316,7 @@ impl DraftJob {
                     state_restore: None,
                     state_save: None,
                     lora_slot: None,
+                    embed: false,
                 });
                 members.push(i);
             }
@@ -631,6 +632,7 @@ mod tests {
                 state_restore: None,
                 state_save: None,
                 lora_slot: None,
+                embed: false,
             }],
             preempted: vec![],
             num_batched_tokens: 4,

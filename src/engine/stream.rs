@@ -15,8 +15,10 @@ use futures::channel::mpsc;
 use futures::{Stream, StreamExt};
 
 use crate::engine::ContinuousBatchEngine;
-use crate::engine::request::{FinishReason, InferenceRequest, InferenceResponse, StreamChunk, Usage};
-use crate::error::Result;
+use crate::engine::request::{
+    EmbeddingParams, FinishReason, GenerationParams, InferenceRequest, InferenceResponse, Prompt, StreamChunk, Usage,
+};
+use crate::error::{Result, WeftError};
 use crate::kv::SeqId;
 
 /// An async wake-up signal for the background loop.
@@ -102,6 +104,27 @@ impl ContinuousBatchEngine {
     /// Run a request to completion.
     pub async fn infer(&self, request: InferenceRequest) -> Result<InferenceResponse> {
         collect_response(&mut Box::pin(self.infer_stream(request)?)).await
+    }
+
+    /// The embedding of `prompt` (L2-normalised, `params.dimensions` long when given) and its
+    /// usage, with the LoRA adapter registered as `lora` (`None`: the base model). It runs in
+    /// the engine's steps beside every other request.
+    pub async fn embed(
+        &self,
+        prompt: Prompt,
+        params: EmbeddingParams,
+        lora: Option<&str>,
+    ) -> Result<(Vec<f32>, Usage)> {
+        let generation = GenerationParams { embedding: Some(params), ..Default::default() };
+        let request = InferenceRequest { lora: lora.map(str::to_string), ..InferenceRequest::new(prompt, generation) };
+        let mut stream = Box::pin(self.infer_stream(request)?);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            if let (Some(embedding), Some(usage)) = (chunk.embedding, chunk.usage) {
+                return Ok((embedding, usage));
+            }
+        }
+        Err(WeftError::Unavailable("the embedding request ended without its embedding (cancelled)".into()))
     }
 
     /// Start the background loop: from now on steps run by themselves and `infer` only waits.

@@ -389,6 +389,32 @@ impl GpuContext {
         Ok((bytes, times))
     }
 
+    /// Make `recording`'s readback staging buffer (and its timestamp queries) big enough for a
+    /// readback of `result` now, so that no warm step has to grow it: an executor calls this
+    /// with the largest result its steps read.
+    pub fn reserve_readback(&self, recording: &Recording, result: &crate::gpu::GpuTensor) {
+        let result_bytes = self.readback_bytes(result).next_multiple_of(8);
+        self.ensure_readback(&mut recording.arena(), result_bytes);
+    }
+
+    fn ensure_readback(&self, arena: &mut Arena, result_bytes: u64) {
+        // The result, then the pass's two timestamps (8-byte aligned).
+        let needed = result_bytes + 16;
+        if arena.staging.as_ref().is_none_or(|s| s.size() < needed) {
+            let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+            arena.staging = Some(self.create_buffer("readback", needed.next_power_of_two(), usage));
+        }
+        if arena.timestamps.is_none() && self.features().timestamp_query {
+            let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            });
+            let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+            arena.timestamps = Some((set, self.create_buffer("step timestamps", 16, usage)));
+        }
+    }
+
     /// Encode `recording` into a command buffer that then copies `result` (whose
     /// [`readback_spans`](GpuContext::readback_spans) are `spans`) and the pass's timestamps
     /// into the recording's staging buffer.
@@ -403,21 +429,7 @@ impl GpuContext {
         let result_bytes = self.readback_bytes(result).next_multiple_of(8);
         let (staging, timestamps) = {
             let mut arena = recording.arena();
-            // The result, then the pass's two timestamps (8-byte aligned).
-            let needed = result_bytes + 16;
-            if arena.staging.as_ref().is_none_or(|s| s.size() < needed) {
-                let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-                arena.staging = Some(self.create_buffer("readback", needed.next_power_of_two(), usage));
-            }
-            if arena.timestamps.is_none() && self.features().timestamp_query {
-                let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("step timestamps"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: 2,
-                });
-                let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
-                arena.timestamps = Some((set, self.create_buffer("step timestamps", 16, usage)));
-            }
+            self.ensure_readback(&mut arena, result_bytes);
             (arena.staging.clone().expect("made above"), arena.timestamps.clone())
         };
         self.encode_timed(&mut encoder, recording, &groups, None, timestamps.as_ref().map(|(set, _)| set));

@@ -201,6 +201,25 @@ impl GpuTensor {
         }
         Ok(GpuTensor { row_bytes, parts, ..candidate })
     }
+
+    /// This tensor's rows followed by `next`'s, as one view over both tensors' buffers (no
+    /// copy), so that a single readback copies both. Rows must be equally long; the view keeps
+    /// this tensor's dtype, so a reader reinterprets `next`'s bytes itself.
+    pub fn then_rows(&self, next: &GpuTensor) -> Result<GpuTensor> {
+        if self.row_bytes != next.row_bytes || self.shape.len() != 2 || next.shape.len() != 2 {
+            return Err(WeftError::shape(
+                "then_rows",
+                format!("rows of shapes {:?} and {:?} differ in length", self.shape, next.shape),
+            ));
+        }
+        let num_rows = self.num_rows();
+        let mut parts = self.parts.clone();
+        parts.extend(
+            next.parts.iter().map(|p| TensorPart { rows: p.rows.start + num_rows..p.rows.end + num_rows, ..p.clone() }),
+        );
+        let shape = vec![num_rows + next.num_rows(), self.shape[1]];
+        Ok(GpuTensor { shape, parts, ..self.clone() })
+    }
 }
 
 impl TensorPart {

@@ -129,6 +129,43 @@ pub struct ModelConfig {
     /// Layers whose attention rotates nothing (NoPE: SmolLM3's every fourth layer, transformers'
     /// `no_rope_layers` 0s); empty: every layer uses RoPE.
     pub no_rope_layers: Vec<usize>,
+    /// How an embedding model pools its hidden states (GGUF `{arch}.pooling_type`, or
+    /// `EngineBuilder::pooling`); `None`: a generation-only model, which serves no embeddings.
+    pub pooling: Option<Pooling>,
+}
+
+/// How the final hidden states of a prompt become one embedding (llama.cpp's
+/// `LLAMA_POOLING_TYPE_*`, sentence-transformers' `Pooling` modes). The vector is then L2
+/// normalised, as sentence-transformers' `Normalize` and llama.cpp's server do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    /// The last token's state (Qwen3-Embedding: a causal model's last position has seen the
+    /// whole prompt).
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's `pooling_type` value; 0 (none) is `Ok(None)`, a kind weft does not pool
+    /// yet is refused, naming it.
+    pub fn from_gguf(value: u64) -> Result<Option<Pooling>> {
+        match value {
+            0 => Ok(None),
+            3 => Ok(Some(Pooling::Last)),
+            1 | 2 | 4 => {
+                let name = ["", "mean", "cls", "", "rank"][value as usize];
+                Err(WeftError::Unsupported(format!("{name} pooling (weft pools the last token only)")))
+            }
+            other => Err(WeftError::Unsupported(format!("pooling type {other}"))),
+        }
+    }
+
+    /// Parse a `--pooling` value.
+    pub fn parse(name: &str) -> Result<Pooling> {
+        match name {
+            "last" => Ok(Pooling::Last),
+            other => Err(WeftError::Unsupported(format!("pooling {other:?}; weft pools \"last\" (the last token)"))),
+        }
+    }
 }
 
 /// What a Granite 4.0-H hybrid adds (transformers' `GraniteMoeHybridConfig`, llama.cpp's
@@ -364,6 +401,10 @@ impl ModelConfig {
             hybrid,
             multipliers,
             no_rope_layers,
+            pooling: match gguf.get_u64(&format!("{arch}.pooling_type")) {
+                Some(value) => Pooling::from_gguf(value).map_err(|e| WeftError::model(file, e.to_string()))?,
+                None => None,
+            },
             architecture: arch,
         };
         config.check(file)?;
@@ -592,6 +633,7 @@ impl ModelConfig {
             hybrid: None,
             multipliers,
             no_rope_layers,
+            pooling: None,
             architecture: arch,
         };
         config.check(file)?;
@@ -658,6 +700,7 @@ impl ModelConfig {
             hybrid: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
+            pooling: None,
         };
         if config.attention_bias {
             return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
@@ -725,6 +768,7 @@ impl ModelConfig {
                 logits_scaling: float("logits_scaling", 1.0),
             }),
             no_rope_layers: Vec::new(),
+            pooling: None,
         };
         config.check(file)?;
         Ok(config)
@@ -770,6 +814,7 @@ impl ModelConfig {
             hybrid: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
+            pooling: None,
             ssm: Some(SsmConfig {
                 conv_kernel: int("conv_kernel")?,
                 state_size: int("state_size")?,
@@ -1009,6 +1054,7 @@ mod tests {
             hybrid: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
+            pooling: None,
         };
         let got = config.inv_freq();
         let want = [

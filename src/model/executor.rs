@@ -19,6 +19,7 @@ use web_time::Instant;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::lora::NO_SLOT as NO_LORA;
+use crate::gpu::kernels::sample::OUT_PER_ROW;
 use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates, SsdChunks};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::{KvCacheConfig, RecurrentStateConfig};
@@ -451,6 +452,7 @@ impl GpuExecutor {
             state_restore: None,
             state_save: None,
             lora_slot: None,
+            embed: false,
         };
         // Decodes of 1, up to 4 and up to 8 sequences: each class of rows the matmul tiles take
         // (the LM head sees only these: a prefill samples one row).
@@ -481,6 +483,15 @@ impl GpuExecutor {
         // leave its memory behind in the allocator's blocks. Block tables are sized for the
         // longest context the pool holds; drafted rows and penalties may still grow it.
         self.ensure_workspace(&mut arena, &self.capacity_for(max_tokens, max_seqs, max_seqs))?;
+        // The readback at its largest: a sampled row per sequence, and each row's final hidden
+        // state when the model serves embeddings (`step` reads them together).
+        let ws = arena.ws.as_ref().expect("sized above");
+        let mut largest = ws.sampler.out(max_seqs)?;
+        if self.model.config().pooling.is_some() {
+            let flat = |t: &GpuTensor| t.reshape(&[t.num_elems(), 1]);
+            largest = flat(&largest)?.then_rows(&flat(&ws.acts.rows.slice_rows(0..max_seqs)?)?)?;
+        }
+        self.ctx().reserve_readback(&arena.rec, &largest);
         let mut kernels = std::collections::HashSet::new();
         for seqs in shapes {
             let num_batched_tokens = seqs.iter().map(|s| s.tokens.len()).sum();
@@ -495,8 +506,14 @@ impl GpuExecutor {
 
     /// Write the step's inputs into the workspace and (unless the recording already holds a
     /// step of this shape) record its forward pass and, when `sample`, its sampler. Returns the
-    /// logits and the sampler's output rows, viewed at the step's size.
-    fn record(&self, arena: &mut StepArena, batch: &StepBatch, sample: bool) -> Result<(GpuTensor, GpuTensor)> {
+    /// logits, the sampler's output rows and the final hidden states of the logit rows, viewed
+    /// at the step's size.
+    fn record(
+        &self,
+        arena: &mut StepArena,
+        batch: &StepBatch,
+        sample: bool,
+    ) -> Result<(GpuTensor, GpuTensor, GpuTensor)> {
         self.debug_check(batch);
         for load in &batch.lora_loads {
             self.load_lora(load.slot as usize, &load.adapter)?;
@@ -535,13 +552,14 @@ impl GpuExecutor {
         };
         let logits = view(&ws.logits, num_logits)?;
         let out = ws.sampler.out(num_logits)?;
+        let hidden = ws.acts.rows.slice_rows(0..num_logits)?;
         let shape = (inputs.shape(batch.seqs.len()), sample);
         if *recorded == Some(shape) {
             if sample {
                 // Same dispatches, same parameters: only the sampler's inputs are new.
                 sampler::write(f, &inputs.sampler, &ws.sampler, num_logits)?;
             }
-            return Ok((logits, out));
+            return Ok((logits, out, hidden));
         }
         rec.clear();
         *recorded = None;
@@ -577,14 +595,14 @@ impl GpuExecutor {
             sampler::record(self.ctx(), rec, &logits, &inputs.sampler, &ws.sampler, store)?;
         }
         *recorded = Some(shape);
-        Ok((logits, out))
+        Ok((logits, out, hidden))
     }
 
     /// Run a step and return the logits of every sampled row, in batch order (for tests and
     /// tools; the serving path never reads logits back).
     pub async fn logits(&self, batch: &StepBatch) -> Result<Vec<Vec<f32>>> {
         let mut arena = self.arena.lock().await;
-        let (logits, _) = self.record(&mut arena, batch, false)?;
+        let (logits, ..) = self.record(&mut arena, batch, false)?;
         let bytes = self.ctx().submit_and_read(&arena.rec, &logits).await?;
         let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(values.chunks(self.vocab_size()).take(batch.num_logits()).map(<[f32]>::to_vec).collect())
@@ -594,7 +612,16 @@ impl GpuExecutor {
         let started = Instant::now();
         let mut arena = self.arena.lock().await;
         let sample = batch.num_logits() > 0;
-        let (_, out) = self.record(&mut arena, batch, sample)?;
+        let (_, out, hidden) = self.record(&mut arena, batch, sample)?;
+        // An embedding request's hidden state rides in the samples' readback (its sequence has
+        // a logit row: `embed` marks a prompt's last chunk).
+        let out = if batch.seqs.iter().any(|s| s.embed) {
+            let flat = |t: &GpuTensor| t.reshape(&[t.num_elems(), 1]);
+            flat(&out)?.then_rows(&flat(&hidden)?)?
+        } else {
+            out
+        };
+        let hidden_size = self.model.config().hidden_size;
         let mut timings = StepTimings {
             record_s: started.elapsed().as_secs_f64(),
             dispatches: arena.rec.len(),
@@ -615,23 +642,26 @@ impl GpuExecutor {
             timings.gpu_s = Some(by_kernel.iter().map(|(_, t)| t).sum());
             timings.kernels = by_kernel;
             if !sample {
-                return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
+                return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings, ..Default::default() });
             }
             // Profiling times the step on its own; the samples come back in a second submission.
             let bytes = self.ctx().read_tensor(&out).await?;
-            return Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) });
+            return Ok(StepOutput {
+                timings,
+                ..read_output(batch, &bytemuck::pod_collect_to_vec(&bytes), hidden_size)
+            });
         }
         if !sample {
             let waited = Instant::now();
             self.ctx().submit(&arena.rec).await?;
             timings.wait_s = waited.elapsed().as_secs_f64();
-            return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings });
+            return Ok(StepOutput { samples: vec![Vec::new(); batch.seqs.len()], timings, ..Default::default() });
         }
         let (bytes, times) = self.ctx().submit_and_read_timed(&arena.rec, &out).await?;
         (timings.encode_s, timings.submit_s, timings.wait_s, timings.ahead_s) =
             (times.encode_s, times.submit_s, times.wait_s, times.ahead_s);
         timings.gpu_s = times.gpu_s;
-        Ok(StepOutput { timings, ..sampler::read(batch, &bytemuck::pod_collect_to_vec(&bytes)) })
+        Ok(StepOutput { timings, ..read_output(batch, &bytemuck::pod_collect_to_vec(&bytes), hidden_size) })
     }
 
     /// Upload and read back a small tensor: proof the device still answers.
@@ -644,6 +674,25 @@ impl GpuExecutor {
         }
         Ok(())
     }
+}
+
+/// A step's readback: the sampler's rows, then (when a sequence asked, `SeqStep::embed`) the
+/// final hidden state of every logit row, of which each such sequence takes its last.
+fn read_output(batch: &StepBatch, words: &[u32], hidden_size: usize) -> StepOutput {
+    let (sampled, hidden) = words.split_at((batch.num_logits() * OUT_PER_ROW).min(words.len()));
+    let mut end = 0;
+    let hidden = batch
+        .seqs
+        .iter()
+        .map(|s| {
+            end += s.num_logits;
+            match s.embed {
+                true => hidden[(end - 1) * hidden_size..end * hidden_size].iter().map(|&w| f32::from_bits(w)).collect(),
+                false => Vec::new(),
+            }
+        })
+        .collect();
+    StepOutput { hidden, ..sampler::read(batch, sampled) }
 }
 
 impl ModelExecutor for GpuExecutor {
@@ -661,6 +710,11 @@ impl ModelExecutor for GpuExecutor {
 
     fn kv_config(&self) -> KvCacheConfig {
         self.kv.config()
+    }
+
+    fn embedding_size(&self) -> Option<usize> {
+        let c = self.model.config();
+        c.pooling.map(|_| c.hidden_size)
     }
 
     fn state_config(&self) -> Option<RecurrentStateConfig> {

@@ -36,6 +36,7 @@ pub fn tiny_config() -> ModelConfig {
         hybrid: None,
         multipliers: None,
         no_rope_layers: Vec::new(),
+        pooling: None,
     }
 }
 

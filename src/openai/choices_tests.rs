@@ -65,6 +65,7 @@ fn chunk(text: &str, finish: Option<FinishReason>, completion_tokens: usize) -> 
         logprobs: vec![],
         finish_reason: finish,
         usage: finish.map(|_| Usage { prompt_tokens: 10, completion_tokens, cached_prompt_tokens: 4 }),
+        embedding: None,
     }
 }
 

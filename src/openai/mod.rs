@@ -2,7 +2,8 @@
 //! (`parse`), and shaping responses and streamed chunks (`shape`) as JSON values, with
 //! OpenAI's error shape (`error`).
 //!
-//! vLLM's `/tokenize` and `/detokenize` bodies are read and answered here too (`tokenize`).
+//! vLLM's `/tokenize` and `/detokenize` bodies are read and answered here too (`tokenize`), and
+//! `/v1/embeddings` (`embeddings`).
 //!
 //! Structured output (`response_format`, vLLM's `structured_outputs` and `guided_*`,
 //! llama.cpp's `grammar`) becomes the request's constraint (`structured`); `tools` are shown to
@@ -28,6 +29,7 @@
 
 #[cfg(test)]
 mod choices_tests;
+mod embeddings;
 mod error;
 #[cfg(test)]
 mod fields_tests;
@@ -42,6 +44,7 @@ mod tests;
 mod tokenize;
 mod tools;
 
+pub use embeddings::{EmbeddingsRequest, MAX_INPUTS, embeddings_json, parse_embeddings};
 pub use error::OpenAiError;
 pub use parse::{MAX_N, OpenAiRequest, parse, parse_body, requested_model};
 pub use reasoning::{Reasoning, ReasoningParser};

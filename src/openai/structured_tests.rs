@@ -250,6 +250,7 @@ fn streamed_calls_arrive_whole_as_deltas() {
             logprobs: Vec::new(),
             finish_reason: last.then_some(FinishReason::Eos),
             usage: last.then(Usage::default),
+            embedding: None,
         })));
     }
     let deltas: Vec<&Value> = out.iter().map(|c| &c["choices"][0]["delta"]).collect();

@@ -385,7 +385,14 @@ fn whole_responses() {
 
 fn chunk(text: &str, finish_reason: Option<FinishReason>) -> StreamChunk {
     let usage = finish_reason.map(|_| Usage { prompt_tokens: 3, completion_tokens: 2, cached_prompt_tokens: 0 });
-    StreamChunk { text: text.into(), token_ids: vec![66], logprobs: vec![lp(66)], finish_reason, usage }
+    StreamChunk {
+        text: text.into(),
+        token_ids: vec![66],
+        logprobs: vec![lp(66)],
+        finish_reason,
+        usage,
+        embedding: None,
+    }
 }
 
 #[test]
