@@ -36,6 +36,15 @@ gate_up_proj and down_proj, also as ``delta.gguf`` (llama.cpp names them attn_qk
 (other weights) with one adapter, ``epsilon`` (rank 4, lora_alpha 8, all seven projections),
 both as Hugging Face files only (the base has no GGUF fixture).
 
+``tests/fixtures/lora_smollm2/`` holds two adapters over the default model itself,
+``models/SmolLM2-135M-Instruct.Q4_1.gguf``, which transformers loads dequantized to f32 (as
+``tools/make_fixtures.py`` does for the base model's fixture): ``sql`` (rank 4, lora_alpha 8,
+q_proj and v_proj) and ``chat`` (rank 2, lora_alpha 4, v_proj and o_proj), stored in f16 (peft
+ran the same f16-rounded values in f32), and ``expected.json`` with the first two prompts of
+``tests/fixtures/smollm2/model.json``: for the base model and each adapter, the last prompt
+position's top-20 logits and 16 greedy tokens with their margins. Run with ``--family
+lora_smollm2`` after ``cargo xtask fetch-model``.
+
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, peft 0.21.2,
 and gguf-py and the converters of llama-cpp-python 0.3.36's ``vendor/llama.cpp`` (the version
 ``cargo xtask fetch-vocabs`` pins).
@@ -141,14 +150,74 @@ def convert(llama_cpp: Path, family: str) -> None:
         runpy.run_path(str(llama_cpp / "convert_lora_to_gguf.py"), run_name="__main__")
 
 
+def make_smollm2() -> None:
+    """Two adapters over the real default model, read from its GGUF (see the module's text)."""
+    import peft
+    import transformers
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    root = recurrent.FIXTURES.parent.parent
+    gguf = root / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    out = recurrent.FIXTURES / "lora_smollm2"
+    out.mkdir(parents=True, exist_ok=True)
+    load = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
+        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32).eval()
+    base_prompts = json.loads((recurrent.FIXTURES / "smollm2" / "model.json").read_text())["prompts"][:2]
+    prompts = [p["prompt_ids"] for p in base_prompts]
+
+    def run_top(model, name):
+        rows = []
+        with torch.no_grad():
+            for ids in prompts:
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                top = logits.topk(20)
+                gen = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                                     output_logits=True, return_dict_in_generate=True, eos_token_id=None,
+                                     pad_token_id=0)
+                margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in (s[0] for s in gen.logits)]
+                rows.append({"prompt_ids": ids, "top_ids": top.indices.tolist(),
+                             "top_logits": [round(float(v), 6) for v in top.values],
+                             "greedy_ids": gen.sequences[0, len(ids):].tolist(),
+                             "greedy_margins": [round(m, 5) for m in margins]})
+        print(name, [r["greedy_ids"] for r in rows])
+        return {"prompts": rows}
+
+    expected = {"meta": {"generator": "tools/make_lora_fixtures.py --family lora_smollm2", "base": gguf.name,
+                         "transformers": transformers.__version__, "torch": torch.__version__,
+                         "peft": peft.__version__},
+                "models": {"base": run_top(load(), "base")}}
+    adapters = [("sql", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])),
+                ("chat", dict(r=2, lora_alpha=4, target_modules=["v_proj", "o_proj"]))]
+    for i, (name, options) in enumerate(adapters):
+        torch.manual_seed(200 + i)
+        lora = get_peft_model(load(), LoraConfig(init_lora_weights=False, lora_dropout=0.0, **options)).eval()
+        with torch.no_grad():
+            for pname, p in lora.named_parameters():
+                if "lora_B" in pname:
+                    p.mul_(0.3)
+                if "lora_" in pname:
+                    # Stored in f16: peft runs the rounded values.
+                    p.copy_(p.half().float())
+        lora.save_pretrained(out / name)
+        weights = out / name / "adapter_model.safetensors"
+        save_file({k: v.half() for k, v in load_file(weights).items()}, weights)
+        (out / name / "README.md").unlink(missing_ok=True)
+        expected["models"][name] = run_top(lora, name)
+    (out / "expected.json").write_text(json.dumps(expected) + "\n")
+
+
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
     parser.add_argument("--gguf-only", action="store_true", help="convert what is there, without remaking it")
-    parser.add_argument("--family", choices=sorted(FAMILIES), action="append", help="only these (default: all)")
+    parser.add_argument("--family", choices=sorted(FAMILIES) + ["lora_smollm2"], action="append", help="only these (default: all)")
     args = parser.parse_args()
+    if args.family == ["lora_smollm2"]:
+        return make_smollm2()
     for family in args.family or sorted(FAMILIES):
         if not args.gguf_only:
             make(family)
