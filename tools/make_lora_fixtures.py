@@ -201,6 +201,10 @@ def make_smollm2() -> None:
                     # Stored in f16: peft runs the rounded values.
                     p.copy_(p.half().float())
         lora.save_pretrained(out / name)
+        config = out / name / "adapter_config.json"
+        saved = json.loads(config.read_text())
+        saved["base_model_name_or_path"] = f"models/{gguf.name}"  # not this machine's path
+        config.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         weights = out / name / "adapter_model.safetensors"
         save_file({k: v.half() for k, v in load_file(weights).items()}, weights)
         (out / name / "README.md").unlink(missing_ok=True)
