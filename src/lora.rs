@@ -55,7 +55,7 @@ impl LoraModule {
 }
 
 /// What one checkpoint tensor pair adapts: a projection, or projections a checkpoint fuses into
-/// one matrix (Phi-3's `qkv_proj` and `gate_up_proj`). A fused pair has one A over the shared
+/// one matrix (Phi-3's `qkv_proj` and `gate_up_proj`, Granite 4.0-H's `input_linear`). A fused pair has one A over the shared
 /// input and B's rows stacked in the group's order, so `B·A·x` splits exactly into each
 /// projection's `B_part·A·x`: it is stored as the parts, each with the same A.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +66,7 @@ struct Target {
     modules: &'static [LoraModule],
 }
 
-const TARGETS: [Target; 9] = [
+const TARGETS: [Target; 11] = [
     Target { name: "q_proj", parent: "self_attn", modules: &[LoraModule::Q] },
     Target { name: "k_proj", parent: "self_attn", modules: &[LoraModule::K] },
     Target { name: "v_proj", parent: "self_attn", modules: &[LoraModule::V] },
@@ -76,6 +76,9 @@ const TARGETS: [Target; 9] = [
     Target { name: "up_proj", parent: "mlp", modules: &[LoraModule::Up] },
     Target { name: "gate_up_proj", parent: "mlp", modules: &[LoraModule::Gate, LoraModule::Up] },
     Target { name: "down_proj", parent: "mlp", modules: &[LoraModule::Down] },
+    // Granite 4.0-H's dense MLP: gate and up fused, then down.
+    Target { name: "input_linear", parent: "shared_mlp", modules: &[LoraModule::Gate, LoraModule::Up] },
+    Target { name: "output_linear", parent: "shared_mlp", modules: &[LoraModule::Down] },
 ];
 
 impl Target {
@@ -284,7 +287,12 @@ impl LoraAdapter {
             put(&mut found, layer, target, which, r, values, shape).map_err(bad)?;
         }
         let rank = rank.ok_or_else(|| bad("no LoRA tensors".into()))?;
-        let interleaved = matches!(meta.architecture(), Some("llama" | "mistral"));
+        // llama.cpp's converter permutes an adapter's q and k rows as it permutes its base's,
+        // except for granitehybrid, whose adapters keep Hugging Face's order (llama-cpp-python
+        // 0.3.36's converter; the lora_granite_hybrid fixture pins it).
+        let interleaved = meta
+            .architecture()
+            .is_some_and(|arch| crate::model::arch::gguf_qk_interleaved(arch) && arch != "granitehybrid");
         Self::assemble(name, rank, (alpha / rank as f64) as f32, shape, found, interleaved, gguf.name())
     }
 

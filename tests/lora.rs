@@ -21,6 +21,8 @@
 //!   within the same 1e-4.
 //! - Gemma 3 (`tests/fixtures/lora_gemma3/`): an adapter on all seven projections of a tiny
 //!   Gemma 3 (norms after attention and MLP, GeGLU, sliding layers), peft's numbers.
+//! - OLMo 2 and Granite 4.0-H (`tests/fixtures/lora_olmo2/`, `lora_granite_hybrid/`): an
+//!   adapter from peft and from llama.cpp's converter, each over its checkpoint, within 1e-4.
 //! - The default model itself (`models/SmolLM2-135M-Instruct.Q4_1.gguf`, whose llama.cpp q/k
 //!   rows are permuted) with two PEFT adapters (`tests/fixtures/lora_smollm2/`, peft over
 //!   transformers' f32 dequantization of the same GGUF): the base and both adapters in one
@@ -137,7 +139,10 @@ fn greedy(
             .enumerate()
             .map(|(i, (t, (_, slot)))| {
                 let start = if n == 0 { 0 } else { t.len() - 1 };
-                step(i, &t[start..], start, *slot)
+                // A hybrid's recurrent layers carry each sequence's state in its own slot
+                // (a prefill at position 0 starts it from zero).
+                let state_slot = exec.state_config().map(|_| i as u32);
+                SeqStep { state_slot, ..step(i, &t[start..], start, *slot) }
             })
             .collect();
         let batch = StepBatch { seqs, lora_loads: std::mem::take(&mut lora_loads), ..Default::default() };
@@ -207,6 +212,25 @@ fn gemma3_adapter_matches_peft() {
     check_peft_alone(&exec, &e, "base", None, Vec::new());
     let loads = vec![LoraLoad { slot: 0, adapter: adapter_of(&exec, "lora_gemma3", "epsilon") }];
     check_peft_alone(&exec, &e, "epsilon", Some(0), loads);
+}
+
+/// OLMo 2 (norms after attention and MLP, q/k norms over whole projections) and Granite 4.0-H
+/// (adapters on its attention layer and on every layer's fused `input_linear`, beside Mamba2
+/// mixers that take none): PEFT over the Hugging Face checkpoint, llama.cpp's GGUF adapter over
+/// the GGUF one (q and k rows permuted for Granite).
+#[test]
+fn olmo2_and_granite_hybrid_adapters_match_peft() {
+    let Some(f) = factory() else { return };
+    for (family, adapter) in [("lora_olmo2", "zeta"), ("lora_granite_hybrid", "eta")] {
+        let e = expected_of(family);
+        for (checkpoint, file) in [("hf", adapter.to_string()), ("model.gguf", format!("{adapter}.gguf"))] {
+            let exec = executor_of(&f, family, checkpoint, 1);
+            eprintln!("{family} {checkpoint} with {file}:");
+            check_peft_alone(&exec, &e, "base", None, Vec::new());
+            let loads = vec![LoraLoad { slot: 0, adapter: adapter_of(&exec, family, &file) }];
+            check_peft_alone(&exec, &e, adapter, Some(0), loads);
+        }
+    }
 }
 
 /// The real default model with two adapters and without, all in one batch, against peft.

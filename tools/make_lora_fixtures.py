@@ -36,6 +36,11 @@ gate_up_proj and down_proj, also as ``delta.gguf`` (llama.cpp names them attn_qk
 (other weights) with one adapter, ``epsilon`` (rank 4, lora_alpha 8, all seven projections),
 both as Hugging Face files only (the base has no GGUF fixture).
 
+``tests/fixtures/lora_olmo2/`` (the tiny OLMo 2 of ``tools/make_dense_fixtures.py``, adapter
+``zeta`` on all seven projections) and ``tests/fixtures/lora_granite_hybrid/`` (the tiny Granite
+4.0-H of ``tools/make_recurrent_fixtures.py``, adapter ``eta`` on q, k, v, o of its attention
+layer and on every layer's ``input_linear`` and ``output_linear``), each with GGUF files too.
+
 ``tests/fixtures/lora_smollm2/`` holds two adapters over the default model itself,
 ``models/SmolLM2-135M-Instruct.Q4_1.gguf``, which transformers loads dequantized to f32 (as
 ``tools/make_fixtures.py`` does for the base model's fixture): ``sql`` (rank 4, lora_alpha 8,
@@ -67,6 +72,8 @@ PROMPTS = [[5, 17, 42, 9, 100], list(range(3, 20)), [(7 * i + 3) % 250 + 1 for i
 NUM_GREEDY = 10
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FUSED = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+# Granite 4.0-H: attention in its attention layers, the dense MLP (gate and up fused) in all.
+GRANITE = ["q_proj", "k_proj", "v_proj", "o_proj", "input_linear", "output_linear"]
 
 
 def llama(vocab: int):
@@ -97,6 +104,12 @@ def gemma3(vocab: int):
     return make_gemma3_fixtures.gemma3(vocab)
 
 
+def olmo2(vocab: int):
+    import make_dense_fixtures
+
+    return make_dense_fixtures.olmo2(vocab)
+
+
 # Per fixture directory: the base model, the seed of its weights, its adapters (name, peft
 # options), which of them llama.cpp converts (None: not even the base model), and whether its
 # norm weights are stored centred on 0 (Gemma's 1 + w).
@@ -108,6 +121,9 @@ FAMILIES = {
     ], ["alpha", "beta"], False),
     "lora_phi3": (phi3, 41, [("delta", dict(r=4, lora_alpha=8, target_modules=FUSED))], ["delta"], False),
     "lora_gemma3": (gemma3, 42, [("epsilon", dict(r=4, lora_alpha=8, target_modules=ALL))], None, True),
+    "lora_olmo2": (olmo2, 43, [("zeta", dict(r=4, lora_alpha=8, target_modules=ALL))], ["zeta"], False),
+    "lora_granite_hybrid": (recurrent.granite_hybrid, 44, [("eta", dict(r=4, lora_alpha=8, target_modules=GRANITE))],
+                            ["eta"], False),
 }
 
 
@@ -250,6 +266,8 @@ def make(family: str) -> None:
                 if p.ndim == 1:
                     p.sub_(1.0)
     model.save_pretrained(hf, safe_serialization=True)
+    if family == "lora_granite_hybrid":
+        recurrent.respell_layer_types(hf)
     expected = {"meta": {"generator": "tools/make_lora_fixtures.py", "transformers": transformers.__version__,
                          "torch": torch.__version__, "peft": peft.__version__, "vocab_size": vocab},
                 "models": {"base": run(model, "base")}}

@@ -40,7 +40,7 @@ use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraShape;
-use crate::model::arch::Architecture;
+use crate::model::arch::{Architecture, gguf_qk_interleaved};
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
@@ -172,10 +172,8 @@ impl LlamaModel {
         } else {
             Some(factory.upload_f32(&[1, half, 2], &[1.0f32, 0.0].repeat(half))?)
         };
-        let pairing = match (source.checkpoint(), c.architecture.as_str()) {
-            // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
-            // HF's order.
-            (Checkpoint::Gguf, "llama" | "mistral" | "granite" | "smollm3") => RopePairing::Interleaved,
+        let pairing = match source.checkpoint() {
+            Checkpoint::Gguf if gguf_qk_interleaved(&c.architecture) => RopePairing::Interleaved,
             _ => RopePairing::Neox,
         };
         Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, no_rope, pairing, multipliers })
