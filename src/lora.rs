@@ -52,17 +52,81 @@ impl LoraModule {
             LoraModule::Down => "down_proj",
         }
     }
+}
 
-    fn parent(self) -> &'static str {
-        match self {
-            LoraModule::Q | LoraModule::K | LoraModule::V | LoraModule::O => "self_attn",
-            LoraModule::Gate | LoraModule::Up | LoraModule::Down => "mlp",
+/// What one checkpoint tensor pair adapts: a projection, or projections a checkpoint fuses into
+/// one matrix (Phi-3's `qkv_proj` and `gate_up_proj`, Granite 4.0-H's `input_linear`). A fused pair has one A over the shared
+/// input and B's rows stacked in the group's order, so `B·A·x` splits exactly into each
+/// projection's `B_part·A·x`: it is stored as the parts, each with the same A.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Target {
+    /// The name in Hugging Face checkpoints (peft's `target_modules`).
+    name: &'static str,
+    parent: &'static str,
+    modules: &'static [LoraModule],
+}
+
+const TARGETS: [Target; 11] = [
+    Target { name: "q_proj", parent: "self_attn", modules: &[LoraModule::Q] },
+    Target { name: "k_proj", parent: "self_attn", modules: &[LoraModule::K] },
+    Target { name: "v_proj", parent: "self_attn", modules: &[LoraModule::V] },
+    Target { name: "qkv_proj", parent: "self_attn", modules: &[LoraModule::Q, LoraModule::K, LoraModule::V] },
+    Target { name: "o_proj", parent: "self_attn", modules: &[LoraModule::O] },
+    Target { name: "gate_proj", parent: "mlp", modules: &[LoraModule::Gate] },
+    Target { name: "up_proj", parent: "mlp", modules: &[LoraModule::Up] },
+    Target { name: "gate_up_proj", parent: "mlp", modules: &[LoraModule::Gate, LoraModule::Up] },
+    Target { name: "down_proj", parent: "mlp", modules: &[LoraModule::Down] },
+    // Granite 4.0-H's dense MLP: gate and up fused, then down.
+    Target { name: "input_linear", parent: "shared_mlp", modules: &[LoraModule::Gate, LoraModule::Up] },
+    Target { name: "output_linear", parent: "shared_mlp", modules: &[LoraModule::Down] },
+];
+
+impl Target {
+    fn by_name(name: &str) -> Option<Target> {
+        TARGETS.into_iter().find(|t| t.name == name)
+    }
+
+    /// (in, out) of the target's matrix: the parts share their input and stack their outputs.
+    fn dims(&self, shape: &LoraShape) -> (usize, usize) {
+        (shape.dims(self.modules[0]).0, self.modules.iter().map(|&m| shape.dims(m).1).sum())
+    }
+}
+
+/// Each projection's (A, B) as read so far.
+type Found = BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]>;
+
+/// Store a target's A (`which` 0) or B (1) of `layer` as its parts' (B split by rows of
+/// `rank` values). A projection adapted twice (say by `q_proj` and `qkv_proj`) is an error.
+fn put(
+    found: &mut Found,
+    layer: usize,
+    target: Target,
+    which: usize,
+    rank: usize,
+    values: Vec<f32>,
+    shape: &LoraShape,
+) -> std::result::Result<(), String> {
+    let mut start = 0;
+    for &m in target.modules {
+        let part = match which {
+            0 => values.clone(),
+            _ => {
+                let len = shape.dims(m).1 * rank;
+                start += len;
+                values[start - len..start].to_vec()
+            }
+        };
+        let slot = &mut found.entry((layer, m)).or_default()[which];
+        if slot.is_some() {
+            return Err(format!(
+                "layer {layer} {} is adapted twice (by {} and another tensor)",
+                m.hf_name(),
+                target.name
+            ));
         }
+        *slot = Some(part);
     }
-
-    fn from_hf_name(name: &str) -> Option<LoraModule> {
-        LoraModule::ALL.into_iter().find(|m| m.hf_name() == name)
-    }
+    Ok(())
 }
 
 /// What an adapter must fit: the base model's layers and each projection's (in, out) width.
@@ -186,10 +250,12 @@ impl LoraAdapter {
             )));
         }
         let alpha = meta.get_f64("adapter.lora.alpha").ok_or_else(|| bad("adapter.lora.alpha is missing".into()))?;
-        let mut found: BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]> = BTreeMap::new();
+        // llama.cpp's phi3 keeps gate and up fused in `ffn_up`.
+        let fused_up = meta.architecture() == Some("phi3");
+        let mut found = Found::new();
         let mut rank = None;
         for info in &gguf.tensors {
-            let (layer, module, which) = parse_gguf_name(&info.name)
+            let (layer, target, which) = parse_gguf_name(&info.name, fused_up)
                 .ok_or_else(|| bad(format!("tensor {:?} is not a LoRA A or B of a supported projection", info.name)))?;
             if layer >= shape.num_layers {
                 return Err(bad(format!(
@@ -202,14 +268,13 @@ impl LoraAdapter {
             if r == 0 || r > max_rank {
                 return Err(bad(format!("rank {r} is outside 1..={max_rank} (--max-lora-rank)")));
             }
-            let (in_dim, out_dim) = shape.dims(module);
+            let (in_dim, out_dim) = target.dims(shape);
             let want = if which == 0 { vec![r, in_dim] } else { vec![out_dim, r] };
             if dims != want {
                 return Err(bad(format!(
                     "tensor {:?} has shape {dims:?}; rank {r} over the base model's {} ({in_dim} in, {out_dim} out) \
                      needs {want:?}",
-                    info.name,
-                    module.hf_name()
+                    info.name, target.name
                 )));
             }
             let bytes = gguf.tensor_bytes(info);
@@ -219,10 +284,15 @@ impl LoraAdapter {
                     to_f32(safetensors::Dtype::BF16, bytes).ok_or_else(|| bad("bad BF16 data".into()))?
                 }
             };
-            found.entry((layer, module)).or_default()[which] = Some(values);
+            put(&mut found, layer, target, which, r, values, shape).map_err(bad)?;
         }
         let rank = rank.ok_or_else(|| bad("no LoRA tensors".into()))?;
-        let interleaved = matches!(meta.architecture(), Some("llama" | "mistral"));
+        // llama.cpp's converter permutes an adapter's q and k rows as it permutes its base's,
+        // except for granitehybrid, whose adapters keep Hugging Face's order (llama-cpp-python
+        // 0.3.36's converter; the lora_granite_hybrid fixture pins it).
+        let interleaved = meta
+            .architecture()
+            .is_some_and(|arch| crate::model::arch::gguf_qk_interleaved(arch) && arch != "granitehybrid");
         Self::assemble(name, rank, (alpha / rank as f64) as f32, shape, found, interleaved, gguf.name())
     }
 
@@ -271,9 +341,9 @@ impl LoraAdapter {
 
         let file = |detail: String| WeftError::model("adapter_model.safetensors", detail);
         let st = safetensors::SafeTensors::deserialize(safetensors).map_err(|e| file(e.to_string()))?;
-        let mut found: BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]> = BTreeMap::new();
+        let mut found = Found::new();
         for (tensor_name, view) in st.tensors() {
-            let (layer, module, which) = parse_peft_name(&tensor_name).ok_or_else(|| {
+            let (layer, target, which) = parse_peft_name(&tensor_name).ok_or_else(|| {
                 file(format!("tensor {tensor_name:?} is not a LoRA A or B of a supported projection"))
             })?;
             if layer >= shape.num_layers {
@@ -282,7 +352,7 @@ impl LoraAdapter {
                     shape.num_layers
                 )));
             }
-            let (in_dim, out_dim) = shape.dims(module);
+            let (in_dim, out_dim) = target.dims(shape);
             let want = if which == 0 { [c.r, in_dim] } else { [out_dim, c.r] };
             if view.shape() != want {
                 return Err(file(format!(
@@ -290,12 +360,12 @@ impl LoraAdapter {
                      {out_dim} out) needs {want:?}",
                     view.shape(),
                     c.r,
-                    module.hf_name()
+                    target.name
                 )));
             }
             let values = to_f32(view.dtype(), view.data())
                 .ok_or_else(|| file(format!("tensor {tensor_name:?} is {:?}; use F32, F16 or BF16", view.dtype())))?;
-            found.entry((layer, module)).or_default()[which] = Some(values);
+            put(&mut found, layer, target, which, c.r, values, shape).map_err(file)?;
         }
         if found.is_empty() {
             return Err(file("no LoRA tensors".into()));
@@ -309,7 +379,7 @@ impl LoraAdapter {
         rank: usize,
         scale: f32,
         shape: &LoraShape,
-        found: BTreeMap<(usize, LoraModule), [Option<Vec<f32>>; 2]>,
+        found: Found,
         qk_interleaved: bool,
         file: &str,
     ) -> Result<LoraAdapter> {
@@ -337,26 +407,26 @@ impl LoraAdapter {
     }
 }
 
-/// `base_model.model.model.layers.{i}.{self_attn|mlp}.{module}.lora_{A|B}.weight` → (i, module,
-/// 0 for A or 1 for B).
-fn parse_peft_name(name: &str) -> Option<(usize, LoraModule, usize)> {
+/// `base_model.model.model.layers.{i}.{self_attn|mlp}.{target}.lora_{A|B}.weight` → (i,
+/// target, 0 for A or 1 for B).
+fn parse_peft_name(name: &str) -> Option<(usize, Target, usize)> {
     let rest = name.strip_prefix("base_model.model.model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let (parent, rest) = rest.split_once('.')?;
-    let (module, rest) = rest.split_once('.')?;
+    let (target, rest) = rest.split_once('.')?;
     let which = match rest {
         "lora_A.weight" => 0,
         "lora_B.weight" => 1,
         _ => return None,
     };
-    let module = LoraModule::from_hf_name(module)?;
-    (module.parent() == parent).then_some(())?;
-    Some((layer.parse().ok()?, module, which))
+    let target = Target::by_name(target)?;
+    (target.parent == parent).then_some(())?;
+    Some((layer.parse().ok()?, target, which))
 }
 
-/// `blk.{i}.{attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down}.weight.lora_{a|b}` →
-/// (i, module, 0 for A or 1 for B).
-fn parse_gguf_name(name: &str) -> Option<(usize, LoraModule, usize)> {
+/// `blk.{i}.{attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down}.weight.lora_{a|b}`
+/// → (i, target, 0 for A or 1 for B); `ffn_up` is gate and up fused where `fused_up` (phi3).
+fn parse_gguf_name(name: &str, fused_up: bool) -> Option<(usize, Target, usize)> {
     let rest = name.strip_prefix("blk.")?;
     let (layer, rest) = rest.split_once('.')?;
     let (tensor, which) = rest.rsplit_once(".weight.lora_")?;
@@ -365,17 +435,19 @@ fn parse_gguf_name(name: &str) -> Option<(usize, LoraModule, usize)> {
         "b" => 1,
         _ => return None,
     };
-    let module = match tensor {
-        "attn_q" => LoraModule::Q,
-        "attn_k" => LoraModule::K,
-        "attn_v" => LoraModule::V,
-        "attn_output" => LoraModule::O,
-        "ffn_gate" => LoraModule::Gate,
-        "ffn_up" => LoraModule::Up,
-        "ffn_down" => LoraModule::Down,
+    let target = match tensor {
+        "attn_q" => "q_proj",
+        "attn_k" => "k_proj",
+        "attn_v" => "v_proj",
+        "attn_qkv" => "qkv_proj",
+        "attn_output" => "o_proj",
+        "ffn_gate" => "gate_proj",
+        "ffn_up" if fused_up => "gate_up_proj",
+        "ffn_up" => "up_proj",
+        "ffn_down" => "down_proj",
         _ => return None,
     };
-    Some((layer.parse().ok()?, module, which))
+    Some((layer.parse().ok()?, Target::by_name(target)?, which))
 }
 
 fn to_f32(dtype: safetensors::Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
@@ -396,15 +468,42 @@ mod tests {
 
     #[test]
     fn peft_names_parse_and_others_do_not() {
-        let p = parse_peft_name;
-        assert_eq!(p("base_model.model.model.layers.3.self_attn.k_proj.lora_B.weight"), Some((3, LoraModule::K, 1)));
-        assert_eq!(p("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"), Some((0, LoraModule::Down, 0)));
+        let p = |name| parse_peft_name(name).map(|(layer, t, which)| (layer, t.name, which));
+        assert_eq!(p("base_model.model.model.layers.3.self_attn.k_proj.lora_B.weight"), Some((3, "k_proj", 1)));
+        assert_eq!(p("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"), Some((0, "down_proj", 0)));
+        assert_eq!(p("base_model.model.model.layers.1.self_attn.qkv_proj.lora_A.weight"), Some((1, "qkv_proj", 0)));
+        assert_eq!(p("base_model.model.model.layers.1.mlp.gate_up_proj.lora_B.weight"), Some((1, "gate_up_proj", 1)));
         assert_eq!(p("base_model.model.model.layers.0.mlp.q_proj.lora_A.weight"), None, "q under mlp");
         assert_eq!(p("base_model.model.lm_head.lora_A.weight"), None);
         assert_eq!(p("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"), None);
-        let g = parse_gguf_name;
-        assert_eq!(g("blk.1.attn_output.weight.lora_b"), Some((1, LoraModule::O, 1)));
-        assert_eq!(g("blk.0.ffn_down.weight.lora_a"), Some((0, LoraModule::Down, 0)));
-        assert_eq!(g("token_embd.weight.lora_a"), None);
+        let g = |name, fused| parse_gguf_name(name, fused).map(|(layer, t, which)| (layer, t.name, which));
+        assert_eq!(g("blk.1.attn_output.weight.lora_b", false), Some((1, "o_proj", 1)));
+        assert_eq!(g("blk.0.ffn_down.weight.lora_a", false), Some((0, "down_proj", 0)));
+        assert_eq!(g("blk.0.attn_qkv.weight.lora_a", true), Some((0, "qkv_proj", 0)));
+        assert_eq!(g("blk.0.ffn_up.weight.lora_b", false), Some((0, "up_proj", 1)));
+        assert_eq!(g("blk.0.ffn_up.weight.lora_b", true), Some((0, "gate_up_proj", 1)));
+        assert_eq!(g("token_embd.weight.lora_a", false), None);
+    }
+
+    /// A fused B splits by rows into its parts, each over the same A; a projection adapted
+    /// twice is refused.
+    #[test]
+    fn fused_targets_split_into_their_parts() {
+        let shape = LoraShape::llama(1, 4, 4, 2, 3);
+        let qkv = Target::by_name("qkv_proj").unwrap();
+        assert_eq!(qkv.dims(&shape), (4, 8));
+        let mut found = Found::new();
+        let rank = 2;
+        let a: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..16).map(|i| 100.0 + i as f32).collect();
+        put(&mut found, 0, qkv, 0, rank, a.clone(), &shape).unwrap();
+        put(&mut found, 0, qkv, 1, rank, b.clone(), &shape).unwrap();
+        let part = |m| found[&(0, m)].clone();
+        assert_eq!(part(LoraModule::Q), [Some(a.clone()), Some(b[..8].to_vec())]);
+        assert_eq!(part(LoraModule::K), [Some(a.clone()), Some(b[8..12].to_vec())]);
+        assert_eq!(part(LoraModule::V), [Some(a.clone()), Some(b[12..].to_vec())]);
+        let q = Target::by_name("q_proj").unwrap();
+        let err = put(&mut found, 0, q, 0, rank, a, &shape).unwrap_err();
+        assert!(err.contains("q_proj is adapted twice"), "{err}");
     }
 }

@@ -106,6 +106,16 @@ def granite_hybrid(vocab: int):
     return GraniteMoeHybridForCausalLM(config)
 
 
+def respell_layer_types(hf: Path) -> None:
+    """transformers 5 writes a Granite hybrid's layer types as "linear_attention" /
+    "full_attention"; the published Granite 4.0-H checkpoints (and llama.cpp's converter, which
+    otherwise finds no attention layer) spell them "mamba" / "attention"."""
+    config = json.loads((hf / "config.json").read_text())
+    spelling = {"linear_attention": "mamba", "full_attention": "attention"}
+    config["layer_types"] = [spelling.get(t, t) for t in config["layer_types"]]
+    (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def make(name: str, build, llama_cpp: Path) -> None:
     out = FIXTURES / name
     hf = out / "hf"
@@ -116,13 +126,7 @@ def make(name: str, build, llama_cpp: Path) -> None:
     randomize(model)
     model.save_pretrained(hf, safe_serialization=True)
     if name == "granite_hybrid":
-        # transformers 5 writes layer types as "linear_attention" / "full_attention"; the
-        # published Granite 4.0-H checkpoints (and llama.cpp's converter, which otherwise finds
-        # no attention layer) spell them "mamba" / "attention".
-        config = json.loads((hf / "config.json").read_text())
-        spelling = {"linear_attention": "mamba", "full_attention": "attention"}
-        config["layer_types"] = [spelling.get(t, t) for t in config["layer_types"]]
-        (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        respell_layer_types(hf)
 
     expected = {"meta": {"generator": "tools/make_recurrent_fixtures.py", "transformers": __import__("transformers").__version__,
                          "torch": torch.__version__, "vocab_size": vocab}, "prompts": []}

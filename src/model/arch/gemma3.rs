@@ -25,10 +25,12 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, QkNorm, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
+use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource, tensor_name};
 use crate::tensor::TensorFactory;
 
@@ -153,15 +155,32 @@ impl Architecture for Gemma3Model {
                 sliding_window: if sliding { c.sliding_window } else { None },
                 scale: query_scale,
             };
-            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, None)?;
+            let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_attn_norm, &a.normed, eps)?;
             add_rms_norm(ctx, rec, &a.x, &a.normed, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, None)?;
+            layer.mlp.forward(ctx, rec, a, lora)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_ffn_norm, &a.normed, eps)?;
         }
         add_rms_norm(ctx, rec, &a.x, &a.normed, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, &self.embed, logits)
+    }
+
+    /// q, k, v, o, gate, up and down as Llama's; Gemma's GGUFs keep Hugging Face's q/k order.
+    fn lora_layout(&self) -> Option<LoraLayout> {
+        let c = &self.config;
+        Some(LoraLayout {
+            shape: LoraShape::llama(
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads * c.head_dim,
+                c.num_kv_heads * c.head_dim,
+                c.intermediate_size,
+            ),
+            head_dim: c.head_dim,
+            qk_interleaved: false,
+        })
     }
 }

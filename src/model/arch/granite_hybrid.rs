@@ -26,10 +26,14 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Linear, Mlp, SsmMixer, StepInputs};
+use crate::model::layers::{
+    Activations, Attention, AttentionSetup, Gate, LayerLora, Linear, Mlp, SsmMixer, StepInputs,
+};
+use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -175,19 +179,37 @@ impl Architecture for GraniteHybridModel {
                 // The previous layer's MLP residual, then this layer's first norm.
                 add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.attn_norm, &a.xn, eps)?;
             }
+            let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
             match &layer.mixer {
-                Mixer::Attention(attention) => attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, None)?,
+                Mixer::Attention(attention) => attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?,
                 Mixer::Ssm(mixer) => {
                     let (conv_state, ssm_state) = kv.states()?.layer(i)?;
                     mixer.forward(ctx, rec, a, inputs, conv_state, ssm_state, eps)?
                 }
             }
             add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, None)?;
+            layer.mlp.forward(ctx, rec, a, lora)?;
         }
         add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.xn, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
+    }
+
+    /// Adapters on the attention layers' q, k, v, o and every layer's MLP (`input_linear` as gate
+    /// and up, `output_linear` as down); the Mamba2 mixers take none.
+    fn lora_layout(&self) -> Option<LoraLayout> {
+        let c = &self.config;
+        Some(LoraLayout {
+            shape: LoraShape::llama(
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads * c.head_dim,
+                c.num_kv_heads * c.head_dim,
+                c.intermediate_size,
+            ),
+            head_dim: c.head_dim,
+            qk_interleaved: self.pairing == RopePairing::Interleaved,
+        })
     }
 }

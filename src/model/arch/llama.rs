@@ -40,7 +40,7 @@ use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraShape;
-use crate::model::arch::Architecture;
+use crate::model::arch::{Architecture, gguf_qk_interleaved};
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
@@ -65,7 +65,6 @@ pub struct LlamaModel {
     cos_sin: GpuTensor,         // (max_positions, rope_dim / 2, 2)
     no_rope: Option<GpuTensor>, // (1, rope_dim / 2, 2): (1, 0), for NoPE layers, if any
     pairing: RopePairing,
-    projections: Projections,
     multipliers: Multipliers,
 }
 
@@ -173,13 +172,11 @@ impl LlamaModel {
         } else {
             Some(factory.upload_f32(&[1, half, 2], &[1.0f32, 0.0].repeat(half))?)
         };
-        let pairing = match (source.checkpoint(), c.architecture.as_str()) {
-            // llama.cpp permutes q/k only for the llama architecture; Qwen2 and Phi-3 GGUFs keep
-            // HF's order.
-            (Checkpoint::Gguf, "llama" | "mistral" | "granite" | "smollm3") => RopePairing::Interleaved,
+        let pairing = match source.checkpoint() {
+            Checkpoint::Gguf if gguf_qk_interleaved(&c.architecture) => RopePairing::Interleaved,
             _ => RopePairing::Neox,
         };
-        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, no_rope, pairing, projections, multipliers })
+        Ok(LlamaModel { config, embed, layers, norm, lm_head, cos_sin, no_rope, pairing, multipliers })
     }
 }
 
@@ -235,11 +232,11 @@ impl Architecture for LlamaModel {
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
     }
 
-    /// PEFT adapters name q, k, v, o, gate, up and down as Hugging Face stores them; Phi-3's
-    /// fused qkv and gate-up are not taken yet.
+    /// Adapters target q, k, v, o, gate, up and down; a checkpoint's fused qkv or gate-up
+    /// (Phi-3) is read into those parts (`lora::Target`), whichever way the base stores them.
     fn lora_layout(&self) -> Option<LoraLayout> {
         let c = &self.config;
-        (self.projections == Projections::Separate).then(|| LoraLayout {
+        Some(LoraLayout {
             shape: LoraShape::llama(
                 c.num_layers,
                 c.hidden_size,

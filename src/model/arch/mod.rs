@@ -43,6 +43,13 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoehybrid",
 ];
 
+/// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
+/// `architecture` (its Llama-derived converters do; Qwen, Phi-3, Gemma and OLMo 2 keep Hugging
+/// Face's order). A base model and a GGUF LoRA adapter of the same architecture agree.
+pub fn gguf_qk_interleaved(architecture: &str) -> bool {
+    matches!(architecture, "llama" | "mistral" | "granite" | "smollm3" | "granitehybrid")
+}
+
 /// A model on the GPU, ready to record forward passes.
 pub trait Architecture: Send + Sync {
     fn config(&self) -> &ModelConfig;

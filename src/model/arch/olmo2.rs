@@ -28,10 +28,12 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
+use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Mlp, QkNorm, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
+use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -134,10 +136,11 @@ impl Architecture for Olmo2Model {
         // The residual stream, in `xn` (see above).
         embedding(ctx, rec, &self.embed, inputs.token_ids, &a.xn)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, None)?;
+            let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
+            layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_attn_norm, &a.normed, eps)?;
             add(ctx, rec, &a.xn, &a.normed)?;
-            layer.mlp.forward(ctx, rec, a, None)?;
+            layer.mlp.forward(ctx, rec, a, lora)?;
             rms_norm(ctx, rec, &a.proj, &layer.post_ffn_norm, &a.normed, eps)?;
             add(ctx, rec, &a.xn, &a.normed)?;
         }
@@ -145,5 +148,21 @@ impl Architecture for Olmo2Model {
         // Only the sampled rows need logits: gather those rows, then the LM head.
         embedding(ctx, rec, &a.x, inputs.logit_rows, &a.rows)?;
         matmul(ctx, rec, &a.rows, self.lm_head.as_ref().unwrap_or(&self.embed), logits)
+    }
+
+    /// q, k, v, o, gate, up and down as Llama's; OLMo 2's GGUFs keep Hugging Face's q/k order.
+    fn lora_layout(&self) -> Option<LoraLayout> {
+        let c = &self.config;
+        Some(LoraLayout {
+            shape: LoraShape::llama(
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads * c.head_dim,
+                c.num_kv_heads * c.head_dim,
+                c.intermediate_size,
+            ),
+            head_dim: c.head_dim,
+            qk_interleaved: false,
+        })
     }
 }
