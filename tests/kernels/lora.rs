@@ -1,6 +1,7 @@
-//! lora_shrink + lora_expand against the CPU: rows of several adapters of different ranks and
-//! rows of the base model in one dispatch pair. Base rows must come out bit for bit as they
-//! went in, and each row's delta must not depend on its neighbours (batch invariance).
+//! lora_shrink + lora_expand against the CPU: rows of several adapters of different ranks (1 to
+//! 64, the highest rank weft promises) and rows of the base model in one dispatch pair. Base
+//! rows must come out bit for bit as they went in, and each row's delta must not depend on its
+//! neighbours (batch invariance).
 
 use weft::DType;
 use weft::gpu::Recording;
@@ -11,10 +12,10 @@ use crate::common::*;
 
 const IN: usize = 72;
 const OUT: usize = 40;
-const MAX_RANK: usize = 8;
+const MAX_RANK: usize = 64;
 const SLOTS: usize = 3;
 /// Slot s: (rank, scale).
-const ADAPTERS: [(usize, f32); SLOTS] = [(4, 2.0), (8, 0.5), (1, -3.0)];
+const ADAPTERS: [(usize, f32); SLOTS] = [(4, 2.0), (64, 0.5), (1, -3.0)];
 
 /// y (rows, y_cols) after the pair of dispatches, writing columns col..col + OUT.
 fn run_lora(row_slots: &[u32], x: &[f32], y0: &[f32], y_cols: usize, col: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
