@@ -4,7 +4,8 @@ PEFT adapters (`tools/make_lora_fixtures.py`), through the official OpenAI clien
 reference near-tie) as the server's own /detokenize spells them, for requests alone and for
 the base model and three adapters at once over two slots (an adapter evicted and reloaded);
 /v1/models lists the adapters with their parent; an unknown model is a 404; /metrics carries
-vLLM's `vllm:lora_requests_info`.
+vLLM's `vllm:lora_requests_info`. Served with `--pooling last`, /v1/embeddings runs the adapter
+its `model` names too.
 """
 
 import json
@@ -27,7 +28,7 @@ EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 @pytest.fixture(scope="module")
 def server():
     modules = [f"{name}={FIXTURE / name}" for name in ADAPTERS]
-    proc, base = serve(FIXTURE / "hf", "--served-model-name", BASE, "--lora-modules", *modules, "--max-loras", "2", "--max-lora-rank", "8")
+    proc, base = serve(FIXTURE / "hf", "--served-model-name", BASE, "--lora-modules", *modules, "--max-loras", "2", "--max-lora-rank", "8", "--pooling", "last")
     try:
         yield base, openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=300, max_retries=0)
     finally:
@@ -128,3 +129,18 @@ def test_load_and_unload_lora_adapter():
             client.completions.create(model="delta", prompt=prompt, max_tokens=2)
     finally:
         stop(proc)
+
+
+def test_embeddings_run_the_adapter_their_model_names(server):
+    _, client = server
+    ids = EXPECTED["models"]["base"]["prompts"][0]["prompt_ids"]
+    embed = lambda model: client.embeddings.create(model=model, input=[ids])  # noqa: E731
+    plain, alpha, again = embed(BASE), embed("alpha"), embed("alpha")
+    assert (plain.model, alpha.model) == (BASE, "alpha")
+    a, b = plain.data[0].embedding, alpha.data[0].embedding
+    cosine = sum(x * y for x, y in zip(a, b))  # both L2-normalised
+    assert cosine < 0.999, f"the adapter changed nothing (cosine {cosine})"
+    assert again.data[0].embedding == b, "the same adapter gives the same vector"
+    with pytest.raises(openai.NotFoundError) as e:
+        embed("delta")
+    assert "delta" in str(e.value)
