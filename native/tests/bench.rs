@@ -331,8 +331,8 @@ fn speculation_counts_are_reported_per_run() {
             }
         }
     }
-    let (ok, stdout, _) = weft(&base);
-    assert!(ok);
+    let (ok, stdout, stderr) = weft(&base);
+    assert!(ok, "{stderr}");
     assert!(serde_json::from_str::<Value>(&stdout).unwrap()["runs"][0].get("speculation").is_none(), "{stdout}");
     if model_present() {
         let (ok, _, stderr) = weft(&[&base[..], &["--draft-model", MODEL]].concat());
