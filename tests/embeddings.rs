@@ -32,8 +32,17 @@ fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_embedding").join(name)
 }
 
+fn bert_fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bert_embedding").join(name)
+}
+
 fn expected() -> Vec<(String, Vec<u32>, Vec<f32>)> {
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    expected_of(&fixture("expected.json"), "embedding")
+}
+
+/// Each input's text, token ids and embedding under `key`.
+fn expected_of(path: &Path, key: &str) -> Vec<(String, Vec<u32>, Vec<f32>)> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let floats = |a: &Value| a.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect::<Vec<_>>();
     v["inputs"]
         .as_array()
@@ -41,9 +50,20 @@ fn expected() -> Vec<(String, Vec<u32>, Vec<f32>)> {
         .iter()
         .map(|i| {
             let ids = i["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
-            (i["text"].as_str().unwrap().to_string(), ids, floats(&i["embedding"]))
+            (i["text"].as_str().unwrap().to_string(), ids, floats(&i[key]))
         })
         .collect()
+}
+
+/// The BERT fixture's GGUF vocabulary (WordPiece, llama.cpp's spelling) tokenizes as
+/// sentence-transformers' `BertTokenizerFast`: [CLS] … [SEP], lower-cased, accents stripped.
+#[test]
+fn bert_vocabulary_tokenizes_as_sentence_transformers() {
+    let file = weft::model::gguf::GgufFile::open(&bert_fixture("model.gguf")).unwrap();
+    let tok = weft::tokenizer::HfTokenizer::from_gguf_metadata_of(&file.metadata, file.name()).unwrap();
+    for (text, ids, _) in expected_of(&bert_fixture("expected.json"), "embedding") {
+        assert_eq!(tok.encode(&text, true).unwrap(), ids, "{text:?}");
+    }
 }
 
 /// The fixture's engine, `max_num_batched_tokens` a step (small budgets chunk the prompts).
