@@ -7,7 +7,7 @@
 //
 // Bindings (group 0)
 //   0 params      uniform     Params  mirrors gpu::kernels::paged::MergeParams
-//   1 token_info  read        u32 (num_tokens, 2)  (sequence index, position) per token
+//   1 token_info  read        u32 (num_tokens, 2)  (sequence index, last position seen) per token
 //   2 partials    read        vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): (m, s, 0, 0), o
 //   3 out         read_write  vec4 (num_tokens, num_heads · HD / 4)
 // Workgroup: 64 invocations per (head, token); invocation d joins output vec4 d (HD <= 256).

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// paged_attention: causal grouped-query attention of each query token over its sequence's paged
-// KV cache. One kernel serves decode (one token per sequence) and prefill chunks that start at
-// any position: token t of sequence s at position p attends to positions [first, p] of s, where
-// first = 0, or p + 1 - window with a sliding window. The chunk's own K/V are written first
-// (rope_kv_write). Split-K: with params.split_min > 0, a token with more than split_min
+// paged_attention: grouped-query attention of each query token over its sequence's paged KV
+// cache. One kernel serves decode (one token per sequence) and prefill chunks that start at any
+// position: token t of sequence s attends to positions [first, p] of s, where p is the last
+// position token_info gives it and first = 0, or p + 1 - window with a sliding window. The mask
+// mode is p: the token's own position (causal), or its sequence's last (bidirectional: an
+// encoder's prompt, whole in one step; gpu::kernels::paged::AttentionMask). The chunk's own K/V
+// are written first (rope_kv_write). Split-K: with params.split_min > 0, a token with more than split_min
 // positions has them shared among up to SPLITS workgroups (shared/attention_splits.wgsl, grid
 // z); each leaves its partial state in `partials` and attention_merge joins them. A token with
 // one split is finished here, exactly as without splitting.
@@ -16,7 +18,7 @@
 //   2 k_cache       kv_read     vec4 (num_slots, num_kv_heads, HD / 4) from cache_offset
 //   3 v_cache       kv_read     likewise (storage buffers, or textures on CPU drivers)
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
-//   5 token_info    read        u32 (num_tokens, 2)     (sequence index, position) per token
+//   5 token_info    read        u32 (num_tokens, 2)     (sequence index, last position seen) per token
 //   6 out           read_write  vec4 (num_tokens, num_heads · HD / 4)
 //   7 partials      read_write  vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): per split
 //                               (running max, sum, 0, 0) then the unnormalised weighted V sum;

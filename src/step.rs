@@ -192,6 +192,12 @@ pub trait ModelExecutor: Send + Sync {
     /// Positions a sequence may reach.
     fn max_context(&self) -> usize;
     fn kv_config(&self) -> KvCacheConfig;
+    /// Whether the model is an encoder, whose attention sees each sequence whole: it embeds
+    /// only, and every prompt must run whole in one step, without the prefix cache.
+    fn bidirectional(&self) -> bool {
+        false
+    }
+
     /// The length of the hidden states `SeqStep::embed` returns, for a model that serves
     /// embeddings (`model::config::Pooling`); `None`: it serves none.
     fn embedding_size(&self) -> Option<usize> {

@@ -372,6 +372,40 @@ fn tiny_gpt2_vocabulary_works() {
     assert_eq!(t.vocab_size(), 6);
 }
 
+/// A tiny WordPiece vocabulary as llama.cpp's converter writes it: a word's first piece with a
+/// leading "▁", a continuation without "##", control tokens as they are.
+fn tiny_bert() -> Metadata {
+    let mut m = Metadata::new();
+    m.insert("tokenizer.ggml.model".into(), s("bert"));
+    m.insert("tokenizer.ggml.pre".into(), s("bert-bge"));
+    m.insert(
+        "tokenizer.ggml.tokens".into(),
+        strs(&["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u{2581}word", "piece", "s", "\u{2581},", "\u{2581}cafe"]),
+    );
+    m.insert(
+        "tokenizer.ggml.token_type".into(),
+        MetaValue::Array([3, 3, 3, 3, 1, 1, 1, 1, 1].iter().map(|&t| MetaValue::I32(t)).collect()),
+    );
+    m.insert("tokenizer.ggml.unknown_token_id".into(), MetaValue::U32(1));
+    m.insert("tokenizer.ggml.cls_token_id".into(), MetaValue::U32(2));
+    m.insert("tokenizer.ggml.seperator_token_id".into(), MetaValue::U32(3));
+    m
+}
+
+#[test]
+fn tiny_wordpiece_vocabulary_works() {
+    let t = HfTokenizer::from_gguf_metadata(&tiny_bert()).unwrap();
+    // Lower-cased, accents stripped, punctuation split off, pieces longest first, [UNK] for a
+    // word that cannot be pieced; [CLS] and [SEP] around the text with special tokens.
+    assert_eq!(t.encode("WordPieces, Café xyz", true).unwrap(), vec![2, 4, 5, 6, 7, 8, 1, 3]);
+    assert_eq!(t.encode("words", false).unwrap(), vec![4, 6]);
+    assert_eq!(t.decode(&[2, 4, 5, 6, 7, 8, 3], true).unwrap(), "wordpieces, cafe");
+
+    let mut m = tiny_bert();
+    m.remove("tokenizer.ggml.unknown_token_id");
+    assert!(err_of(&m).contains("unknown_token_id is missing"), "{}", err_of(&m));
+}
+
 #[test]
 fn unknown_tokenizer_model_is_a_clear_error() {
     let mut m = tiny_gpt2();

@@ -103,4 +103,5 @@ goldens! {
     mpt => "mpt",
     llama_spm => "llama-spm",
     phi_3 => "phi-3",
+    bert_bge => "bert-bge",
 }

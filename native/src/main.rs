@@ -270,8 +270,9 @@ enum Command {
         #[arg(long, value_name = "NAME", value_parser = serve::parse_reasoning_parser)]
         reasoning_parser: Option<String>,
         /// Serve /v1/embeddings by pooling KIND (`last`: the last token's final hidden state,
-        /// as Qwen3-Embedding is used) even when the model's file names no pooling [default:
-        /// the file's `pooling_type`; none: the model serves no embeddings]
+        /// as Qwen3-Embedding is used; for encoders such as bge also `cls`, the first token's,
+        /// and `mean`, all tokens' mean) even when the model's file names no pooling or
+        /// another [default: the file's `pooling_type`; none: the model serves no embeddings]
         #[arg(long, value_name = "KIND", value_parser = serve::parse_pooling)]
         pooling: Option<weft::model::config::Pooling>,
         #[command(flatten)]

@@ -50,6 +50,46 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
+/// `y = (x - mean) / sqrt(var + eps) * weight + bias`, row by row over rows of length
+/// `weight.len()` (torch's LayerNorm: the biased variance).
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let n = weight.len();
+    x.chunks(n)
+        .flat_map(|row| {
+            let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+            let var = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+            let scale = 1.0 / (var + f64::from(eps)).sqrt();
+            row.iter()
+                .zip(weight.iter().zip(bias))
+                .map(move |(&v, (&w, &b))| ((f64::from(v) - mean) * scale * f64::from(w) + f64::from(b)) as f32)
+        })
+        .collect()
+}
+
+/// The exact GELU, `v · (1 + erf(v / √2)) / 2` (transformers' "gelu").
+pub fn gelu(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            let v = f64::from(v);
+            (0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2))) as f32
+        })
+        .collect()
+}
+
+/// Each output row the mean of x's rows `first .. first + count` (`spans`: (first, count)),
+/// rows of length `cols`: an embedding's pooling.
+pub fn pool_rows(x: &[f32], cols: usize, spans: &[(usize, usize)]) -> Vec<f32> {
+    spans
+        .iter()
+        .flat_map(|&(first, count)| {
+            (0..cols).map(move |c| {
+                let sum: f64 = (first..first + count).map(|r| f64::from(x[r * cols + c])).sum();
+                (sum / count as f64) as f32
+            })
+        })
+        .collect()
+}
+
 /// Softmax of each row of length `n`.
 pub fn softmax(x: &[f32], n: usize) -> Vec<f32> {
     x.chunks(n)

@@ -206,9 +206,13 @@ impl ContinuousBatchEngine {
             kv_cache,
         );
         // The scheduler turns the prefix cache off for recurrent models without state
-        // snapshots; say so in the config.
+        // snapshots and for encoders; say so in the config.
+        let encoder = model_executor.bidirectional();
         let enable_prefix_cache =
-            config.enable_prefix_cache && state.as_ref().is_none_or(|s| s.config().num_snapshot_slots > 0);
+            config.enable_prefix_cache && !encoder && state.as_ref().is_none_or(|s| s.config().num_snapshot_slots > 0);
+        if encoder {
+            scheduler = scheduler.with_whole_prompts();
+        }
         if let Some(state) = state {
             scheduler = scheduler.with_recurrent_state(state);
         }
@@ -499,6 +503,12 @@ impl ContinuousBatchEngine {
             return Err(WeftError::Unavailable("the engine is shut down".into()));
         }
         let admitted = request.validate().and_then(|()| {
+            if request.params.embedding.is_none() && self.inner.executor.bidirectional() {
+                return Err(WeftError::invalid(
+                    "model",
+                    "this is an embedding model (an encoder, which generates no text); use /v1/embeddings",
+                ));
+            }
             let prompt = self.tokenize(&request)?;
             let vocab = self.inner.executor.vocab_size();
             if let Some(t) = request.params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {

@@ -44,6 +44,9 @@
 //! (`model::scan_plan` has the executor's side).
 //! **Invariant:** a sequence never receives more than `max_tokens` tokens: drafts are cut so
 //! that a fully accepted run still fits.
+//! **Invariant:** for an encoder (`with_whole_prompts`: attention sees each sequence whole), a
+//! prompt runs whole in one step or waits, never in chunks, and never from the prefix cache; a
+//! prompt longer than `max_num_batched_tokens` is refused at submission.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -104,6 +107,8 @@ struct ChunkRules {
     block_size: usize,
     recurrent: bool,
     scan_chunk: usize,
+    /// All of a sequence's known tokens in one chunk, or none this step (an encoder).
+    whole: bool,
 }
 
 impl ChunkRules {
@@ -118,6 +123,9 @@ impl ChunkRules {
         }
         if self.recurrent {
             num_known = num_known.min(recurrent_run(seq.num_prompt_tokens, start, self.scan_chunk));
+        }
+        if self.whole {
+            return if num_known <= budget { num_known } else { 0 };
         }
         cut_for_scan(start, num_known, budget, self.scan_chunk)
     }
@@ -237,6 +245,8 @@ pub struct ContinuousBatchScheduler {
     admission_clock: u64,
     /// The executor's LoRA adapter slots; with none, requests for adapters are refused.
     lora_slots: LoraSlots,
+    /// Prompts run whole in one step, uncached (an encoder's bidirectional attention).
+    whole_prompts: bool,
 }
 
 impl ContinuousBatchScheduler {
@@ -254,7 +264,18 @@ impl ContinuousBatchScheduler {
             num_preemptions: 0,
             admission_clock: 0,
             lora_slots: LoraSlots::new(0),
+            whole_prompts: false,
         }
+    }
+
+    /// The same scheduler for an encoder, whose attention sees each sequence whole: a prompt
+    /// runs in one step or waits for a step with room for all of it (never chunked), its blocks
+    /// never come from or go to the prefix cache (a token's keys depend on the tokens after
+    /// it), and a prompt that no step can hold is refused at submission.
+    pub fn with_whole_prompts(mut self) -> Self {
+        self.kv.disable_prefix_cache();
+        self.whole_prompts = true;
+        self
     }
 
     /// The same scheduler serving LoRA adapters from `num_slots` slots: no more distinct
@@ -314,6 +335,7 @@ impl ContinuousBatchScheduler {
             block_size: self.kv.block_size(),
             recurrent: self.state.is_some(),
             scan_chunk: self.scan_chunk,
+            whole: self.whole_prompts,
         }
     }
 
@@ -357,6 +379,16 @@ impl ContinuousBatchScheduler {
                     "{}; the prompt takes {num_prompt_tokens} of the context's {max_model_len} tokens, so at most {} can be generated",
                     req.max_tokens,
                     max_model_len - num_prompt_tokens
+                ),
+            ));
+        }
+        let budget = self.config.max_num_batched_tokens;
+        if self.whole_prompts && num_prompt_tokens > budget {
+            return Err(WeftError::invalid(
+                "prompt",
+                format!(
+                    "{num_prompt_tokens} tokens, but this encoder attends over its whole prompt in one step, and a step \
+                     holds at most max_num_batched_tokens = {budget}; shorten the input or raise max_num_batched_tokens"
                 ),
             ));
         }
@@ -425,8 +457,9 @@ impl ContinuousBatchScheduler {
     /// is passed over (it keeps its place) until they are cached: a burst of requests with one
     /// new system prompt computes it once, not once per request in the same step.
     pub fn schedule(&mut self) -> StepBatch {
-        // A recurrent sequence scans whole chunks: a cap below one would stall it.
-        let cap = self.step_token_cap.max(self.scan_chunk);
+        // A recurrent sequence scans whole chunks, an encoder whole prompts: a cap below the
+        // next one would stall it.
+        let cap = self.step_token_cap.max(self.scan_chunk).max(self.next_whole_prompt());
         let mut token_budget = self.config.max_num_batched_tokens.min(cap);
         // (id, num_new_tokens, num_drafted) in scheduling order; drafted tokens are part of
         // num_new_tokens.
@@ -613,6 +646,16 @@ impl ContinuousBatchScheduler {
             seq.drafts.clear();
         }
         batch
+    }
+
+    /// For an encoder, the tokens of the next prompt to run (the first running one not yet
+    /// computed, else the first waiting one); 0 otherwise.
+    fn next_whole_prompt(&self) -> usize {
+        if !self.whole_prompts {
+            return 0;
+        }
+        let pending = |id: &SeqId| self.req_to_seq.get(id).filter(|s| !s.is_done()).map(|s| s.tokens.len());
+        self.running.iter().find_map(pending).or_else(|| self.waiting.iter().find_map(pending)).unwrap_or(0)
     }
 
     /// Offer `drafts` as tokens that may follow `id`'s known tokens, for the next step to
@@ -824,6 +867,40 @@ mod tests {
 
     fn ids(out: &StepBatch) -> Vec<SeqId> {
         out.seqs.iter().map(|s| s.id).collect()
+    }
+
+    /// An encoder's prompts: refused past the token budget (naming it), otherwise each in one
+    /// step whole — one that does not fit the step's remaining budget waits for the next step
+    /// instead of being chunked, also under a smaller GPU-time cap — and never from the prefix
+    /// cache, even for a prompt of full blocks seen before.
+    #[test]
+    fn encoder_prompts_run_whole_and_uncached() {
+        let kv = KvCacheManager::new(16, 4, true);
+        let mut sched = ContinuousBatchScheduler::new(config(8, 10), kv).with_whole_prompts();
+        let err = sched.add_request(request(9, vec![1; 11], 1, 0)).unwrap_err();
+        assert!(matches!(err, WeftError::InvalidRequest { .. }), "{err}");
+        assert!(err.to_string().contains("max_num_batched_tokens = 10") && err.to_string().contains("11 tokens"));
+        sched.add_request(request(1, (0..8).collect(), 1, 0)).unwrap();
+        sched.add_request(request(2, (0..8).collect(), 1, 0)).unwrap();
+        sched.add_request(request(3, vec![7, 7], 1, 0)).unwrap();
+        sched.set_step_token_cap(3);
+        let out = sched.schedule();
+        // The cap of 3 rises to 1's 8 tokens, and 1 runs whole; 2 and 3 wait for later steps.
+        assert_eq!(ids(&out), vec![1]);
+        assert_eq!((out.seqs[0].tokens.len(), out.seqs[0].start_pos, out.seqs[0].num_logits), (8, 0, 1));
+        run_step(&mut sched, &out, 5);
+        sched.finish(1);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![2], "the same 8 tokens again: computed from position 0, not the cache");
+        assert_eq!((out.seqs[0].tokens.len(), out.seqs[0].start_pos), (8, 0));
+        run_step(&mut sched, &out, 5);
+        sched.finish(2);
+        let out = sched.schedule();
+        assert_eq!(ids(&out), vec![3]);
+        run_step(&mut sched, &out, 5);
+        sched.finish(3);
+        assert_eq!(sched.kv().usage().used_blocks, 0);
+        assert_eq!(sched.kv().prefix_cache_stats().hits, 0);
     }
 
     /// Two slots, three adapters: the third adapter's request waits (passed over, so the base

@@ -21,10 +21,12 @@ use crate::quant::DType;
 /// Every WGSL file, embedded so the library works in a browser without fetching them.
 const SOURCES: &[(&str, &str)] = &[
     ("add.wgsl", include_str!("../../shaders/add.wgsl")),
+    ("add_layer_norm.wgsl", include_str!("../../shaders/add_layer_norm.wgsl")),
     ("add_rms_norm.wgsl", include_str!("../../shaders/add_rms_norm.wgsl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("attention_merge.wgsl", include_str!("../../shaders/attention_merge.wgsl")),
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
+    ("gelu.wgsl", include_str!("../../shaders/gelu.wgsl")),
     ("gelu_mul.wgsl", include_str!("../../shaders/gelu_mul.wgsl")),
     ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
     ("lora_expand.wgsl", include_str!("../../shaders/lora_expand.wgsl")),
@@ -35,6 +37,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
+    ("pool_rows.wgsl", include_str!("../../shaders/pool_rows.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
     ("rms_norm.wgsl", include_str!("../../shaders/rms_norm.wgsl")),
     ("rope_kv_write.wgsl", include_str!("../../shaders/rope_kv_write.wgsl")),

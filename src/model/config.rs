@@ -102,6 +102,7 @@ pub struct ModelConfig {
     /// `head_dim` (Phi-4-mini: 96 of 128; llama.cpp's `rope.dimension_count`, transformers'
     /// head_dim · `partial_rotary_factor`); the rest pass through. `None`: the whole head.
     pub rotary_dim: Option<usize>,
+    /// The norms' epsilon: RMSNorm's, or a BERT's LayerNorms'.
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: Option<RopeScaling>,
@@ -142,19 +143,23 @@ pub enum Pooling {
     /// The last token's state (Qwen3-Embedding: a causal model's last position has seen the
     /// whole prompt).
     Last,
+    /// The first token's state, `[CLS]` (bge): an encoder's first position sees the whole prompt.
+    Cls,
+    /// The mean of every token's state, `[CLS]` and `[SEP]` included (all-MiniLM, nomic), as
+    /// sentence-transformers averages over the attention mask.
+    Mean,
 }
 
 impl Pooling {
     /// llama.cpp's `pooling_type` value; 0 (none) is `Ok(None)`, a kind weft does not pool
-    /// yet is refused, naming it.
+    /// is refused, naming it.
     pub fn from_gguf(value: u64) -> Result<Option<Pooling>> {
         match value {
             0 => Ok(None),
+            1 => Ok(Some(Pooling::Mean)),
+            2 => Ok(Some(Pooling::Cls)),
             3 => Ok(Some(Pooling::Last)),
-            1 | 2 | 4 => {
-                let name = ["", "mean", "cls", "", "rank"][value as usize];
-                Err(WeftError::Unsupported(format!("{name} pooling (weft pools the last token only)")))
-            }
+            4 => Err(WeftError::Unsupported("rank pooling (a reranker; weft pools mean, cls and last)".into())),
             other => Err(WeftError::Unsupported(format!("pooling type {other}"))),
         }
     }
@@ -163,8 +168,18 @@ impl Pooling {
     pub fn parse(name: &str) -> Result<Pooling> {
         match name {
             "last" => Ok(Pooling::Last),
-            other => Err(WeftError::Unsupported(format!("pooling {other:?}; weft pools \"last\" (the last token)"))),
+            "cls" => Ok(Pooling::Cls),
+            "mean" => Ok(Pooling::Mean),
+            other => Err(WeftError::Unsupported(format!(
+                "pooling {other:?}; weft pools \"last\" (the last token), \"cls\" (the first) and \"mean\""
+            ))),
         }
+    }
+
+    /// Whether it pools more than the prompt's last position, which a causal model's chunked
+    /// prefill never holds in one step: encoders only.
+    pub fn needs_whole_prompt(self) -> bool {
+        self != Pooling::Last
     }
 }
 
@@ -384,7 +399,10 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             rotary_dim,
-            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+            // BERT's LayerNorms keep their epsilon in the same field.
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon")
+                .or_else(|| float("attention.layer_norm_epsilon"))
+                .unwrap_or(1e-5),
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
             rope_scaling,
             max_position_embeddings: int("context_length")?,
@@ -1018,6 +1036,23 @@ impl ModelConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llama.cpp's pooling types and the `--pooling` names; a reranker's rank pooling and
+    /// unknown values are refused, naming them.
+    #[test]
+    fn pooling_kinds_read_and_refused() {
+        let kinds = [(0, None), (1, Some(Pooling::Mean)), (2, Some(Pooling::Cls)), (3, Some(Pooling::Last))];
+        for (value, kind) in kinds {
+            assert_eq!(Pooling::from_gguf(value).unwrap(), kind);
+        }
+        assert!(Pooling::from_gguf(4).unwrap_err().to_string().contains("rank pooling"));
+        assert!(Pooling::from_gguf(9).unwrap_err().to_string().contains("pooling type 9"));
+        for (name, kind) in [("last", Pooling::Last), ("cls", Pooling::Cls), ("mean", Pooling::Mean)] {
+            assert_eq!(Pooling::parse(name).unwrap(), kind);
+            assert_eq!(kind.needs_whole_prompt(), kind != Pooling::Last);
+        }
+        assert!(Pooling::parse("max").unwrap_err().to_string().contains("\"mean\""));
+    }
 
     /// Llama 3.1 8B's frequencies: theta 5e5, head_dim 128, llama3 scaling (factor 8, low 1,
     /// high 4, original context 8192). Expected values printed by transformers 5.24

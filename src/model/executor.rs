@@ -19,12 +19,14 @@ use web_time::Instant;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::lora::NO_SLOT as NO_LORA;
+use crate::gpu::kernels::paged::AttentionMask;
 use crate::gpu::kernels::sample::OUT_PER_ROW;
 use crate::gpu::kernels::ssm::{NO_SLOT, SEQ_STATE_COLS, SeqStates, SsdChunks};
 use crate::gpu::{GpuContext, GpuTensor, GpuTensorFactory, Recording};
 use crate::kv::{KvCacheConfig, RecurrentStateConfig};
 use crate::lora::{LoraAdapter, LoraConfig};
 use crate::model::arch::Architecture;
+use crate::model::config::Pooling;
 use crate::model::draft::DraftDistributions;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, ScanTables, StepInputs};
@@ -113,6 +115,7 @@ struct Workspace {
     slots: GpuTensor,        // (tokens, 1) U32
     block_tables: GpuTensor, // (table entries, 1) U32
     logit_rows: GpuTensor,   // (logits, 1) U32
+    pool_spans: GpuTensor,   // (logits, 2) U32: the rows each logit row's embedding pools
     seq_states: GpuTensor,   // (seqs, 6) U32: kernels::ssm::SeqStates' table
     scan_before: GpuTensor,  // (seqs, 6) U32: ScanPlan::before
     scan_after: GpuTensor,   // (seqs, 6) U32: ScanPlan::after
@@ -145,6 +148,7 @@ impl Workspace {
             slots: u32s(&[capacity.tokens, 1])?,
             block_tables: u32s(&[capacity.table_entries, 1])?,
             logit_rows: u32s(&[capacity.logits, 1])?,
+            pool_spans: u32s(&[capacity.logits, 2])?,
             seq_states: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
             scan_before: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
             scan_after: u32s(&[capacity.seqs, SEQ_STATE_COLS])?,
@@ -182,6 +186,8 @@ struct HostInputs {
     tables: Vec<u32>,
     max_blocks: usize,
     logit_rows: Vec<u32>,
+    /// (logits, 2): per logit row, the (first row, rows) its embedding pools.
+    pool_spans: Vec<u32>,
     /// (seqs, 6): first row, rows, state slot (0 without one), start position, slot read from,
     /// snapshot slot written.
     seq_states: Vec<u32>,
@@ -193,7 +199,7 @@ struct HostInputs {
 }
 
 impl HostInputs {
-    fn of(batch: &StepBatch, block_size: usize, recurrent: bool, scan_chunk: Option<usize>) -> Self {
+    fn of(batch: &StepBatch, block_size: usize, model: &StepModel) -> Self {
         let max_blocks = batch.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
         let num_tokens = batch.num_batched_tokens();
         let mut inputs = HostInputs {
@@ -204,6 +210,7 @@ impl HostInputs {
             tables: vec![0u32; batch.seqs.len() * max_blocks],
             max_blocks,
             logit_rows: Vec::with_capacity(batch.num_logits()),
+            pool_spans: Vec::with_capacity(2 * batch.num_logits()),
             seq_states: Vec::with_capacity(SEQ_STATE_COLS * batch.seqs.len()),
             scan: ScanPlan::default(),
             lora_rows: Vec::new(),
@@ -224,18 +231,27 @@ impl HostInputs {
                 let pos = seq.start_pos + i;
                 inputs.ids.push(token);
                 inputs.positions.push(pos as u32);
-                inputs.info.extend([s as u32, pos as u32]);
+                inputs.info.extend(model.mask.token_info(s, pos, seq.end_pos()));
                 inputs.slots.push(seq.block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
             }
             let end = inputs.ids.len() as u32;
-            inputs.logit_rows.extend(end - seq.num_logits as u32..end);
+            for row in end - seq.num_logits as u32..end {
+                inputs.logit_rows.push(row);
+                let span = match (seq.embed, model.pooling) {
+                    (true, Some(Pooling::Cls)) => [first_row, 1],
+                    (true, Some(Pooling::Mean)) => [first_row, num_rows],
+                    _ => [row, 1],
+                };
+                inputs.pool_spans.extend(span);
+            }
         }
         if inputs.logit_rows.is_empty() {
             // Nothing is sampled this step (only prefill chunks): the LM head still needs a row.
             inputs.logit_rows.push(0);
+            inputs.pool_spans.extend([0, 1]);
         }
-        if recurrent {
-            inputs.scan = ScanPlan::of(&inputs.seq_states, scan_chunk);
+        if model.recurrent {
+            inputs.scan = ScanPlan::of(&inputs.seq_states, model.scan_chunk);
         }
         inputs
     }
@@ -257,6 +273,14 @@ impl HostInputs {
         let lora = !self.lora_rows.is_empty();
         (self.ids.len(), num_seqs, self.max_blocks, self.logit_rows.len(), sampled, self.scan.shape(), lora)
     }
+}
+
+/// What of the model shapes a step's inputs.
+struct StepModel {
+    recurrent: bool,
+    scan_chunk: Option<usize>,
+    mask: AttentionMask,
+    pooling: Option<Pooling>,
 }
 
 /// Tokens, sequences, blocks per sequence, logit rows, (penalty entries, draft rows, masked
@@ -316,6 +340,13 @@ impl GpuExecutor {
         num_slots: usize,
         num_snapshots: usize,
     ) -> Result<Self> {
+        if let Some(pooling) = model.config().pooling.filter(|p| p.needs_whole_prompt() && !model.bidirectional()) {
+            return Err(WeftError::Unsupported(format!(
+                "{pooling:?} pooling of a {} model: a causal model's prompt may run in chunks, so weft pools its \
+                 last token only (--pooling last); CLS and mean pooling are for encoders (bert)",
+                model.config().architecture
+            )));
+        }
         let pool = KvPool::new(&factory, kv, model.config(), num_slots.max(1), num_snapshots)?;
         let cpu_driver = factory.context().kernel_family() == crate::gpu::KernelFamily::Cpu;
         let scan_chunk = (model.config().ssm.is_some() && !cpu_driver).then_some(SCAN_CHUNK_ROWS);
@@ -518,8 +549,13 @@ impl GpuExecutor {
         for load in &batch.lora_loads {
             self.load_lora(load.slot as usize, &load.adapter)?;
         }
-        let recurrent = self.kv.state_config().is_some();
-        let inputs = HostInputs::of(batch, self.kv.config().block_size, recurrent, self.scan_chunk);
+        let model = StepModel {
+            recurrent: self.kv.state_config().is_some(),
+            scan_chunk: self.scan_chunk,
+            mask: if self.model.bidirectional() { AttentionMask::Bidirectional } else { AttentionMask::Causal },
+            pooling: self.model.config().pooling,
+        };
+        let inputs = HostInputs::of(batch, self.kv.config().block_size, &model);
         let store = self.draft_distributions.as_deref();
         sampler::check_draft_slots(&inputs.sampler, store)?;
         self.ensure_workspace(arena, &inputs.capacity(batch.seqs.len()))?;
@@ -536,6 +572,7 @@ impl GpuExecutor {
         f.write(&ws.slots, bytemuck::cast_slice(&inputs.slots))?;
         f.write(&ws.block_tables, bytemuck::cast_slice(&inputs.tables))?;
         f.write(&ws.logit_rows, bytemuck::cast_slice(&inputs.logit_rows))?;
+        f.write(&ws.pool_spans, bytemuck::cast_slice(&inputs.pool_spans))?;
         f.write(&ws.seq_states, bytemuck::cast_slice(&inputs.seq_states))?;
         let plan = &inputs.scan;
         for (t, table) in [(&ws.scan_before, &plan.before), (&ws.scan_after, &plan.after), (&ws.ssd_runs, &plan.runs)] {
@@ -572,6 +609,7 @@ impl GpuExecutor {
             block_tables: &first(&ws.block_tables, inputs.tables.len())?
                 .reshape(&[batch.seqs.len(), inputs.max_blocks])?,
             logit_rows: &first(&ws.logit_rows, num_logits)?,
+            pool_spans: &view(&ws.pool_spans, num_logits)?,
             seq_states: SeqStates { seqs: &view(&ws.seq_states, batch.seqs.len())?, num_seqs: batch.seqs.len() },
             scan: ScanTables {
                 before: SeqStates { seqs: &view(&ws.scan_before, num_before)?, num_seqs: num_before },
@@ -710,6 +748,10 @@ impl ModelExecutor for GpuExecutor {
 
     fn kv_config(&self) -> KvCacheConfig {
         self.kv.config()
+    }
+
+    fn bidirectional(&self) -> bool {
+        self.model.bidirectional()
     }
 
     fn embedding_size(&self) -> Option<usize> {

@@ -62,6 +62,10 @@ pub struct StepInputs<'a> {
     pub slots: &'a GpuTensor,        // (num_tokens) U32: KV slot of each token
     pub block_tables: &'a GpuTensor, // (num_seqs, max_blocks_per_seq) U32
     pub logit_rows: &'a GpuTensor,   // (num_logits) U32: the tokens whose logits are sampled
+    /// (num_logits, 2) U32: per logit row, the (first row, rows) its embedding pools — the
+    /// row itself, or for an embedding request's row of an encoder its sequence's first row
+    /// (CLS) or all of them (mean). Read by encoders, which have no LM head.
+    pub pool_spans: &'a GpuTensor,
     /// Per sequence: first row, rows, state slot, start position (the recurrent kernels').
     pub seq_states: SeqStates<'a>,
     /// How the recurrent layers' scans split those rows (see `model::scan_plan`).

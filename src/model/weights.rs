@@ -234,10 +234,19 @@ impl Loader<'_> {
         biases: Option<&[Part]>,
         cols: usize,
     ) -> Result<Linear> {
+        let name = |part: Part| tensor_name(self.source.checkpoint(), Some(layer), part);
+        let parts: Vec<(String, usize)> = parts.iter().map(|&(part, rows)| (name(part), rows)).collect();
+        let biases: Option<Vec<String>> = biases.map(|b| b.iter().map(|&part| name(part)).collect());
+        self.named_linear(&parts, biases.as_deref(), cols)
+    }
+
+    /// [`linear`](Self::linear) of tensors named in the checkpoint's own words (an
+    /// architecture whose names the `Part` table does not hold).
+    pub fn named_linear(&self, parts: &[(String, usize)], biases: Option<&[String]>, cols: usize) -> Result<Linear> {
         let file = self.source.file();
         let mut hosts = Vec::with_capacity(parts.len());
-        for &(part, rows) in parts {
-            hosts.push(self.required_host(Some(layer), part, &[rows, cols])?);
+        for (name, rows) in parts {
+            hosts.push(self.host_named(name.clone(), &[*rows, cols])?.ok_or_else(|| self.missing(name))?);
         }
         let weights = if hosts.iter().all(|(_, t)| t.dtype == hosts[0].1.dtype) && hosts.len() > 1 {
             let rows: usize = parts.iter().map(|(_, r)| r).sum();
@@ -254,8 +263,8 @@ impl Loader<'_> {
         let bias = match biases {
             Some(biases) => {
                 let mut values = Vec::new();
-                for (&b, &(_, rows)) in biases.iter().zip(parts) {
-                    let (name, t) = self.required_host(Some(layer), b, &[rows])?;
+                for (b, (_, rows)) in biases.iter().zip(parts) {
+                    let (name, t) = self.host_named(b.clone(), &[*rows])?.ok_or_else(|| self.missing(b))?;
                     values.extend(float_values(file, &name, &t)?);
                 }
                 Some(self.factory.upload_f32(&[values.len()], &values)?)

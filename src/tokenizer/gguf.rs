@@ -2,7 +2,7 @@
 //! its metadata (`tokenizer.ggml.*`), built on the `tokenizers` crate so that it splits and merges
 //! text the way llama.cpp does for the same file.
 //!
-//! Two vocabulary kinds (`tokenizer.ggml.model`):
+//! Three vocabulary kinds (`tokenizer.ggml.model`):
 //! - `"gpt2"`: byte-level BPE. Tokens are spelled in GPT-2's byte alphabet and ranked merges
 //!   come with them; text is first cut by the regexes llama.cpp uses for the file's
 //!   `tokenizer.ggml.pre` (each one splits every piece the previous ones left, keeping both the
@@ -13,6 +13,14 @@
 //!   vocabulary falls back to its UTF-8 bytes as `<0xXX>` tokens. llama.cpp merges the adjacent
 //!   pair whose union is the best-scoring token first; BPE with merges ranked by that score is
 //!   the same procedure.
+//! - `"bert"`: WordPiece (BERT encoders such as bge). llama.cpp's converter writes a word's first
+//!   piece with a leading `▁` and a continuation without the `##` Hugging Face gives it; the
+//!   vocabulary is turned back into WordPiece's spelling and run as transformers'
+//!   `BertTokenizerFast` does: the BERT normaliser (control characters dropped, CJK characters
+//!   spaced, lower-cased and accents stripped when `tokenizer.ggml.normalizer.lowercase`, true by
+//!   default), the BERT pre-tokenizer (whitespace and punctuation), longest-match-first pieces,
+//!   `[UNK]` for a word that cannot be pieced; `[CLS]` and `[SEP]` around the text are the
+//!   file's BOS and EOS, added as llama.cpp adds them.
 //!
 //! Tokens typed CONTROL in `tokenizer.ggml.token_type` become special tokens (recognised whole in
 //! text, left out by `skip_special_tokens`), USER_DEFINED ones plain added tokens (recognised
@@ -23,8 +31,12 @@ use std::collections::HashMap;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::BertNormalizer;
 use tokenizers::normalizers::{Prepend, Replace};
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -260,10 +272,10 @@ impl HfTokenizer {
                  load the model's tokenizer.json instead",
             )
         })?;
-        if model != "gpt2" && model != "llama" {
+        if !["gpt2", "llama", "bert"].contains(&model) {
             return Err(m.err(format!(
-                "tokenizer.ggml.model is {model:?}; weft reads gpt2 (byte-level BPE) and llama \
-                 (SentencePiece) vocabularies; load the model's tokenizer.json instead"
+                "tokenizer.ggml.model is {model:?}; weft reads gpt2 (byte-level BPE), llama \
+                 (SentencePiece) and bert (WordPiece) vocabularies; load the model's tokenizer.json instead"
             )));
         }
 
@@ -296,6 +308,8 @@ impl HfTokenizer {
                 ))
             })?;
             (byte_level_bpe(&m, &vocab, &kind)?, kind.add_bos, false)
+        } else if model == "bert" {
+            (wordpiece(&m, &vocab)?, true, false)
         } else {
             let add_space_prefix = m.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
             (sentencepiece_bpe(&m, &vocab, add_space_prefix)?, true, add_space_prefix)
@@ -336,8 +350,16 @@ impl HfTokenizer {
             }
         }
 
-        let bos = m.token_id("tokenizer.ggml.bos_token_id", n)?;
-        let eos = m.token_id("tokenizer.ggml.eos_token_id", n)?;
+        let mut bos = m.token_id("tokenizer.ggml.bos_token_id", n)?;
+        let mut eos = m.token_id("tokenizer.ggml.eos_token_id", n)?;
+        let wordpiece = model == "bert";
+        if wordpiece {
+            // llama.cpp puts [CLS] (its BOS) before every text and [SEP] (its separator, key
+            // spelled so) after it, whatever the add_* keys say; older files name [CLS] only as
+            // cls_token_id.
+            bos = bos.or(m.token_id("tokenizer.ggml.cls_token_id", n)?);
+            eos = m.token_id("tokenizer.ggml.seperator_token_id", n)?.or(eos);
+        }
         let eot = m.token_id("tokenizer.ggml.eot_token_id", n)?;
         let eom = m.token_id("tokenizer.ggml.eom_token_id", n)?;
         let mut eos_ids: Vec<u32> = Vec::new();
@@ -354,8 +376,8 @@ impl HfTokenizer {
             }
         }
 
-        let add_bos = m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
-        let add_eos = m.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+        let add_bos = wordpiece || m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
+        let add_eos = wordpiece || m.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         if add_bos && bos.is_none() {
             return Err(m.err("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is not set"));
         }
@@ -548,5 +570,41 @@ fn sentencepiece_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, add_space_prefix: bool) ->
         .with_normalizer(Some(normalizer))
         .map_err(|e| m.err(format!("normalizer: {e}")))?
         .with_decoder(Some(DecoderWrapper::Sequence(decoder)));
+    Ok(tokenizer)
+}
+
+fn wordpiece(m: &Meta<'_>, vocab: &Vocab<'_>) -> Result<tokenizers::Tokenizer> {
+    // Back to WordPiece's spelling: "▁word" starts a word, "iece" continues one as "##iece";
+    // control tokens ([CLS], [SEP], …) keep their text.
+    let unk = m.token_id("tokenizer.ggml.unknown_token_id", vocab.tokens.len())?;
+    let spelled = |id: usize, text: &'_ str| -> String {
+        match text.strip_prefix('\u{2581}') {
+            Some(word) => word.to_owned(),
+            None if vocab.types[id] == TOKEN_CONTROL || unk == Some(id as u32) => text.to_owned(),
+            None => format!("##{text}"),
+        }
+    };
+    let ids = first_ids(vocab.tokens.iter().enumerate().map(|(id, &t)| (id, spelled(id, t).into())));
+    let unk_text = match unk {
+        Some(id) => spelled(id as usize, vocab.tokens[id as usize]),
+        None => {
+            return Err(m.err("tokenizer.ggml.unknown_token_id is missing: a bert (WordPiece) vocabulary needs one"));
+        }
+    };
+    // WordPiece's vocabulary map is the same type as BPE's.
+    let pieces: tokenizers::models::bpe::Vocab = ids.into_iter().collect();
+    let model = WordPiece::builder()
+        .vocab(pieces)
+        .unk_token(unk_text)
+        .continuing_subword_prefix("##".to_owned())
+        .build()
+        .map_err(|e| m.err(format!("the vocabulary does not form a WordPiece model: {e}")))?;
+    let lowercase = m.bool("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer
+        .with_normalizer(Some(NormalizerWrapper::BertNormalizer(BertNormalizer::new(true, true, None, lowercase))))
+        .map_err(|e| m.err(format!("normalizer: {e}")))?
+        .with_pre_tokenizer(Some(PreTokenizerWrapper::BertPreTokenizer(BertPreTokenizer)))
+        .with_decoder(Some(DecoderWrapper::WordPiece(WordPieceDecoder::new("##".to_owned(), true))));
     Ok(tokenizer)
 }

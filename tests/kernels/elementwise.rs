@@ -3,7 +3,7 @@
 
 use weft::DType;
 use weft::gpu::Recording;
-use weft::gpu::kernels::elementwise::{add, add_bias, gelu_mul, scale, silu_mul};
+use weft::gpu::kernels::elementwise::{add, add_bias, gelu, gelu_mul, scale, silu_mul};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -64,6 +64,28 @@ fn gelu_mul_matches_cpu() {
     gelu_mul(ctx(f), &mut rec, &gu, &o).unwrap();
     run(f, &rec);
     assert_eq!(read_f32(f, &o), vec![1e20]);
+}
+
+/// The exact GELU from erf's 7.1.26 approximation (at most 1.5e-7 off), whose exp may err by a
+/// few ULP on a GPU (8·u of its ≤ 1 product): erf is within 1.5e-7 + 8·u, which moves the
+/// output by half that times |v|; the rest is 8·u relative. Inputs run to ±8, past where erf
+/// saturates, and include the region near 0.
+#[test]
+fn gelu_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for len in [1, 257, 5000] {
+        let x = random(len, len as u64, 8.0);
+        let t = f.upload_f32(&[len], &x).unwrap();
+        let mut rec = Recording::new();
+        gelu(ctx(f), &mut rec, &t).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::gelu(&x);
+        assert_close(&format!("gelu of {len}"), &read_f32(f, &t), &want, |i| {
+            0.5 * f64::from(x[i].abs()) * (1.5e-7 + 8.0 * U) + 8.0 * U * f64::from(want[i].abs()) + 1e-30
+        });
+    }
+    let t = f.zeros(&[4], DType::U32).unwrap();
+    assert!(gelu(ctx(f), &mut Recording::new(), &t).unwrap_err().to_string().contains("F32"));
 }
 
 /// One f32 product: the GPU matches the CPU bit for bit.

@@ -1,10 +1,10 @@
 //! Paged attention over scattered blocks equals plain attention over each sequence's keys, for
 //! decode tokens and prefill chunks that start mid-sequence, with and without a sliding window,
 //! on a layer that is not the first, with the queries read from a fused qkv row, in one pass or
-//! split-K over long contexts. (Writing the cache is `rope_kv_write`'s, tested in rope.rs.)
+//! split-K over long contexts, causal or bidirectional (an encoder's whole prompt). (Writing the cache is `rope_kv_write`'s, tested in rope.rs.)
 
 use weft::DType;
-use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
+use weft::gpu::kernels::paged::{AttentionMask, PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::{GpuTensor, GpuTensorFactory, KernelFamily, Recording};
 use weft::tensor::TensorFactory;
 
@@ -202,6 +202,55 @@ fn query_heads_group_where_the_threads_stay_busy() {
     assert_eq!(heads(KvSource::Texture, 32, 8, 1, None), 4);
 }
 
+/// Bidirectional attention (an encoder's mask): every token of a sequence sees all of its
+/// positions, the ones after it too — the CPU's attention over the whole sequence, within the
+/// causal bound above; in one pass and, over 320 positions, split-K. (29 blocks in all: `fill`
+/// scrambles blocks by multiples of 7, which a multiple of 7 would collide.)
+#[test]
+fn bidirectional_attention_sees_the_whole_sequence() {
+    for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { return };
+        let split = family.splits_attention();
+        let lens = [1, 17, 40, 320];
+        let filled = fill(f, &lens);
+        let mut tokens: Vec<(usize, usize)> = (0..40).map(|p| (2, p)).collect();
+        tokens.extend([(0, 0), (1, 0), (1, 9), (3, 0), (3, 150)]);
+        let info: Vec<(usize, usize)> = tokens
+            .iter()
+            .map(|&(s, p)| {
+                let [s, last] = AttentionMask::Bidirectional.token_info(s, p, lens[s]);
+                (s as usize, last as usize)
+            })
+            .collect();
+        let (q, got, _) = attend(f, &filled, &info, None, split, 11, false);
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        for (t, &(s, p)) in tokens.iter().enumerate() {
+            let keys: Vec<&[f32]> = filled.k[s].iter().map(|r| &r[..]).collect();
+            let values: Vec<&[f32]> = filled.v[s].iter().map(|r| &r[..]).collect();
+            let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
+            let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
+            let weight_err = attention_weight_error(q_t, &keys, scale);
+            let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
+            assert_close(&format!("{family:?}: seq {s} token {p} of {}", lens[s]), got_t, &want, |_| 2.0 * weight_err);
+        }
+    }
+    assert_eq!(AttentionMask::Causal.token_info(3, 5, 9), [3, 5]);
+    assert_eq!(AttentionMask::Bidirectional.token_info(3, 5, 9), [3, 8]);
+}
+
+/// The bound on a weight's relative error of the test's tolerance (see above).
+fn attention_weight_error(q_t: &[f32], keys: &[&[f32]], scale: f32) -> f64 {
+    let max_qk: f64 = keys
+        .iter()
+        .map(|k| {
+            (0..HEADS * HEAD_DIM)
+                .map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs()))
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U
+}
+
 fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
     let long = split.then_some(2100);
     let lens: Vec<usize> = [1, 17, 40, 100].into_iter().chain(long).collect();
@@ -222,16 +271,7 @@ fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
             let values: Vec<&[f32]> = filled.v[s][first..=p].iter().map(|r| &r[..]).collect();
             let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
             let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
-            let max_qk: f64 = keys
-                .iter()
-                .map(|k| {
-                    (0..HEADS * HEAD_DIM)
-                        .map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs()))
-                        .sum::<f64>()
-                })
-                .fold(0.0, f64::max);
-            let weight_err =
-                (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U;
+            let weight_err = attention_weight_error(q_t, &keys, scale);
             let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
             assert_close(&format!("seq {s} pos {p} window {window:?}"), got_t, &want, |_| 2.0 * weight_err);
         }

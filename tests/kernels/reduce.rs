@@ -1,10 +1,10 @@
-//! rms_norm, softmax and argmax against the CPU, with rows shorter and longer than the
-//! 64-invocation workgroup.
+//! rms_norm, add_layer_norm, pool_rows, softmax and argmax against the CPU, with rows shorter
+//! and longer than the 64-invocation workgroup.
 
 use weft::DType;
 use weft::gpu::Recording;
 use weft::gpu::kernels::elementwise::add;
-use weft::gpu::kernels::reduce::{add_rms_norm, argmax, rms_norm, softmax};
+use weft::gpu::kernels::reduce::{add_layer_norm, add_rms_norm, argmax, pool_rows, rms_norm, softmax};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -33,6 +33,88 @@ fn rms_norm_matches_cpu() {
             rel * f64::from(want[i].abs()) + 1e-30
         });
     }
+}
+
+/// Tolerance: the row's sum and its squared deviations each take about n/64 additions, then 6
+/// tree levels; the mean's error, (n/64 + 6)·u·max|x|, moves every centred value, which the
+/// scale (1/σ) and the weight multiply; inverseSqrt is within 2 ULP, then a multiply-add. That
+/// is (n/64 + 12)·u relative to |y - bias| plus the mean's error times scale·|weight|, twice.
+/// x carries an offset of 5 so that centring matters; the residual x comes back as x + delta.
+#[test]
+fn add_layer_norm_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &(rows, n) in SHAPES {
+        let x: Vec<f32> = random(rows * n, n as u64, 3.0).iter().map(|v| v + 5.0).collect();
+        let delta = random(rows * n, n as u64 + 1, 2.0);
+        let (w, b) = (random(n, 7, 1.5), random(n, 8, 0.5));
+        let (xt, dt, wt, bt, yt) = (
+            f.upload_f32(&[rows, n], &x).unwrap(),
+            f.upload_f32(&[rows, n], &delta).unwrap(),
+            f.upload_f32(&[n], &w).unwrap(),
+            f.upload_f32(&[n], &b).unwrap(),
+            f.zeros(&[rows, n], DType::F32).unwrap(),
+        );
+        let mut rec = Recording::new();
+        add_layer_norm(ctx(f), &mut rec, &xt, &dt, &wt, &bt, &yt, 1e-12).unwrap();
+        run(f, &rec);
+        let sum: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+        assert_eq!(read_f32(f, &xt), sum, "x += delta, each sum one f32 addition");
+        let want = weft::cpu::layer_norm(&sum, &w, &b, 1e-12);
+        let rel = (n as f64 / 64.0 + 12.0) * U;
+        let bound = |i: usize| {
+            let row = &sum[i / n * n..(i / n + 1) * n];
+            let max = row.iter().fold(0f64, |m, &v| m.max(f64::from(v.abs())));
+            let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+            let sd = (row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
+            let centred = f64::from((want[i] - b[i % n]).abs());
+            2.0 * (rel * centred + (n as f64 / 64.0 + 6.0) * U * max / sd * f64::from(w[i % n].abs())) + 1e-30
+        };
+        assert_close(&format!("add_layer_norm {rows}x{n}"), &read_f32(f, &yt), &want, bound);
+    }
+    let xt = f.zeros(&[2, 8], DType::F32).unwrap();
+    let w = f.zeros(&[8], DType::F32).unwrap();
+    let short = f.zeros(&[7], DType::F32).unwrap();
+    let err = add_layer_norm(ctx(f), &mut Recording::new(), &xt, &xt, &w, &short, &xt, 1e-5).unwrap_err();
+    assert!(err.to_string().contains("bias"), "{err}");
+}
+
+/// Pooling: each output the mean of its span of rows, summed down the column in row order;
+/// the error is at most (count + 1)·u of the mean of |x| over the span. A span of one row (CLS,
+/// last token) copies it bit for bit.
+#[test]
+fn pool_rows_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for cols in [64, 384, 1000] {
+        let rows = 40;
+        let x = random(rows * cols, cols as u64, 3.0);
+        let spans = [(0, 40), (0, 1), (39, 1), (5, 17), (22, 18), (7, 1)];
+        let flat: Vec<u32> = spans.iter().flat_map(|&(a, c)| [a as u32, c as u32]).collect();
+        let (xt, st, ot) = (
+            f.upload_f32(&[rows, cols], &x).unwrap(),
+            f.upload_u32(&[spans.len(), 2], &flat).unwrap(),
+            f.zeros(&[spans.len(), cols], DType::F32).unwrap(),
+        );
+        let mut rec = Recording::new();
+        pool_rows(ctx(f), &mut rec, &xt, &st, &ot).unwrap();
+        run(f, &rec);
+        let got = read_f32(f, &ot);
+        let want = weft::cpu::pool_rows(&x, cols, &spans);
+        assert_close(&format!("pool_rows of {cols} columns"), &got, &want, |i| {
+            let (first, count) = spans[i / cols];
+            let mean_abs =
+                (first..first + count).map(|r| f64::from(x[r * cols + i % cols].abs())).sum::<f64>() / count as f64;
+            (count as f64 + 1.0) * U * mean_abs + 1e-30
+        });
+        for (o, &(first, count)) in spans.iter().enumerate() {
+            if count == 1 {
+                assert!(got[o * cols..(o + 1) * cols] == x[first * cols..(first + 1) * cols], "one row is a copy");
+            }
+        }
+    }
+    let xt = f.zeros(&[4, 8], DType::F32).unwrap();
+    let (st, ot) = (f.zeros(&[2, 2], DType::U32).unwrap(), f.zeros(&[3, 8], DType::F32).unwrap());
+    let err = pool_rows(ctx(f), &mut Recording::new(), &xt, &st, &ot).unwrap_err();
+    assert!(err.to_string().contains("spans"), "{err}");
 }
 
 /// Per-head RMSNorm of the query and key heads of fused qkv rows, in place: the same tolerance

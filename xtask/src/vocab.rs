@@ -31,6 +31,7 @@ pub const VOCABS: &[&str] = &[
     "mpt",
     "llama-spm",
     "phi-3",
+    "bert-bge",
 ];
 
 pub fn vocab_dir() -> PathBuf {

@@ -1,5 +1,5 @@
-//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the residual add, bias add
-//! and scaling.
+//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the exact GELU, the residual
+//! add, bias add and scaling.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -10,6 +10,7 @@ use crate::quant::DType;
 shader_params!(Params { len: u32, delta_len: u32 });
 shader_params!(SiluMulParams { len: u32, cols: u32 });
 shader_params!(ScaleParams { len: u32, factor: f32 });
+shader_params!(GeluParams { len: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -36,6 +37,21 @@ pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out:
 /// approximation), shaped as [`silu_mul`].
 pub fn gelu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
     gated(ctx, rec, "gelu_mul", gate_up, out)
+}
+
+/// Record `x = gelu(x)` in place over an F32 tensor: the exact (erf) GELU of BERT's MLP
+/// (transformers' "gelu"), not Gemma's tanh approximation.
+pub fn gelu(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<()> {
+    const OP: &str = "gelu";
+    if x.dtype() != DType::F32 {
+        return Err(WeftError::shape(OP, format!("x must be F32, got {}", x.dtype())));
+    }
+    let len = x.num_elems();
+    let params = GeluParams { len: u32_of(OP, "len", len)? };
+    let bindings = [x.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("gelu");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
+    Ok(())
 }
 
 /// Record `x *= factor` over an F32 tensor.

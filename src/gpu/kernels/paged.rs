@@ -119,6 +119,28 @@ impl PagedKv<'_> {
     }
 }
 
+/// Which keys a query token attends to: the mask mode of [`paged_attention`], carried by each
+/// token's `token_info` row, (sequence, last position it sees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionMask {
+    /// Positions up to the token's own (decoders).
+    Causal,
+    /// Every position of its sequence, before and after it (encoders, whose whole prompt runs
+    /// in one step, so the keys after a token are in the cache when it attends).
+    Bidirectional,
+}
+
+impl AttentionMask {
+    /// The `token_info` row of the token at `pos` of sequence `seq` (its index in the step),
+    /// whose positions in this step end before `end`.
+    pub fn token_info(self, seq: usize, pos: usize, end: usize) -> [u32; 2] {
+        match self {
+            AttentionMask::Causal => [seq as u32, pos as u32],
+            AttentionMask::Bidirectional => [seq as u32, end.saturating_sub(1) as u32],
+        }
+    }
+}
+
 /// The layout of a step's fused q/k/v activations: each token's row holds `num_heads` query
 /// heads from column 0, then `num_kv_heads` key heads, then as many value heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,10 +246,12 @@ fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// Record causal attention of the query heads of qkv (num_tokens, layout.row_stride()) F32 (as
+/// Record attention of the query heads of qkv (num_tokens, layout.row_stride()) F32 (as
 /// [`rope_kv_write`] left them) over the paged cache into out (num_tokens, num_heads · head_dim). block_tables (num_seqs, max_blocks_per_seq) U32 maps each sequence's
 /// logical blocks to physical ones; token_info (num_tokens, 2) U32 gives each query token's
-/// (sequence index, position). `window` limits attention to the last `window` positions.
+/// (sequence index, last position it sees): its own position for causal attention, its
+/// sequence's last for bidirectional ([`AttentionMask::token_info`]). `window` limits attention
+/// to the `window` positions up to that last one.
 /// `partials` (num_tokens, [`attention_partials_cols`]) chooses split-K: with room for the
 /// splits, contexts over [`SPLIT_MIN_POSITIONS`] are shared among workgroups and joined by a
 /// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one. When the

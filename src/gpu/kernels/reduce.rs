@@ -1,5 +1,5 @@
 //! Row-wise kernels with a workgroup reduction: RMSNorm (of rows, or of each attention head),
-//! softmax, argmax.
+//! LayerNorm, softmax, argmax; and the pooling of rows into embeddings.
 //! One workgroup per row, so at most 65535 rows per dispatch.
 
 use super::{expect, shader_params, u32_of};
@@ -11,6 +11,8 @@ use crate::quant::DType;
 shader_params!(RmsNormParams { rows: u32, n: u32, eps: f32 });
 shader_params!(AddRmsNormParams { rows: u32, n: u32, eps: f32, delta_scale: f32 });
 shader_params!(RowParams { rows: u32, n: u32 });
+shader_params!(LayerNormParams { rows: u32, n: u32, eps: f32 });
+shader_params!(PoolParams { outputs: u32, cols: u32 });
 shader_params!(HeadNormParams { q_groups: u32, n: u32, k_n: u32, row_stride: u32, eps: f32 });
 
 fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
@@ -129,6 +131,63 @@ pub fn add_scaled_rms_norm(
     ];
     let variant = ShaderVariant::plain("add_rms_norm");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
+    Ok(())
+}
+
+/// Record the residual connection and a LayerNorm in one pass: `x += delta`, then
+/// `y = (x - mean(x)) / sqrt(var(x) + eps) · weight + bias` over each row (torch's LayerNorm:
+/// the biased variance). x, delta, y (rows, n) F32, three different tensors; weight, bias (n) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    delta: &GpuTensor,
+    weight: &GpuTensor,
+    bias: &GpuTensor,
+    y: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "add_layer_norm";
+    let (rows, n) = rows_of(OP, x)?;
+    expect(OP, "delta", delta, DType::F32, &[Some(rows), Some(n)])?;
+    expect(OP, "weight", weight, DType::F32, &[Some(n)])?;
+    expect(OP, "bias", bias, DType::F32, &[Some(n)])?;
+    expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
+    let params = LayerNormParams { rows: u32_of(OP, "rows", rows)?, n: u32_of(OP, "n", n)?, eps };
+    let bindings = [
+        x.single_part(OP)?.resource(ctx)?,
+        delta.single_part(OP)?.resource(ctx)?,
+        weight.single_part(OP)?.resource(ctx)?,
+        bias.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let variant = ShaderVariant::plain("add_layer_norm");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, [params.rows, 1, 1])?;
+    Ok(())
+}
+
+/// Record `out[o] = mean(x[first_o .. first_o + count_o])` for each output row o, with
+/// (first_o, count_o) the rows of spans (outputs, 2) U32 (count ≥ 1, the rows inside x):
+/// an embedding's pooling — all of a sequence's rows (mean), or one (CLS, last token). x
+/// (rows, cols) F32, out (outputs, cols) F32. The spans are trusted (the executor writes them).
+pub fn pool_rows(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    spans: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "pool_rows";
+    let (_, cols) = rows_of(OP, x)?;
+    expect(OP, "out", out, DType::F32, &[None, Some(cols)])?;
+    let outputs = out.shape()[0];
+    expect(OP, "spans", spans, DType::U32, &[Some(outputs), Some(2)])?;
+    let params = PoolParams { outputs: u32_of(OP, "outputs", outputs)?, cols: u32_of(OP, "cols", cols)? };
+    let bindings =
+        [x.single_part(OP)?.resource(ctx)?, spans.single_part(OP)?.resource(ctx)?, out.single_part(OP)?.resource(ctx)?];
+    let grid = crate::gpu::recording::flat_grid(outputs * cols, 256);
+    ctx.dispatch(rec, ShaderVariant::plain("pool_rows"), bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! Adding an architecture: a new file here with a type implementing [`Architecture`], and its
 //! names in [`SUPPORTED`] and [`load`].
 
+mod bert;
 mod gemma3;
 mod granite_hybrid;
 mod llama;
@@ -12,6 +13,7 @@ mod mamba2;
 mod olmo2;
 mod phi3;
 
+pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
 pub use granite_hybrid::GraniteHybridModel;
 pub use llama::LlamaModel;
@@ -41,6 +43,7 @@ pub const SUPPORTED: &[&str] = &[
     "mamba2",
     "granitehybrid",
     "granitemoehybrid",
+    "bert",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -69,6 +72,12 @@ pub trait Architecture: Send + Sync {
         kv: &KvPool,
         logits: &GpuTensor,
     ) -> Result<()>;
+
+    /// Whether attention sees the whole sequence (an encoder, which only embeds): the executor
+    /// masks bidirectionally, and the engine runs each prompt whole in one step, uncached.
+    fn bidirectional(&self) -> bool {
+        false
+    }
 
     /// How this architecture's projections take LoRA deltas (`inputs.lora` in
     /// `record_forward`); `None`: it runs no adapters, and a pool for it is refused.
@@ -106,6 +115,7 @@ fn load_layers(
             Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
         }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "bert" => Ok(Box::new(BertModel::load(config, source, factory, progress)?)),
         "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),
         "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
