@@ -206,6 +206,11 @@ impl Loader<'_> {
         float_values(self.source.file(), name, &t)
     }
 
+    /// The host tensor called `name`, which must have `shape`.
+    pub(crate) fn named_host(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'_>> {
+        Ok(self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
+    }
+
     fn missing(&self, name: &str) -> WeftError {
         WeftError::model(self.source.file(), format!("tensor {name} is missing"))
     }
