@@ -258,8 +258,8 @@ const MOE_SUPPORTED: &[&str] = &["qwen3moe", "qwen3_moe"];
 /// `experts` (how many the checkpoint says) per MoE layer.
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
-        "mixture-of-experts {architecture} is not supported: it has {experts} per layer (weft runs the experts of \
-         qwen3moe; gpt-oss, Granite MoE, lfm2moe and other MoE architectures are not supported yet)"
+        "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
+         qwen3moe only; gpt-oss, Granite MoE, lfm2moe and the other MoE architectures not yet)"
     )
 }
 
