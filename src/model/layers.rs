@@ -485,10 +485,9 @@ impl MoeMlp {
     /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
     /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
     /// router `ffn_gate_inp`); Hugging Face stores one matrix per expert
-    /// (`{prefix}.experts.E.gate_proj.weight`, …; transformers 4 and 5 save this form) or,
-    /// fused, `{prefix}.experts.gate_up_proj` (experts, 2 · ff, hidden) and
-    /// `{prefix}.experts.down_proj`, router `{prefix}.gate.weight`. Gate and up must share a
-    /// format (they run as one matmul).
+    /// (`{prefix}.experts.E.gate_proj.weight`, …, router `{prefix}.gate.weight`: transformers 5
+    /// fuses them in memory, but saves this form). Gate and up must share a format (they run as
+    /// one matmul).
     pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf_prefix: &str) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
@@ -521,34 +520,27 @@ impl MoeMlp {
             }
             Checkpoint::HuggingFace => {
                 let name = |part: &str| format!("{hf_prefix}.{part}");
-                let fused = name("experts.gate_up_proj");
-                if w.source.get(&fused)?.is_some() {
-                    let gate_up = w.named_host(&fused, &[experts, 2 * ff, hidden])?;
-                    let down = w.named_host(&name("experts.down_proj"), &[experts, hidden, ff])?;
-                    (name("gate.weight"), gate_up, down)
-                } else {
-                    let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
-                    for e in 0..experts {
-                        for (part, rows, cols) in
-                            [("gate_proj", ff, hidden), ("up_proj", ff, hidden), ("down_proj", hidden, ff)]
-                        {
-                            let t = w.named_host(&name(&format!("experts.{e}.{part}.weight")), &[rows, cols])?;
-                            dtypes.push(t.dtype);
-                            let out = if part == "down_proj" { &mut down } else { &mut gate_up };
-                            out.extend_from_slice(&t.bytes);
-                        }
+                let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
+                for e in 0..experts {
+                    for (part, rows, cols) in
+                        [("gate_proj", ff, hidden), ("up_proj", ff, hidden), ("down_proj", hidden, ff)]
+                    {
+                        let t = w.named_host(&name(&format!("experts.{e}.{part}.weight")), &[rows, cols])?;
+                        dtypes.push(t.dtype);
+                        let out = if part == "down_proj" { &mut down } else { &mut gate_up };
+                        out.extend_from_slice(&t.bytes);
                     }
-                    if dtypes.iter().any(|&d| d != dtypes[0]) {
-                        return Err(crate::error::WeftError::model(
-                            file,
-                            format!("layer {layer}'s experts mix formats; weft needs one format for all of them"),
-                        ));
-                    }
-                    let dtype = dtypes[0];
-                    let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() };
-                    let down = HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() };
-                    (name("gate.weight"), gate_up, down)
                 }
+                if dtypes.iter().any(|&d| d != dtypes[0]) {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        format!("layer {layer}'s experts mix formats; weft needs one format for all of them"),
+                    ));
+                }
+                let dtype = dtypes[0];
+                let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() };
+                let down = HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() };
+                (name("gate.weight"), gate_up, down)
             }
         };
         let upload = |what: &str, t: &HostTensor<'_>, rows: usize, cols: usize| {
