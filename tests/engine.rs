@@ -23,6 +23,16 @@ fn engine(f: &GpuTensorFactory, num_blocks: usize, config: EngineConfig) -> Cont
     let c = tiny::tiny_config();
     let w = tiny::random_weights(&c, 21, DType::Q8_0);
     let files = ModelFiles::from_gguf_bytes("tiny.gguf", tiny::gguf_bytes(&c, &w, DType::Q8_0)).unwrap();
+    engine_of(f, files, num_blocks, config)
+}
+
+/// An engine of `files`' model with `num_blocks` KV blocks of 4 tokens.
+fn engine_of(
+    f: &GpuTensorFactory,
+    files: ModelFiles,
+    num_blocks: usize,
+    config: EngineConfig,
+) -> ContinuousBatchEngine {
     let exec = files.executor(f, KvCacheConfig::new(4, num_blocks)).unwrap();
     ContinuousBatchEngine::new_plan_runtime(
         config,
@@ -670,6 +680,23 @@ impl weft::step::ModelExecutor for WithStateSlots {
 fn a_warm_step_creates_nothing() {
     let Some(f) = factory() else { return };
     let e = engine(&f, 256, EngineConfig { max_num_batched_tokens: 16, ..Default::default() });
+    warm_steps_create_nothing(&f, &e);
+}
+
+/// The same with experts: the routing and every (token, slot) row live in buffers made for
+/// the largest step.
+#[test]
+fn a_warm_mixture_of_experts_step_creates_nothing() {
+    let Some(f) = factory() else { return };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3moe/model.gguf");
+    let files = ModelFiles::open(&path).unwrap();
+    let e = engine_of(&f, files, 256, EngineConfig { max_num_batched_tokens: 16, ..Default::default() });
+    warm_steps_create_nothing(&f, &e);
+}
+
+/// Five requests of different lengths, then one alone, twice over: the second round's steps
+/// create no GPU object.
+fn warm_steps_create_nothing(f: &GpuTensorFactory, e: &ContinuousBatchEngine) {
     let run = |first: u8| {
         let prompts: Vec<String> =
             (0..5).map(|i| (0..3 + 4 * i).map(|j| char::from(first + ((i + j) % 13) as u8)).collect()).collect();

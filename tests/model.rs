@@ -213,8 +213,8 @@ fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str
     writer.to_bytes()
 }
 
-/// Mixture-of-experts models (Granite 4.0-H MoE, Qwen3-MoE, gpt-oss, LFM2-MoE, a Mixtral-style
-/// llama) are refused with one message naming the architecture and the expert count, by the
+/// Mixture-of-experts models weft does not run (Granite 4.0-H MoE, Qwen2-MoE, gpt-oss, LFM2-MoE,
+/// a Mixtral-style llama) are refused with one message naming the architecture and the expert count, by the
 /// loader and by `weft info --model` alike, not with a missing-tensor error; so are their
 /// Hugging Face configs.
 #[test]
@@ -222,7 +222,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     let config = tiny::tiny_config();
     let w = tiny::random_weights(&config, 3, DType::F32);
     let base = tiny::gguf_bytes(&config, &w, DType::F32);
-    for (arch, experts) in [("granitehybrid", 62), ("qwen3moe", 128), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
+    for (arch, experts) in [("granitehybrid", 62), ("qwen2moe", 60), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
         // The tiny llama's metadata under `arch`, with an expert count and routed-expert tensors.
         let renamed = GgufFile::from_bytes("tiny.gguf", base.clone()).unwrap();
         let mut metadata: Vec<(String, MetaValue)> = renamed
@@ -272,7 +272,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     // Hugging Face configs: each family's own key.
     for (model_type, key, experts) in [
         ("granitemoehybrid", "num_local_experts", 62),
-        ("qwen3_moe", "num_experts", 128),
+        ("qwen2_moe", "num_experts", 60),
         ("gpt_oss", "num_local_experts", 32),
         ("lfm2_moe", "num_experts", 32),
         ("mixtral", "num_local_experts", 8),
@@ -284,6 +284,36 @@ fn mixture_of_experts_models_are_refused_by_name() {
         let err = ModelConfig::from_hf_json("config.json", &json).unwrap_err().to_string();
         let want = format!("mixture-of-experts is not supported: {model_type} has {experts} experts ({key}) per layer");
         assert!(err.contains(&want), "{model_type}: {err}");
+    }
+}
+
+/// Qwen3-MoE's config.json is read (experts under either key transformers writes), and the
+/// variants weft does not run are refused, naming the setting.
+#[test]
+fn qwen3_moe_configs_are_read_or_refused_by_setting() {
+    let json = |extra: &str| {
+        format!(
+            r#"{{"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96,
+                "num_hidden_layers": 2, "vocab_size": 260, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32{extra}}}"#
+        )
+    };
+    let c = ModelConfig::from_hf_json("config.json", &json(r#", "norm_topk_prob": true"#)).unwrap();
+    let moe = c.moe.unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32));
+    assert!(moe.normalize_weights && c.qk_norm);
+    // transformers' default: no renormalisation.
+    assert!(!ModelConfig::from_hf_json("config.json", &json("")).unwrap().moe.unwrap().normalize_weights);
+    for (extra, want) in [
+        (r#", "mlp_only_layers": [1]"#, "mlp_only_layers lists dense layers"),
+        (r#", "decoder_sparse_step": 2"#, "decoder_sparse_step is 2"),
+        (r#", "shared_expert_intermediate_size": 64"#, "shared_expert_intermediate_size is set"),
+        (r#", "num_experts_per_tok": 9"#, "each token goes to 9 of 8 experts"),
+    ] {
+        // A key given twice: serde_json keeps the last.
+        let json = json(extra);
+        let err = ModelConfig::from_hf_json("config.json", &json).unwrap_err().to_string();
+        assert!(err.contains(want), "{extra}: {err}");
     }
 }
 

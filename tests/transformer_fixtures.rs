@@ -25,6 +25,12 @@
 //! - `tests/fixtures/olmo2/` (`tools/make_dense_fixtures.py`): an `Olmo2ForCausalLM`: norms of
 //!   the attention and MLP outputs, none before them, and q_norm / k_norm over the whole q and k
 //!   projections, both checkpoints.
+//! - `tests/fixtures/qwen3moe/` (`tools/make_moe_fixtures.py`): a `Qwen3MoeForCausalLM`: Qwen3
+//!   attention, then in every layer 8 experts of which each token takes the top 2 by the
+//!   router's softmax, renormalised (`norm_topk_prob`), both checkpoints (transformers' one
+//!   matrix per expert; llama.cpp's stacked `ffn_*_exps`). The router's weights are drawn wide,
+//!   so no token's second and third experts nearly tie (the smallest gap in probability is
+//!   2.6e-5, far above f32's summation-order noise), and the routing matches transformers'.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -437,4 +443,72 @@ fn olmo2_llama_cpp_gguf_matches_transformers() {
 fn olmo2_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
     fixture_fidelity(&f, "olmo2", "hf");
+}
+
+#[test]
+fn qwen3moe_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "qwen3moe", "model.gguf");
+}
+
+#[test]
+fn qwen3moe_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "qwen3moe", "hf");
+}
+
+/// The routing is live: without renormalising the top-2 weights, or with one expert a token
+/// instead of two, the logits move by far more than the tolerance.
+#[test]
+fn qwen3moe_routing_is_visible() {
+    let Some(f) = factory() else { return };
+    for (what, change) in [
+        (
+            "unnormalised expert weights",
+            (|m: &mut weft::model::config::MoeConfig| m.normalize_weights = false) as fn(&mut _),
+        ),
+        ("one expert a token", |m| m.experts_per_token = 1),
+    ] {
+        let mut files = ModelFiles::open(&fixture("qwen3moe/model.gguf")).unwrap();
+        change(files.config.moe.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "qwen3moe", 1);
+        eprintln!("qwen3moe with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-2, "{what} differs by only {diff}");
+    }
+}
+
+/// Batch invariance with experts: each prompt's tokens reach different experts (all 8 are
+/// chosen over the fixture's prompts, `tools/make_moe_fixtures.py` prints them), yet a prompt
+/// prefilled, then decoded, beside the others gives the bits it gives alone.
+#[test]
+fn qwen3moe_batch_is_invariant() {
+    let Some(f) = factory() else { return };
+    let exec =
+        ModelFiles::open(&fixture("qwen3moe/model.gguf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        expected_of("qwen3moe")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+    // Prefill then three greedy decode steps; returns every step's logits.
+    let run = |which: &[usize]| -> Vec<Vec<Vec<f32>>> {
+        let mut tokens: Vec<Vec<u32>> = which.iter().map(|&i| prompts[i].clone()).collect();
+        let mut seqs: Vec<SeqStep> = which.iter().zip(&tokens).map(|(&i, t)| step(i, t, 0)).collect();
+        let mut steps = Vec::new();
+        for _ in 0..4 {
+            let out = logits(&exec, seqs);
+            for (t, l) in tokens.iter_mut().zip(&out) {
+                t.push(argmax(l));
+            }
+            seqs = which.iter().zip(&tokens).map(|(&i, t)| step(i, &t[t.len() - 1..], t.len() - 1)).collect();
+            steps.push(out);
+        }
+        steps
+    };
+    let together = run(&[0, 1, 2]);
+    for i in 0..prompts.len() {
+        let alone = run(&[i]);
+        for (n, (a, b)) in alone.iter().zip(&together).enumerate() {
+            let same = a[0].iter().zip(&b[i]).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "prompt {i} step {n}: logits alone differ from those beside the other prompts");
+        }
+    }
 }

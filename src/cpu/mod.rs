@@ -6,6 +6,7 @@
 
 pub mod gemma3;
 pub mod llama;
+pub mod moe;
 pub mod ssm;
 
 /// `y (m, n) = x (m, k) · w (n, k)ᵀ`.

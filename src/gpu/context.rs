@@ -498,15 +498,16 @@ impl GpuContext {
         let cpu = self.plan.family == KernelFamily::Cpu;
         let own = |v: &crate::gpu::ShaderVariant| {
             if v.weight.is_some() {
-                let embedding = v.kernel == "embedding";
-                // CPU drivers also read activations (stored in buffers) as embedding tables.
+                // CPU drivers also read activations (stored in buffers) as embedding tables;
+                // every family runs the one experts' matmul.
+                let shared = v.kernel == "embedding" || v.kernel == "moe_matmul";
                 let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
                 return match self.plan.family {
-                    KernelFamily::Cpu => embedding || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
+                    KernelFamily::Cpu => shared || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
                     KernelFamily::Baseline => {
-                        gpu_buffers && (embedding || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
+                        gpu_buffers && (shared || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
                     }
-                    KernelFamily::Subgroup => gpu_buffers && (embedding || v.kernel == "matmul_subgroup"),
+                    KernelFamily::Subgroup => gpu_buffers && (shared || v.kernel == "matmul_subgroup"),
                 };
             }
             let kv_kernel = v.kernel == "paged_attention" || v.kernel == "rope_kv_write";

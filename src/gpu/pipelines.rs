@@ -36,6 +36,9 @@ const SOURCES: &[(&str, &str)] = &[
     ("matmul_rows.wgsl", include_str!("../../shaders/matmul_rows.wgsl")),
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
+    ("moe_combine.wgsl", include_str!("../../shaders/moe_combine.wgsl")),
+    ("moe_matmul.wgsl", include_str!("../../shaders/moe_matmul.wgsl")),
+    ("moe_route.wgsl", include_str!("../../shaders/moe_route.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("pool_rows.wgsl", include_str!("../../shaders/pool_rows.wgsl")),
     ("paged_attention.wgsl", include_str!("../../shaders/paged_attention.wgsl")),
@@ -97,7 +100,8 @@ const SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
-const WEIGHT_KERNELS: &[&str] = &["matmul", "matmul_rows", "matmul_subgroup", "matmul_tiled", "embedding"];
+const WEIGHT_KERNELS: &[&str] =
+    &["matmul", "matmul_rows", "matmul_subgroup", "matmul_tiled", "moe_matmul", "embedding"];
 
 /// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
@@ -418,6 +422,14 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 let base = ShaderVariant::weights(kernel, dtype, source);
                 if kernel == "embedding" {
                     out.push(base);
+                    continue;
+                }
+                // One kernel for every family, from either weight source.
+                if kernel == "moe_matmul" {
+                    out.extend(
+                        [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul]
+                            .map(|epilogue| ShaderVariant { epilogue, ..base }),
+                    );
                     continue;
                 }
                 if kernel == "matmul_subgroup" || kernel == "matmul_rows" {

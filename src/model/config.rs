@@ -133,6 +133,22 @@ pub struct ModelConfig {
     /// How an embedding model pools its hidden states (GGUF `{arch}.pooling_type`, or
     /// `EngineBuilder::pooling`); `None`: a generation-only model, which serves no embeddings.
     pub pooling: Option<Pooling>,
+    /// The routed experts of a mixture-of-experts model (qwen3moe), in every layer; `None`: a
+    /// dense model.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
+/// `Qwen3MoeConfig`): each token goes through the `experts_per_token` experts of the largest
+/// softmax router probabilities, each a SwiGLU MLP of `expert_intermediate_size`, their outputs
+/// weighted by those probabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    pub expert_intermediate_size: usize,
+    /// Divide the chosen probabilities by their sum (transformers' `norm_topk_prob`).
+    pub normalize_weights: bool,
 }
 
 /// How the final hidden states of a prompt become one embedding (llama.cpp's
@@ -250,16 +266,26 @@ impl SsmConfig {
     }
 }
 
+/// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
+const MOE_SUPPORTED: &[&str] = &["qwen3moe", "qwen3_moe"];
+
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
 /// `experts` (how many the checkpoint says) per MoE layer.
 fn moe_refusal(architecture: &str, experts: &str) -> String {
-    format!("mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs dense models only)")
+    format!(
+        "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
+         qwen3moe only; gpt-oss, Granite MoE, lfm2moe and the other MoE architectures not yet)"
+    )
 }
 
 /// The refusal of a GGUF mixture-of-experts model (`{arch}.expert_count` > 0, or routed-expert
-/// tensors such as `blk.N.ffn_gate_inp.weight` and `ffn_up_exps`), if it is one.
+/// tensors such as `blk.N.ffn_gate_inp.weight` and `ffn_up_exps`) of an architecture whose
+/// experts weft does not run, if it is one.
 pub fn gguf_moe_refusal(gguf: &GgufFile) -> Option<String> {
     let arch = gguf.architecture()?;
+    if MOE_SUPPORTED.contains(&arch) {
+        return None;
+    }
     if let Some(n) = gguf.get_u64(&format!("{arch}.expert_count")).filter(|&n| n > 0) {
         return Some(moe_refusal(arch, &format!("{n} experts")));
     }
@@ -269,12 +295,43 @@ pub fn gguf_moe_refusal(gguf: &GgufFile) -> Option<String> {
 }
 
 /// The refusal of a Hugging Face mixture-of-experts config (`num_local_experts`,
-/// `num_experts` or `n_routed_experts` > 0), if it is one.
+/// `num_experts` or `n_routed_experts` > 0) of an architecture whose experts weft does not run,
+/// if it is one.
 pub fn hf_moe_refusal(config: &Value) -> Option<String> {
     let arch = config["model_type"].as_str().unwrap_or("this model");
+    if MOE_SUPPORTED.contains(&arch) {
+        return None;
+    }
     ["num_local_experts", "num_experts", "n_routed_experts"].iter().find_map(|key| {
         let n = config[key].as_u64().filter(|&n| n > 0)?;
         Some(moe_refusal(arch, &format!("{n} experts ({key})")))
+    })
+}
+
+/// Qwen3-MoE's experts from `config.json` (transformers' `Qwen3MoeConfig`): every layer sparse,
+/// or refused, naming the setting, where some layers are dense (`mlp_only_layers`,
+/// `decoder_sparse_step` above 1) or the model has shared experts.
+fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
+    let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+    let refuse = |detail: String| Err(WeftError::model(file, detail));
+    if v["mlp_only_layers"].as_array().is_some_and(|layers| !layers.is_empty()) {
+        return refuse("mlp_only_layers lists dense layers; weft runs Qwen3-MoE with experts in every layer".into());
+    }
+    if let Some(step) = v["decoder_sparse_step"].as_u64().filter(|&s| s != 1) {
+        return refuse(format!(
+            "decoder_sparse_step is {step} (experts in every {step}th layer only); weft runs Qwen3-MoE with experts in \
+             every layer"
+        ));
+    }
+    if v["shared_expert_intermediate_size"].as_u64().is_some_and(|n| n > 0) {
+        return refuse("shared_expert_intermediate_size is set; weft runs Qwen3-MoE without shared experts".into());
+    }
+    Ok(MoeConfig {
+        num_experts: int("num_experts").or_else(|_| int("num_local_experts"))?,
+        experts_per_token: int("num_experts_per_tok")?,
+        expert_intermediate_size: int("moe_intermediate_size")?,
+        // transformers' default.
+        normalize_weights: v["norm_topk_prob"].as_bool().unwrap_or(false),
     })
 }
 
@@ -388,8 +445,27 @@ impl ModelConfig {
             Some(per_layer) => per_layer.iter().copied().max().unwrap_or(0).max(0) as usize,
             None => int("attention.head_count_kv").unwrap_or(num_heads),
         };
-        // A dense Granite hybrid's MLP is its "shared expert".
-        let intermediate_size = int("expert_shared_feed_forward_length").or_else(|_| int("feed_forward_length"))?;
+        let moe = match gguf.get_u64(&format!("{arch}.expert_count")).filter(|&n| n > 0) {
+            Some(num_experts) => {
+                if int("expert_shared_count").is_ok_and(|n| n > 0) {
+                    return Err(WeftError::model(file, format!("{arch} has shared experts, which weft does not run")));
+                }
+                Some(MoeConfig {
+                    num_experts: num_experts as usize,
+                    experts_per_token: int("expert_used_count")?,
+                    expert_intermediate_size: int("expert_feed_forward_length")?,
+                    // llama.cpp's qwen3moe graph always renormalises (the converter writes no
+                    // key for norm_topk_prob).
+                    normalize_weights: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                })
+            }
+            None if arch == "qwen3moe" => return Err(missing(file, "qwen3moe.expert_count")),
+            None => None,
+        };
+        // A dense Granite hybrid's MLP is its "shared expert"; a MoE's dense width may be absent.
+        let intermediate_size = int("expert_shared_feed_forward_length")
+            .or_else(|_| int("feed_forward_length"))
+            .or_else(|e| moe.map(|m| m.expert_intermediate_size).ok_or(e))?;
         let config = ModelConfig {
             vocab_size,
             hidden_size,
@@ -423,6 +499,7 @@ impl ModelConfig {
                 Some(value) => Pooling::from_gguf(value).map_err(|e| WeftError::model(file, e.to_string()))?,
                 None => None,
             },
+            moe,
             architecture: arch,
         };
         config.check(file)?;
@@ -622,6 +699,7 @@ impl ModelConfig {
             logits_scaling: float("logits_scaling").unwrap_or(1.0),
         });
         let no_rope_layers = if arch == "smollm3" { smollm3_no_rope_layers(file, &v, num_layers)? } else { Vec::new() };
+        let moe = if arch == "qwen3_moe" { Some(qwen3moe_from_hf(file, &v)?) } else { None };
         let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
@@ -642,8 +720,8 @@ impl ModelConfig {
             } else {
                 None
             },
-            // Qwen3's per head; OLMo 2's over the whole q and k projections.
-            qk_norm: arch == "qwen3" || arch == "olmo2",
+            // Qwen3's (and Qwen3-MoE's) per head; OLMo 2's over the whole q and k projections.
+            qk_norm: arch == "qwen3" || arch == "qwen3_moe" || arch == "olmo2",
             sliding_window_pattern: None,
             rope_local_theta: None,
             query_pre_attn_scalar: None,
@@ -652,6 +730,7 @@ impl ModelConfig {
             multipliers,
             no_rope_layers,
             pooling: None,
+            moe,
             architecture: arch,
         };
         config.check(file)?;
@@ -719,6 +798,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
+            moe: None,
         };
         if config.attention_bias {
             return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
@@ -787,6 +867,7 @@ impl ModelConfig {
             }),
             no_rope_layers: Vec::new(),
             pooling: None,
+            moe: None,
         };
         config.check(file)?;
         Ok(config)
@@ -833,6 +914,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
+            moe: None,
             ssm: Some(SsmConfig {
                 conv_kernel: int("conv_kernel")?,
                 state_size: int("state_size")?,
@@ -861,6 +943,17 @@ impl ModelConfig {
     }
 
     fn check(&self, file: &str) -> Result<()> {
+        if let Some(m) = &self.moe {
+            if m.experts_per_token == 0 || m.experts_per_token > m.num_experts {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "each token goes to {} of {} experts; weft needs 1 to all of them",
+                        m.experts_per_token, m.num_experts
+                    ),
+                ));
+            }
+        }
         let half = self.rope_dim() / 2;
         if let Some(RopeScaling::LongRope { short, long, .. }) = &self.rope_scaling {
             if short.len() != half || long.len() != half {
@@ -1090,6 +1183,7 @@ mod tests {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
+            moe: None,
         };
         let got = config.inv_freq();
         let want = [

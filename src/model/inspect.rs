@@ -239,15 +239,24 @@ impl fmt::Display for ModelReport {
         writeln!(f, "parameters:   {}", human(self.num_params, ""))?;
         writeln!(f, "size:         {}", human(self.size_bytes, "B"))?;
         if let Some(c) = &self.config {
+            let mlp = match &c.moe {
+                Some(m) => format!(
+                    "{} experts of MLP {} ({} a token{})",
+                    m.num_experts,
+                    m.expert_intermediate_size,
+                    m.experts_per_token,
+                    if m.normalize_weights { ", weights renormalised" } else { "" }
+                ),
+                None => format!("MLP {}", c.intermediate_size),
+            };
             writeln!(
                 f,
-                "shape:        {} layers, hidden {}, {} heads / {} KV heads of {}, MLP {}, vocab {}, context {}",
+                "shape:        {} layers, hidden {}, {} heads / {} KV heads of {}, {mlp}, vocab {}, context {}",
                 c.num_layers,
                 c.hidden_size,
                 c.num_heads,
                 c.num_kv_heads,
                 c.head_dim,
-                c.intermediate_size,
                 c.vocab_size,
                 c.max_position_embeddings
             )?;

@@ -2,8 +2,8 @@
 //! projection (one or several weight matrices written side by side, optional bias),
 //! self-[`Attention`] over the paged KV cache with RoPE (and optional q/k norms, per head or
 //! over the whole projection), the gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2
-//! [`SsmMixer`] over a sequence's recurrent-state slot. An architecture file composes them top
-//! to bottom.
+//! [`SsmMixer`] over a sequence's recurrent-state slot, and the mixture-of-experts [`MoeMlp`].
+//! An architecture file composes them top to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
@@ -19,7 +19,8 @@
 use crate::error::Result;
 use crate::gpu::Epilogue;
 use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
-use crate::gpu::kernels::matmul::{matmul_gated, matmul_into, supports_gated};
+use crate::gpu::kernels::matmul::{matmul, matmul_gated, matmul_into, supports_gated};
+use crate::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
@@ -28,9 +29,9 @@ use crate::gpu::kernels::ssm::{
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
-use crate::model::config::{ModelConfig, SsmConfig};
+use crate::model::config::{ModelConfig, MoeConfig, SsmConfig};
 use crate::model::lora_pool::LoraStep;
-use crate::model::weights::{Checkpoint, Loader};
+use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -121,6 +122,17 @@ pub struct Activations {
     pub normed: GpuTensor,        // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
     /// A Mamba2 mixer's buffers, for models with state-space layers.
     pub ssm: Option<SsmActivations>,
+    /// The experts' buffers, for mixture-of-experts models.
+    pub moe: Option<MoeActivations>,
+}
+
+/// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
+pub struct MoeActivations {
+    pub logits: GpuTensor,  // (tokens, experts): the router's
+    pub ids: GpuTensor,     // (tokens, experts_per_token) U32: each slot's expert
+    pub weights: GpuTensor, // (tokens, experts_per_token): each slot's weight
+    pub act: GpuTensor,     // (tokens · experts_per_token, expert intermediate): gated
+    pub out: GpuTensor,     // (tokens · experts_per_token, hidden): each slot's expert output
 }
 
 /// The buffers of a Mamba2 mixer.
@@ -162,6 +174,21 @@ impl Activations {
             }),
             None => None,
         };
+        let moe = match &c.moe {
+            Some(m) => {
+                let (k, slots) = (m.experts_per_token, num_tokens * m.experts_per_token);
+                Some(MoeActivations {
+                    logits: t(m.num_experts)?,
+                    ids: factory.zeros(&[num_tokens, k], crate::quant::DType::U32)?,
+                    weights: factory.zeros(&[num_tokens, k], crate::quant::DType::F32)?,
+                    act: factory.zeros(&[slots, m.expert_intermediate_size], crate::quant::DType::F32)?,
+                    out: factory.zeros(&[slots, c.hidden_size], crate::quant::DType::F32)?,
+                })
+            }
+            None => None,
+        };
+        // A mixture-of-experts model has no dense MLP (its layers are all sparse).
+        let dense_mlp = if c.moe.is_some() { 0 } else { c.intermediate_size };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -169,11 +196,12 @@ impl Activations {
             attn: t(c.num_heads * c.head_dim)?,
             attn_partials: t(attention_partials_cols(split_attention, c.num_heads, c.head_dim))?,
             proj: t(c.hidden_size)?,
-            gate_up: t(2 * c.intermediate_size)?,
-            act: t(c.intermediate_size)?,
+            gate_up: t(2 * dense_mlp)?,
+            act: t(dense_mlp)?,
             rows: factory.activations(&[num_logits, c.hidden_size])?,
             normed: t(c.hidden_size)?,
             ssm,
+            moe,
         })
     }
 
@@ -182,6 +210,13 @@ impl Activations {
         self.ssm
             .as_ref()
             .ok_or_else(|| crate::error::WeftError::Unsupported("this model has no state-space activations".into()))
+    }
+
+    /// The experts' buffers, or an error for a dense model.
+    pub fn moe(&self) -> Result<&MoeActivations> {
+        self.moe.as_ref().ok_or_else(|| {
+            crate::error::WeftError::Unsupported("this model has no mixture-of-experts activations".into())
+        })
     }
 
     /// The first `num_tokens` token rows and `num_logits` logit rows (no copy).
@@ -206,6 +241,19 @@ impl Activations {
                     yn: t(&s.yn)?,
                     ssd: s.ssd.clone(),
                 }),
+                None => None,
+            },
+            moe: match &self.moe {
+                Some(m) => {
+                    let slots = num_tokens * m.ids.shape()[1];
+                    Some(MoeActivations {
+                        logits: t(&m.logits)?,
+                        ids: t(&m.ids)?,
+                        weights: t(&m.weights)?,
+                        act: m.act.slice_rows(0..slots)?,
+                        out: m.out.slice_rows(0..slots)?,
+                    })
+                }
                 None => None,
             },
         })
@@ -423,5 +471,102 @@ impl SsmMixer {
         }
         gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
         self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
+    }
+}
+
+/// A mixture-of-experts MLP (Qwen3-MoE's sparse block): `a.proj = Σ_s w_s · expert_{e_s}(a.xn)`
+/// over each token's top-k experts e_s by the router's softmax, each expert a SwiGLU MLP. Five
+/// dispatches, all on the GPU: the router's matmul, the top-k choice, every slot's gate and up
+/// with SwiGLU, every slot's down, and the weighted sum.
+pub struct MoeMlp {
+    pub shape: MoeConfig,
+    pub router: GpuTensor,  // (experts, hidden)
+    pub gate_up: GpuTensor, // (experts · 2 · ff, hidden): each expert's gate rows, then its up rows
+    pub down: GpuTensor,    // (experts · hidden, ff)
+}
+
+impl MoeMlp {
+    /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
+    /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
+    /// router `ffn_gate_inp`); Hugging Face stores one matrix per expert
+    /// (`{prefix}.experts.E.gate_proj.weight`, …, router `{prefix}.gate.weight`: transformers 5
+    /// fuses them in memory, but saves this form). Gate and up must share a format (they run as
+    /// one matmul).
+    pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf_prefix: &str) -> Result<MoeMlp> {
+        let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
+        let file = w.source.file();
+        let (router, gate_up, down) = match w.source.checkpoint() {
+            Checkpoint::Gguf => {
+                let name = |part: &str| format!("blk.{layer}.{part}.weight");
+                let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
+                let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
+                if gate.dtype != up.dtype {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        format!(
+                            "layer {layer}'s experts store gate as {} and up as {}; weft runs them as one matmul, \
+                             which needs one format",
+                            gate.dtype, up.dtype
+                        ),
+                    ));
+                }
+                // Each expert's gate rows, then its up rows.
+                let half = gate.bytes.len() / experts;
+                let gate_up: Vec<u8> = (0..experts)
+                    .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
+                    .flatten()
+                    .copied()
+                    .collect();
+                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
+                let gate_up =
+                    HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
+                (name("ffn_gate_inp"), gate_up, down)
+            }
+            Checkpoint::HuggingFace => {
+                let name = |part: &str| format!("{hf_prefix}.{part}");
+                let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
+                for e in 0..experts {
+                    for (part, rows, cols) in
+                        [("gate_proj", ff, hidden), ("up_proj", ff, hidden), ("down_proj", hidden, ff)]
+                    {
+                        let t = w.named_host(&name(&format!("experts.{e}.{part}.weight")), &[rows, cols])?;
+                        dtypes.push(t.dtype);
+                        let out = if part == "down_proj" { &mut down } else { &mut gate_up };
+                        out.extend_from_slice(&t.bytes);
+                    }
+                }
+                if dtypes.iter().any(|&d| d != dtypes[0]) {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        format!("layer {layer}'s experts mix formats; weft needs one format for all of them"),
+                    ));
+                }
+                let dtype = dtypes[0];
+                let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() };
+                let down = HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() };
+                (name("gate.weight"), gate_up, down)
+            }
+        };
+        let upload = |what: &str, t: &HostTensor<'_>, rows: usize, cols: usize| {
+            let name = format!("layer {layer}'s {what} experts");
+            upload_experts(file, &name, [rows, cols], t.dtype, &t.bytes, experts, w.factory)
+        };
+        Ok(MoeMlp {
+            shape,
+            router: w.named_matrix(&router, &[experts, hidden])?,
+            gate_up: upload("gate and up", &gate_up, experts * 2 * ff, hidden)?,
+            down: upload("down", &down, experts * hidden, ff)?,
+        })
+    }
+
+    /// `a.proj = moe(a.xn)`.
+    pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
+        let m = a.moe()?;
+        let experts = self.shape.num_experts;
+        matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
+        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.normalize_weights)?;
+        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, Epilogue::SiluMul)?;
+        moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None)?;
+        moe_combine(ctx, rec, &m.out, &m.weights, &a.proj)
     }
 }

@@ -37,6 +37,7 @@ pub fn tiny_config() -> ModelConfig {
         multipliers: None,
         no_rope_layers: Vec::new(),
         pooling: None,
+        moe: None,
     }
 }
 

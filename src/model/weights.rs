@@ -206,6 +206,11 @@ impl Loader<'_> {
         float_values(self.source.file(), name, &t)
     }
 
+    /// The host tensor called `name`, which must have `shape`.
+    pub(crate) fn named_host(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'_>> {
+        Ok(self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
+    }
+
     fn missing(&self, name: &str) -> WeftError {
         WeftError::model(self.source.file(), format!("tensor {name} is missing"))
     }
@@ -273,6 +278,52 @@ impl Loader<'_> {
         };
         Ok(Linear { weights, bias })
     }
+}
+
+/// Upload the stacked experts of one projection, `bytes` holding `num_experts` experts of
+/// `shape[0] / num_experts` rows each, kept in the checkpoint's format, with every part of the
+/// tensor holding whole experts (what `moe_matmul` reads): where the device's binding limit
+/// splits the tensor inside an expert, it is uploaded again in groups of as many whole experts
+/// as one part holds.
+pub fn upload_experts(
+    file: &str,
+    name: &str,
+    shape: [usize; 2],
+    dtype: DType,
+    bytes: &[u8],
+    num_experts: usize,
+    factory: &dyn TensorFactory,
+) -> Result<GpuTensor> {
+    let whole = HostTensor { shape: shape.to_vec(), dtype, bytes: Cow::Borrowed(bytes) };
+    let tensor = upload_matrix(file, name, &whole, factory)?;
+    let expert_rows = shape[0] / num_experts.max(1);
+    if tensor
+        .parts()
+        .iter()
+        .all(|p| p.rows.start.is_multiple_of(expert_rows) && p.num_rows().is_multiple_of(expert_rows))
+    {
+        return Ok(tensor);
+    }
+    let per_part = tensor.parts()[0].num_rows() / expert_rows;
+    drop(tensor);
+    let expert_bytes = bytes.len() / num_experts;
+    if per_part == 0 {
+        return Err(WeftError::model(
+            file,
+            format!("one expert of {name} takes {expert_bytes} bytes, more than this device binds at once"),
+        ));
+    }
+    let mut joined: Option<GpuTensor> = None;
+    for group in bytes.chunks(per_part * expert_bytes) {
+        let rows = group.len() / expert_bytes * expert_rows;
+        let host = HostTensor { shape: vec![rows, shape[1]], dtype, bytes: Cow::Borrowed(group) };
+        let part = upload_matrix(file, name, &host, factory)?;
+        joined = Some(match joined {
+            None => part,
+            Some(head) => head.then_rows(&part)?,
+        });
+    }
+    joined.ok_or_else(|| WeftError::model(file, format!("{name} holds no experts")))
 }
 
 /// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.

@@ -11,6 +11,7 @@ mod invariance;
 mod logit_bias;
 mod lora;
 mod matmul;
+mod moe;
 mod paged;
 mod recording;
 mod reduce;

@@ -8,6 +8,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod lora;
 pub mod matmul;
+pub mod moe;
 pub mod paged;
 pub mod penalize;
 pub mod reduce;
@@ -81,6 +82,9 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<ssm::GatedNormParams>("gated_rms_norm", "Params"),
         entry::<lora::ShrinkParams>("lora_shrink", "Params"),
         entry::<lora::ExpandParams>("lora_expand", "Params"),
+        entry::<moe::RouteParams>("moe_route", "Params"),
+        entry::<moe::MatmulParams>("moe_matmul", "Params"),
+        entry::<moe::CombineParams>("moe_combine", "Params"),
     ]
 }
 

@@ -12,6 +12,7 @@ mod llama;
 mod mamba2;
 mod olmo2;
 mod phi3;
+mod qwen3moe;
 
 pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
@@ -19,6 +20,7 @@ pub use granite_hybrid::GraniteHybridModel;
 pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 pub use olmo2::Olmo2Model;
+pub use qwen3moe::Qwen3MoeModel;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -35,6 +37,8 @@ pub const SUPPORTED: &[&str] = &[
     "mistral",
     "qwen2",
     "qwen3",
+    "qwen3moe",
+    "qwen3_moe",
     "smollm3",
     "granite",
     "olmo2",
@@ -117,6 +121,7 @@ fn load_layers(
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
         "bert" => Ok(Box::new(BertModel::load(config, source, factory, progress)?)),
         "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),
+        "qwen3moe" | "qwen3_moe" => Ok(Box::new(Qwen3MoeModel::load(config, source, factory, progress)?)),
         "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
         "granitehybrid" | "granitemoehybrid" => {

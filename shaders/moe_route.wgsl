@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// moe_route: a mixture-of-experts router's choice per token, on the GPU so the experts' matmuls
+// read it without a host round trip. p = softmax(logits[t, :]); the top_k largest p in order
+// (largest first, ties to the lower expert, as a stable descending sort would give), their p
+// divided by their sum when params.normalize is 1 (Qwen3-MoE's norm_topk_prob).
+//
+// Bindings (group 0)
+//   0 params   uniform     Params                  mirrors gpu::kernels::moe::RouteParams
+//   1 logits   read        f32 (tokens, experts)   the router's logits
+//   2 ids      read_write  u32 (tokens, top_k)     each slot's expert
+//   3 weights  read_write  f32 (tokens, top_k)     each slot's weight
+// Workgroup: 64 invocations, one token each (experts are a few hundred at most: a serial loop).
+// Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(tokens / 64).
+// Pick s takes the largest p among the experts after pick s - 1 in the order (p descending,
+// expert ascending), so no mask of taken experts is kept. Every p is recomputed from the same
+// max and sum with the same operations, so equal logits give equal p.
+// Batch invariance: a token reads its own row only, in expert order.
+
+struct Params {
+    tokens: u32,
+    experts: u32,
+    top_k: u32,
+    normalize: u32,
+}
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> weights: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let t = gid.x + gid.y * nwg.x * WG;
+    if (t >= params.tokens) {
+        return;
+    }
+    let row = t * params.experts;
+    var top = logits[row];
+    for (var e = 1u; e < params.experts; e++) {
+        top = max(top, logits[row + e]);
+    }
+    var sum = 0.0;
+    for (var e = 0u; e < params.experts; e++) {
+        sum += exp(logits[row + e] - top);
+    }
+    let out = t * params.top_k;
+    var prev_p = 0.0;
+    var prev_e = 0u;
+    var total = 0.0;
+    for (var s = 0u; s < params.top_k; s++) {
+        // A NaN row picks expert 0 with weight 0 rather than an expert past the end.
+        var best_e = 0u;
+        var best_p = -1.0;
+        for (var e = 0u; e < params.experts; e++) {
+            let p = exp(logits[row + e] - top) / sum;
+            let after = s == 0u || p < prev_p || (p == prev_p && e > prev_e);
+            if (after && p > best_p) {
+                best_p = p;
+                best_e = e;
+            }
+        }
+        best_p = max(best_p, 0.0);
+        ids[out + s] = best_e;
+        weights[out + s] = best_p;
+        total += best_p;
+        prev_p = best_p;
+        prev_e = best_e;
+    }
+    if (params.normalize == 1u) {
+        for (var s = 0u; s < params.top_k; s++) {
+            weights[out + s] = weights[out + s] / total;
+        }
+    }
+}

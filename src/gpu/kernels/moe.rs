@@ -1,0 +1,180 @@
+//! A mixture-of-experts layer's kernels: `moe_route` (each token's top-k experts and their
+//! weights, from the router's logits), `moe_matmul` (each (token, slot) row through its
+//! expert's projection, reading the stacked experts of one projection in any weight format;
+//! with a gated epilogue, gate, up and SwiGLU in one pass) and `moe_combine` (the weighted sum
+//! of a token's slots). The routing stays on the GPU: the matmul reads the expert ids the
+//! router wrote, so a layer records its dispatches without a host round trip.
+//!
+//! Every (token, slot) row is computed alone, with sums in an order that depends on the shapes
+//! only, so a token's result never depends on its batch.
+
+use super::{expect, shader_params, u32_of};
+use crate::error::{Result, WeftError};
+use crate::gpu::pipelines::{Epilogue, WeightSource};
+use crate::gpu::recording::flat_grid;
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::quant::DType;
+
+shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, normalize: u32 });
+shader_params!(MatmulParams {
+    rows: u32,
+    k: u32,
+    n: u32,
+    x_div: u32,
+    row_bytes: u32,
+    first_expert: u32,
+    part_experts: u32,
+    w_base: u32,
+});
+shader_params!(CombineParams { len: u32, cols: u32, top_k: u32 });
+
+const ROUTE_WORKGROUP: usize = 64;
+const MATMUL_WORKGROUP: usize = 64;
+const COMBINE_WORKGROUP: usize = 256;
+
+/// Record each token's routing: `logits` (tokens, experts) F32 → `ids` (tokens, top_k) U32,
+/// the experts of the top_k largest softmax probabilities, largest first (ties to the lower
+/// expert), and `weights` (tokens, top_k) F32, those probabilities, divided by their sum when
+/// `normalize`.
+pub fn moe_route(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    logits: &GpuTensor,
+    ids: &GpuTensor,
+    weights: &GpuTensor,
+    normalize: bool,
+) -> Result<()> {
+    const OP: &str = "moe_route";
+    expect(OP, "logits", logits, DType::F32, &[None, None])?;
+    let (tokens, experts) = (logits.shape()[0], logits.shape()[1]);
+    expect(OP, "ids", ids, DType::U32, &[Some(tokens), None])?;
+    let top_k = ids.shape()[1];
+    expect(OP, "weights", weights, DType::F32, &[Some(tokens), Some(top_k)])?;
+    if top_k == 0 || top_k > experts {
+        return Err(WeftError::shape(OP, format!("top_k = {top_k} must be 1 to the {experts} experts")));
+    }
+    let params = RouteParams {
+        tokens: u32_of(OP, "tokens", tokens)?,
+        experts: u32_of(OP, "experts", experts)?,
+        top_k: u32_of(OP, "top_k", top_k)?,
+        normalize: u32::from(normalize),
+    };
+    let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
+    let bindings = vec![res(logits)?, res(ids)?, res(weights)?];
+    let grid = flat_grid(tokens, ROUTE_WORKGROUP);
+    ctx.dispatch(rec, ShaderVariant::plain("moe_route"), bytemuck::bytes_of(&params), bindings, None, grid)
+}
+
+/// Record `y[r, :] = x[r / x_div, :] · experts[ids[r]]ᵀ` for each (token, slot) row r:
+/// `experts` (num_experts · G · n, k) in any weight format holds each expert's G · n rows in
+/// turn (G = 2 with a gated `epilogue`: the expert's gate rows then its up rows, and y receives
+/// act(gate) · up); `ids` (tokens, top_k) U32 from [`moe_route`]; y (tokens · top_k, n) F32;
+/// x (tokens, k) F32 (each token's row serves all its slots) or (tokens · top_k, k) (a row per
+/// slot). Each part of `experts` must hold whole experts; k a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_matmul(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    x: &GpuTensor,
+    experts: &GpuTensor,
+    num_experts: usize,
+    ids: &GpuTensor,
+    y: &GpuTensor,
+    epilogue: Epilogue,
+) -> Result<()> {
+    const OP: &str = "moe_matmul";
+    if !DType::WEIGHTS.contains(&experts.dtype()) || experts.shape().len() != 2 {
+        return Err(WeftError::shape(
+            OP,
+            format!("experts must be a 2-D weight matrix, got {} {:?}", experts.dtype(), experts.shape()),
+        ));
+    }
+    let g = epilogue.rows_per_output();
+    let k = experts.shape()[1];
+    if !k.is_multiple_of(32) || num_experts == 0 || !experts.shape()[0].is_multiple_of(num_experts * g) {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "experts {:?} must stack {num_experts} experts of {g} · n rows each, with k a multiple of 32",
+                experts.shape()
+            ),
+        ));
+    }
+    let expert_rows = experts.shape()[0] / num_experts;
+    let n = expert_rows / g;
+    expect(OP, "ids", ids, DType::U32, &[None, None])?;
+    let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
+    let rows = tokens * top_k;
+    expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
+    expect(OP, "x", x, DType::F32, &[None, Some(k)])?;
+    let x_div = match x.shape()[0] {
+        r if r == rows => 1,
+        r if r == tokens => top_k,
+        r => {
+            return Err(WeftError::shape(
+                OP,
+                format!("x has {r} rows; it needs one per token ({tokens}) or one per slot ({rows})"),
+            ));
+        }
+    };
+    if rows == 0 {
+        return Ok(());
+    }
+    let (x_res, y_res, ids_res) =
+        (x.single_part(OP)?.resource(ctx)?, y.single_part(OP)?.resource(ctx)?, ids.single_part(OP)?.resource(ctx)?);
+    let down = rows.min(65535);
+    let grid = [n.div_ceil(MATMUL_WORKGROUP) as u32, down as u32, rows.div_ceil(down) as u32];
+    for part in experts.parts() {
+        if !part.rows.start.is_multiple_of(expert_rows) || !part.num_rows().is_multiple_of(expert_rows) {
+            return Err(WeftError::shape(
+                OP,
+                format!(
+                    "a part of the experts holds rows {:?}, not whole experts of {expert_rows} rows; upload experts \
+                     in groups of whole experts",
+                    part.rows
+                ),
+            ));
+        }
+        let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
+        let variant = ShaderVariant { epilogue, ..ShaderVariant::weights("moe_matmul", experts.dtype(), weights_in) };
+        let params = MatmulParams {
+            rows: u32_of(OP, "rows", rows)?,
+            k: u32_of(OP, "k", k)?,
+            n: u32_of(OP, "n", n)?,
+            x_div: u32_of(OP, "top_k", x_div)?,
+            row_bytes: u32_of(OP, "row bytes", experts.row_bytes())?,
+            first_expert: u32_of(OP, "expert", part.rows.start / expert_rows)?,
+            part_experts: u32_of(OP, "experts", part.num_rows() / expert_rows)?,
+            w_base: u32_of(OP, "weight offset", part.base_bytes(experts.row_bytes())? as usize)?,
+        };
+        let bindings = vec![x_res.clone(), part.resource(ctx)?, y_res.clone(), ids_res.clone()];
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings, None, grid)?;
+    }
+    Ok(())
+}
+
+/// Record `out[t, :] = Σ_s weights[t, s] · y[t · top_k + s, :]`, slots in order: y
+/// (tokens · top_k, cols) F32, weights (tokens, top_k) F32, out (tokens, cols) F32.
+pub fn moe_combine(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    y: &GpuTensor,
+    weights: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "moe_combine";
+    expect(OP, "out", out, DType::F32, &[None, None])?;
+    let (tokens, cols) = (out.shape()[0], out.shape()[1]);
+    expect(OP, "weights", weights, DType::F32, &[Some(tokens), None])?;
+    let top_k = weights.shape()[1];
+    expect(OP, "y", y, DType::F32, &[Some(tokens * top_k), Some(cols)])?;
+    let params = CombineParams {
+        len: u32_of(OP, "len", tokens * cols)?,
+        cols: u32_of(OP, "cols", cols)?,
+        top_k: u32_of(OP, "top_k", top_k)?,
+    };
+    let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
+    let bindings = vec![res(y)?, res(weights)?, res(out)?];
+    let grid = flat_grid(tokens * cols, COMBINE_WORKGROUP);
+    ctx.dispatch(rec, ShaderVariant::plain("moe_combine"), bytemuck::bytes_of(&params), bindings, None, grid)
+}

@@ -1,0 +1,222 @@
+//! The mixture-of-experts kernels against `cpu::moe`: `moe_route` (softmax top-k, with and
+//! without renormalisation, ties to the lower expert), and the experts' MLP (`moe_matmul` gated,
+//! `moe_matmul`, `moe_combine`) over stacked experts in F32, Q8_0 and Q4_0, in every kernel
+//! setup, for 1, 7 and 64 tokens. Every setup runs the same kernel, so all give the same bits;
+//! a token's bits are the same alone as in a batch; experts split over several bindings give the
+//! same bits as in one.
+
+use weft::DType;
+use weft::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
+use weft::gpu::{Epilogue, GpuTensorFactory, Recording};
+use weft::tensor::TensorFactory;
+
+use crate::common::*;
+
+const EXPERTS: usize = 8;
+const TOP_K: usize = 2;
+const HIDDEN: usize = 64;
+const FF: usize = 32;
+
+fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], normalize: bool) -> (Vec<u32>, Vec<f32>) {
+    let tokens = logits.len() / EXPERTS;
+    let lt = f.upload_f32(&[tokens, EXPERTS], logits).unwrap();
+    let ids = f.zeros(&[tokens, TOP_K], DType::U32).unwrap();
+    let weights = f.zeros(&[tokens, TOP_K], DType::F32).unwrap();
+    let mut rec = Recording::new();
+    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, normalize).unwrap();
+    run(f, &rec);
+    (read_u32(f, &ids), read_f32(f, &weights))
+}
+
+/// Ids equal; weights within a few roundings of the f64 reference (a softmax: an exp, a sum of
+/// 8 terms and a division; renormalised, one more sum and division).
+#[test]
+fn route_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for tokens in [1, 7, 64] {
+        let mut logits = random(tokens * EXPERTS, tokens as u64, 3.0);
+        // Token 0: all equal (ties to the lower experts); token 1 (when there is one): the
+        // second and third largest equal.
+        logits[..EXPERTS].fill(0.5);
+        if tokens > 1 {
+            logits[EXPERTS..2 * EXPERTS].copy_from_slice(&[0.0, 1.0, 2.0, 1.0, -1.0, 3.0, 2.0, 0.0]);
+        }
+        for normalize in [false, true] {
+            let (ids, weights) = route_on_gpu(f, &logits, normalize);
+            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, normalize);
+            assert_eq!(ids, want_ids, "{tokens} tokens, normalize {normalize}");
+            assert_close(&format!("route weights, {tokens} tokens"), &weights, &want_weights, |i| {
+                (2 * EXPERTS + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
+            });
+            assert_eq!(&ids[..TOP_K], &[0, 1], "all equal: the lowest experts");
+            if tokens > 1 {
+                assert_eq!(&ids[TOP_K..2 * TOP_K], &[5, 2], "2 and 6 tie for second: the lower");
+            }
+        }
+    }
+}
+
+/// Stacked experts of a format: gate_up (EXPERTS · 2 · FF, HIDDEN), each expert's gate rows then
+/// up rows, and down (EXPERTS · HIDDEN, FF): bytes and exact decodings.
+struct Experts {
+    gate_up: (Vec<u8>, Vec<f32>),
+    down: (Vec<u8>, Vec<f32>),
+}
+
+fn experts(dtype: DType, hidden: usize, ff: usize) -> Experts {
+    Experts { gate_up: weights(dtype, EXPERTS * 2 * ff * hidden, 11), down: weights(dtype, EXPERTS * hidden * ff, 12) }
+}
+
+/// The MLP's output (tokens, hidden) on the GPU, with `upload` placing each stacked weight.
+#[allow(clippy::too_many_arguments)]
+fn mlp_on_gpu(
+    f: &GpuTensorFactory,
+    upload: &dyn Fn(&[usize], &[u8]) -> weft::gpu::GpuTensor,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    w: &Experts,
+    hidden: usize,
+    ff: usize,
+) -> Vec<f32> {
+    let tokens = x.len() / hidden;
+    let xt = f.upload_f32(&[tokens, hidden], x).unwrap();
+    let gate_up = upload(&[EXPERTS * 2 * ff, hidden], &w.gate_up.0);
+    let down = upload(&[EXPERTS * hidden, ff], &w.down.0);
+    let idt = f.upload_u32(&[tokens, TOP_K], ids).unwrap();
+    let wt = f.upload_f32(&[tokens, TOP_K], weights).unwrap();
+    let act = f.zeros(&[tokens * TOP_K, ff], DType::F32).unwrap();
+    let y = f.zeros(&[tokens * TOP_K, hidden], DType::F32).unwrap();
+    let out = f.zeros(&[tokens, hidden], DType::F32).unwrap();
+    let mut rec = Recording::new();
+    moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, &act, Epilogue::SiluMul).unwrap();
+    moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, &y, Epilogue::None).unwrap();
+    moe_combine(ctx(f), &mut rec, &y, &wt, &out).unwrap();
+    run(f, &rec);
+    read_f32(f, &out)
+}
+
+/// Routing of `tokens` random rows, from the CPU (so every setup gets the same).
+fn routing(tokens: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
+    weft::cpu::moe::moe_route(&random(tokens * EXPERTS, seed, 3.0), EXPERTS, TOP_K, true)
+}
+
+/// Tolerance: f32 dot products of HIDDEN (gate, up) then FF (down) terms, against f64. The
+/// gate and up sums are each within (HIDDEN + 2)·u·Σ|x·w| of exact; silu and the product add a
+/// few roundings; down adds (FF + 2)·u·Σ|act·w|; the combine two more. Bounded by
+/// 4·(HIDDEN + FF)·u times Σ_s weight_s · Σ_j |down_jc| · (|act_j| + Σ_p |x_p·w_p|) (the
+/// gate's error passes through silu'(g) ≤ 1.1 times the up value, and vice versa).
+fn mlp_bound(x: &[f32], ids: &[u32], weights: &[f32], w: &Experts, hidden: usize, ff: usize) -> Vec<f64> {
+    let (gu, down) = (&w.gate_up.1, &w.down.1);
+    let mut out = Vec::new();
+    for (t, row) in x.chunks(hidden).enumerate() {
+        let mut bound = vec![0f64; hidden];
+        for s in 0..TOP_K {
+            let e = ids[t * TOP_K + s] as usize;
+            let dots: Vec<(f64, f64)> = (0..2 * ff)
+                .map(|r| {
+                    let wr = &gu[(e * 2 * ff + r) * hidden..][..hidden];
+                    let exact: f64 = row.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let abs: f64 = row.iter().zip(wr).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+                    (exact, abs)
+                })
+                .collect();
+            for (c, b) in bound.iter_mut().enumerate() {
+                let dr = &down[(e * hidden + c) * ff..][..ff];
+                let m: f64 = (0..ff)
+                    .map(|j| {
+                        let (g, up) = (dots[j], dots[ff + j]);
+                        let scale = g.0.abs().max(1.0) * (up.0.abs() + up.1) + g.1 * (up.0.abs() + up.1);
+                        f64::from(dr[j]).abs() * scale
+                    })
+                    .sum();
+                *b += f64::from(weights[t * TOP_K + s]) * m;
+            }
+        }
+        out.extend(bound.into_iter().map(|b| 4.0 * (hidden + ff) as f64 * U * b + 1e-30));
+    }
+    out
+}
+
+fn check(dtype: DType) {
+    let w = experts(dtype, HIDDEN, FF);
+    for tokens in [1, 7, 64] {
+        let x = random(tokens * HIDDEN, 20 + tokens as u64, 1.0);
+        let (ids, weights) = routing(tokens, 30 + tokens as u64);
+        let want = weft::cpu::moe::moe_mlp(&x, &ids, &weights, &w.gate_up.1, &w.down.1, HIDDEN, FF);
+        let bound = mlp_bound(&x, &ids, &weights, &w, HIDDEN, FF);
+        let mut first: Option<Vec<f32>> = None;
+        for setup in setups().into_iter().filter(|s| !s.window_x) {
+            let Some(f) = setup.factory() else { continue };
+            let upload = |shape: &[usize], bytes: &[u8]| setup.weights(f, shape, dtype, bytes);
+            let got = mlp_on_gpu(f, &upload, &x, &ids, &weights, &w, HIDDEN, FF);
+            let what = format!("{dtype} experts, {tokens} tokens, {}", setup.name());
+            assert_close(&what, &got, &want, |i| bound[i]);
+            match &first {
+                None => first = Some(got),
+                Some(first) => assert!(
+                    first.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: bits differ from the first setup's (every setup runs the same kernel)"
+                ),
+            }
+        }
+        // Batch invariance: rows 0 and the last alone give the batch's bits.
+        let Some(f) = gpu() else { continue };
+        let upload = |shape: &[usize], bytes: &[u8]| f.upload_weight(shape, dtype, bytes).unwrap();
+        let batch = mlp_on_gpu(f, &upload, &x, &ids, &weights, &w, HIDDEN, FF);
+        for t in [0, tokens - 1] {
+            let (x1, ids1, w1) =
+                (&x[t * HIDDEN..][..HIDDEN], &ids[t * TOP_K..][..TOP_K], &weights[t * TOP_K..][..TOP_K]);
+            let alone = mlp_on_gpu(f, &upload, x1, ids1, w1, &w, HIDDEN, FF);
+            assert!(
+                alone.iter().zip(&batch[t * HIDDEN..][..HIDDEN]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dtype}: token {t} of {tokens} alone differs from the batch"
+            );
+        }
+    }
+}
+
+#[test]
+fn f32_experts_match_cpu() {
+    check(DType::F32);
+}
+
+#[test]
+fn q8_0_experts_match_cpu() {
+    check(DType::Q8_0);
+}
+
+#[test]
+fn q4_0_experts_match_cpu() {
+    check(DType::Q4_0);
+}
+
+/// Experts whose projection outgrows a binding (1 MiB here: 96 · 2 gate-up rows of 1024 F32 a
+/// expert, so a part of 256 rows would end inside the second expert) are uploaded a whole
+/// expert per part and give the bits of one binding.
+#[test]
+fn experts_split_over_bindings_give_the_same_bits() {
+    let (Some(tiny), Some(f)) = (gpu_with_tiny_bindings(), gpu()) else { return };
+    let (hidden, ff, tokens) = (1024, 96, 5);
+    let w = experts(DType::F32, hidden, ff);
+    let x = random(tokens * hidden, 40, 1.0);
+    let (ids, weights) = routing(tokens, 41);
+    let split = |shape: &[usize], bytes: &[u8]| {
+        let t = weft::model::weights::upload_experts(
+            "test",
+            "experts",
+            [shape[0], shape[1]],
+            DType::F32,
+            bytes,
+            EXPERTS,
+            tiny,
+        )
+        .unwrap();
+        assert!(t.parts().len() > 1, "{shape:?} fits one binding");
+        t
+    };
+    let got = mlp_on_gpu(tiny, &split, &x, &ids, &weights, &w, hidden, ff);
+    let whole = |shape: &[usize], bytes: &[u8]| f.upload_weight(shape, DType::F32, bytes).unwrap();
+    let want = mlp_on_gpu(f, &whole, &x, &ids, &weights, &w, hidden, ff);
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "split experts differ");
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Make the outside-truth fixture of weft's mixture-of-experts tests: a tiny random-weight
+``Qwen3MoeForCausalLM`` saved as a Hugging Face directory and converted to GGUF by llama.cpp's own
+``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens (the layout
+``tools/make_recurrent_fixtures.py`` writes, whose tokenizer, prompts and converter run this
+reuses, as ``tools/make_dense_fixtures.py`` does).
+
+``tests/fixtures/qwen3moe/``
+    Qwen3 attention (q_norm / k_norm per head) and, in every layer, a sparse MoE block: a
+    router over 8 experts, the top 2 per token, their softmax weights renormalised to sum to 1
+    (``norm_topk_prob``), each expert a SwiGLU MLP of 32. transformers 5 stores a layer's
+    experts fused (``mlp.experts.gate_up_proj`` (8, 64, 64), gate rows then up rows per expert,
+    and ``mlp.experts.down_proj`` (8, 64, 32)); llama.cpp's converter splits them into
+    ``blk.N.ffn_gate_exps`` / ``ffn_up_exps`` / ``ffn_down_exps`` and writes the router as
+    ``ffn_gate_inp``.
+
+The model: hidden 64, 2 layers, 4 heads of 16 with 2 KV heads, RoPE base 10000, untied LM
+head. The router's weights are drawn wider than the other matrices' (std 0.25, router logits
+of std about 2) so that each token's second and third experts are far apart: a near-tie there
+would let f32 summation order pick a different expert. The script prints the smallest gap
+between a token's k-th and (k+1)-th router probabilities over the prompts, and the experts the
+prompts reach.
+
+Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, gguf-py and
+``convert_hf_to_gguf.py`` of llama-cpp-python 0.3.36's ``vendor/llama.cpp``.
+
+Usage::
+
+    python tools/make_moe_fixtures.py --llama-cpp /path/to/llama-cpp-python-0.3.36/vendor/llama.cpp
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_recurrent_fixtures as recurrent  # noqa: E402
+
+NAME = "qwen3moe"
+ROUTER_STD = 0.25
+
+
+def qwen3moe(vocab: int):
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
+DENSE_RANDOMIZE = recurrent.randomize
+MODELS = []
+
+
+def randomize(model) -> None:
+    """``recurrent.randomize``, but the experts (3-D) drawn like matrices of their input width
+    and the routers wider (see above)."""
+    DENSE_RANDOMIZE(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 3:
+                p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn_like(p) * ROUTER_STD)
+    MODELS.append(model)
+
+
+def routing_report(model) -> None:
+    """Print the smallest gap between the k-th and (k+1)-th router probability of any token at
+    any layer over the prompts, and the experts chosen."""
+    k = model.config.num_experts_per_tok
+    gaps, chosen = [], set()
+
+    def hook(_module, _inputs, output):
+        logits = output[0] if isinstance(output, tuple) else output
+        top = torch.softmax(logits.float(), dim=-1).topk(k + 1, dim=-1)
+        gaps.append(float((top.values[:, k - 1] - top.values[:, k]).min()))
+        chosen.update(top.indices[:, :k].flatten().tolist())
+
+    hooks = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    with torch.no_grad():
+        for ids in recurrent.PROMPTS:
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    print(f"smallest top-{k} gap in router probabilities: {min(gaps):.3e}; experts reached: {sorted(chosen)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.llama_cpp))
+    sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
+    hf = recurrent.FIXTURES / NAME / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    # The converter reads a GPT-2 style vocabulary when the tokenizer class says so.
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "add_bos_token": False}, indent=2) + "\n")
+    recurrent.randomize = randomize
+    recurrent.make(NAME, qwen3moe, args.llama_cpp)
+    routing_report(MODELS[0])
+    expected_path = recurrent.FIXTURES / NAME / "expected.json"
+    expected = json.loads(expected_path.read_text())
+    expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
+    expected_path.write_text(json.dumps(expected) + "\n")
+
+
+if __name__ == "__main__":
+    main()
