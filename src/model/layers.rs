@@ -24,7 +24,7 @@ use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, pa
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::kernels::ssm::{
-    ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
+    ConvForm, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
@@ -399,7 +399,7 @@ impl SsmMixer {
         // z, xBC, dt side by side.
         self.in_proj.forward(ctx, rec, &a.xn, &acts.zxbcdt)?;
         let (w, b, seqs) = (&self.conv_weight, &self.conv_bias, &inputs.seq_states);
-        ssm_conv(ctx, rec, &acts.zxbcdt, inner, w, b, seqs, conv_state, &acts.xbc)?;
+        ssm_conv(ctx, rec, &acts.zxbcdt, inner, ConvForm::Silu, w, b, seqs, conv_state, &acts.xbc)?;
         let shape = scan_shape(&s);
         let weights = ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias };
         let (dt, dt_offset) = (&acts.zxbcdt, inner + channels);
