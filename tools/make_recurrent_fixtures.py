@@ -21,8 +21,9 @@ Mamba2 has 2 layers. The Granite hybrid has 3 (Mamba2, attention with 4 heads / 
 no RoPE, Mamba2), a shared MLP of 96, and multipliers far from 1 (embedding 12, residual 0.22,
 attention 1/16, logits divided by 6) so that a forgotten one shows. LFM2 has 4 layers (short
 convolution of 3, attention with 4 heads of 16 / 2 KV heads and RoPE, short convolution,
-attention), an MLP whose ``intermediate_size`` 66 becomes 48 by ``block_auto_adjust_ff_dim``
-(2/3 is 44, rounded up to ``block_multiple_of`` 16), and tied embeddings.
+attention), an MLP whose ``intermediate_size`` 45 becomes 32 by ``block_auto_adjust_ff_dim``
+(2/3 is 30, rounded up to ``block_multiple_of`` 32: weft's matmul reads rows in blocks of
+32), and tied embeddings.
 
 The tokenizer is a byte-level BPE trained here on a few sentences (the tests feed token ids;
 the engine only needs a tokenizer to exist). llama.cpp's converter identifies BPE pre-tokenizers
@@ -118,7 +119,7 @@ def lfm2(vocab: int):
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
     config = Lfm2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=66, block_multiple_of=16, block_auto_adjust_ff_dim=True,
+        vocab_size=vocab, hidden_size=64, intermediate_size=45, block_multiple_of=32, block_auto_adjust_ff_dim=True,
         block_ffn_dim_multiplier=1.0, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3, conv_bias=False,
         norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
@@ -154,7 +155,9 @@ def make(name: str, build, llama_cpp: Path, prompts=PROMPTS, num_greedy=NUM_GREE
     with torch.no_grad():
         for ids in prompts:
             logits = model(torch.tensor([ids])).logits[0, -1]
-            out_ids = model.generate(torch.tensor([ids]), max_new_tokens=num_greedy, do_sample=False,
+            # Every prompt token is attended, the pad id too (generate would mask it otherwise).
+            out_ids = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=num_greedy, do_sample=False,
                                      output_logits=True, return_dict_in_generate=True, eos_token_id=None)
             greedy = out_ids.sequences[0, len(ids):].tolist()
             steps = [s[0] for s in out_ids.logits]

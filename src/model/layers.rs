@@ -2,7 +2,8 @@
 //! projection (one or several weight matrices written side by side, optional bias),
 //! self-[`Attention`] over the paged KV cache with RoPE (and optional q/k norms, per head or
 //! over the whole projection), the gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2
-//! [`SsmMixer`] over a sequence's recurrent-state slot. An architecture file composes them top
+//! [`SsmMixer`] over a sequence's recurrent-state slot (LFM2's short convolution, used by one
+//! architecture, is in `arch::lfm2`). An architecture file composes them top
 //! to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
@@ -117,6 +118,14 @@ pub struct Activations {
     pub normed: GpuTensor,        // (tokens, hidden): a normalised sub-layer output (Gemma's post-norms)
     /// A Mamba2 mixer's buffers, for models with state-space layers.
     pub ssm: Option<SsmActivations>,
+    /// LFM2's short convolutions' buffers.
+    pub short_conv: Option<ShortConvActivations>,
+}
+
+/// The buffers of an LFM2 short convolution.
+pub struct ShortConvActivations {
+    pub bcx: GpuTensor, // (tokens, 3 · hidden): in_proj's B, C, x
+    pub y: GpuTensor,   // (tokens, hidden): C · conv(B · x)
 }
 
 /// The buffers of a Mamba2 mixer.
@@ -158,6 +167,10 @@ impl Activations {
             }),
             None => None,
         };
+        let short_conv = match c.short_conv {
+            Some(_) => Some(ShortConvActivations { bcx: t(3 * c.hidden_size)?, y: t(c.hidden_size)? }),
+            None => None,
+        };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -170,6 +183,14 @@ impl Activations {
             rows: factory.activations(&[num_logits, c.hidden_size])?,
             normed: t(c.hidden_size)?,
             ssm,
+            short_conv,
+        })
+    }
+
+    /// LFM2's short-convolution buffers, or an error for a model without them.
+    pub fn short_conv(&self) -> Result<&ShortConvActivations> {
+        self.short_conv.as_ref().ok_or_else(|| {
+            crate::error::WeftError::Unsupported("this model has no short-convolution activations".into())
         })
     }
 
@@ -202,6 +223,10 @@ impl Activations {
                     yn: t(&s.yn)?,
                     ssd: s.ssd.clone(),
                 }),
+                None => None,
+            },
+            short_conv: match &self.short_conv {
+                Some(s) => Some(ShortConvActivations { bcx: t(&s.bcx)?, y: t(&s.y)? }),
                 None => None,
             },
         })

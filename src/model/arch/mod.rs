@@ -7,6 +7,7 @@
 
 mod gemma3;
 mod granite_hybrid;
+mod lfm2;
 mod llama;
 mod mamba2;
 mod olmo2;
@@ -14,6 +15,7 @@ mod phi3;
 
 pub use gemma3::Gemma3Model;
 pub use granite_hybrid::GraniteHybridModel;
+pub use lfm2::Lfm2Model;
 pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 pub use olmo2::Olmo2Model;
@@ -41,6 +43,7 @@ pub const SUPPORTED: &[&str] = &[
     "mamba2",
     "granitehybrid",
     "granitemoehybrid",
+    "lfm2",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -112,6 +115,7 @@ fn load_layers(
         "granitehybrid" | "granitemoehybrid" => {
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
+        "lfm2" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }
