@@ -1310,4 +1310,30 @@ mod tests {
         };
         assert_eq!((factor, original_max_position_embeddings, attention_factor, truncate), (2.0, 64, 0.5, false));
     }
+
+    /// LFM2's config.json as `Lfm2Config` and `Lfm2MLP` read it: LFM2-1.2B's MLP width (12288
+    /// configured, 2/3 of it times 1.0 rounded up to a multiple of 256: 8192), attention layers
+    /// from `layer_types` or else `full_attn_idxs`, the conv window as each layer's state, and
+    /// convolution biases refused.
+    #[test]
+    fn hf_lfm2_config_is_read_as_transformers_reads_it() {
+        let lfm2 = |extra: &str| {
+            let json = format!(
+                r#"{{"model_type": "lfm2", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "num_hidden_layers": 4, "vocab_size": 65536, "intermediate_size": 12288,
+                    "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0, "conv_L_cache": 3{extra}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json)
+        };
+        let c = lfm2(r#", "layer_types": ["conv", "full_attention", "conv", "conv"]"#).unwrap();
+        assert_eq!((c.intermediate_size, c.head_dim, c.short_conv), (8192, 64, Some(3)));
+        assert_eq!(c.hybrid.as_ref().unwrap().attention_layers, [1]);
+        assert_eq!((c.num_recurrent_layers(), c.num_attention_layers()), (3, 1));
+        assert_eq!(c.layer_state(), Some(LayerState { conv_kernel: 3, conv_channels: 2048, ssm: None }));
+        assert_eq!(c.layer_state().unwrap().bytes(), 2 * 2048 * 4);
+        let c = lfm2(r#", "full_attn_idxs": [0, 2], "block_auto_adjust_ff_dim": false"#).unwrap();
+        assert_eq!((c.intermediate_size, c.hybrid.unwrap().attention_layers), (12288, vec![0, 2]));
+        let err = lfm2(r#", "conv_bias": true"#).unwrap_err().to_string();
+        assert!(err.contains("conv_bias is set"), "{err}");
+    }
 }
