@@ -4,10 +4,13 @@
 // leaving the window after its last token in its own slot (and in a snapshot slot when asked):
 //   y[t, c] = silu(bias[c] + Σ_j weight[c, j] · u[t - (kernel - 1) + j, c]),  j = 0..kernel
 // where u[t', c] for t' before the chunk comes from the slot (zero at position 0).
+// With `gated` (LFM2's short convolution) the row holds B, C and x side by side from x_offset,
+// u = B · x (what the window keeps) and y = C · (the sum), without the SiLU.
 //
 // Bindings (group 0)
 //   0 params      uniform     Params  mirrors gpu::kernels::ssm::ConvParams
-//   1 x           read        f32 (tokens, x_stride): u[t, c] = x[t, x_offset + c]
+//   1 x           read        f32 (tokens, x_stride): u[t, c] = x[t, x_offset + c] (gated:
+//                                   x[t, x_offset + c] · x[t, x_offset + 2 · channels + c])
 //   2 weight      read        f32 (channels, kernel)
 //   3 bias        read        f32 (channels)
 //   4 seqs        read        u32 (num_seqs, 6): first row, rows, own slot, start position,
@@ -24,6 +27,7 @@ struct Params {
     kernel: u32,
     x_stride: u32,
     x_offset: u32,
+    gated: u32,
 }
 
 const WG: u32 = 64u;
@@ -64,13 +68,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     for (var t = 0u; t < num_rows; t++) {
         let row = first_row + t;
-        let u = x[row * params.x_stride + params.x_offset + c];
+        let at = row * params.x_stride + params.x_offset + c;
+        var u = x[at];
+        if (params.gated != 0u) {
+            u *= x[at + 2u * params.channels];
+        }
         var acc = bias[c];
         for (var j = 0u; j < k1; j++) {
             acc += weight[c * params.kernel + j] * window[j];
         }
         acc += weight[c * params.kernel + k1] * u;
-        y[row * params.channels + c] = acc / (1.0 + exp(-acc));
+        if (params.gated != 0u) {
+            y[row * params.channels + c] = x[at + params.channels] * acc;
+        } else {
+            y[row * params.channels + c] = acc / (1.0 + exp(-acc));
+        }
         for (var j = 0u; j + 1u < k1; j++) {
             window[j] = window[j + 1u];
         }

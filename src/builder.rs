@@ -238,9 +238,8 @@ impl EngineBuilder {
     /// model without recurrent layers).
     fn state_slots(&self) -> Result<(usize, usize)> {
         let c = &self.files.config;
-        let Some(ssm) = c.ssm else { return Ok((0, 0)) };
-        let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
-        let slot_bytes = num_recurrent * ssm.layer_state_bytes();
+        let Some(layer) = c.layer_state() else { return Ok((0, 0)) };
+        let slot_bytes = c.num_recurrent_layers() * layer.bytes();
         let num_fitting = self.state_memory_bytes / slot_bytes.max(1);
         if num_fitting == 0 {
             return Err(WeftError::Unsupported(format!(
@@ -282,10 +281,9 @@ impl EngineBuilder {
         let workspace: u64 =
             shapes.iter().map(|m| GpuExecutor::workspace_bytes_estimate(m, max_tokens, max_seqs, split)).sum();
         let (num_slots, num_snapshots) = self.state_slots()?;
-        let state_bytes = c.ssm.map_or(0, |ssm| {
-            let num_recurrent = (0..c.num_layers).filter(|&i| c.is_recurrent(i)).count();
-            ((num_slots + num_snapshots) * num_recurrent * ssm.layer_state_bytes()) as u64
-        });
+        let state_bytes = c
+            .layer_state()
+            .map_or(0, |layer| ((num_slots + num_snapshots) * c.num_recurrent_layers() * layer.bytes()) as u64);
         let draft_weights = draft.map_or(0, |d| d.weight_bytes_estimate());
         let memory_bytes = match self.kv_memory_bytes {
             _ if target_block == 0 => None,

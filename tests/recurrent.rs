@@ -1,17 +1,20 @@
-//! Recurrent models against outside truth: `tests/fixtures/mamba2/` and
-//! `tests/fixtures/granite_hybrid/` hold a tiny random-weight `Mamba2ForCausalLM` and a dense
-//! Granite 4.0-H (`GraniteMoeHybridForCausalLM`: Mamba2, attention without RoPE, Mamba2) written
-//! by `tools/make_recurrent_fixtures.py` — each one's Hugging Face directory, the GGUF
-//! llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers' logits and greedy tokens.
+//! Recurrent models against outside truth: `tests/fixtures/mamba2/`,
+//! `tests/fixtures/granite_hybrid/` and `tests/fixtures/lfm2/` hold a tiny random-weight
+//! `Mamba2ForCausalLM`, a dense Granite 4.0-H (`GraniteMoeHybridForCausalLM`: Mamba2, attention
+//! without RoPE, Mamba2) and an `Lfm2ForCausalLM` (short convolution, attention, short
+//! convolution, attention) written by `tools/make_recurrent_fixtures.py` — each one's Hugging
+//! Face directory, the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers'
+//! logits and greedy tokens.
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
 //!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
 //!   with its own chunked scan (chunks of 4 here, so the short prompts hold several); both sum
 //!   in other orders, and on lavapipe the largest difference is about 1e-6 (printed), while a
 //!   wrong conv window, state, gate or multiplier moves logits by 1e-2 or more.
-//! - 12 greedy tokens (transformers' recurrent decode) are equal; a divergence is tolerated only
-//!   right after a step whose reference top-1/top-2 margin is below 1e-3 (a near-tie), after
-//!   which that prompt is no longer compared.
+//! - 12 greedy tokens (LFM2: 32 on 4 prompts; transformers' recurrent decode) are equal; a
+//!   divergence is tolerated only right after a step whose reference top-1/top-2 margin is below
+//!   1e-3 (a near-tie), after which that prompt is no longer compared. Where the fixture has
+//!   each step's top 20 logits (LFM2), those agree within 1e-4 too.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
 //!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
 //!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
@@ -27,11 +30,14 @@ use weft::step::{SeqStep, StepBatch};
 
 const BLOCK: usize = 16;
 
+/// The fixtures, by directory name.
+const FAMILIES: [&str; 3] = ["mamba2", "granite_hybrid", "lfm2"];
+
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
 }
 
-/// `path` in the fixture of `family` ("mamba2" or "granite_hybrid").
+/// `path` in the fixture of `family` (one of [`FAMILIES`]).
 fn fixture(family: &str, path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(family).join(path)
 }
@@ -86,8 +92,8 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
 }
 
-/// Every prompt prefilled in one step, then 11 decode steps of all of them together, scanned
-/// each way.
+/// Every prompt prefilled in one step, then a decode step of all of them together for each
+/// greedy token after the first, scanned each way.
 fn fidelity(family: &str, path: &str) {
     for scan in SCANS {
         fidelity_of(family, path, scan);
@@ -113,8 +119,17 @@ fn fidelity_of(family: &str, path: &str, scan: Option<usize>) {
     eprintln!("{path}: largest last-position logit difference {worst:e}");
     let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|p| u32s(&p["prompt_ids"])).collect();
     let mut live: Vec<bool> = vec![true; prompts.len()];
-    for n in 0..12 {
+    let num_greedy = prompts[0]["greedy_ids"].as_array().unwrap().len();
+    for n in 0..num_greedy {
         for (i, p) in prompts.iter().enumerate() {
+            if let (true, Some(steps)) = (live[i], p["greedy_top20"].as_array()) {
+                for entry in steps[n].as_array().unwrap() {
+                    let (id, want) = (entry[0].as_u64().unwrap() as usize, entry[1].as_f64().unwrap() as f32);
+                    let diff = (last[i][id] - want).abs();
+                    worst = worst.max(diff);
+                    assert!(diff < 1e-4, "{path}: prompt {i} step {n}: logit of token {id} differs by {diff}");
+                }
+            }
             let got = argmax(&last[i]);
             let want = u32s(&p["greedy_ids"])[n];
             if live[i] && got != want {
@@ -125,9 +140,13 @@ fn fidelity_of(family: &str, path: &str, scan: Option<usize>) {
             }
             tokens[i].push(got);
         }
+        if n + 1 == num_greedy {
+            break;
+        }
         let seqs = tokens.iter().enumerate().map(|(i, t)| step(i as u32, &t[t.len() - 1..], t.len() - 1, 1)).collect();
         last = logits(&exec, seqs);
     }
+    eprintln!("{path}: largest logit difference over prefill and decode {worst:e}");
 }
 
 #[test]
@@ -150,12 +169,22 @@ fn granite_hybrid_llama_cpp_gguf_matches_transformers() {
     fidelity("granite_hybrid", "model.gguf");
 }
 
+#[test]
+fn lfm2_hf_directory_matches_transformers() {
+    fidelity("lfm2", "hf");
+}
+
+#[test]
+fn lfm2_llama_cpp_gguf_matches_transformers() {
+    fidelity("lfm2", "model.gguf");
+}
+
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences
 /// (each prefilling or decoding in its own slot): the same logits bit for bit at the end of
 /// the prompt and for 4 decode steps after it.
 #[test]
 fn batch_and_chunk_invariance() {
-    for family in ["mamba2", "granite_hybrid"] {
+    for family in FAMILIES {
         for scan in SCANS {
             batch_and_chunk_invariance_of(family, scan);
         }
@@ -220,7 +249,7 @@ fn batch_and_chunk_invariance_of(family: &str, scan: Option<usize>) {
 /// tokens alone; at the end every state slot and block is free again.
 #[test]
 fn the_engine_batches_preempts_and_returns_every_slot() {
-    for family in ["mamba2", "granite_hybrid"] {
+    for family in FAMILIES {
         for scan in SCANS {
             engine_run(family, scan);
         }
@@ -292,7 +321,7 @@ fn engine_run(family: &str, scan: Option<usize>) {
 /// and generate exactly what an engine without the prefix cache generates.
 #[test]
 fn a_prefix_state_hit_equals_a_cold_run() {
-    for family in ["mamba2", "granite_hybrid"] {
+    for family in FAMILIES {
         for scan in SCANS {
             prefix_hit(family, scan);
         }

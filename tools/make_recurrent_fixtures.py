@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
 """Make the outside-truth fixtures of weft's recurrent-model tests: tiny random-weight models
-in transformers — a ``Mamba2ForCausalLM`` and a dense Granite 4.0-H
-(``GraniteMoeHybridForCausalLM``) — each saved as a Hugging Face directory and converted to GGUF
+in transformers — a ``Mamba2ForCausalLM``, a dense Granite 4.0-H
+(``GraniteMoeHybridForCausalLM``) and an LFM2 (``Lfm2ForCausalLM``) — each saved as a Hugging Face directory and converted to GGUF
 by llama.cpp's own ``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens.
 
-Writes ``tests/fixtures/mamba2/`` and ``tests/fixtures/granite_hybrid/``, each with:
+Writes ``tests/fixtures/mamba2/``, ``tests/fixtures/granite_hybrid/`` and ``tests/fixtures/lfm2/``,
+each with:
 
 ``hf/``            config.json, model.safetensors (f32), tokenizer.json.
 ``model.gguf``     the same model through ``convert_hf_to_gguf.py --outtype f32``.
 ``expected.json``  for a few prompts (token ids): the last prompt position's logits (the
                    prefill: transformers' chunked SSD scan for Mamba2 layers) and 12 greedy
                    tokens (``generate`` with its cache: the recurrent decode form), each step's
-                   top-1 margin.
+                   top-1 margin and top 20 (ids and logits). LFM2's: 4 prompts and 32
+                   greedy tokens.
 
 The models: hidden 64, Mamba2 mixers of 8 heads of 16 with state 16 in 2 groups, conv kernel 4,
 chunk size 8 (so transformers' prefill runs its SSD scan over several chunks), untied LM heads.
 Mamba2 has 2 layers. The Granite hybrid has 3 (Mamba2, attention with 4 heads / 2 KV heads and
 no RoPE, Mamba2), a shared MLP of 96, and multipliers far from 1 (embedding 12, residual 0.22,
-attention 1/16, logits divided by 6) so that a forgotten one shows.
+attention 1/16, logits divided by 6) so that a forgotten one shows. LFM2 has 4 layers (short
+convolution of 3, attention with 4 heads of 16 / 2 KV heads and RoPE, short convolution,
+attention), an MLP whose ``intermediate_size`` 45 becomes 32 by ``block_auto_adjust_ff_dim``
+(2/3 is 30, rounded up to ``block_multiple_of`` 32: weft's matmul reads rows in blocks of
+32), and tied embeddings.
 
 The tokenizer is a byte-level BPE trained here on a few sentences (the tests feed token ids;
 the engine only needs a tokenizer to exist). llama.cpp's converter identifies BPE pre-tokenizers
@@ -41,6 +47,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 
 PROMPTS = [[5, 17, 42, 9, 100], list(range(3, 20)), [(7 * i + 3) % 250 + 1 for i in range(33)]]
 NUM_GREEDY = 12
+# The newer fixtures' prompts and greedy run (issue 41's acceptance: 32 tokens on 4 prompts).
+PROMPTS_4 = PROMPTS + [[200, 11, 11, 57, 3, 280, 64, 90, 1]]
+NUM_GREEDY_32 = 32
 # The tokenizer's size is the model's: ids past a tokenizer would be generated but not
 # decodable. A multiple of 16, so llama.cpp's converter pads nothing; "<|padding|>" is in it
 # because transformers' GPT-NeoX tokenizer (Mamba2's) adds it otherwise.
@@ -106,6 +115,19 @@ def granite_hybrid(vocab: int):
     return GraniteMoeHybridForCausalLM(config)
 
 
+def lfm2(vocab: int):
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    config = Lfm2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=45, block_multiple_of=32, block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3, conv_bias=False,
+        norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
+        eos_token_id=0,
+    )
+    return Lfm2ForCausalLM(config)
+
+
 def respell_layer_types(hf: Path) -> None:
     """transformers 5 writes a Granite hybrid's layer types as "linear_attention" /
     "full_attention"; the published Granite 4.0-H checkpoints (and llama.cpp's converter, which
@@ -116,7 +138,7 @@ def respell_layer_types(hf: Path) -> None:
     (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make(name: str, build, llama_cpp: Path) -> None:
+def make(name: str, build, llama_cpp: Path, prompts=PROMPTS, num_greedy=NUM_GREEDY) -> None:
     out = FIXTURES / name
     hf = out / "hf"
     hf.mkdir(parents=True, exist_ok=True)
@@ -131,14 +153,19 @@ def make(name: str, build, llama_cpp: Path) -> None:
     expected = {"meta": {"generator": "tools/make_recurrent_fixtures.py", "transformers": __import__("transformers").__version__,
                          "torch": torch.__version__, "vocab_size": vocab}, "prompts": []}
     with torch.no_grad():
-        for ids in PROMPTS:
+        for ids in prompts:
             logits = model(torch.tensor([ids])).logits[0, -1]
-            out_ids = model.generate(torch.tensor([ids]), max_new_tokens=NUM_GREEDY, do_sample=False,
+            # Every prompt token is attended, the pad id too (generate would mask it otherwise).
+            out_ids = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=num_greedy, do_sample=False,
                                      output_logits=True, return_dict_in_generate=True, eos_token_id=None)
             greedy = out_ids.sequences[0, len(ids):].tolist()
-            margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in (s[0] for s in out_ids.logits)]
+            steps = [s[0] for s in out_ids.logits]
+            margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in steps]
+            top20 = [[[int(i), round(float(v[i]), 6)] for i in v.topk(20).indices] for v in steps]
             expected["prompts"].append({"prompt_ids": ids, "last_logits": [round(float(v), 6) for v in logits],
-                                        "greedy_ids": greedy, "greedy_margins": [round(m, 5) for m in margins]})
+                                        "greedy_ids": greedy, "greedy_margins": [round(m, 5) for m in margins],
+                                        "greedy_top20": top20})
     (out / "expected.json").write_text(json.dumps(expected) + "\n")
 
     # llama.cpp's converter, unchanged but for naming the toy tokenizer's pre-tokenizer.
@@ -153,13 +180,15 @@ def make(name: str, build, llama_cpp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=["mamba2", "granite_hybrid"], help="make one fixture")
+    parser.add_argument("--only", choices=["mamba2", "granite_hybrid", "lfm2"], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
     for name, build in [("mamba2", mamba2), ("granite_hybrid", granite_hybrid)]:
         if args.only in (None, name):
             make(name, build, args.llama_cpp)
+    if args.only in (None, "lfm2"):
+        make("lfm2", lfm2, args.llama_cpp, PROMPTS_4, NUM_GREEDY_32)
 
 
 if __name__ == "__main__":

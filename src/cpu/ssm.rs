@@ -1,28 +1,51 @@
 //! Plain-loop CPU versions of the Mamba2 kernels (`shaders/ssm_*.wgsl`, `gated_rms_norm.wgsl`),
 //! one sequence at a time, following transformers' `modeling_mamba2.py` (its recurrent form:
-//! `causal_conv1d_update` and `mamba2_selective_state_update`). Sums are carried in f64.
+//! `causal_conv1d_update` and `mamba2_selective_state_update`), and of LFM2's gated short
+//! convolution (`modeling_lfm2.py`), which `ssm_conv` also runs. Sums are carried in f64.
 
 /// The causal depthwise convolution with SiLU, continuing `conv_state` (kernel - 1, channels),
 /// the inputs before `u`'s first row, and leaving the last kernel - 1 inputs there.
 /// u (num_rows, channels), weight (channels, kernel), bias (channels) -> (num_rows, channels).
 pub fn conv1d_silu(u: &[f32], weight: &[f32], bias: &[f32], kernel: usize, conv_state: &mut [f32]) -> Vec<f32> {
-    let channels = bias.len();
+    let sums = conv1d(u, weight, Some(bias), kernel, conv_state);
+    sums.iter().map(|&acc| (acc / (1.0 + (-acc).exp())) as f32).collect()
+}
+
+/// LFM2's gated short convolution (transformers' `Lfm2ShortConv` between its projections):
+/// each row of `bcx` (num_rows, 3 · channels) holds B, C and x side by side, and
+/// `y = C · conv(B · x)` with no bias and no activation, continuing `conv_state` (kernel - 1,
+/// channels) of past B · x and leaving the last kernel - 1 there. weight (channels, kernel)
+/// -> (num_rows, channels).
+pub fn short_conv(bcx: &[f32], weight: &[f32], kernel: usize, conv_state: &mut [f32]) -> Vec<f32> {
+    let channels = weight.len() / kernel;
+    let rows = || bcx.chunks(3 * channels);
+    // B · x rounded to f32, as transformers and the kernel keep it in the window.
+    let bx: Vec<f32> = rows().flat_map(|r| (0..channels).map(move |c| r[c] * r[2 * channels + c])).collect();
+    let sums = conv1d(&bx, weight, None, kernel, conv_state);
+    let gates = rows().flat_map(|r| r[channels..2 * channels].iter());
+    sums.iter().zip(gates).map(|(&acc, &gate)| (f64::from(gate) * acc) as f32).collect()
+}
+
+/// The sums of the causal depthwise convolution (f64), continuing and leaving `conv_state` as
+/// [`conv1d_silu`] does.
+fn conv1d(u: &[f32], weight: &[f32], bias: Option<&[f32]>, kernel: usize, conv_state: &mut [f32]) -> Vec<f64> {
+    let channels = weight.len() / kernel;
     let num_rows = u.len() / channels;
     // (num_past + num_rows, channels): the window then the new inputs.
     let mut all = conv_state.to_vec();
     all.extend_from_slice(u);
-    let mut y = vec![0.0; u.len()];
+    let mut sums = vec![0.0; u.len()];
     for t in 0..num_rows {
         for c in 0..channels {
-            let mut acc = f64::from(bias[c]);
+            let mut acc = bias.map_or(0.0, |b| f64::from(b[c]));
             for j in 0..kernel {
                 acc += f64::from(weight[c * kernel + j]) * f64::from(all[(t + j) * channels + c]);
             }
-            y[t * channels + c] = (acc / (1.0 + (-acc).exp())) as f32;
+            sums[t * channels + c] = acc;
         }
     }
     conv_state.copy_from_slice(&all[num_rows * channels..]);
-    y
+    sums
 }
 
 /// Shapes of one Mamba2 scan.

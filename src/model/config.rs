@@ -123,8 +123,11 @@ pub struct ModelConfig {
     pub query_pre_attn_scalar: Option<f32>,
     /// The Mamba2 mixer's shape, for models with state-space layers (mamba2, granitehybrid).
     pub ssm: Option<SsmConfig>,
-    /// Granite 4.0-H: which layers attend.
+    /// Granite 4.0-H, LFM2: which layers attend.
     pub hybrid: Option<HybridConfig>,
+    /// LFM2: the window of its short convolutions (transformers' `conv_L_cache`, llama.cpp's
+    /// `shortconv.l_cache`) over hidden_size channels, in every layer that does not attend.
+    pub short_conv: Option<usize>,
     /// Granite's four multipliers (Granite 3.x dense, Granite 4.0-H); `None`: all neutral.
     pub multipliers: Option<Multipliers>,
     /// Layers whose attention rotates nothing (NoPE: SmolLM3's every fourth layer, transformers'
@@ -199,12 +202,12 @@ impl Pooling {
     }
 }
 
-/// What a Granite 4.0-H hybrid adds (transformers' `GraniteMoeHybridConfig`, llama.cpp's
-/// `granitehybrid`): attention layers among Mamba2 ones (its multipliers are
-/// [`ModelConfig::multipliers`]).
+/// What a hybrid adds: attention layers among recurrent ones — Mamba2 in Granite 4.0-H
+/// (transformers' `GraniteMoeHybridConfig`, llama.cpp's `granitehybrid`; its multipliers are
+/// [`ModelConfig::multipliers`]), short convolutions in LFM2 ([`ModelConfig::short_conv`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HybridConfig {
-    /// The layers with attention (and a KV cache); every other layer is a Mamba2 layer.
+    /// The layers with attention (and a KV cache); every other layer is a recurrent one.
     pub attention_layers: Vec<usize>,
     /// Attention layers rotate q and k (RoPE); Granite 4.0-H's do not (NoPE).
     pub use_rope: bool,
@@ -252,16 +255,30 @@ impl SsmConfig {
     pub fn in_proj_size(&self) -> usize {
         self.inner_size() + self.conv_channels() + self.num_heads
     }
+}
 
-    /// Bytes of one sequence's state in one layer (conv window and SSM state, f32).
-    pub fn layer_state_bytes(&self) -> usize {
+/// What one recurrent layer keeps per sequence in its state slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerState {
+    /// The conv window: `conv_kernel - 1` past inputs of `conv_channels` channels.
+    pub conv_kernel: usize,
+    pub conv_channels: usize,
+    /// Mamba2's SSM state (heads, head_dim, state_size); `None` for LFM2's short convolutions,
+    /// whose window is their whole state.
+    pub ssm: Option<[usize; 3]>,
+}
+
+impl LayerState {
+    /// Bytes of one sequence's state in one layer (f32).
+    pub fn bytes(&self) -> usize {
+        let [heads, head_dim, state_size] = self.ssm.unwrap_or([0; 3]);
         crate::kv::RecurrentStateConfig::slot_size_bytes(
             1,
             self.conv_kernel,
-            self.conv_channels(),
-            self.num_heads,
-            self.head_dim,
-            self.state_size,
+            self.conv_channels,
+            heads,
+            head_dim,
+            state_size,
         )
     }
 }
@@ -407,11 +424,19 @@ impl ModelConfig {
         // llama.cpp writes whether a Granite uses RoPE as rope.scaling.finetuned (a hybrid's
         // default: no; a dense Granite's: yes).
         let granite_rope = gguf.get_bool(&format!("{arch}.rope.scaling.finetuned"));
+        let attention_layers = |per_layer: &[i64]| (0..per_layer.len()).filter(|&i| per_layer[i] > 0).collect();
         let hybrid = match (&kv_heads_per_layer, arch.as_str()) {
             (Some(per_layer), "granitehybrid") => Some(HybridConfig {
-                attention_layers: (0..per_layer.len()).filter(|&i| per_layer[i] > 0).collect(),
+                attention_layers: attention_layers(per_layer),
                 use_rope: granite_rope.unwrap_or(false),
             }),
+            // LFM2: 0 KV heads marks a short-convolution layer.
+            (Some(per_layer), "lfm2") => {
+                Some(HybridConfig { attention_layers: attention_layers(per_layer), use_rope: true })
+            }
+            (None, "lfm2") => {
+                Some(HybridConfig { attention_layers: (0..int("block_count")?).collect(), use_rope: true })
+            }
             _ => None,
         };
         let multipliers = match arch.as_str() {
@@ -485,7 +510,8 @@ impl ModelConfig {
             tie_word_embeddings: gguf.tensor("output.weight").is_none(),
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
-            qk_norm: gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
+            // LFM2's layer 0 may be a convolution; its attention always norms q and k.
+            qk_norm: arch == "lfm2" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
             sliding_window_pattern: (arch == "gemma3").then_some(6),
@@ -493,6 +519,7 @@ impl ModelConfig {
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
             hybrid,
+            short_conv: if arch == "lfm2" { Some(int("shortconv.l_cache")?) } else { None },
             multipliers,
             no_rope_layers,
             pooling: match gguf.get_u64(&format!("{arch}.pooling_type")) {
@@ -597,6 +624,9 @@ impl ModelConfig {
         }
         if arch == "granitemoehybrid" {
             return Self::granite_hybrid_from_hf(file, &v);
+        }
+        if arch == "lfm2" {
+            return Self::lfm2_from_hf(file, &v);
         }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
@@ -727,6 +757,7 @@ impl ModelConfig {
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            short_conv: None,
             multipliers,
             no_rope_layers,
             pooling: None,
@@ -795,6 +826,7 @@ impl ModelConfig {
             query_pre_attn_scalar: Some(v["query_pre_attn_scalar"].as_f64().unwrap_or(head_dim as f64) as f32),
             ssm: None,
             hybrid: None,
+            short_conv: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -859,6 +891,7 @@ impl ModelConfig {
                     .collect(),
                 use_rope: v["position_embedding_type"].as_str() == Some("rope"),
             }),
+            short_conv: None,
             multipliers: Some(Multipliers {
                 embedding: float("embedding_multiplier", 1.0),
                 residual: float("residual_multiplier", 1.0),
@@ -868,6 +901,72 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe: None,
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Lfm2Config`: attention layers (`layer_types` "full_attention", or
+    /// `full_attn_idxs`) among short convolutions, and the MLP width `Lfm2MLP` derives from
+    /// `intermediate_size` (as llama.cpp's converter writes it).
+    fn lfm2_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let refuse = |detail: &str| Err(WeftError::model(file, detail.to_string()));
+        if v["conv_bias"].as_bool() == Some(true) {
+            return refuse("conv_bias is set; weft runs LFM2's convolutions and their projections without biases");
+        }
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let num_layers = int("num_hidden_layers")?;
+        let attention_layers: Vec<usize> = match (v["layer_types"].as_array(), v["full_attn_idxs"].as_array()) {
+            (Some(types), _) => {
+                (0..num_layers).filter(|&i| types.get(i).and_then(Value::as_str) != Some("conv")).collect()
+            }
+            (None, Some(idxs)) => idxs.iter().filter_map(|i| i.as_u64().map(|i| i as usize)).collect(),
+            (None, None) => (0..num_layers).collect(),
+        };
+        // `Lfm2MLP`: 2/3 of the configured width, times block_ffn_dim_multiplier, rounded up to
+        // a multiple of block_multiple_of.
+        let mut intermediate_size = int("block_ff_dim").or_else(|_| int("intermediate_size"))?;
+        if v["block_auto_adjust_ff_dim"].as_bool().unwrap_or(true) {
+            intermediate_size = 2 * intermediate_size / 3;
+            if let Some(multiplier) = v["block_ffn_dim_multiplier"].as_f64() {
+                intermediate_size = (multiplier * intermediate_size as f64) as usize;
+                let multiple = v["block_multiple_of"].as_u64().unwrap_or(256).max(1) as usize;
+                intermediate_size = intermediate_size.div_ceil(multiple) * multiple;
+            }
+        }
+        let rope_theta = v["rope_parameters"]["rope_theta"].as_f64().or_else(|| v["rope_theta"].as_f64());
+        if let Some(kind) = v["rope_parameters"]["rope_type"].as_str().filter(|t| *t != "default") {
+            return refuse(&format!("rope_parameters.rope_type {kind:?} is not supported for LFM2"));
+        }
+        let config = ModelConfig {
+            architecture: "lfm2".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim: hidden_size / num_heads.max(1),
+            rotary_dim: None,
+            rms_norm_eps: v["norm_eps"].as_f64().unwrap_or(1e-5) as f32,
+            rope_theta: rope_theta.unwrap_or(1e6) as f32,
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(128_000),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().or(v["tie_embedding"].as_bool()).unwrap_or(true),
+            attention_bias: false,
+            sliding_window: None,
+            qk_norm: true,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: Some(HybridConfig { attention_layers, use_rope: true }),
+            short_conv: Some(int("conv_L_cache").unwrap_or(3)),
+            multipliers: None,
+            no_rope_layers: Vec::new(),
+            pooling: None,
         };
         config.check(file)?;
         Ok(config)
@@ -911,6 +1010,7 @@ impl ModelConfig {
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             hybrid: None,
+            short_conv: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -927,9 +1027,30 @@ impl ModelConfig {
         Ok(config)
     }
 
-    /// Whether layer `layer` is a state-space (Mamba2) layer rather than attention.
+    /// Whether layer `layer` is a recurrent layer (Mamba2, or LFM2's short convolution) rather
+    /// than attention.
     pub fn is_recurrent(&self, layer: usize) -> bool {
-        self.ssm.is_some() && !self.hybrid.as_ref().is_some_and(|h| h.attention_layers.contains(&layer))
+        self.layer_state().is_some() && !self.hybrid.as_ref().is_some_and(|h| h.attention_layers.contains(&layer))
+    }
+
+    /// Layers with a recurrent-state slot.
+    pub fn num_recurrent_layers(&self) -> usize {
+        (0..self.num_layers).filter(|&i| self.is_recurrent(i)).count()
+    }
+
+    /// What each recurrent layer keeps per sequence; `None` for a model without them.
+    pub fn layer_state(&self) -> Option<LayerState> {
+        match (self.ssm, self.short_conv) {
+            (Some(ssm), _) => Some(LayerState {
+                conv_kernel: ssm.conv_kernel,
+                conv_channels: ssm.conv_channels(),
+                ssm: Some([ssm.num_heads, ssm.head_dim, ssm.state_size]),
+            }),
+            (None, Some(kernel)) => {
+                Some(LayerState { conv_kernel: kernel, conv_channels: self.hidden_size, ssm: None })
+            }
+            (None, None) => None,
+        }
     }
 
     /// Layers with attention (and so a KV cache).
@@ -1007,6 +1128,17 @@ impl ModelConfig {
             }
             if self.num_attention_layers() == 0 {
                 return Ok(());
+            }
+        }
+        if let Some(kernel) = self.short_conv {
+            if !(2..=crate::gpu::kernels::ssm::MAX_CONV_KERNEL).contains(&kernel) {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "a short convolution of {kernel}; weft runs 2 to {}",
+                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL
+                    ),
+                ));
             }
         }
         let ok = self.num_heads > 0
@@ -1180,6 +1312,7 @@ mod tests {
             query_pre_attn_scalar: None,
             ssm: None,
             hybrid: None,
+            short_conv: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -1305,5 +1438,31 @@ mod tests {
             panic!("not YaRN")
         };
         assert_eq!((factor, original_max_position_embeddings, attention_factor, truncate), (2.0, 64, 0.5, false));
+    }
+
+    /// LFM2's config.json as `Lfm2Config` and `Lfm2MLP` read it: LFM2-1.2B's MLP width (12288
+    /// configured, 2/3 of it times 1.0 rounded up to a multiple of 256: 8192), attention layers
+    /// from `layer_types` or else `full_attn_idxs`, the conv window as each layer's state, and
+    /// convolution biases refused.
+    #[test]
+    fn hf_lfm2_config_is_read_as_transformers_reads_it() {
+        let lfm2 = |extra: &str| {
+            let json = format!(
+                r#"{{"model_type": "lfm2", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "num_hidden_layers": 4, "vocab_size": 65536, "intermediate_size": 12288,
+                    "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0, "conv_L_cache": 3{extra}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json)
+        };
+        let c = lfm2(r#", "layer_types": ["conv", "full_attention", "conv", "conv"]"#).unwrap();
+        assert_eq!((c.intermediate_size, c.head_dim, c.short_conv), (8192, 64, Some(3)));
+        assert_eq!(c.hybrid.as_ref().unwrap().attention_layers, [1]);
+        assert_eq!((c.num_recurrent_layers(), c.num_attention_layers()), (3, 1));
+        assert_eq!(c.layer_state(), Some(LayerState { conv_kernel: 3, conv_channels: 2048, ssm: None }));
+        assert_eq!(c.layer_state().unwrap().bytes(), 2 * 2048 * 4);
+        let c = lfm2(r#", "full_attn_idxs": [0, 2], "block_auto_adjust_ff_dim": false"#).unwrap();
+        assert_eq!((c.intermediate_size, c.hybrid.unwrap().attention_layers), (12288, vec![0, 2]));
+        let err = lfm2(r#", "conv_bias": true"#).unwrap_err().to_string();
+        assert!(err.contains("conv_bias is set"), "{err}");
     }
 }

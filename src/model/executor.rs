@@ -317,6 +317,7 @@ impl GpuExecutor {
             + attention_partials_cols(split_attention, c.num_heads, c.head_dim)
             + 3 * c.intermediate_size
             + c.ssm.map_or(0, |s| s.in_proj_size() + s.conv_channels() + 2 * s.inner_size())
+            + c.short_conv.map_or(0, |_| 4 * c.hidden_size)
             + 8;
         let logits = max_seqs.max(1);
         let row_cols = c.hidden_size + c.vocab_size + c.vocab_size.div_ceil(32) + 64;

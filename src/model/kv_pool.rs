@@ -1,6 +1,6 @@
 //! The GPU memory behind the paged KV cache (one K and one V tensor per attention layer) and
-//! behind the recurrent-state slots of state-space layers (one conv-window and one SSM-state
-//! tensor per recurrent layer). `kv::` decides which blocks and slots a sequence holds; the
+//! behind the recurrent-state slots of recurrent layers (one conv-window tensor per recurrent
+//! layer, and one SSM-state tensor per Mamba2 layer). `kv::` decides which blocks and slots a sequence holds; the
 //! executor owns this pool and only follows the tables.
 
 use crate::error::{Result, WeftError};
@@ -27,14 +27,23 @@ pub struct KvPool {
 pub struct StatePool {
     config: RecurrentStateConfig,
     conv: Vec<Option<GpuTensor>>, // per layer: (slots + snapshots, conv_kernel - 1, conv_channels) F32
-    ssm: Vec<Option<GpuTensor>>,  // per layer: (slots + snapshots, heads, head_dim, state_size) F32
+    ssm: Vec<Option<GpuTensor>>,  // per Mamba2 layer: (slots + snapshots, heads, head_dim, state_size) F32
 }
 
 impl StatePool {
-    /// Layer `layer`'s (conv window, SSM state) tensors; an error for an attention layer.
+    /// Mamba2 layer `layer`'s (conv window, SSM state) tensors; an error for any other layer.
     pub fn layer(&self, layer: usize) -> Result<(&GpuTensor, &GpuTensor)> {
         match (self.conv.get(layer), self.ssm.get(layer)) {
             (Some(Some(conv)), Some(Some(ssm))) => Ok((conv, ssm)),
+            _ => Err(WeftError::Unsupported(format!("layer {layer} has no Mamba2 state"))),
+        }
+    }
+
+    /// Layer `layer`'s conv window (LFM2's short convolutions keep nothing else); an error for
+    /// an attention layer.
+    pub fn conv(&self, layer: usize) -> Result<&GpuTensor> {
+        match self.conv.get(layer) {
+            Some(Some(conv)) => Ok(conv),
             _ => Err(WeftError::Unsupported(format!("layer {layer} has no recurrent state"))),
         }
     }
@@ -59,22 +68,23 @@ impl KvPool {
             k.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
             v.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
         }
-        let states = match model.ssm {
-            Some(ssm) => {
+        let states = match model.layer_state() {
+            Some(shape) => {
                 let (mut conv, mut states) = (Vec::new(), Vec::new());
-                let mut num_recurrent = 0;
                 let rows = num_state_slots + num_snapshot_slots;
                 for layer in 0..model.num_layers {
                     let recurrent = model.is_recurrent(layer);
-                    num_recurrent += usize::from(recurrent);
                     let zeros = |shape: &[usize]| recurrent.then(|| factory.zeros(shape, DType::F32)).transpose();
-                    conv.push(zeros(&[rows, ssm.conv_kernel - 1, ssm.conv_channels()])?);
-                    states.push(zeros(&[rows, ssm.num_heads, ssm.head_dim, ssm.state_size])?);
+                    conv.push(zeros(&[rows, shape.conv_kernel - 1, shape.conv_channels])?);
+                    states.push(match shape.ssm {
+                        Some([heads, head_dim, state_size]) => zeros(&[rows, heads, head_dim, state_size])?,
+                        None => None,
+                    });
                 }
                 let config = RecurrentStateConfig {
                     num_slots: num_state_slots,
                     num_snapshot_slots,
-                    slot_size_bytes: num_recurrent * ssm.layer_state_bytes(),
+                    slot_size_bytes: model.num_recurrent_layers() * shape.bytes(),
                     // The executor reports its own scan chunk.
                     scan_chunk_tokens: 1,
                 };

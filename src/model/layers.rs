@@ -2,8 +2,9 @@
 //! projection (one or several weight matrices written side by side, optional bias),
 //! self-[`Attention`] over the paged KV cache with RoPE (and optional q/k norms, per head or
 //! over the whole projection), the gated [`Mlp`] (SwiGLU or GeGLU), and the Mamba2
-//! [`SsmMixer`] over a sequence's recurrent-state slot, and the mixture-of-experts [`MoeMlp`].
-//! An architecture file composes them top to bottom.
+//! [`SsmMixer`] over a sequence's recurrent-state slot (LFM2's short convolution, used by one
+//! architecture, is in `arch::lfm2`), and the mixture-of-experts [`MoeMlp`]. An architecture
+//! file composes them top to bottom.
 //!
 //! Projections of the same input run as one: q, k and v land side by side in one `qkv` row
 //! (one matmul when the checkpoint's tensors share a format), gate and up in one `gate_up` row;
@@ -25,7 +26,7 @@ use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, pa
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::kernels::ssm::{
-    ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
+    ConvForm, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
@@ -124,6 +125,8 @@ pub struct Activations {
     pub ssm: Option<SsmActivations>,
     /// The experts' buffers, for mixture-of-experts models.
     pub moe: Option<MoeActivations>,
+    /// LFM2's short convolutions' buffers.
+    pub short_conv: Option<ShortConvActivations>,
 }
 
 /// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
@@ -133,6 +136,12 @@ pub struct MoeActivations {
     pub weights: GpuTensor, // (tokens, experts_per_token): each slot's weight
     pub act: GpuTensor,     // (tokens · experts_per_token, expert intermediate): gated
     pub out: GpuTensor,     // (tokens · experts_per_token, hidden): each slot's expert output
+}
+
+/// The buffers of an LFM2 short convolution.
+pub struct ShortConvActivations {
+    pub bcx: GpuTensor, // (tokens, 3 · hidden): in_proj's B, C, x
+    pub y: GpuTensor,   // (tokens, hidden): C · conv(B · x)
 }
 
 /// The buffers of a Mamba2 mixer.
@@ -189,6 +198,10 @@ impl Activations {
         };
         // A mixture-of-experts model has no dense MLP (its layers are all sparse).
         let dense_mlp = if c.moe.is_some() { 0 } else { c.intermediate_size };
+        let short_conv = match c.short_conv {
+            Some(_) => Some(ShortConvActivations { bcx: t(3 * c.hidden_size)?, y: t(c.hidden_size)? }),
+            None => None,
+        };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -202,6 +215,14 @@ impl Activations {
             normed: t(c.hidden_size)?,
             ssm,
             moe,
+            short_conv,
+        })
+    }
+
+    /// LFM2's short-convolution buffers, or an error for a model without them.
+    pub fn short_conv(&self) -> Result<&ShortConvActivations> {
+        self.short_conv.as_ref().ok_or_else(|| {
+            crate::error::WeftError::Unsupported("this model has no short-convolution activations".into())
         })
     }
 
@@ -254,6 +275,10 @@ impl Activations {
                         out: m.out.slice_rows(0..slots)?,
                     })
                 }
+                None => None,
+            },
+            short_conv: match &self.short_conv {
+                Some(s) => Some(ShortConvActivations { bcx: t(&s.bcx)?, y: t(&s.y)? }),
                 None => None,
             },
         })
@@ -451,7 +476,7 @@ impl SsmMixer {
         // z, xBC, dt side by side.
         self.in_proj.forward(ctx, rec, &a.xn, &acts.zxbcdt)?;
         let (w, b, seqs) = (&self.conv_weight, &self.conv_bias, &inputs.seq_states);
-        ssm_conv(ctx, rec, &acts.zxbcdt, inner, w, b, seqs, conv_state, &acts.xbc)?;
+        ssm_conv(ctx, rec, &acts.zxbcdt, inner, ConvForm::Silu, w, b, seqs, conv_state, &acts.xbc)?;
         let shape = scan_shape(&s);
         let weights = ScanWeights { a: &self.a, d: &self.d, dt_bias: &self.dt_bias };
         let (dt, dt_offset) = (&acts.zxbcdt, inner + channels);

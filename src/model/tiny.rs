@@ -34,6 +34,7 @@ pub fn tiny_config() -> ModelConfig {
         query_pre_attn_scalar: None,
         ssm: None,
         hybrid: None,
+        short_conv: None,
         multipliers: None,
         no_rope_layers: Vec::new(),
         pooling: None,

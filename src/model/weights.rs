@@ -122,6 +122,59 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
     }
 }
 
+/// LFM2's name of the tensor the Llama family calls `name`, where they differ (its norms,
+/// attention output and MLP in transformers' naming; its final norm in llama.cpp's, which the
+/// converter writes as `token_embd_norm`). The short-convolution tensors, which the Llama
+/// family lacks, are named in `arch::lfm2`.
+pub fn lfm2_name(checkpoint: Checkpoint, name: &str) -> Option<String> {
+    const HF: [(&str, &str); 8] = [
+        ("input_layernorm.weight", "operator_norm.weight"),
+        ("post_attention_layernorm.weight", "ffn_norm.weight"),
+        ("self_attn.o_proj.weight", "self_attn.out_proj.weight"),
+        ("self_attn.q_norm.weight", "self_attn.q_layernorm.weight"),
+        ("self_attn.k_norm.weight", "self_attn.k_layernorm.weight"),
+        ("mlp.gate_proj.weight", "feed_forward.w1.weight"),
+        ("mlp.up_proj.weight", "feed_forward.w3.weight"),
+        ("mlp.down_proj.weight", "feed_forward.w2.weight"),
+    ];
+    match checkpoint {
+        Checkpoint::Gguf => (name == "output_norm.weight").then(|| "token_embd_norm.weight".to_string()),
+        Checkpoint::HuggingFace if name == "model.norm.weight" => Some("model.embedding_norm.weight".to_string()),
+        Checkpoint::HuggingFace => HF.iter().find_map(|(llama, lfm2)| {
+            let prefix = name.strip_suffix(llama)?;
+            Some(format!("{prefix}{lfm2}"))
+        }),
+    }
+}
+
+/// A source asked for tensors by the Llama family's names that reads them under an
+/// architecture's own: `rename` gives the checkpoint's name where it differs.
+pub struct Renamed<'a> {
+    pub source: &'a dyn WeightSource,
+    pub rename: fn(Checkpoint, &str) -> Option<String>,
+}
+
+impl WeightSource for Renamed<'_> {
+    fn checkpoint(&self) -> Checkpoint {
+        self.source.checkpoint()
+    }
+
+    fn file(&self) -> &str {
+        self.source.file()
+    }
+
+    fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>> {
+        match (self.rename)(self.checkpoint(), name) {
+            Some(own) => self.source.get(&own),
+            None => self.source.get(name),
+        }
+    }
+
+    fn release_pages(&self) {
+        self.source.release_pages()
+    }
+}
+
 /// A tensor as a checkpoint holds it on the host, shape outermost first.
 pub struct HostTensor<'a> {
     pub shape: Vec<usize>,

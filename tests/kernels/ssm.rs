@@ -1,12 +1,12 @@
-//! The Mamba2 kernels against the CPU (`weft::cpu::ssm`): the conv with its window, the
-//! selective scan with its state, the gated norm. Sequences of different lengths share a
+//! The Mamba2 kernels against the CPU (`weft::cpu::ssm`): the conv with its window (also in
+//! LFM2's gated form), the selective scan with its state, the gated norm. Sequences of different lengths share a
 //! dispatch, some continuing a state and some starting at position 0 over a slot's stale
 //! contents; a sequence gives the same bits alone or batched, and chunked or in one pass.
 
 use weft::DType;
 use weft::gpu::kernels::ssm::{
-    NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan,
-    ssm_conv, ssm_scan,
+    ConvForm, NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm,
+    ssd_scan, ssm_conv, ssm_scan,
 };
 use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
@@ -68,16 +68,31 @@ fn gpu_conv(
     bias: &[f32],
     state: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
-    let rows = x.len() / X_STRIDE;
-    let xt = f.upload_f32(&[rows, X_STRIDE], x).unwrap();
-    let wt = f.upload_f32(&[CHANNELS, KERNEL], w).unwrap();
+    gpu_conv_of(f, ConvForm::Silu, X_STRIDE, seqs, x, w, bias, state)
+}
+
+/// [`gpu_conv`] in `form`, with rows of `stride` columns.
+#[allow(clippy::too_many_arguments)]
+fn gpu_conv_of(
+    f: &GpuTensorFactory,
+    form: ConvForm,
+    stride: usize,
+    seqs: &[Seq],
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let (rows, kernel) = (x.len() / stride, w.len() / CHANNELS);
+    let xt = f.upload_f32(&[rows, stride], x).unwrap();
+    let wt = f.upload_f32(&[CHANNELS, kernel], w).unwrap();
     let bt = f.upload_f32(&[CHANNELS], bias).unwrap();
-    let st = f.upload_f32(&[state.len() / ((KERNEL - 1) * CHANNELS), KERNEL - 1, CHANNELS], state).unwrap();
+    let st = f.upload_f32(&[state.len() / ((kernel - 1) * CHANNELS), kernel - 1, CHANNELS], state).unwrap();
     let yt = f.zeros(&[rows, CHANNELS], DType::F32).unwrap();
     let table = seq_table(f, seqs);
     let mut rec = Recording::new();
     let s = SeqStates { seqs: &table, num_seqs: seqs.len() };
-    ssm_conv(ctx(f), &mut rec, &xt, X_OFFSET, &wt, &bt, &s, &st, &yt).unwrap();
+    ssm_conv(ctx(f), &mut rec, &xt, X_OFFSET, form, &wt, &bt, &s, &st, &yt).unwrap();
     run(f, &rec);
     (read_f32(f, &yt), read_f32(f, &st))
 }
@@ -224,6 +239,55 @@ fn ssm_conv_matches_cpu_and_leaves_the_window() {
         );
     }
     assert!(new_state[slot_len..2 * slot_len] == state[slot_len..2 * slot_len], "a slot nobody holds is untouched");
+}
+
+/// LFM2's gated short convolution (kernel 3, no bias: a zero one), B, C and x read out of a
+/// wider row: y = C · conv(B · x) as the CPU computes it, the window holding the products, and
+/// a restored snapshot continued as the plain form continues it.
+/// Tolerance: one f64-exact sum of 3 products of products, rounded a few times in f32, then
+/// times C: 16·u relative to the sum of |terms| times |C|, with |B · x| < 4 and |w| < 1 here.
+#[test]
+fn ssm_conv_gated_matches_cpu_short_conv() {
+    let Some(f) = gpu() else { return };
+    const L: usize = 3;
+    let stride = X_OFFSET + 3 * CHANNELS + 2;
+    let mut seqs = mixed_step();
+    seqs.push(Seq { read: Some(5), save: Some(1), ..seq(4, 4, 6) });
+    let rows: usize = seqs.iter().map(|s| s.num_rows).sum();
+    let x = random(rows * stride, 91, 2.0);
+    let w = random(CHANNELS * L, 92, 1.0);
+    let zero_bias = vec![0.0; CHANNELS];
+    let slot_len = (L - 1) * CHANNELS;
+    let state = random(6 * slot_len, 94, 4.0);
+    let (y, new_state) = gpu_conv_of(f, ConvForm::Gated, stride, &seqs, &x, &w, &zero_bias, &state);
+    for (i, s) in seqs.iter().enumerate() {
+        let bcx: Vec<f32> = rows_of(&x, &seqs, i, stride)
+            .chunks(stride)
+            .flat_map(|r| r[X_OFFSET..X_OFFSET + 3 * CHANNELS].to_vec())
+            .collect();
+        let read = s.read.unwrap_or(s.slot);
+        let mut window =
+            if s.start_pos == 0 { vec![0.0; slot_len] } else { state[read * slot_len..(read + 1) * slot_len].to_vec() };
+        let want = weft::cpu::ssm::short_conv(&bcx, &w, L, &mut window);
+        let got = rows_of(&y, &seqs, i, CHANNELS);
+        assert_close(&format!("gated ssm_conv seq {i}"), got, &want, |j| {
+            16.0 * U * 12.0 * f64::from(bcx_gate(&bcx, j))
+        });
+        assert!(
+            new_state[s.slot * slot_len..(s.slot + 1) * slot_len] == window[..],
+            "seq {i}'s window is its last B · x"
+        );
+        if let Some(save) = s.save {
+            assert!(new_state[save * slot_len..(save + 1) * slot_len] == window[..], "seq {i}'s snapshot");
+        }
+    }
+    assert!(new_state[5 * slot_len..] == state[5 * slot_len..], "the snapshot read is unchanged");
+}
+
+/// |C| of output `j` (row-major over (rows, CHANNELS)) in rows of B, C, x.
+fn bcx_gate(bcx: &[f32], j: usize) -> f32 {
+    let (row, c) = (j / CHANNELS, j % CHANNELS);
+    bcx[row * 3 * CHANNELS + CHANNELS + c].abs().max(1.0)
 }
 
 /// Tolerance: per step the state is s · exp(dt · a) + dt · B · x (softplus and exp to a few ULP
@@ -388,14 +452,49 @@ fn bad_shapes_are_errors() {
     let t = |shape: &[usize]| f.zeros(shape, DType::F32).unwrap();
     let table = f.upload_u32(&[1, SEQ_STATE_COLS], &[0, 1, 0, 0, 0, NO_SLOT]).unwrap();
     let s = SeqStates { seqs: &table, num_seqs: 1 };
-    let err =
-        ssm_conv(ctx(f), &mut Recording::new(), &t(&[1, 8]), 4, &t(&[8, 4]), &t(&[8]), &s, &t(&[1, 3, 8]), &t(&[1, 8]))
-            .unwrap_err();
+    let err = ssm_conv(
+        ctx(f),
+        &mut Recording::new(),
+        &t(&[1, 8]),
+        4,
+        ConvForm::Silu,
+        &t(&[8, 4]),
+        &t(&[8]),
+        &s,
+        &t(&[1, 3, 8]),
+        &t(&[1, 8]),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("x has 8 columns; columns 4..12 were asked for"), "{err}");
-    let err =
-        ssm_conv(ctx(f), &mut Recording::new(), &t(&[1, 8]), 0, &t(&[8, 9]), &t(&[8]), &s, &t(&[1, 8, 8]), &t(&[1, 8]))
-            .unwrap_err();
+    let err = ssm_conv(
+        ctx(f),
+        &mut Recording::new(),
+        &t(&[1, 8]),
+        0,
+        ConvForm::Silu,
+        &t(&[8, 9]),
+        &t(&[8]),
+        &s,
+        &t(&[1, 8, 8]),
+        &t(&[1, 8]),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("conv kernel 9; 2 to 8 are supported"), "{err}");
+    // The gated form reads B, C and x: three times the channels.
+    let err = ssm_conv(
+        ctx(f),
+        &mut Recording::new(),
+        &t(&[1, 20]),
+        0,
+        ConvForm::Gated,
+        &t(&[8, 3]),
+        &t(&[8]),
+        &s,
+        &t(&[1, 2, 8]),
+        &t(&[1, 8]),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("x has 20 columns; columns 0..24 were asked for"), "{err}");
     let (a, d, b) = (t(&[4]), t(&[4]), t(&[4]));
     let w = ScanWeights { a: &a, d: &d, dt_bias: &b };
     // An invocation runs four channels of one head: a head of 6 channels is refused.

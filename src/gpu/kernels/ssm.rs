@@ -1,5 +1,5 @@
 //! The kernels of Mamba2 (state-space) layers: the causal depthwise convolution over the
-//! conv window ([`ssm_conv`]), the selective-state scan token by token ([`ssm_scan`]) or by
+//! conv window ([`ssm_conv`], which also runs LFM2's gated short convolution), the selective-state scan token by token ([`ssm_scan`]) or by
 //! chunks of rows in its SSD form ([`ssd_scan`]), and the gated, grouped RMSNorm
 //! ([`gated_rms_norm`]). The convolution and the scans continue each sequence from its
 //! recurrent-state slot and leave the new state there; `seqs` says which rows are whose.
@@ -9,7 +9,7 @@ use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(ConvParams { channels: u32, kernel: u32, x_stride: u32, x_offset: u32 });
+shader_params!(ConvParams { channels: u32, kernel: u32, x_stride: u32, x_offset: u32, gated: u32 });
 shader_params!(ScanParams { heads: u32, head_dim: u32, state_size: u32, groups: u32, dt_stride: u32, dt_offset: u32 });
 shader_params!(SsdParams {
     heads: u32,
@@ -61,16 +61,28 @@ fn seq_table(op: &'static str, s: &SeqStates<'_>) -> Result<u32> {
     u32_of(op, "num_seqs", s.num_seqs)
 }
 
+/// What the convolution reads from its input columns and does with its sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvForm {
+    /// Mamba2's: `u[t, c] = x[t, x_offset + c]`, `y = silu(conv(u))`.
+    Silu,
+    /// LFM2's short convolution: B, C and x side by side from column `x_offset` (each `channels`
+    /// wide), `u = B · x` and `y = C · conv(u)`; the window keeps the products B · x.
+    Gated,
+}
+
 /// Record `y[t, c] = silu(bias[c] + Σ_j weight[c, j] · u[t - kernel + 1 + j, c])` with
-/// `u[t, c] = x[t, x_offset + c]`, continuing each sequence's window from `conv_state` (slots,
-/// kernel - 1, channels) and leaving its last kernel - 1 inputs there (see [`SeqStates`]). x (tokens, _) F32,
-/// weight (channels, kernel) F32, bias (channels) F32, y (tokens, channels) F32.
+/// `u[t, c] = x[t, x_offset + c]` (or LFM2's gated form, see [`ConvForm`]), continuing each
+/// sequence's window from `conv_state` (slots, kernel - 1, channels) and leaving its last
+/// kernel - 1 inputs there (see [`SeqStates`]). x (tokens, _) F32, weight (channels, kernel)
+/// F32, bias (channels) F32, y (tokens, channels) F32.
 #[allow(clippy::too_many_arguments)]
 pub fn ssm_conv(
     ctx: &GpuContext,
     rec: &mut Recording,
     x: &GpuTensor,
     x_offset: usize,
+    form: ConvForm,
     weight: &GpuTensor,
     bias: &GpuTensor,
     seqs: &SeqStates<'_>,
@@ -85,7 +97,8 @@ pub fn ssm_conv(
     }
     expect(OP, "y", y, DType::F32, &[None, Some(channels)])?;
     let rows = y.shape()[0];
-    let x_stride = columns(OP, "x", x, rows, x_offset, channels)?;
+    let read = if form == ConvForm::Gated { 3 * channels } else { channels };
+    let x_stride = columns(OP, "x", x, rows, x_offset, read)?;
     expect(OP, "bias", bias, DType::F32, &[Some(channels)])?;
     expect(OP, "conv_state", conv_state, DType::F32, &[None, Some(kernel - 1), Some(channels)])?;
     let num_seqs = seq_table(OP, seqs)?;
@@ -94,6 +107,7 @@ pub fn ssm_conv(
         kernel: kernel as u32,
         x_stride: u32_of(OP, "x_stride", x_stride)?,
         x_offset: u32_of(OP, "x_offset", x_offset)?,
+        gated: u32::from(form == ConvForm::Gated),
     };
     let bindings = [
         x.single_part(OP)?.resource(ctx)?,

@@ -8,6 +8,7 @@
 mod bert;
 mod gemma3;
 mod granite_hybrid;
+mod lfm2;
 mod llama;
 mod mamba2;
 mod olmo2;
@@ -17,6 +18,7 @@ mod qwen3moe;
 pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
 pub use granite_hybrid::GraniteHybridModel;
+pub use lfm2::Lfm2Model;
 pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 pub use olmo2::Olmo2Model;
@@ -48,6 +50,7 @@ pub const SUPPORTED: &[&str] = &[
     "granitehybrid",
     "granitemoehybrid",
     "bert",
+    "lfm2",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -127,6 +130,7 @@ fn load_layers(
         "granitehybrid" | "granitemoehybrid" => {
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
+        "lfm2" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }
