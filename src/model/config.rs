@@ -967,6 +967,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
+            moe: None,
         };
         config.check(file)?;
         Ok(config)
