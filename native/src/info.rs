@@ -1,5 +1,5 @@
-//! `weft info`: the GPU self-check; `weft info --model PATH`: what a model is and whether weft
-//! runs it.
+//! `weft info`: what weft runs (every architecture and tensor type) and the GPU self-check;
+//! `weft info --model PATH`: what a model is and whether weft runs it.
 
 use std::time::Instant;
 
@@ -35,6 +35,7 @@ fn serve_config() -> weft::engine::EngineConfig {
 }
 
 pub fn run(baseline: bool, kv: &KvLine) -> weft::Result<()> {
+    println!("{}", weft::model::inspect::supported());
     let started = Instant::now();
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions { baseline_only: baseline, ..Default::default() }))?;
     println!("{}", ctx.describe());
@@ -98,8 +99,8 @@ pub fn run(baseline: bool, kv: &KvLine) -> weft::Result<()> {
     Ok(())
 }
 
-/// Print [`weft::model::inspect::inspect`]'s report; an error (after the report) when weft
-/// cannot run the model, so scripts can tell.
+/// Print [`weft::model::inspect::inspect`]'s report; when weft cannot run the model, what it
+/// does run, and an error, so scripts can tell.
 ///
 /// Then, where a GPU opens, how many KV tokens fit there at `kv`'s utilization and dtype
 /// (the weights estimated from the file); an error when max_model_len would not fit.
@@ -108,6 +109,7 @@ pub fn model(path: std::path::PathBuf, kv: &KvLine) -> weft::Result<()> {
     let report = weft::model::inspect::inspect(&path)?;
     println!("{report}");
     if !report.runnable() {
+        println!("weft runs:\n{}", indent(&weft::model::inspect::supported()));
         return Err(weft::WeftError::model(&report.path, "weft cannot run this model (reasons above)"));
     }
     let ctx = match weft::rt::block_on(GpuContext::new(GpuOptions::default())) {
@@ -121,4 +123,8 @@ pub fn model(path: std::path::PathBuf, kv: &KvLine) -> weft::Result<()> {
     let plan = kv.plan(&path, &ctx)?;
     println!("{}", plan.describe());
     Ok(())
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n")
 }

@@ -1,7 +1,8 @@
 //! The `weft` command-line tool: `weft generate` streams a completion; `weft chat` holds a
 //! conversation in the terminal; `weft serve` is an OpenAI-compatible server; `weft bench`
-//! measures throughput and latency; `weft info` is a GPU self-check that prints the adapter,
-//! its features and limits, then runs one kernel (`weft info --model PATH` describes a model);
+//! measures throughput and latency; `weft info` lists the architectures and tensor types weft
+//! runs, then is a GPU self-check that prints the adapter, its features and limits and runs one
+//! kernel (`weft info --model PATH` describes a model);
 //! `weft pull hf:OWNER/REPO[:QUANT]` downloads a model from the Hugging Face hub, which every
 //! `--model` also accepts.
 
@@ -29,9 +30,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Open the GPU, print the adapter, its features, limits and memory (and the default
-    /// model's KV cache there, where it is present), and run a kernel self-check;
-    /// or, with --model, describe a model and say whether weft can run it.
+    /// List the architectures and tensor types weft runs, open the GPU, print the adapter, its
+    /// features, limits and memory (and the default model's KV cache there, where it is
+    /// present), and run a kernel self-check; or, with --model, describe a model and say
+    /// whether weft can run it (and if not, everything it lacks).
     Info {
         /// Use only core WebGPU features (what every browser offers), as a web page would.
         #[arg(long)]

@@ -46,6 +46,7 @@ fn info_runs_the_self_check() {
     for expected in ["adapter:", "features:", "limits:", "memory:", "KV cache", "self-check: matmul Q4_1", "\nok\n"] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
+    assert!(stdout.starts_with(&weft::model::inspect::supported()), "what weft runs comes first:\n{stdout}");
     let (ok, stdout, stderr) = weft(&["info", "--baseline"], &[]);
     assert!(ok, "{stderr}");
     assert!(
@@ -89,7 +90,7 @@ fn broken_models_are_named_in_one_line() {
         (&corrupt, "not a GGUF file"),
         (
             &unsupported,
-            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16",
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, BF16",
         ),
         (&truncated, "past the end of the file"),
         (&no_config, "config.json"),
@@ -207,9 +208,10 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
     for expected in [
         "weft runs it: no",
         "architecture \"mamba\" is not supported",
-        "1 tensors are IQ2_XXS (e.g. blk.0.ffn_down.weight), which weft does not decode",
+        "1 tensor is IQ2_XXS, which weft does not decode: blk.0.ffn_down.weight",
         "(not supported)",
         "tokenizer.ggml.model is missing",
+        "weft runs:\n  architectures: llama, mistral,",
     ] {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
@@ -218,6 +220,56 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
 
     let (ok, _, stderr) = weft(&["info", "--model", dir.join("missing.gguf").to_str().unwrap()], &no_gpu);
     assert!(!ok && stderr.contains("missing.gguf"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `weft info` lists every architecture and tensor type weft runs, from the loaders' own
+/// registries (no GPU needed), and for a file it cannot run names everything missing: here a
+/// gpt-oss-like file, an unknown architecture with routed experts, whose MXFP4 tensors weft
+/// decodes and whose IQ1_S tensors it does not.
+#[test]
+fn info_lists_what_weft_runs_and_names_what_a_model_lacks() {
+    use weft::model::gguf::{GgmlType, GgufWriter, MetaValue};
+    let no_gpu = [("VK_ICD_FILENAMES", "/nonexistent"), ("WGPU_BACKEND", "vulkan")];
+    let (ok, stdout, _) = weft(&["info"], &no_gpu);
+    assert!(!ok, "no GPU opens here");
+    let supported = weft::model::inspect::supported();
+    assert!(stdout.starts_with(&supported), "{stdout}");
+    for arch in weft::model::arch::SUPPORTED {
+        assert!(supported.lines().next().unwrap().contains(arch), "{arch} in {supported}");
+    }
+    for dtype in weft::DType::WEIGHTS {
+        assert!(supported.lines().nth(1).unwrap().contains(&format!(" {dtype},")), "{dtype} in {supported}");
+    }
+    for expected in ["MXFP4", "IQ2_XS", "IQ3_XXS", "IQ3_S", "IQ2_S", "BF16 (BF16 widened to F32)", "safetensors:   F32"]
+    {
+        assert!(supported.contains(expected), "{expected} in {supported}");
+    }
+
+    let dir = std::env::temp_dir().join(format!("weft-cli-lacks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut file = GgufWriter::new();
+    file.metadata("general.architecture", MetaValue::String("gpt-oss".into()))
+        .metadata("gpt-oss.expert_count", MetaValue::U32(32))
+        .tensor("blk.0.ffn_up_exps.weight", &[64, 2], GgmlType::MXFP4, &[0u8; 2 * 34]);
+    for layer in 0..6 {
+        file.tensor(&format!("blk.{layer}.attn_q.weight"), &[256, 1], GgmlType::IQ1_S, &[0u8; 50]);
+    }
+    let path = dir.join("gpt-oss-like.gguf");
+    std::fs::write(&path, file.to_bytes()).unwrap();
+    let (ok, stdout, stderr) = weft(&["info", "--model", path.to_str().unwrap()], &no_gpu);
+    assert!(!ok && stderr.contains("weft cannot run this model"), "{stderr}");
+    for expected in [
+        "architecture \"gpt-oss\" is not supported; weft runs llama, mistral,",
+        "mixture-of-experts is not supported: gpt-oss has 32 experts per layer",
+        "6 tensors are IQ1_S, which weft does not decode: blk.0.attn_q.weight, blk.1.attn_q.weight, \
+         blk.2.attn_q.weight, blk.3.attn_q.weight and 2 more",
+        "weft runs:\n  architectures:",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+    let mxfp4 = stdout.lines().find(|l| l.trim_start().starts_with("MXFP4")).unwrap_or("");
+    assert!(!mxfp4.is_empty() && !mxfp4.contains("not supported"), "{stdout}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

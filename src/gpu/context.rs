@@ -198,6 +198,9 @@ pub struct GpuContext {
     plan: DevicePlan,
     pub(crate) pipelines: PipelineCache,
     pub(crate) creations: CreationCounters,
+    /// The IQ codebooks ([`super::pipelines::codebook_words`]), made for the first dispatch
+    /// whose decoder reads them.
+    codebooks: std::sync::OnceLock<wgpu::Buffer>,
     /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
     staged: AtomicU64,
     /// Command submissions so far (each a round trip when waited for).
@@ -297,6 +300,7 @@ impl GpuContext {
             plan,
             pipelines: PipelineCache::default(),
             creations: CreationCounters::default(),
+            codebooks: std::sync::OnceLock::new(),
             staged: AtomicU64::new(0),
             submissions: AtomicU64::new(0),
             lost,
@@ -399,6 +403,20 @@ impl GpuContext {
             size,
             usage,
             mapped_at_creation: false,
+        })
+    }
+
+    /// The buffer of IQ codebooks the IQ formats' decoders read, made on first use.
+    pub(crate) fn codebooks(&self) -> &wgpu::Buffer {
+        self.codebooks.get_or_init(|| {
+            let words = super::pipelines::codebook_words();
+            let buffer = self.create_buffer(
+                "iq codebooks",
+                (words.len() * 4) as u64,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            self.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&words));
+            buffer
         })
     }
 

@@ -59,8 +59,13 @@ const SOURCES: &[(&str, &str)] = &[
     ("ssm_scan.wgsl", include_str!("../../shaders/ssm_scan.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
+    ("formats/iq2_s.wgsl", include_str!("../../shaders/formats/iq2_s.wgsl")),
+    ("formats/iq2_xs.wgsl", include_str!("../../shaders/formats/iq2_xs.wgsl")),
+    ("formats/iq3_s.wgsl", include_str!("../../shaders/formats/iq3_s.wgsl")),
+    ("formats/iq3_xxs.wgsl", include_str!("../../shaders/formats/iq3_xxs.wgsl")),
     ("formats/iq4_nl.wgsl", include_str!("../../shaders/formats/iq4_nl.wgsl")),
     ("formats/iq4_xs.wgsl", include_str!("../../shaders/formats/iq4_xs.wgsl")),
+    ("formats/mxfp4.wgsl", include_str!("../../shaders/formats/mxfp4.wgsl")),
     ("formats/q2_k.wgsl", include_str!("../../shaders/formats/q2_k.wgsl")),
     ("formats/q3_k.wgsl", include_str!("../../shaders/formats/q3_k.wgsl")),
     ("formats/q4_0.wgsl", include_str!("../../shaders/formats/q4_0.wgsl")),
@@ -83,6 +88,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/k_scales.wgsl", include_str!("../../shaders/shared/k_scales.wgsl")),
     ("shared/sample_filter.wgsl", include_str!("../../shaders/shared/sample_filter.wgsl")),
     ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
+    ("shared/iq_codebook.wgsl", include_str!("../../shaders/shared/iq_codebook.wgsl")),
     ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
     ("shared/kv_read_storage_f16.wgsl", include_str!("../../shaders/shared/kv_read_storage_f16.wgsl")),
@@ -481,7 +487,14 @@ pub fn compose_shader(variant: ShaderVariant) -> Result<String> {
     let mut out = String::new();
     expand(&format!("{}.wgsl", variant.kernel), variant, &mut out)?;
     let [wg, tn, tm] = variant.tile;
+    // The codebooks' binding follows the kernel's own.
+    let next_binding = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("@group(0) @binding(")?.split_once(')')?.0.parse::<u32>().ok())
+        .max()
+        .map_or(0, |b| b + 1);
     let text = out
+        .replace("{{CODEBOOK_BINDING}}", &next_binding.to_string())
         .replace("{{WG}}", &wg.to_string())
         .replace("{{TN}}", &tn.to_string())
         .replace("{{TM}}", &tm.to_string())
@@ -596,12 +609,52 @@ fn expand(path: &str, variant: ShaderVariant, out: &mut String) -> Result<()> {
                 };
                 expand(file, variant, out)?;
             }
+            Some(codebook) if codebook.starts_with("codebook ") => {
+                out.push_str(&codebook_wgsl(codebook["codebook ".len()..].trim())?);
+            }
             Some(included) => expand(included.trim(), variant, out)?,
             None => out.push_str(line),
         }
         out.push('\n');
     }
     Ok(())
+}
+
+/// The name of the storage binding that holds every IQ codebook (`#include codebook`); a
+/// pipeline that declares it gets [`codebook_words`] bound there by every dispatch.
+pub(crate) const CODEBOOKS_BINDING: &str = "codebooks";
+
+/// The IQ codebooks of [`crate::quant::CODEBOOKS`] as one storage buffer's words: each table in
+/// order, two 16-bit entries a word (entry i in word i / 2, the high half for odd i).
+pub(crate) fn codebook_words() -> Vec<u32> {
+    crate::quant::CODEBOOKS
+        .iter()
+        .flat_map(|(_, table)| {
+            table.chunks(2).map(|p| u32::from(p[0]) | (u32::from(p.get(1).copied().unwrap_or(0)) << 16))
+        })
+        .collect()
+}
+
+/// `#include codebook NAME`: the binding of the codebooks buffer (numbered after the kernel's
+/// own bindings, `{{CODEBOOK_BINDING}}`) and `fn name(i) -> u32`, entry i of the codebook `NAME`
+/// of [`crate::quant::CODEBOOKS`] (its packed bits) read from there. A buffer, not a WGSL
+/// constant array: lavapipe took minutes to compile each matmul variant holding a private
+/// copy of the table, and a `const` array indexed at run time is copied into every
+/// invocation's memory at each lookup.
+fn codebook_wgsl(name: &str) -> Result<String> {
+    let mut at = 0;
+    for (table, entries) in crate::quant::CODEBOOKS {
+        if table == name {
+            let f = name.to_lowercase();
+            return Ok(format!(
+                "@group(0) @binding({{{{CODEBOOK_BINDING}}}}) var<storage, read> {CODEBOOKS_BINDING}: array<u32>;\n\
+                 fn {f}(i: u32) -> u32 {{\n    \
+                 return ({CODEBOOKS_BINDING}[{at}u + (i >> 1u)] >> (16u * (i & 1u))) & 0xFFFFu;\n}}"
+            ));
+        }
+        at += entries.len().div_ceil(2);
+    }
+    Err(WeftError::Unsupported(format!("no codebook {name} for #include codebook")))
 }
 
 /// What one binding of a kernel is, as its WGSL declaration says.
@@ -668,6 +721,9 @@ pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
     pub kinds: Vec<BindingKind>,
+    /// Whether the last binding is the IQ codebooks ([`CODEBOOKS_BINDING`]), which dispatches
+    /// bind themselves.
+    pub codebooks: bool,
 }
 
 /// Compiled pipelines, built on first use and kept for the life of the device.
@@ -690,6 +746,9 @@ impl PipelineCache {
         let label = variant.to_string();
         let wgsl = compose_shader(variant)?;
         let kinds = binding_kinds(&wgsl)?;
+        let codebooks = wgsl
+            .lines()
+            .any(|l| l.trim().starts_with("@group(0) @binding(") && l.contains(&format!(" {CODEBOOKS_BINDING}: ")));
         let entries: Vec<wgpu::BindGroupLayoutEntry> = kinds
             .iter()
             .enumerate()
@@ -732,7 +791,7 @@ impl PipelineCache {
             compilation_options: Default::default(),
             cache: None,
         });
-        let compiled = Pipeline { pipeline, layout, kinds };
+        let compiled = Pipeline { pipeline, layout, kinds, codebooks };
         pipelines.insert(variant, compiled.clone());
         Ok(compiled)
     }

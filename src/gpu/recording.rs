@@ -138,13 +138,14 @@ pub(crate) fn flat_grid(len: usize, per_workgroup: usize) -> [u32; 3] {
 
 impl GpuContext {
     /// Record a dispatch of `variant`: binding 0 is a uniform holding `params`, bindings 1.. are
-    /// `resources` in order; `window_offset` places a [`Resource::Window`].
+    /// `resources` in order (then the IQ codebooks, for a decoder that reads them);
+    /// `window_offset` places a [`Resource::Window`].
     pub(crate) fn dispatch(
         &self,
         rec: &mut Recording,
         variant: ShaderVariant,
         params: &[u8],
-        resources: Vec<Resource>,
+        mut resources: Vec<Resource>,
         window_offset: Option<u32>,
         workgroups: [u32; 3],
     ) -> Result<()> {
@@ -157,6 +158,9 @@ impl GpuContext {
         }
         debug_assert!(params.len() as u64 <= PARAMS_BINDING_BYTES);
         let pipeline = self.pipelines.get(&self.device, variant)?;
+        if pipeline.codebooks {
+            resources.push(Resource::Buffer(self.codebooks().clone(), 0));
+        }
         let align = u64::from(self.limits().min_uniform_buffer_offset_alignment).max(4);
         let params_offset = (rec.params.len() as u64).next_multiple_of(align);
         rec.params.resize(params_offset as usize, 0);

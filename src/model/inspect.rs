@@ -13,8 +13,8 @@ use crate::error::{Result, WeftError};
 use crate::kv::KvCacheConfig;
 use crate::model::arch::SUPPORTED;
 use crate::model::config::ModelConfig;
-use crate::model::gguf::GgufFile;
-use crate::model::load::SafetensorsWeights;
+use crate::model::gguf::{GgufFile, decoded_types};
+use crate::model::load::{SAFETENSORS_TYPES, SafetensorsWeights};
 use crate::quant::DType;
 
 /// The tensors of one element type.
@@ -57,6 +57,33 @@ impl ModelReport {
     }
 }
 
+/// What weft runs, from the registries its loaders consult: every architecture
+/// ([`SUPPORTED`]), the tensor types of GGUF files ([`decoded_types`]) and of safetensors.
+/// One line each, for `weft info`.
+pub fn supported() -> String {
+    format!(
+        "architectures: {}\nGGUF types:    {} (BF16 widened to F32)\nsafetensors:   {}",
+        SUPPORTED.join(", "),
+        decoded_types().join(", "),
+        SAFETENSORS_TYPES.join(", ")
+    )
+}
+
+/// The tensors of an unsupported type, by name: the first few, and how many more.
+fn named(names: &[&str]) -> String {
+    const SHOWN: usize = 4;
+    let listed = names[..names.len().min(SHOWN)].join(", ");
+    match names.len().saturating_sub(SHOWN) {
+        0 => listed,
+        more => format!("{listed} and {more} more"),
+    }
+}
+
+/// "1 tensor is", "3 tensors are".
+fn tensors_are(n: usize) -> String {
+    if n == 1 { "1 tensor is".to_string() } else { format!("{n} tensors are") }
+}
+
 /// Describe the model at `path` (a GGUF file or a Hugging Face directory). An error means the
 /// path is not a model at all (missing, unreadable, not GGUF); anything weft cannot run about
 /// a readable model is a [`ModelReport::problems`] entry.
@@ -73,14 +100,12 @@ pub fn inspect_gguf(gguf: &GgufFile, size_bytes: u64) -> Result<ModelReport> {
     let mut problems = Vec::new();
     let architecture = gguf.architecture().map(String::from);
     let moe = crate::model::config::gguf_moe_refusal(gguf);
-    match (&architecture, &moe) {
-        (None, _) => problems.push("no general.architecture in the metadata".to_string()),
-        (Some(_), Some(refusal)) => problems.push(refusal.clone()),
-        (Some(arch), None) if !SUPPORTED.contains(&arch.as_str()) => {
-            problems.push(crate::model::arch::unsupported(arch))
-        }
-        (Some(_), None) => {}
+    match &architecture {
+        None => problems.push("no general.architecture in the metadata".to_string()),
+        Some(arch) if !SUPPORTED.contains(&arch.as_str()) => problems.push(crate::model::arch::unsupported(arch)),
+        Some(_) => {}
     }
+    problems.extend(moe.clone());
     let mut types: BTreeMap<String, TypeCount> = BTreeMap::new();
     for info in &gguf.tensors {
         let name = info.ggml_type.name();
@@ -96,8 +121,14 @@ pub fn inspect_gguf(gguf: &GgufFile, size_bytes: u64) -> Result<ModelReport> {
         entry.size_bytes += info.size_bytes();
     }
     for t in types.values().filter(|t| !t.supported) {
-        let first = gguf.tensors.iter().find(|i| i.ggml_type.name() == t.name).map_or("", |i| i.name.as_str());
-        problems.push(format!("{} tensors are {} (e.g. {first}), which weft does not decode", t.num_tensors, t.name));
+        let names: Vec<&str> =
+            gguf.tensors.iter().filter(|i| i.ggml_type.name() == t.name).map(|i| i.name.as_str()).collect();
+        problems.push(format!(
+            "{} {}, which weft does not decode: {}",
+            tensors_are(t.num_tensors),
+            t.name,
+            named(&names)
+        ));
     }
     let config = match ModelConfig::from_gguf(gguf) {
         Ok(c) => Some(c),
@@ -158,7 +189,7 @@ fn inspect_hf(dir: &Path) -> Result<ModelReport> {
                     _ => 1,
                 };
                 let entry = types.entry(dtype.clone()).or_insert(TypeCount {
-                    supported: matches!(dtype.as_str(), "F32" | "F16" | "BF16"),
+                    supported: SAFETENSORS_TYPES.contains(&dtype.as_str()),
                     name: dtype,
                     num_tensors: 0,
                     num_elems: 0,
@@ -173,7 +204,12 @@ fn inspect_hf(dir: &Path) -> Result<ModelReport> {
         Err(e) => problems.push(detail(e)),
     }
     for t in types.values().filter(|t| !t.supported) {
-        problems.push(format!("{} tensors are {}; weft reads F32, F16 and BF16 safetensors", t.num_tensors, t.name));
+        problems.push(format!(
+            "{} {}; weft reads {} safetensors",
+            tensors_are(t.num_tensors),
+            t.name,
+            SAFETENSORS_TYPES.join(", ")
+        ));
     }
     let tokenizer_path = dir.join("tokenizer.json");
     if !tokenizer_path.exists() {

@@ -47,6 +47,9 @@ pub fn check_gguf(gguf: &GgufFile) -> Result<()> {
     })
 }
 
+/// The safetensors element types weft reads (by safetensors' names); BF16 widens to F32.
+pub const SAFETENSORS_TYPES: [&str; 3] = ["F32", "F16", "BF16"];
+
 /// Weights of a Hugging Face model directory: `model.safetensors`, or the shards listed by
 /// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors (BF16 widens to F32).
 pub struct SafetensorsWeights {
@@ -122,7 +125,7 @@ impl WeightSource for SafetensorsWeights {
             other => {
                 return Err(WeftError::model(
                     &self.dir,
-                    format!("tensor {name} is {other:?}; weft reads F32, F16 and BF16 safetensors"),
+                    format!("tensor {name} is {other:?}; weft reads {} safetensors", SAFETENSORS_TYPES.join(", ")),
                 ));
             }
         };

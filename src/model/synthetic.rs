@@ -151,6 +151,12 @@ fn file_type(dtype: DType) -> u32 {
         DType::Q6_K => 18,
         DType::IQ4_NL => 25,
         DType::IQ4_XS => 30,
+        // LLAMA_FTYPE_MOSTLY_MXFP4_MOE: gpt-oss's experts in MXFP4, the rest as they were.
+        DType::MXFP4 => 38,
+        DType::IQ2_XS => 20,
+        DType::IQ3_XXS => 23,
+        DType::IQ3_S => 26,
+        DType::IQ2_S => 28,
         // No file type is all Q8_K (llama.cpp uses it only for activations): "mostly F32".
         DType::Q8_K | DType::U32 => 0,
     }

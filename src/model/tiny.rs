@@ -191,7 +191,9 @@ pub fn storage_dtype(dtype: DType, cols: usize) -> DType {
     match dtype {
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
-        DType::Q2_K | DType::Q3_K | DType::IQ4_XS => DType::IQ4_NL,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_XS | DType::IQ2_XS | DType::IQ3_XXS | DType::IQ3_S | DType::IQ2_S => {
+            DType::IQ4_NL
+        }
         _ => DType::Q8_0,
     }
 }

@@ -20,8 +20,14 @@
 
 mod f16;
 mod f32;
+mod iq2_s;
+mod iq2_xs;
+mod iq3_s;
+mod iq3_xxs;
 mod iq4_nl;
 mod iq4_xs;
+mod iq_grids;
+mod mxfp4;
 mod q2_k;
 mod q3_k;
 mod q4_0;
@@ -37,7 +43,7 @@ mod q8_k;
 use crate::error::{Result, WeftError};
 
 /// Elements per quantization block of the 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-/// Q5_1, IQ4_NL), and of the sub-blocks the shaders decode one at a time.
+/// Q5_1, IQ4_NL, MXFP4), and of the sub-blocks the shaders decode one at a time.
 pub const QK: usize = 32;
 
 /// Elements per super-block of the K-quants and IQ4_XS.
@@ -62,6 +68,11 @@ pub enum DType {
     Q8_K,
     IQ4_NL,
     IQ4_XS,
+    MXFP4,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ3_S,
+    IQ2_S,
     /// 32-bit unsigned integers: token ids, positions, block tables. Never a weight.
     U32,
 }
@@ -84,7 +95,7 @@ pub struct Format {
 }
 
 /// Every weight format, in the order tests and shader variants enumerate them.
-pub const FORMATS: [&Format; 15] = [
+pub const FORMATS: [&Format; 20] = [
     &f32::FORMAT,
     &f16::FORMAT,
     &q8_0::FORMAT,
@@ -100,6 +111,11 @@ pub const FORMATS: [&Format; 15] = [
     &q8_k::FORMAT,
     &iq4_nl::FORMAT,
     &iq4_xs::FORMAT,
+    &mxfp4::FORMAT,
+    &iq2_xs::FORMAT,
+    &iq3_xxs::FORMAT,
+    &iq3_s::FORMAT,
+    &iq2_s::FORMAT,
 ];
 
 const fn weight_dtypes() -> [DType; FORMATS.len()] {
@@ -266,6 +282,65 @@ fn nearest_iq4(v: f32) -> u8 {
     best as u8
 }
 
+/// The IQ codebooks of [`iq_grids`] by the names the shaders use (`#include codebook NAME`):
+/// the GPU holds them in one buffer, in this order.
+pub const CODEBOOKS: [(&str, &[u16]); 4] = [
+    ("IQ2XS_GRID", &iq_grids::IQ2XS_GRID),
+    ("IQ2S_GRID", &iq_grids::IQ2S_GRID),
+    ("IQ3XXS_GRID", &iq_grids::IQ3XXS_GRID),
+    ("IQ3S_GRID", &iq_grids::IQ3S_GRID),
+];
+
+/// The values of the bytes of ggml's IQ2 codebooks (`iq2xs_grid`, `iq2s_grid`), by the 2-bit
+/// index [`iq_grids`] stores.
+const IQ2_VALUES: [u8; 3] = [0x08, 0x19, 0x2B];
+
+/// Element `j` of the packed codebook entry `entry`, whose elements take `bits` bits each, as
+/// its grid value in `values`.
+fn grid_value(entry: u16, j: usize, bits: usize, values: &[u8]) -> u8 {
+    values[usize::from(entry >> (bits * j)) & ((1 << bits) - 1)]
+}
+
+/// ggml's `ksigns_iq2xs[i]`: 7 sign bits and an eighth that makes the number of minus signs
+/// even (bit e set: element e is negative).
+fn ksigns(i: u16) -> u8 {
+    (i as u8 & 0x7F) | (((i.count_ones() & 1) as u8) << 7)
+}
+
+/// The minus signs of up to 8 values as bits (bit e: value e is negative). With `even`, as
+/// [`ksigns`] can store: an odd count is made even by flipping the sign of the smallest
+/// magnitude, the cheapest value to get wrong.
+fn sign_bits(x: &[f32], even: bool) -> u8 {
+    let mut bits = x.iter().enumerate().fold(0u8, |b, (e, &v)| b | (u8::from(v < 0.0) << e));
+    if even && bits.count_ones() % 2 == 1 {
+        let smallest = (0..x.len()).fold(0, |m, e| if x[e].abs() < x[m].abs() { e } else { m });
+        bits ^= 1 << smallest;
+    }
+    bits
+}
+
+/// The index of the codebook entry nearest to `mags` (magnitudes in grid units, one per
+/// element of an entry) in squared error; the first of equals.
+fn nearest_entry(table: &[u16], bits: usize, values: &[u8], mags: &[f32]) -> usize {
+    let err = |entry: u16| -> f32 {
+        mags.iter().enumerate().map(|(j, &m)| (m - f32::from(grid_value(entry, j, bits, values))).powi(2)).sum()
+    };
+    let mut best = (0, f32::INFINITY);
+    for (i, &entry) in table.iter().enumerate() {
+        let e = err(entry);
+        if e < best.1 {
+            best = (i, e);
+        }
+    }
+    best.0
+}
+
+/// A 4-bit scale code for a wanted scale `want`, in units of `unit` with the offset `offset`
+/// (the scale is `unit · (offset + code)`): the nearest code, 0 where there is no unit.
+fn scale_code(want: f32, unit: f32, offset: f32) -> u8 {
+    if unit > 0.0 { nearest(want / unit - offset).clamp(0, 15) as u8 } else { 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +393,14 @@ mod tests {
                     DType::IQ4_NL => amax * 28.0 / 127.0,
                     // ... and the sub-block scale is rounded to 6 bits.
                     DType::IQ4_XS => amax * 32.0 / 127.0,
+                    // The largest magnitude lies in [8, 16) scale units and the values run
+                    // 0, 1, 2, 3, 4, 6, 8, 12: gaps of up to 4 units, and up to 4 lost where the
+                    // top clamps to 12. A unit is at most amax / 8.
+                    DType::MXFP4 => amax,
+                    // Sparse codebooks in 8 or 4 dimensions (IQ2_XS: 512 of the 3^8 points of
+                    // 8, 25, 43): only a bound on a wrong scale or sign. gguf-py's dequantizer is the truth
+                    // (tests/quant_fixtures.rs).
+                    DType::IQ2_XS | DType::IQ3_XXS | DType::IQ3_S | DType::IQ2_S => 2.0 * amax,
                     DType::U32 => unreachable!(),
                 };
                 for (a, b) in block.iter().zip(got) {

@@ -116,10 +116,18 @@ pub fn weights(dtype: DType, len: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
 }
 
 /// Byte offsets of the f16 scale fields of each block format (ggml-common.h); Q8_K's f32 scale
-/// is at 0.
+/// and MXFP4's E8M0 exponent are at 0.
 fn scale_fields(dtype: DType) -> &'static [usize] {
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+        DType::Q4_0
+        | DType::Q5_0
+        | DType::Q8_0
+        | DType::IQ4_NL
+        | DType::IQ4_XS
+        | DType::IQ2_XS
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ2_S => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
@@ -139,6 +147,10 @@ pub fn random_blocks(dtype: DType, len: usize, seed: u64) -> (Vec<u8>, Vec<f32>)
     for (b, block) in bytes.chunks_exact_mut(dtype.block_bytes()).enumerate() {
         if dtype == DType::Q8_K {
             block[..4].copy_from_slice(&scales[2 * b].to_le_bytes());
+        }
+        if dtype == DType::MXFP4 {
+            // An E8M0 exponent: a scale of 2^-14 .. 2^-2, as the f16 scales above.
+            block[0] = 114 + (block[0] % 13);
         }
         for (f, &at) in scale_fields(dtype).iter().enumerate() {
             block[at..at + 2].copy_from_slice(&half::f16::from_f32(scales[2 * b + f]).to_le_bytes());

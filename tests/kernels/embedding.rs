@@ -35,6 +35,45 @@ fn check(dtype: DType) {
     }
 }
 
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+/// The shader decoders against outside truth directly: the blocks of
+/// `tests/fixtures/quants/blocks.json` (gguf-py's dequantizers, see `tests/quant_fixtures.rs`),
+/// one block a row, gathered in every setup. Exact: each decoder computes ggml's products in
+/// f32 and the gather writes them unchanged (a zero's sign aside, as there).
+#[test]
+fn every_decoder_matches_gguf_py_on_its_fixture_blocks() {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/quants/blocks.json")).unwrap();
+    let fixtures: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for setup in setups().into_iter().filter(|s| !s.window_x) {
+        let Some(f) = setup.factory() else { continue };
+        for dtype in DType::WEIGHTS {
+            let Some(entry) = fixtures.get(dtype.name()) else { continue };
+            let bytes = unhex(entry["bytes"].as_str().unwrap());
+            let want: Vec<f32> = unhex(entry["values_f32_le"].as_str().unwrap())
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let (k, rows) = (dtype.block_elems(), bytes.len() / dtype.block_bytes());
+            let ids: Vec<u32> = (0..rows as u32).rev().collect();
+            let tt = setup.weights(f, &[rows, k], dtype, &bytes);
+            let it = f.upload_u32(&[rows], &ids).unwrap();
+            let out = f.zeros(&[rows, k], DType::F32).unwrap();
+            let mut rec = Recording::new();
+            embedding(ctx(f), &mut rec, &tt, &it, &out).unwrap();
+            run(f, &rec);
+            let got = read_f32(f, &out);
+            for (i, &id) in ids.iter().enumerate() {
+                let (g, w) = (&got[i * k..(i + 1) * k], &want[id as usize * k..(id as usize + 1) * k]);
+                assert!(g == w, "{dtype} block {id}, {}: gpu {g:?}\ngguf-py {w:?}", setup.name());
+            }
+        }
+    }
+}
+
 #[test]
 fn f32_table_matches_cpu() {
     check(DType::F32);
@@ -108,4 +147,29 @@ fn iq4_nl_table_matches_cpu() {
 #[test]
 fn iq4_xs_table_matches_cpu() {
     check(DType::IQ4_XS);
+}
+
+#[test]
+fn mxfp4_table_matches_cpu() {
+    check(DType::MXFP4);
+}
+
+#[test]
+fn iq2_xs_table_matches_cpu() {
+    check(DType::IQ2_XS);
+}
+
+#[test]
+fn iq3_xxs_table_matches_cpu() {
+    check(DType::IQ3_XXS);
+}
+
+#[test]
+fn iq3_s_table_matches_cpu() {
+    check(DType::IQ3_S);
+}
+
+#[test]
+fn iq2_s_table_matches_cpu() {
+    check(DType::IQ2_S);
 }

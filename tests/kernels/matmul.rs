@@ -135,6 +135,31 @@ fn iq4_xs_matches_cpu() {
 }
 
 #[test]
+fn mxfp4_matches_cpu() {
+    check(DType::MXFP4);
+}
+
+#[test]
+fn iq2_xs_matches_cpu() {
+    check(DType::IQ2_XS);
+}
+
+#[test]
+fn iq3_xxs_matches_cpu() {
+    check(DType::IQ3_XXS);
+}
+
+#[test]
+fn iq3_s_matches_cpu() {
+    check(DType::IQ3_S);
+}
+
+#[test]
+fn iq2_s_matches_cpu() {
+    check(DType::IQ2_S);
+}
+
+#[test]
 fn k_must_be_whole_blocks() {
     let Some(f) = gpu() else { return };
     let x = f.zeros(&[2, 45], DType::F32).unwrap();

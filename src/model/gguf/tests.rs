@@ -136,6 +136,11 @@ fn ggml_types_have_ids_names_and_block_layouts() {
             DType::Q8_K => 15,
             DType::IQ4_NL => 20,
             DType::IQ4_XS => 23,
+            DType::MXFP4 => 39,
+            DType::IQ2_XS => 17,
+            DType::IQ3_XXS => 18,
+            DType::IQ3_S => 21,
+            DType::IQ2_S => 22,
             DType::U32 => unreachable!("not a weight"),
         });
         assert_eq!(ggml.name(), dtype.name());
@@ -158,7 +163,7 @@ fn tensor_info_shape_size_and_dtype() {
     match iq2.dtype() {
         Err(WeftError::Model { detail, .. }) => assert_eq!(
             detail,
-            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16"
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, BF16"
         ),
         other => panic!("{other:?}"),
     }
@@ -305,7 +310,7 @@ fn tensors_of_several_types_round_trip() {
                 assert_eq!(file, "test.gguf");
                 assert_eq!(
                     detail,
-                    "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, BF16"
+                    "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, BF16"
                 );
             }
             other => panic!("{other:?}"),

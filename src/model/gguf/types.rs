@@ -132,6 +132,12 @@ impl fmt::Display for GgmlType {
     }
 }
 
+/// The ggml types of the tensors weft reads from GGUF files, by name: every weight format
+/// ([`crate::quant::FORMATS`]), then BF16, which widens to F32 at load ([`TensorInfo::dtype`]).
+pub fn decoded_types() -> Vec<&'static str> {
+    crate::quant::FORMATS.iter().map(|f| f.name).chain(["BF16"]).collect()
+}
+
 /// How weft holds a tensor's elements: a GPU storage format, or BF16, which widens to F32 at load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TensorDType {
@@ -176,14 +182,13 @@ impl TensorInfo {
             return Ok(TensorDType::Bf16);
         }
         DType::from_ggml_type(self.ggml_type.id()).map(TensorDType::Native).ok_or_else(|| {
-            let supported: Vec<&str> = crate::quant::FORMATS.iter().map(|f| f.name).chain(["BF16"]).collect();
             WeftError::model(
                 "GGUF",
                 format!(
                     "tensor {} is {}; weft supports {}",
                     shown(&self.name),
                     self.ggml_type.name(),
-                    supported.join(", ")
+                    decoded_types().join(", ")
                 ),
             )
         })
