@@ -31,6 +31,21 @@ pub struct LoraLayout {
     pub qk_interleaved: bool,
 }
 
+impl LoraLayout {
+    /// A Llama-style layer of `c` (q, k, v, o, gate, up, down at its widths), its q and k rows
+    /// stored `qk_interleaved` or not: every architecture that takes adapters has this shape.
+    pub fn llama(c: &crate::model::config::ModelConfig, qk_interleaved: bool) -> LoraLayout {
+        let shape = LoraShape::llama(
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        LoraLayout { shape, head_dim: c.head_dim, qk_interleaved }
+    }
+}
+
 /// One projection's slots.
 struct Matrices {
     a: GpuTensor, // (slots · in, max_rank) F32

@@ -25,7 +25,6 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
@@ -170,17 +169,6 @@ impl Architecture for Gemma3Model {
 
     /// q, k, v, o, gate, up and down as Llama's; Gemma's GGUFs keep Hugging Face's q/k order.
     fn lora_layout(&self) -> Option<LoraLayout> {
-        let c = &self.config;
-        Some(LoraLayout {
-            shape: LoraShape::llama(
-                c.num_layers,
-                c.hidden_size,
-                c.num_heads * c.head_dim,
-                c.num_kv_heads * c.head_dim,
-                c.intermediate_size,
-            ),
-            head_dim: c.head_dim,
-            qk_interleaved: false,
-        })
+        Some(LoraLayout::llama(&self.config, false))
     }
 }

@@ -26,7 +26,6 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
@@ -199,17 +198,6 @@ impl Architecture for GraniteHybridModel {
     /// Adapters on the attention layers' q, k, v, o and every layer's MLP (`input_linear` as gate
     /// and up, `output_linear` as down); the Mamba2 mixers take none.
     fn lora_layout(&self) -> Option<LoraLayout> {
-        let c = &self.config;
-        Some(LoraLayout {
-            shape: LoraShape::llama(
-                c.num_layers,
-                c.hidden_size,
-                c.num_heads * c.head_dim,
-                c.num_kv_heads * c.head_dim,
-                c.intermediate_size,
-            ),
-            head_dim: c.head_dim,
-            qk_interleaved: self.pairing == RopePairing::Interleaved,
-        })
+        Some(LoraLayout::llama(&self.config, self.pairing == RopePairing::Interleaved))
     }
 }

@@ -39,7 +39,6 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::{add_scaled_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::lora::LoraShape;
 use crate::model::arch::{Architecture, gguf_qk_interleaved};
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
@@ -235,17 +234,6 @@ impl Architecture for LlamaModel {
     /// Adapters target q, k, v, o, gate, up and down; a checkpoint's fused qkv or gate-up
     /// (Phi-3) is read into those parts (`lora::Target`), whichever way the base stores them.
     fn lora_layout(&self) -> Option<LoraLayout> {
-        let c = &self.config;
-        Some(LoraLayout {
-            shape: LoraShape::llama(
-                c.num_layers,
-                c.hidden_size,
-                c.num_heads * c.head_dim,
-                c.num_kv_heads * c.head_dim,
-                c.intermediate_size,
-            ),
-            head_dim: c.head_dim,
-            qk_interleaved: self.pairing == RopePairing::Interleaved,
-        })
+        Some(LoraLayout::llama(&self.config, self.pairing == RopePairing::Interleaved))
     }
 }

@@ -28,7 +28,6 @@ use crate::gpu::kernels::paged::QkvLayout;
 use crate::gpu::kernels::reduce::rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::{GpuContext, GpuTensor, Recording};
-use crate::lora::LoraShape;
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
@@ -152,17 +151,6 @@ impl Architecture for Olmo2Model {
 
     /// q, k, v, o, gate, up and down as Llama's; OLMo 2's GGUFs keep Hugging Face's q/k order.
     fn lora_layout(&self) -> Option<LoraLayout> {
-        let c = &self.config;
-        Some(LoraLayout {
-            shape: LoraShape::llama(
-                c.num_layers,
-                c.hidden_size,
-                c.num_heads * c.head_dim,
-                c.num_kv_heads * c.head_dim,
-                c.intermediate_size,
-            ),
-            head_dim: c.head_dim,
-            qk_interleaved: false,
-        })
+        Some(LoraLayout::llama(&self.config, false))
     }
 }
