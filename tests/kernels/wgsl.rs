@@ -124,44 +124,67 @@ fn nested_vars_are_initialized() {
     }
 }
 
+// One test per family, so that nextest compiles the three families' shaders side by side
+// (together they took lavapipe nearly two minutes in one test, the suite's longest).
 #[test]
-fn every_shader_compiles_on_the_device() {
-    let mut compiled = std::collections::HashSet::new();
+fn every_baseline_shader_compiles_on_the_device() {
+    every_shader_of_the_family_compiles(weft::gpu::KernelFamily::Baseline);
+}
+
+#[test]
+fn every_cpu_family_shader_compiles_on_the_device() {
+    every_shader_of_the_family_compiles(weft::gpu::KernelFamily::Cpu);
+}
+
+#[test]
+fn every_subgroup_shader_compiles_on_the_device() {
+    every_shader_of_the_family_compiles(weft::gpu::KernelFamily::Subgroup);
+}
+
+fn every_shader_of_the_family_compiles(family: weft::gpu::KernelFamily) {
     use weft::gpu::KernelFamily;
+    let Some(f) = crate::common::gpu_with_family(family) else { return };
+    // On the device every variant compiles but, outside `cargo xtask test --full`, the CPU
+    // family's matmul tiles of other than 16 weight rows a lane only for two formats (one of
+    // 32-element blocks, one of super-blocks): tiles differ only in unrolled counts, and
+    // check_shaders has the device validate every variant's text. All of them take
+    // lavapipe minutes.
+    let full = std::env::var("WEFT_FULL").as_deref() == Ok("1");
+    let sampled = |v: &weft::gpu::ShaderVariant| {
+        let rows_per_lane = usize::from(v.tile[1]) * v.epilogue.rows_per_output();
+        let formats = [weft::quant::DType::Q4_1, weft::quant::DType::Q4_K];
+        full || v.kernel != "matmul" || rows_per_lane == 16 || v.weight.is_some_and(|w| formats.contains(&w))
+    };
+    let n = weft::rt::block_on(f.context().compile_shaders(sampled)).unwrap();
+    let all = f.context().own_shader_variants().len();
+    assert_eq!(n == all, full || family != KernelFamily::Cpu, "{n} of {all} variants compiled");
+    assert_eq!(weft::rt::block_on(f.context().check_shaders(&weft::quant::DType::WEIGHTS)).unwrap(), all);
+    // A model's formats only: every kernel without weights, and the F32 and Q8_0 variants.
+    let formats = [weft::quant::DType::F32, weft::quant::DType::Q8_0];
+    let of_formats = |v: &weft::gpu::ShaderVariant| v.weight.is_none_or(|w| formats.contains(&w)) && sampled(v);
+    let some = weft::rt::block_on(f.context().compile_shaders(of_formats)).unwrap();
+    let own = f.context().own_shader_variants();
+    assert_eq!(some, own.iter().filter(|v| of_formats(v)).count());
+    assert!(some < all / 2, "{some} of {all} variants compiled for two formats");
+}
+
+/// Every variant is some family's own, so the tests above compile it.
+#[test]
+fn every_shader_variant_belongs_to_a_family() {
+    use weft::gpu::KernelFamily;
+    let mut owned = std::collections::HashSet::new();
     let mut cpu_lanes = 0;
     for family in [KernelFamily::Baseline, KernelFamily::Cpu, KernelFamily::Subgroup] {
         let Some(f) = crate::common::gpu_with_family(family) else { return };
         if family == KernelFamily::Cpu {
             cpu_lanes = f.context().cpu_lanes();
         }
-        // On the device every variant compiles but, outside `cargo xtask test --full`, the CPU
-        // family's matmul tiles of other than 16 weight rows a lane only for two formats (one of
-        // 32-element blocks, one of super-blocks): tiles differ only in unrolled counts, and
-        // check_shaders has the device validate every variant's text. All of them take
-        // lavapipe minutes.
-        let full = std::env::var("WEFT_FULL").as_deref() == Ok("1");
-        let sampled = |v: &weft::gpu::ShaderVariant| {
-            let rows_per_lane = usize::from(v.tile[1]) * v.epilogue.rows_per_output();
-            let formats = [weft::quant::DType::Q4_1, weft::quant::DType::Q4_K];
-            full || v.kernel != "matmul" || rows_per_lane == 16 || v.weight.is_some_and(|w| formats.contains(&w))
-        };
-        let n = weft::rt::block_on(f.context().compile_shaders(sampled)).unwrap();
-        let all = f.context().own_shader_variants().len();
-        assert_eq!(n == all, full || family != KernelFamily::Cpu, "{n} of {all} variants compiled");
-        assert_eq!(weft::rt::block_on(f.context().check_shaders(&weft::quant::DType::WEIGHTS)).unwrap(), all);
-        // A model's formats only: every kernel without weights, and the F32 and Q8_0 variants.
-        let formats = [weft::quant::DType::F32, weft::quant::DType::Q8_0];
-        let of_formats = |v: &weft::gpu::ShaderVariant| v.weight.is_none_or(|w| formats.contains(&w)) && sampled(v);
-        let some = weft::rt::block_on(f.context().compile_shaders(of_formats)).unwrap();
-        let own = f.context().own_shader_variants();
-        assert_eq!(some, own.iter().filter(|v| of_formats(v)).count());
-        assert!(some < all / 2, "{some} of {all} variants compiled for two formats");
-        compiled.extend(f.context().own_shader_variants());
+        owned.extend(f.context().own_shader_variants());
     }
     // The CPU family's matmul comes in the width of the driver's vectors (8 lanes, or 16 with
     // lavapipe's 512-bit ones); `cargo xtask test` runs these tests at both widths, so each run
     // compiles every variant but the other width's matmuls.
-    let missing: Vec<_> = weft::gpu::shader_variants().into_iter().filter(|v| !compiled.contains(v)).collect();
+    let missing: Vec<_> = weft::gpu::shader_variants().into_iter().filter(|v| !owned.contains(v)).collect();
     let other_width = |v: &weft::gpu::ShaderVariant| v.kernel == "matmul" && v.tile[0] != cpu_lanes;
     assert!(missing.iter().all(other_width), "some variant belongs to no family: {missing:?}");
 }

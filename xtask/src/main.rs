@@ -159,6 +159,15 @@ fn test(args: &[String]) -> Result {
     outcome
 }
 
+/// The kernel tests that check shader text with naga alone, without a device.
+const STATIC_SHADER_CHECKS: &[&str] = &[
+    "wgsl::every_shader_validates_for_the_baseline_profile",
+    "wgsl::binding_declarations_are_read_as_naga_reads_them",
+    "wgsl::wgsl_params_match_rust",
+    "wgsl::nested_vars_are_initialized",
+    "wgsl::every_shader_file_is_embedded_and_has_a_header",
+];
+
 /// The test binaries that run again in each GPU kernel family ([`FAMILY_RUNS`]): the real
 /// models against transformers, the recurrent fixtures, the engine (batching, preemption,
 /// prefix cache, speculation) and the tiny models' forward passes.
@@ -211,7 +220,7 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
         with_gpu_env(cmd)
     };
     stages.time("cargo test (CPU kernel family)", || {
-        run(cargo_test(&["--workspace"]))?;
+        run_tests(cargo_test(&["--workspace"]), nextest)?;
         if nextest {
             // nextest does not run doc tests.
             let mut doc = cargo();
@@ -224,9 +233,14 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
         // The kernels of lavapipe's default 256-bit vectors (8-lane matmul workgroups) are what a
         // CPU without AVX-512 runs: their tests again at that width.
         stages.time("kernel tests at 256 bits", || {
-            let mut narrow = cargo_test(&["--workspace", "--test", "kernels"]);
+            // The static checks (naga's parse and validation of every variant) never open the
+            // device, so their verdict cannot change with its width: they run once, above.
+            let mut narrow = cargo_test(&["--workspace", "--test", "kernels", "--"]);
+            for check in STATIC_SHADER_CHECKS {
+                narrow.args(["--skip", check]);
+            }
             narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
-            run(narrow)
+            run_tests(narrow, nextest)
         })?;
     }
     let mut family_args = vec!["--workspace"];
@@ -243,12 +257,47 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
             let mut cmd = cargo_test(&family_args);
             cmd.env("WEFT_KERNELS", family).env("WEFT_LIMITS", limits).env("WEFT_ONE_PROMPT", "1");
             cmd.env("LP_NATIVE_VECTOR_WIDTH", bits.to_string());
-            run(cmd)
+            run_tests(cmd, nextest)
         })?;
     }
     stages.time("server tests (pytest)", test_server_python)?;
-    stages.time("wasm32 build", check_wasm)?;
+    // The browser tests build the library for wasm32 (as weft-web); check-targets rebuilds
+    // nothing after them.
     stages.time("browser tests", web::test_web)
+}
+
+/// Run a test command, and after a nextest run print its slowest tests from the JUnit report
+/// that .config/nextest.toml asks for: what to look at when a stage grows.
+fn run_tests(cmd: Command, nextest: bool) -> Result {
+    let report = target_dir().join("nextest/default/junit.xml");
+    let _ = std::fs::remove_file(&report);
+    let outcome = run(cmd);
+    if nextest && let Ok(xml) = std::fs::read_to_string(&report) {
+        let mut tests = junit_times(&xml);
+        tests.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let total: f64 = tests.iter().map(|t| t.0).sum();
+        eprintln!("xtask: {} tests took {total:.0} s in all; the slowest:", tests.len());
+        for (seconds, name) in tests.iter().take(6) {
+            eprintln!("xtask: {seconds:>8.1} s  {name}");
+        }
+    }
+    outcome
+}
+
+/// (seconds, binary and test name) of each `<testcase>` in a JUnit report.
+fn junit_times(xml: &str) -> Vec<(f64, String)> {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(tag[start..].split('"').next()?.to_string())
+    };
+    xml.split("<testcase")
+        .skip(1)
+        .filter_map(|rest| {
+            let tag = rest.split('>').next()?;
+            let seconds = attr(tag, "time")?.parse().ok()?;
+            Some((seconds, format!("{} {}", attr(tag, "classname")?, attr(tag, "name")?)))
+        })
+        .collect()
 }
 
 /// Whether `cargo nextest` is installed.
@@ -640,10 +689,12 @@ fn download_and_assemble(spec: &ModelSpec, tmp: &Path, target: &Path) -> Result 
     std::fs::rename(&partial, target).map_err(|e| e.to_string())
 }
 
+/// The library for the browser, built as the browser tests build it (weft-web, release), so
+/// that after them this is a no-op rather than a second compilation of another kind.
 fn check_wasm() -> Result {
     rustup_target("wasm32-unknown-unknown")?;
     let mut cmd = cargo();
-    cmd.args(["check", "--release", "-p", "weft", "--target", "wasm32-unknown-unknown"]);
+    cmd.args(["build", "--release", "-p", "weft-web", "--target", "wasm32-unknown-unknown", "--lib"]);
     run(cmd)
 }
 
@@ -745,6 +796,16 @@ fn avx512() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn junit_times_reads_each_testcase() {
+        let xml = r#"<testsuites><testsuite name="weft::kernels">
+        <testcase name="wgsl::a" classname="weft::kernels" timestamp="t" time="9.567"/>
+        <testcase name="b" classname="weft::engine" time="0.25"><system-out>x</system-out></testcase>
+        </testsuite></testsuites>"#;
+        let times = junit_times(xml);
+        assert_eq!(times, vec![(9.567, "weft::kernels wgsl::a".to_string()), (0.25, "weft::engine b".to_string())]);
+    }
 
     #[test]
     fn an_unknown_model_name_lists_the_known_ones() {
