@@ -213,7 +213,7 @@ fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str
     writer.to_bytes()
 }
 
-/// Mixture-of-experts models weft does not run (Granite 4.0-H MoE, Qwen2-MoE, gpt-oss, LFM2-MoE,
+/// Mixture-of-experts models weft does not run (DeepSeek-V2, Qwen2-MoE, gpt-oss, LFM2-MoE,
 /// a Mixtral-style llama) are refused with one message naming the architecture and the expert count, by the
 /// loader and by `weft info --model` alike, not with a missing-tensor error; so are their
 /// Hugging Face configs.
@@ -222,7 +222,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     let config = tiny::tiny_config();
     let w = tiny::random_weights(&config, 3, DType::F32);
     let base = tiny::gguf_bytes(&config, &w, DType::F32);
-    for (arch, experts) in [("granitehybrid", 62), ("qwen2moe", 60), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
+    for (arch, experts) in [("deepseek2", 64), ("qwen2moe", 60), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
         // The tiny llama's metadata under `arch`, with an expert count and routed-expert tensors.
         let renamed = GgufFile::from_bytes("tiny.gguf", base.clone()).unwrap();
         let mut metadata: Vec<(String, MetaValue)> = renamed
@@ -271,7 +271,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     );
     // Hugging Face configs: each family's own key.
     for (model_type, key, experts) in [
-        ("granitemoehybrid", "num_local_experts", 62),
+        ("deepseek_v3", "n_routed_experts", 256),
         ("qwen2_moe", "num_experts", 60),
         ("gpt_oss", "num_local_experts", 32),
         ("lfm2_moe", "num_experts", 32),
@@ -285,6 +285,36 @@ fn mixture_of_experts_models_are_refused_by_name() {
         let want = format!("mixture-of-experts is not supported: {model_type} has {experts} experts ({key}) per layer");
         assert!(err.contains(&want), "{model_type}: {err}");
     }
+}
+
+/// Granite MoE's configs: the routed experts' width is `intermediate_size`, the shared
+/// expert's `shared_intermediate_size` (none when absent or 0), in the dense-attention models
+/// and in Granite 4.0-H with experts, whose dense MLP then is the shared expert.
+#[test]
+fn granite_moe_configs_are_read() {
+    let json = |model_type: &str, extra: &str| {
+        format!(
+            r#"{{"model_type": "{model_type}", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 32,
+                "num_hidden_layers": 2, "vocab_size": 260, "num_local_experts": 8, "num_experts_per_tok": 2{extra}}}"#
+        )
+    };
+    for (model_type, shared) in [("granitemoe", 0), ("granitemoeshared", 64)] {
+        let extra = if shared > 0 { format!(r#", "shared_intermediate_size": {shared}"#) } else { String::new() };
+        let c = ModelConfig::from_hf_json("config.json", &json(model_type, &extra)).unwrap();
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32), "{model_type}");
+        assert_eq!(moe.shared_expert_size, shared, "{model_type}");
+        assert!(moe.normalize_weights && c.multipliers.is_some(), "{model_type}");
+    }
+    let hybrid = json(
+        "granitemoehybrid",
+        r#", "shared_intermediate_size": 64, "mamba_n_heads": 8, "mamba_d_conv": 4, "mamba_d_state": 16,
+            "layer_types": ["mamba", "attention"]"#,
+    );
+    let c = ModelConfig::from_hf_json("config.json", &hybrid).unwrap();
+    let moe = c.moe.unwrap();
+    assert_eq!((moe.num_experts, moe.expert_intermediate_size, moe.shared_expert_size), (8, 32, 64));
+    assert_eq!(c.intermediate_size, 64);
 }
 
 /// Qwen3-MoE's config.json is read (experts under either key transformers writes), and the

@@ -4,7 +4,9 @@
 //! without RoPE, Mamba2) and an `Lfm2ForCausalLM` (short convolution, attention, short
 //! convolution, attention) written by `tools/make_recurrent_fixtures.py` — each one's Hugging
 //! Face directory, the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers'
-//! logits and greedy tokens.
+//! logits and greedy tokens. `tests/fixtures/granite_hybrid_moe/` (`tools/make_moe_fixtures.py`)
+//! is Granite 4.0-H with experts (Tiny's and Small's form): the same layers, each MLP 8 routed
+//! experts (top 2) beside the shared one.
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
 //!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
@@ -31,7 +33,7 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 3] = ["mamba2", "granite_hybrid", "lfm2"];
+const FAMILIES: [&str; 4] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe"];
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -167,6 +169,16 @@ fn granite_hybrid_hf_directory_matches_transformers() {
 #[test]
 fn granite_hybrid_llama_cpp_gguf_matches_transformers() {
     fidelity("granite_hybrid", "model.gguf");
+}
+
+#[test]
+fn granite_hybrid_moe_hf_directory_matches_transformers() {
+    fidelity("granite_hybrid_moe", "hf");
+}
+
+#[test]
+fn granite_hybrid_moe_llama_cpp_gguf_matches_transformers() {
+    fidelity("granite_hybrid_moe", "model.gguf");
 }
 
 #[test]

@@ -31,6 +31,11 @@
 //!   matrix per expert; llama.cpp's stacked `ffn_*_exps`). The router's weights are drawn wide,
 //!   so no token's second and third experts nearly tie (the smallest gap in probability is
 //!   2.6e-5, far above f32's summation-order noise), and the routing matches transformers'.
+//! - `tests/fixtures/granitemoe/` (`tools/make_moe_fixtures.py`): a
+//!   `GraniteMoeSharedForCausalLM`: Granite's multipliers, 8 experts a layer of which each token
+//!   takes the top 2 (softmax of their logits), plus a shared expert every token runs, both
+//!   checkpoints (transformers' fused `input_linear` per layer; llama.cpp's `ffn_*_exps` and
+//!   `ffn_*_shexp`); smallest router gap 4.3e-4.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -455,6 +460,33 @@ fn qwen3moe_llama_cpp_gguf_matches_transformers() {
 fn qwen3moe_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
     fixture_fidelity(&f, "qwen3moe", "hf");
+}
+
+#[test]
+fn granitemoe_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granitemoe", "model.gguf");
+}
+
+#[test]
+fn granitemoe_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "granitemoe", "hf");
+}
+
+/// The shared expert counts: left out, Granite MoE's logits move by far more than the
+/// tolerance.
+#[test]
+fn granitemoe_shared_expert_is_visible() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("granitemoe/model.gguf")).unwrap();
+    let moe = files.config.moe.as_mut().unwrap();
+    assert_eq!(moe.shared_expert_size, 64);
+    moe.shared_expert_size = 0;
+    let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let diff = last_logits_diff(&exec, "granitemoe", 1);
+    eprintln!("granitemoe without its shared expert: last-position logits differ by {diff}");
+    assert!(diff > 1e-2, "the shared expert moves logits by only {diff}");
 }
 
 /// The routing is live: without renormalising the top-2 weights, or with one expert a token

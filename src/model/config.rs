@@ -142,7 +142,7 @@ pub struct ModelConfig {
 }
 
 /// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
-/// `Qwen3MoeConfig`): each token goes through the `experts_per_token` experts of the largest
+/// `Qwen3MoeConfig` and Granite MoE configs): each token goes through the `experts_per_token` experts of the largest
 /// softmax router probabilities, each a SwiGLU MLP of `expert_intermediate_size`, their outputs
 /// weighted by those probabilities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,8 +150,12 @@ pub struct MoeConfig {
     pub num_experts: usize,
     pub experts_per_token: usize,
     pub expert_intermediate_size: usize,
-    /// Divide the chosen probabilities by their sum (transformers' `norm_topk_prob`).
+    /// Divide the chosen probabilities by their sum (transformers' `norm_topk_prob`; Granite's
+    /// softmax over the chosen logits gives the same weights).
     pub normalize_weights: bool,
+    /// The width of a shared expert, a SwiGLU MLP every token runs beside its routed experts,
+    /// its output added to theirs (Granite MoE's `shared_mlp`); 0: none.
+    pub shared_expert_size: usize,
 }
 
 /// How the final hidden states of a prompt become one embedding (llama.cpp's
@@ -284,14 +288,15 @@ impl LayerState {
 }
 
 /// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
-const MOE_SUPPORTED: &[&str] = &["qwen3moe", "qwen3_moe"];
+const MOE_SUPPORTED: &[&str] =
+    &["qwen3moe", "qwen3_moe", "granitemoe", "granitemoeshared", "granitehybrid", "granitemoehybrid"];
 
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
 /// `experts` (how many the checkpoint says) per MoE layer.
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
         "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
-         qwen3moe only; gpt-oss, Granite MoE, lfm2moe and the other MoE architectures not yet)"
+         qwen3moe, Granite MoE and Granite 4.0-H; gpt-oss, lfm2moe and the other MoE architectures not yet)"
     )
 }
 
@@ -325,6 +330,20 @@ pub fn hf_moe_refusal(config: &Value) -> Option<String> {
     })
 }
 
+/// Granite MoE's experts from `config.json` (transformers' `GraniteMoeConfig`,
+/// `GraniteMoeSharedConfig` and `GraniteMoeHybridConfig`): `intermediate_size` is each routed
+/// expert's width, `shared_intermediate_size` the shared expert's (0 or absent: none).
+fn granite_moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
+    let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+    Ok(MoeConfig {
+        num_experts: int("num_local_experts")?,
+        experts_per_token: int("num_experts_per_tok")?,
+        expert_intermediate_size: int("intermediate_size")?,
+        normalize_weights: true,
+        shared_expert_size: v["shared_intermediate_size"].as_u64().unwrap_or(0) as usize,
+    })
+}
+
 /// Qwen3-MoE's experts from `config.json` (transformers' `Qwen3MoeConfig`): every layer sparse,
 /// or refused, naming the setting, where some layers are dense (`mlp_only_layers`,
 /// `decoder_sparse_step` above 1) or the model has shared experts.
@@ -349,6 +368,7 @@ fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         expert_intermediate_size: int("moe_intermediate_size")?,
         // transformers' default.
         normalize_weights: v["norm_topk_prob"].as_bool().unwrap_or(false),
+        shared_expert_size: 0,
     })
 }
 
@@ -440,11 +460,11 @@ impl ModelConfig {
             _ => None,
         };
         let multipliers = match arch.as_str() {
-            "granite" | "granitehybrid" => Some(Multipliers {
+            "granite" | "granitemoe" | "granitehybrid" => Some(Multipliers {
                 embedding: float("embedding_scale").unwrap_or(1.0),
                 residual: float("residual_scale").unwrap_or(1.0),
                 // Without the key llama.cpp scales a dense Granite's attention by head_dim^-1/2.
-                attention: float("attention.scale").unwrap_or(if arch == "granite" {
+                attention: float("attention.scale").unwrap_or(if arch != "granitehybrid" {
                     1.0 / (head_dim as f32).sqrt()
                 } else {
                     1.0
@@ -457,7 +477,7 @@ impl ModelConfig {
         let no_rope_layers: Vec<usize> = match arch.as_str() {
             // llama.cpp's SmolLM3: every fourth layer is NoPE, a constant with no key.
             "smollm3" => (0..num_layers).filter(|i| (i + 1).is_multiple_of(SMOLLM3_NO_ROPE_STEP)).collect(),
-            "granite" if granite_rope == Some(false) => (0..num_layers).collect(),
+            "granite" | "granitemoe" if granite_rope == Some(false) => (0..num_layers).collect(),
             _ => Vec::new(),
         };
         if arch == "olmo2" && int("attention.sliding_window").is_ok() {
@@ -475,22 +495,32 @@ impl ModelConfig {
                 if int("expert_shared_count").is_ok_and(|n| n > 0) {
                     return Err(WeftError::model(file, format!("{arch} has shared experts, which weft does not run")));
                 }
+                let granite = arch.starts_with("granite");
                 Some(MoeConfig {
                     num_experts: num_experts as usize,
                     experts_per_token: int("expert_used_count")?,
-                    expert_intermediate_size: int("expert_feed_forward_length")?,
+                    // Granite's converter writes the experts' width as feed_forward_length.
+                    expert_intermediate_size: if granite {
+                        int("feed_forward_length")?
+                    } else {
+                        int("expert_feed_forward_length")?
+                    },
                     // llama.cpp's qwen3moe graph always renormalises (the converter writes no
-                    // key for norm_topk_prob).
-                    normalize_weights: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                    // key for norm_topk_prob); Granite's softmax over the top-k logits is that.
+                    normalize_weights: granite || gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                    shared_expert_size: if granite { int("expert_shared_feed_forward_length").unwrap_or(0) } else { 0 },
                 })
             }
             None if arch == "qwen3moe" => return Err(missing(file, "qwen3moe.expert_count")),
             None => None,
         };
-        // A dense Granite hybrid's MLP is its "shared expert"; a MoE's dense width may be absent.
-        let intermediate_size = int("expert_shared_feed_forward_length")
-            .or_else(|_| int("feed_forward_length"))
-            .or_else(|e| moe.map(|m| m.expert_intermediate_size).ok_or(e))?;
+        // A dense Granite hybrid's MLP is its "shared expert"; a MoE's dense width is its
+        // shared expert's, or its experts' where it has none.
+        let intermediate_size = match moe {
+            Some(m) if m.shared_expert_size > 0 => m.shared_expert_size,
+            Some(m) => m.expert_intermediate_size,
+            None => int("expert_shared_feed_forward_length").or_else(|_| int("feed_forward_length"))?,
+        };
         let config = ModelConfig {
             vocab_size,
             hidden_size,
@@ -722,14 +752,19 @@ impl ModelConfig {
         if v["mlp_bias"].as_bool() == Some(true) {
             return Err(WeftError::model(file, format!("mlp_bias is set; weft runs {arch} without MLP biases")));
         }
-        let multipliers = (arch == "granite").then(|| Multipliers {
+        let granite = matches!(arch.as_str(), "granite" | "granitemoe" | "granitemoeshared");
+        let multipliers = granite.then(|| Multipliers {
             embedding: float("embedding_multiplier").unwrap_or(1.0),
             residual: float("residual_multiplier").unwrap_or(1.0),
             attention: float("attention_multiplier").unwrap_or(1.0),
             logits_scaling: float("logits_scaling").unwrap_or(1.0),
         });
         let no_rope_layers = if arch == "smollm3" { smollm3_no_rope_layers(file, &v, num_layers)? } else { Vec::new() };
-        let moe = if arch == "qwen3_moe" { Some(qwen3moe_from_hf(file, &v)?) } else { None };
+        let moe = match arch.as_str() {
+            "qwen3_moe" => Some(qwen3moe_from_hf(file, &v)?),
+            "granitemoe" | "granitemoeshared" => Some(granite_moe_from_hf(file, &v)?),
+            _ => None,
+        };
         let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
@@ -856,6 +891,11 @@ impl ModelConfig {
         let mamba_head_dim =
             v["mamba_d_head"].as_u64().map_or(expand * hidden_size / mamba_heads.max(1), |d| d as usize);
         let rope_theta = v["rope_parameters"]["rope_theta"].as_f64().or_else(|| v["rope_theta"].as_f64());
+        // Granite 4.0-H Tiny and Small route each token through experts beside the shared MLP.
+        let moe = match v["num_local_experts"].as_u64() {
+            Some(n) if n > 0 => Some(granite_moe_from_hf(file, v)?),
+            _ => None,
+        };
         let config = ModelConfig {
             architecture: "granitemoehybrid".into(),
             vocab_size: int("vocab_size")?,
@@ -900,7 +940,7 @@ impl ModelConfig {
             }),
             no_rope_layers: Vec::new(),
             pooling: None,
-            moe: None,
+            moe,
         };
         config.check(file)?;
         Ok(config)

@@ -277,11 +277,16 @@ impl fmt::Display for ModelReport {
         if let Some(c) = &self.config {
             let mlp = match &c.moe {
                 Some(m) => format!(
-                    "{} experts of MLP {} ({} a token{})",
+                    "{} experts of MLP {} ({} a token{}){}",
                     m.num_experts,
                     m.expert_intermediate_size,
                     m.experts_per_token,
-                    if m.normalize_weights { ", weights renormalised" } else { "" }
+                    if m.normalize_weights { ", weights renormalised" } else { "" },
+                    if m.shared_expert_size > 0 {
+                        format!(" + a shared expert of MLP {}", m.shared_expert_size)
+                    } else {
+                        String::new()
+                    }
                 ),
                 None => format!("MLP {}", c.intermediate_size),
             };

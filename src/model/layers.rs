@@ -196,8 +196,9 @@ impl Activations {
             }
             None => None,
         };
-        // A mixture-of-experts model has no dense MLP (its layers are all sparse).
-        let dense_mlp = if c.moe.is_some() { 0 } else { c.intermediate_size };
+        // A mixture-of-experts model's layers are all sparse: its only dense MLP is a shared
+        // expert, if it has one.
+        let dense_mlp = c.moe.map_or(c.intermediate_size, |m| m.shared_expert_size);
         let short_conv = match c.short_conv {
             Some(_) => Some(ShortConvActivations { bcx: t(3 * c.hidden_size)?, y: t(c.hidden_size)? }),
             None => None,
@@ -499,15 +500,55 @@ impl SsmMixer {
     }
 }
 
-/// A mixture-of-experts MLP (Qwen3-MoE's sparse block): `a.proj = Σ_s w_s · expert_{e_s}(a.xn)`
-/// over each token's top-k experts e_s by the router's softmax, each expert a SwiGLU MLP. Five
-/// dispatches, all on the GPU: the router's matmul, the top-k choice, every slot's gate and up
-/// with SwiGLU, every slot's down, and the weighted sum.
+/// A layer's feed-forward block: one dense MLP, or routed experts.
+pub enum FeedForward {
+    Dense(Mlp),
+    // Boxed: the experts hold more tensors, and layers are walked, not copied.
+    Experts(Box<MoeMlp>),
+}
+
+impl FeedForward {
+    /// `a.proj = ffn(a.xn)`. Adapters reach dense MLPs only: an architecture with experts
+    /// offers no LoRA layout, so `lora` is `None` there.
+    pub fn forward(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        a: &Activations,
+        lora: Option<LayerLora<'_>>,
+    ) -> Result<()> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(ctx, rec, a, lora),
+            FeedForward::Experts(moe) => moe.forward(ctx, rec, a),
+        }
+    }
+}
+
+/// Where a Hugging Face checkpoint keeps a layer's experts.
+#[derive(Clone, Copy)]
+pub enum HfExperts<'a> {
+    /// One matrix per expert and projection under this prefix (`{prefix}.experts.E.gate_proj`,
+    /// …, router `{prefix}.gate`): Qwen3-MoE as transformers 5 saves it.
+    PerExpert(&'a str),
+    /// Granite MoE, under the layer's prefix: `block_sparse_moe.input_linear` (experts, 2 · ff,
+    /// hidden), each expert's gate rows then its up rows, `block_sparse_moe.output_linear`
+    /// (experts, hidden, ff), router `block_sparse_moe.router.layer`, shared expert
+    /// `shared_mlp.input_linear` / `output_linear`.
+    Granite(&'a str),
+}
+
+/// A mixture-of-experts MLP (Qwen3-MoE's and Granite MoE's sparse block):
+/// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
+/// by the router's softmax, each expert a SwiGLU MLP, the shared expert (Granite's) when the
+/// model has one. Five dispatches, all on the GPU, after the shared expert's: the router's
+/// matmul, the top-k choice, every slot's gate and up with SwiGLU, every slot's down, and the
+/// weighted sum (added to the shared expert's output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,  // (experts, hidden)
     pub gate_up: GpuTensor, // (experts · 2 · ff, hidden): each expert's gate rows, then its up rows
     pub down: GpuTensor,    // (experts · hidden, ff)
+    pub shared: Option<Mlp>,
 }
 
 impl MoeMlp {
@@ -517,11 +558,11 @@ impl MoeMlp {
     /// (`{prefix}.experts.E.gate_proj.weight`, …, router `{prefix}.gate.weight`: transformers 5
     /// fuses them in memory, but saves this form). Gate and up must share a format (they run as
     /// one matmul).
-    pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf_prefix: &str) -> Result<MoeMlp> {
+    pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf: HfExperts<'_>) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
-        let (router, gate_up, down) = match w.source.checkpoint() {
-            Checkpoint::Gguf => {
+        let (router, gate_up, down) = match (w.source.checkpoint(), hf) {
+            (Checkpoint::Gguf, _) => {
                 let name = |part: &str| format!("blk.{layer}.{part}.weight");
                 let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
                 let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
@@ -547,7 +588,13 @@ impl MoeMlp {
                     HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
                 (name("ffn_gate_inp"), gate_up, down)
             }
-            Checkpoint::HuggingFace => {
+            (Checkpoint::HuggingFace, HfExperts::Granite(prefix)) => {
+                let name = |part: &str| format!("{prefix}.block_sparse_moe.{part}");
+                let gate_up = w.named_host(&name("input_linear.weight"), &[experts, 2 * ff, hidden])?;
+                let down = w.named_host(&name("output_linear.weight"), &[experts, hidden, ff])?;
+                (name("router.layer.weight"), gate_up, down)
+            }
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(hf_prefix)) => {
                 let name = |part: &str| format!("{hf_prefix}.{part}");
                 let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
                 for e in 0..experts {
@@ -576,11 +623,35 @@ impl MoeMlp {
             let name = format!("layer {layer}'s {what} experts");
             upload_experts(file, &name, [rows, cols], t.dtype, &t.bytes, experts, w.factory)
         };
+        let shared = match (shape.shared_expert_size, w.source.checkpoint(), hf) {
+            (0, ..) => None,
+            (sff, Checkpoint::Gguf, _) => {
+                let name = |part: &str| format!("blk.{layer}.{part}.weight");
+                let gate_up = [(name("ffn_gate_shexp"), sff), (name("ffn_up_shexp"), sff)];
+                Some(Mlp {
+                    gate_up: w.named_linear(&gate_up, None, hidden)?,
+                    down: w.named_linear(&[(name("ffn_down_shexp"), hidden)], None, sff)?,
+                    gate: Gate::Silu,
+                })
+            }
+            (sff, Checkpoint::HuggingFace, HfExperts::Granite(prefix)) => {
+                let name = |part: &str| format!("{prefix}.shared_mlp.{part}.weight");
+                Some(Mlp {
+                    gate_up: w.named_linear(&[(name("input_linear"), 2 * sff)], None, hidden)?,
+                    down: w.named_linear(&[(name("output_linear"), hidden)], None, sff)?,
+                    gate: Gate::Silu,
+                })
+            }
+            (_, Checkpoint::HuggingFace, HfExperts::PerExpert(_)) => {
+                return Err(crate::error::WeftError::model(file, "weft reads shared experts of Granite MoE only"));
+            }
+        };
         Ok(MoeMlp {
             shape,
             router: w.named_matrix(&router, &[experts, hidden])?,
             gate_up: upload("gate and up", &gate_up, experts * 2 * ff, hidden)?,
             down: upload("down", &down, experts * hidden, ff)?,
+            shared,
         })
     }
 
@@ -588,10 +659,13 @@ impl MoeMlp {
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
         let m = a.moe()?;
         let experts = self.shape.num_experts;
+        if let Some(shared) = &self.shared {
+            shared.forward(ctx, rec, a, None)?;
+        }
         matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
         moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.normalize_weights)?;
         moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, Epilogue::SiluMul)?;
         moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None)?;
-        moe_combine(ctx, rec, &m.out, &m.weights, &a.proj)
+        moe_combine(ctx, rec, &m.out, &m.weights, &a.proj, self.shared.is_some())
     }
 }

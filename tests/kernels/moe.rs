@@ -91,7 +91,7 @@ fn mlp_on_gpu(
     let mut rec = Recording::new();
     moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, &act, Epilogue::SiluMul).unwrap();
     moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, &y, Epilogue::None).unwrap();
-    moe_combine(ctx(f), &mut rec, &y, &wt, &out).unwrap();
+    moe_combine(ctx(f), &mut rec, &y, &wt, &out, false).unwrap();
     run(f, &rec);
     read_f32(f, &out)
 }
@@ -219,4 +219,37 @@ fn experts_split_over_bindings_give_the_same_bits() {
     let whole = |shape: &[usize], bytes: &[u8]| f.upload_weight(shape, DType::F32, bytes).unwrap();
     let want = mlp_on_gpu(f, &whole, &x, &ids, &weights, &w, hidden, ff);
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "split experts differ");
+}
+
+/// With `accumulate`, the weighted sum lands on what `out` held (a shared expert's output),
+/// added after the slots: the bits of the plain sum plus that value, one f32 addition. (WGSL's
+/// fma need not fuse, so the plain sum is held to f64 within a rounding a term instead.)
+#[test]
+fn combine_adds_onto_out_when_asked() {
+    let Some(f) = gpu() else { return };
+    let (tokens, cols) = (7, HIDDEN);
+    let y = random(tokens * TOP_K * cols, 41, 1.0);
+    let (_, weights) = routing(tokens, 42);
+    let before = random(tokens * cols, 43, 1.0);
+    let combine = |accumulate: bool| {
+        let yt = f.upload_f32(&[tokens * TOP_K, cols], &y).unwrap();
+        let wt = f.upload_f32(&[tokens, TOP_K], &weights).unwrap();
+        let out = f.upload_f32(&[tokens, cols], &before).unwrap();
+        let mut rec = Recording::new();
+        moe_combine(ctx(f), &mut rec, &yt, &wt, &out, accumulate).unwrap();
+        run(f, &rec);
+        read_f32(f, &out)
+    };
+    let plain = combine(false);
+    let terms = |i: usize| (0..TOP_K).map(move |s| (i / cols * TOP_K + s, (i / cols * TOP_K + s) * cols + i % cols));
+    let want: Vec<f32> = (0..plain.len())
+        .map(|i| terms(i).map(|(w, v)| f64::from(weights[w]) * f64::from(y[v])).sum::<f64>() as f32)
+        .collect();
+    assert_close("combine", &plain, &want, |i| {
+        2.0 * TOP_K as f64 * U * terms(i).map(|(w, v)| f64::from(weights[w] * y[v]).abs()).sum::<f64>() + 1e-30
+    });
+    let added = combine(true);
+    for (i, (&a, (&p, &b))) in added.iter().zip(plain.iter().zip(&before)).enumerate() {
+        assert_eq!(a.to_bits(), (p + b).to_bits(), "element {i}: {a} is not {p} + {b}");
+    }
 }

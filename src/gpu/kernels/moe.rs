@@ -26,7 +26,7 @@ shader_params!(MatmulParams {
     part_experts: u32,
     w_base: u32,
 });
-shader_params!(CombineParams { len: u32, cols: u32, top_k: u32 });
+shader_params!(CombineParams { len: u32, cols: u32, top_k: u32, accumulate: u32 });
 
 const ROUTE_WORKGROUP: usize = 64;
 const MATMUL_WORKGROUP: usize = 64;
@@ -153,14 +153,16 @@ pub fn moe_matmul(
     Ok(())
 }
 
-/// Record `out[t, :] = Σ_s weights[t, s] · y[t · top_k + s, :]`, slots in order: y
-/// (tokens · top_k, cols) F32, weights (tokens, top_k) F32, out (tokens, cols) F32.
+/// Record `out[t, :] = Σ_s weights[t, s] · y[t · top_k + s, :]`, slots in order, plus out's
+/// old value with `accumulate` (added last): y (tokens · top_k, cols) F32, weights (tokens,
+/// top_k) F32, out (tokens, cols) F32.
 pub fn moe_combine(
     ctx: &GpuContext,
     rec: &mut Recording,
     y: &GpuTensor,
     weights: &GpuTensor,
     out: &GpuTensor,
+    accumulate: bool,
 ) -> Result<()> {
     const OP: &str = "moe_combine";
     expect(OP, "out", out, DType::F32, &[None, None])?;
@@ -172,6 +174,7 @@ pub fn moe_combine(
         len: u32_of(OP, "len", tokens * cols)?,
         cols: u32_of(OP, "cols", cols)?,
         top_k: u32_of(OP, "top_k", top_k)?,
+        accumulate: u32::from(accumulate),
     };
     let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
     let bindings = vec![res(y)?, res(weights)?, res(out)?];

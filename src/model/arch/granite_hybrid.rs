@@ -1,8 +1,8 @@
-//! IBM Granite 4.0-H (dense variants) — Mamba2 and attention layers interleaved — as one
-//! forward pass recorded on the GPU.
+//! IBM Granite 4.0-H — Mamba2 and attention layers interleaved, dense or with experts (Tiny,
+//! Small) — as one forward pass recorded on the GPU.
 //!
 //! Reference: transformers' `models/granitemoehybrid/modeling_granitemoehybrid.py`
-//! (`GraniteMoeHybridForCausalLM` with `num_local_experts = 0`), and llama.cpp's
+//! (`GraniteMoeHybridForCausalLM`), and llama.cpp's
 //! `granitehybrid` graph and `convert_hf_to_gguf.py` (`GraniteHybridModel`) for the GGUF
 //! layout. Each layer is
 //!
@@ -11,6 +11,9 @@
 //!                                                       attention scaled by attention_multiplier
 //! x = h + residual_multiplier · shared_mlp(rms_norm(h))  (a gated SiLU MLP)
 //! ```
+//!
+//! where a model with experts adds its routed experts' weighted sum to `shared_mlp`'s output
+//! (layers::MoeMlp: top-k of the router's logits, softmaxed).
 //!
 //! with `x = embedding · embedding_multiplier` at the bottom, a final RMSNorm and the LM head
 //! on the sampled rows, and the logits divided by `logits_scaling` (folded into the final
@@ -30,7 +33,8 @@ use crate::model::arch::Architecture;
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{
-    Activations, Attention, AttentionSetup, Gate, LayerLora, Linear, Mlp, SsmMixer, StepInputs,
+    Activations, Attention, AttentionSetup, FeedForward, Gate, HfExperts, LayerLora, Linear, Mlp, MoeMlp, SsmMixer,
+    StepInputs,
 };
 use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
@@ -46,7 +50,7 @@ struct Layer {
     attn_norm: GpuTensor, // (hidden)
     mixer: Mixer,
     ffn_norm: GpuTensor, // (hidden)
-    mlp: Mlp,
+    ffn: FeedForward,
 }
 
 pub struct GraniteHybridModel {
@@ -97,28 +101,31 @@ impl GraniteHybridModel {
             };
             // llama.cpp splits the shared MLP's input_linear into ffn_gate and ffn_up;
             // transformers keeps them as one matrix, gate rows first, as `Mlp` wants them.
-            let mlp = if gguf {
-                Mlp {
+            let ffn = if let Some(moe) = c.moe {
+                let prefix = format!("model.layers.{i}");
+                FeedForward::Experts(Box::new(MoeMlp::load(&w, moe, hidden, i, HfExperts::Granite(&prefix))?))
+            } else if gguf {
+                FeedForward::Dense(Mlp {
                     gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
                     down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
                     gate: Gate::Silu,
-                }
+                })
             } else {
                 let hf = |name: &str| format!("model.layers.{i}.shared_mlp.{name}.weight");
-                Mlp {
+                FeedForward::Dense(Mlp {
                     gate_up: Linear {
                         weights: vec![w.named_matrix(&hf("input_linear"), &[2 * inter, hidden])?],
                         bias: None,
                     },
                     down: Linear { weights: vec![w.named_matrix(&hf("output_linear"), &[hidden, inter])?], bias: None },
                     gate: Gate::Silu,
-                }
+                })
             };
             layers.push(Layer {
                 attn_norm: w.vector(Some(i), Part::AttnNorm, hidden)?,
                 mixer,
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
-                mlp,
+                ffn,
             });
             progress(i + 1, c.num_layers);
         }
@@ -187,7 +194,7 @@ impl Architecture for GraniteHybridModel {
                 }
             }
             add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, lora)?;
+            layer.ffn.forward(ctx, rec, a, lora)?;
         }
         add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
@@ -196,8 +203,11 @@ impl Architecture for GraniteHybridModel {
     }
 
     /// Adapters on the attention layers' q, k, v, o and every layer's MLP (`input_linear` as gate
-    /// and up, `output_linear` as down); the Mamba2 mixers take none.
+    /// and up, `output_linear` as down); the Mamba2 mixers take none, nor do models with experts.
     fn lora_layout(&self) -> Option<LoraLayout> {
+        if self.config.moe.is_some() {
+            return None;
+        }
         Some(LoraLayout::llama(&self.config, self.pairing == RopePairing::Interleaved))
     }
 }

@@ -26,7 +26,11 @@
 //! scaled by `residual_multiplier` before it is added, attention scaled by
 //! `attention_multiplier` instead of head_dim^-1/2, and logits divided by `logits_scaling`
 //! (folded into the final norm's weight, which the LM head multiplies linearly). Without
-//! multipliers every one of these is 1 (or head_dim^-1/2), which changes no bit.
+//! multipliers every one of these is 1 (or head_dim^-1/2), which changes no bit. Granite MoE
+//! (`modeling_granitemoe.py`, `modeling_granitemoeshared.py`; llama.cpp's `granitemoe`) is
+//! Granite whose MLPs are routed experts ([`MoeMlp`]: the softmax of the top-k router logits,
+//! which equals the renormalised top-k of the full softmax), plus a shared expert every token
+//! runs where the model has one.
 //!
 //! llama.cpp's converter permutes the q/k rows of Llama checkpoints so that RoPE pairs
 //! dimensions (2i, 2i+1); Hugging Face keeps the "rotate half" order (i, i + head_dim/2). Each
@@ -42,7 +46,9 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::{Architecture, gguf_qk_interleaved};
 use crate::model::config::{ModelConfig, Multipliers};
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, LayerLora, Mlp, QkNorm, StepInputs};
+use crate::model::layers::{
+    Activations, Attention, AttentionSetup, FeedForward, Gate, HfExperts, LayerLora, Mlp, MoeMlp, QkNorm, StepInputs,
+};
 use crate::model::lora_pool::LoraLayout;
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource, tensor_name};
 use crate::tensor::TensorFactory;
@@ -52,7 +58,7 @@ struct Layer {
     attn_norm: GpuTensor, // (hidden)
     attention: Attention,
     ffn_norm: GpuTensor, // (hidden)
-    mlp: Mlp,
+    ffn: FeedForward,
 }
 
 pub struct LlamaModel {
@@ -132,10 +138,16 @@ impl LlamaModel {
                     },
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
-                mlp: Mlp {
-                    gate_up: w.linear(i, gate_up, None, hidden)?,
-                    down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
-                    gate: Gate::Silu,
+                ffn: match c.moe {
+                    Some(moe) => {
+                        let prefix = format!("model.layers.{i}");
+                        FeedForward::Experts(Box::new(MoeMlp::load(&w, moe, hidden, i, HfExperts::Granite(&prefix))?))
+                    }
+                    None => FeedForward::Dense(Mlp {
+                        gate_up: w.linear(i, gate_up, None, hidden)?,
+                        down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
+                        gate: Gate::Silu,
+                    }),
                 },
             });
             progress(i + 1, c.num_layers);
@@ -223,7 +235,7 @@ impl Architecture for LlamaModel {
             let lora = inputs.lora.map(|step| LayerLora { step, layer: i });
             layer.attention.forward(ctx, rec, a, inputs, &kv.layer(i)?, &setup, lora)?;
             add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, lora)?;
+            layer.ffn.forward(ctx, rec, a, lora)?;
         }
         add_scaled_rms_norm(ctx, rec, &a.x, &a.proj, r, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
@@ -233,7 +245,11 @@ impl Architecture for LlamaModel {
 
     /// Adapters target q, k, v, o, gate, up and down; a checkpoint's fused qkv or gate-up
     /// (Phi-3) is read into those parts (`lora::Target`), whichever way the base stores them.
+    /// Granite MoE takes none: its experts would need per-expert adapters.
     fn lora_layout(&self) -> Option<LoraLayout> {
+        if self.config.moe.is_some() {
+            return None;
+        }
         Some(LoraLayout::llama(&self.config, self.pairing == RopePairing::Interleaved))
     }
 }

@@ -43,6 +43,8 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3_moe",
     "smollm3",
     "granite",
+    "granitemoe",
+    "granitemoeshared",
     "olmo2",
     "gemma3",
     "phi3",
@@ -57,7 +59,7 @@ pub const SUPPORTED: &[&str] = &[
 /// `architecture` (its Llama-derived converters do; Qwen, Phi-3, Gemma and OLMo 2 keep Hugging
 /// Face's order). A base model and a GGUF LoRA adapter of the same architecture agree.
 pub fn gguf_qk_interleaved(architecture: &str) -> bool {
-    matches!(architecture, "llama" | "mistral" | "granite" | "smollm3" | "granitehybrid")
+    matches!(architecture, "llama" | "mistral" | "granite" | "granitemoe" | "smollm3" | "granitehybrid")
 }
 
 /// A model on the GPU, ready to record forward passes.
@@ -118,7 +120,7 @@ fn load_layers(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<dyn Architecture>> {
     match config.architecture.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" | "smollm3" | "granite" => {
+        "llama" | "mistral" | "qwen2" | "qwen3" | "smollm3" | "granite" | "granitemoe" | "granitemoeshared" => {
             Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
         }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
