@@ -21,6 +21,18 @@ would let f32 summation order pick a different expert. The script prints the sma
 between a token's k-th and (k+1)-th router probabilities over the prompts, and the experts the
 prompts reach.
 
+``tests/fixtures/gpt_oss/`` (``--only gpt_oss``)
+    OpenAI's gpt-oss: biased q/k/v/o projections, a learned attention sink per head (a logit
+    that joins each softmax's denominator), layers alternating a sliding window of 8 with full
+    attention, YaRN RoPE (factor 4 over 32 original positions, ``truncate`` false as gpt-oss
+    sets it), and in every layer a router with bias over 8 experts whose top-2 logits are
+    softmaxed, each expert ``(clamp(up) + 1) · glu(clamp(gate))`` with gate and up biased and
+    interleaved in ``gate_up_proj`` (8, 64, 64) (hidden, 2 · 32 columns gate, up, gate, …),
+    and a biased down. The experts' gate/up weights are drawn wide (activations of std about
+    4) so that the SwiGLU limit of 7 clips some of them. llama.cpp's converter writes MXFP4
+    only from checkpoints already in MXFP4 (``*_blocks``/``*_scales``), so this f32 model's
+    experts stay f32 in the GGUF.
+
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, gguf-py and
 ``convert_hf_to_gguf.py`` of llama-cpp-python 0.3.36's ``vendor/llama.cpp``.
 
@@ -40,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_recurrent_fixtures as recurrent  # noqa: E402
 
 NAME = "qwen3moe"
+GPT_OSS = "gpt_oss"
 ROUTER_STD = 0.25
 
 
@@ -54,6 +67,22 @@ def qwen3moe(vocab: int):
         tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=0,
     )
     return Qwen3MoeForCausalLM(config)
+
+
+def gpt_oss(vocab: int):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": False},
+        rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    model = GptOssForCausalLM(config)
+    model.config._attn_implementation = "eager"
+    return model
 
 
 DENSE_RANDOMIZE = recurrent.randomize
@@ -71,6 +100,56 @@ def randomize(model) -> None:
             elif name.endswith("mlp.gate.weight"):
                 p.copy_(torch.randn_like(p) * ROUTER_STD)
     MODELS.append(model)
+
+
+def randomize_gpt_oss(model) -> None:
+    """``recurrent.randomize``, then gpt-oss's own parameters: biases small, sinks of std 1,
+    experts (stored input-major: (experts, in, out)) drawn by their input width, gate/up wide
+    enough to reach the SwiGLU limit, routers wide (see ``randomize``)."""
+    DENSE_RANDOMIZE(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.randn_like(p))
+            elif name.endswith("experts.gate_up_proj"):
+                p.copy_(torch.randn_like(p) * 4.0 / p.shape[-2] ** 0.5)
+            elif name.endswith("experts.down_proj"):
+                p.copy_(torch.randn_like(p) * 0.5 / p.shape[-2] ** 0.5)
+            elif name.endswith("router.weight"):
+                p.copy_(torch.randn_like(p) * ROUTER_STD)
+            elif "bias" in name:
+                p.copy_(torch.randn_like(p) * 0.1)
+    MODELS.append(model)
+
+
+def gpt_oss_report(model) -> None:
+    """Print the smallest gap between a token's k-th and (k+1)-th router logit (top-k picks on
+    logits), the experts reached, and how often the SwiGLU limit clips gate or up."""
+    k = model.config.num_experts_per_tok
+    limit = model.config.swiglu_limit
+    gaps, chosen, clipped = [], set(), [0, 0]
+
+    def router_hook(_module, inputs, _output):
+        logits = torch.nn.functional.linear(inputs[0], _module.weight, _module.bias)
+        top = logits.topk(k + 1, dim=-1)
+        gaps.append(float((top.values[:, k - 1] - top.values[:, k]).min()))
+        chosen.update(top.indices[:, :k].flatten().tolist())
+
+    def experts_hook(module, inputs, _output):
+        x = inputs[0]
+        gate_up = torch.einsum("th,ehf->etf", x, module.gate_up_proj) + module.gate_up_proj_bias[:, None]
+        clipped[0] += int((gate_up[..., ::2] > limit).sum() + (gate_up[..., 1::2].abs() > limit).sum())
+        clipped[1] += gate_up.numel()
+
+    hooks = [layer.mlp.router.register_forward_hook(router_hook) for layer in model.model.layers]
+    hooks += [layer.mlp.experts.register_forward_hook(experts_hook) for layer in model.model.layers]
+    with torch.no_grad():
+        for ids in recurrent.PROMPTS:
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    print(f"smallest top-{k} gap in router logits: {min(gaps):.3e}; experts reached: {sorted(chosen)}; "
+          f"clipped by the SwiGLU limit: {clipped[0]} of {clipped[1]} gate/up values (all experts)")
 
 
 def routing_report(model) -> None:
@@ -97,22 +176,30 @@ def routing_report(model) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
+    parser.add_argument("--only", choices=[NAME, GPT_OSS], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
-    hf = recurrent.FIXTURES / NAME / "hf"
-    hf.mkdir(parents=True, exist_ok=True)
-    # The converter reads a GPT-2 style vocabulary when the tokenizer class says so.
-    (hf / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "add_bos_token": False}, indent=2) + "\n")
-    recurrent.randomize = randomize
-    recurrent.make(NAME, qwen3moe, args.llama_cpp)
-    routing_report(MODELS[0])
-    expected_path = recurrent.FIXTURES / NAME / "expected.json"
-    expected = json.loads(expected_path.read_text())
-    expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
-    expected_path.write_text(json.dumps(expected) + "\n")
+    for name, build, rand, report, greedy in [
+        (NAME, qwen3moe, randomize, routing_report, recurrent.NUM_GREEDY),
+        (GPT_OSS, gpt_oss, randomize_gpt_oss, gpt_oss_report, recurrent.NUM_GREEDY_32),
+    ]:
+        if args.only not in (None, name):
+            continue
+        hf = recurrent.FIXTURES / name / "hf"
+        hf.mkdir(parents=True, exist_ok=True)
+        # The converter reads a GPT-2 style vocabulary when the tokenizer class says so.
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+            "add_bos_token": False}, indent=2) + "\n")
+        recurrent.randomize = rand
+        MODELS.clear()
+        recurrent.make(name, build, args.llama_cpp, num_greedy=greedy)
+        report(MODELS[0])
+        expected_path = recurrent.FIXTURES / name / "expected.json"
+        expected = json.loads(expected_path.read_text())
+        expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
+        expected_path.write_text(json.dumps(expected) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ use crate::error::{Result, WeftError};
 use crate::model::arch::{SUPPORTED, unsupported};
 use crate::model::gguf::GgufFile;
 
+pub use crate::gpu::kernels::moe::Routing;
+
 /// How positions stretch beyond the trained context.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -142,16 +144,28 @@ pub struct ModelConfig {
 }
 
 /// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
-/// `Qwen3MoeConfig`): each token goes through the `experts_per_token` experts of the largest
-/// softmax router probabilities, each a SwiGLU MLP of `expert_intermediate_size`, their outputs
-/// weighted by those probabilities.
+/// `Qwen3MoeConfig`, `GptOssConfig`): each token goes through `experts_per_token` experts chosen
+/// and weighted by `routing` from the router's logits, each a gated MLP of
+/// `expert_intermediate_size`, their outputs weighted and summed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeConfig {
     pub num_experts: usize,
     pub experts_per_token: usize,
     pub expert_intermediate_size: usize,
-    /// Divide the chosen probabilities by their sum (transformers' `norm_topk_prob`).
-    pub normalize_weights: bool,
+    /// Softmax then top-k (Qwen3-MoE, renormalised by `norm_topk_prob`), or top-k logits then
+    /// their softmax (gpt-oss).
+    pub routing: Routing,
+    /// The experts' gate.
+    pub gate: ExpertGate,
+}
+
+/// The gate of a mixture-of-experts model's experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertGate {
+    /// silu(gate) · up (Qwen3-MoE).
+    Silu,
+    /// gpt-oss's clamped SwiGLU, `cpu::moe::swiglu_oai` (alpha 1.702, limit 7).
+    SwigluOai,
 }
 
 /// How the final hidden states of a prompt become one embedding (llama.cpp's
@@ -284,14 +298,14 @@ impl LayerState {
 }
 
 /// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
-const MOE_SUPPORTED: &[&str] = &["qwen3moe", "qwen3_moe"];
+const MOE_SUPPORTED: &[&str] = &["qwen3moe", "qwen3_moe", "gpt-oss", "gpt_oss"];
 
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
 /// `experts` (how many the checkpoint says) per MoE layer.
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
         "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
-         qwen3moe only; gpt-oss, Granite MoE, lfm2moe and the other MoE architectures not yet)"
+         qwen3moe and gpt-oss only; Granite MoE, lfm2moe and the other MoE architectures not yet)"
     )
 }
 
@@ -348,7 +362,46 @@ fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         experts_per_token: int("num_experts_per_tok")?,
         expert_intermediate_size: int("moe_intermediate_size")?,
         // transformers' default.
-        normalize_weights: v["norm_topk_prob"].as_bool().unwrap_or(false),
+        routing: Routing::Softmax { normalize: v["norm_topk_prob"].as_bool().unwrap_or(false) },
+        gate: ExpertGate::Silu,
+    })
+}
+
+/// gpt-oss's attention alternates a sliding window with full attention, the first layer
+/// sliding (transformers' default `layer_types`, llama.cpp's swa pattern of 2): with
+/// `sliding_window_pattern` 2, every second layer attends globally.
+const GPT_OSS_PATTERN: usize = 2;
+
+/// gpt-oss's experts from `config.json` (transformers' `GptOssConfig`): every layer sparse,
+/// routed by a softmax over the top-k router logits, each expert a clamped SwiGLU whose
+/// constants weft (like llama.cpp) fixes, so other values are refused; `layer_types` must
+/// alternate sliding and full attention from a sliding first layer.
+fn gpt_oss_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
+    let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+    let refuse = |detail: String| Err(WeftError::model(file, detail));
+    for (key, want) in [("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)] {
+        if let Some(value) = v[key].as_f64().filter(|&x| (x - want).abs() > 1e-6) {
+            return refuse(format!("{key} is {value}; weft runs gpt-oss's experts with {want}, as llama.cpp does"));
+        }
+    }
+    if let Some(types) = v["layer_types"].as_array() {
+        let want = |i: usize| {
+            if (i + 1).is_multiple_of(GPT_OSS_PATTERN) { "full_attention" } else { "sliding_attention" }
+        };
+        if types.iter().enumerate().any(|(i, t)| t.as_str() != Some(want(i))) {
+            return refuse(
+                "layer_types does not alternate sliding_attention and full_attention from a sliding first \
+                           layer, as gpt-oss's do"
+                    .into(),
+            );
+        }
+    }
+    Ok(MoeConfig {
+        num_experts: int("num_local_experts")?,
+        experts_per_token: int("num_experts_per_tok")?,
+        expert_intermediate_size: int("intermediate_size")?,
+        routing: Routing::TopKSoftmax,
+        gate: ExpertGate::SwigluOai,
     })
 }
 
@@ -375,6 +428,25 @@ fn smollm3_no_rope_layers(file: &str, v: &Value, num_layers: usize) -> Result<Ve
             Ok((0..num_layers).filter(|i| (i + 1).is_multiple_of(step)).collect())
         }
     }
+}
+
+/// A gpt-oss GGUF's sliding-window layers: llama.cpp's default pattern of 2 (the first layer
+/// sliding), or `attention.sliding_window_pattern` where it says the same; another layout is
+/// refused, naming it.
+fn gpt_oss_swa_pattern(gguf: &GgufFile) -> Result<usize> {
+    let key = "gpt-oss.attention.sliding_window_pattern";
+    let fits = match (gguf.get_u64(key), gguf.get_bool_array(key)) {
+        (Some(n), _) => n as usize == GPT_OSS_PATTERN,
+        (None, Some(layers)) => layers.iter().enumerate().all(|(i, &s)| s != (i + 1).is_multiple_of(GPT_OSS_PATTERN)),
+        (None, None) => true,
+    };
+    if !fits {
+        return Err(WeftError::model(
+            gguf.name(),
+            format!("{key} is not gpt-oss's alternation of sliding and full attention layers (sliding first)"),
+        ));
+    }
+    Ok(GPT_OSS_PATTERN)
 }
 
 fn missing(file: &str, key: &str) -> WeftError {
@@ -475,13 +547,22 @@ impl ModelConfig {
                 if int("expert_shared_count").is_ok_and(|n| n > 0) {
                     return Err(WeftError::model(file, format!("{arch} has shared experts, which weft does not run")));
                 }
+                let gpt_oss = arch == "gpt-oss";
                 Some(MoeConfig {
                     num_experts: num_experts as usize,
                     experts_per_token: int("expert_used_count")?,
                     expert_intermediate_size: int("expert_feed_forward_length")?,
-                    // llama.cpp's qwen3moe graph always renormalises (the converter writes no
+                    // llama.cpp's gpt-oss graph softmaxes the top-k logits (its SOFTMAX_WEIGHT
+                    // gating); its qwen3moe graph always renormalises (the converter writes no
                     // key for norm_topk_prob).
-                    normalize_weights: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                    routing: if gpt_oss {
+                        Routing::TopKSoftmax
+                    } else {
+                        Routing::Softmax {
+                            normalize: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                        }
+                    },
+                    gate: if gpt_oss { ExpertGate::SwigluOai } else { ExpertGate::Silu },
                 })
             }
             None if arch == "qwen3moe" => return Err(missing(file, "qwen3moe.expert_count")),
@@ -514,7 +595,11 @@ impl ModelConfig {
             qk_norm: arch == "lfm2" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
-            sliding_window_pattern: (arch == "gemma3").then_some(6),
+            sliding_window_pattern: match arch.as_str() {
+                "gemma3" => Some(6),
+                "gpt-oss" => Some(gpt_oss_swa_pattern(gguf)?),
+                _ => None,
+            },
             rope_local_theta: (arch == "gemma3").then_some(10000.0),
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
@@ -580,7 +665,10 @@ impl ModelConfig {
                     original_max_position_embeddings: original,
                     beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                     beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
-                    truncate: true,
+                    // gpt-oss is trained with YaRN's ramp unrounded (transformers' truncate:
+                    // false, which its config sets); the GGUF has no key for it, and llama.cpp
+                    // rounds for every model. weft follows the checkpoint's own definition.
+                    truncate: arch != "gpt-oss",
                     attention_factor,
                 }))
             }
@@ -729,7 +817,12 @@ impl ModelConfig {
             logits_scaling: float("logits_scaling").unwrap_or(1.0),
         });
         let no_rope_layers = if arch == "smollm3" { smollm3_no_rope_layers(file, &v, num_layers)? } else { Vec::new() };
-        let moe = if arch == "qwen3_moe" { Some(qwen3moe_from_hf(file, &v)?) } else { None };
+        let moe = match arch.as_str() {
+            "qwen3_moe" => Some(qwen3moe_from_hf(file, &v)?),
+            "gpt_oss" => Some(gpt_oss_from_hf(file, &v)?),
+            _ => None,
+        };
+        let gpt_oss = arch == "gpt_oss";
         let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
@@ -744,15 +837,15 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
-            sliding_window: if arch == "mistral" || v["use_sliding_window"].as_bool() == Some(true) {
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2" || gpt_oss),
+            sliding_window: if arch == "mistral" || gpt_oss || v["use_sliding_window"].as_bool() == Some(true) {
                 v["sliding_window"].as_u64().map(|w| w as usize)
             } else {
                 None
             },
             // Qwen3's (and Qwen3-MoE's) per head; OLMo 2's over the whole q and k projections.
             qk_norm: arch == "qwen3" || arch == "qwen3_moe" || arch == "olmo2",
-            sliding_window_pattern: None,
+            sliding_window_pattern: gpt_oss.then_some(GPT_OSS_PATTERN),
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             ssm: None,

@@ -281,7 +281,11 @@ impl fmt::Display for ModelReport {
                     m.num_experts,
                     m.expert_intermediate_size,
                     m.experts_per_token,
-                    if m.normalize_weights { ", weights renormalised" } else { "" }
+                    match (m.routing, m.gate) {
+                        (_, crate::model::config::ExpertGate::SwigluOai) => ", top-k logits softmaxed, clamped SwiGLU",
+                        (crate::model::config::Routing::Softmax { normalize: true }, _) => ", weights renormalised",
+                        _ => "",
+                    }
                 ),
                 None => format!("MLP {}", c.intermediate_size),
             };

@@ -130,6 +130,7 @@ impl LlamaModel {
                     } else {
                         None
                     },
+                    sinks: None,
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 mlp: Mlp {

@@ -29,7 +29,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, MoeMlp, QkNorm, StepInputs};
+use crate::model::layers::{Activations, Attention, AttentionSetup, HfExperts, MoeMlp, QkNorm, StepInputs};
 use crate::model::weights::{Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -82,9 +82,10 @@ impl Qwen3MoeModel {
                         k: w.vector(Some(i), Part::KNorm, c.head_dim)?,
                         eps: c.rms_norm_eps,
                     }),
+                    sinks: None,
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
-                moe: MoeMlp::load(&w, moe, hidden, i, &format!("model.layers.{i}.mlp"))?,
+                moe: MoeMlp::load(&w, moe, hidden, i, HfExperts::PerExpert(&format!("model.layers.{i}.mlp")))?,
             });
             progress(i + 1, c.num_layers);
         }
