@@ -39,7 +39,8 @@
 //!   softmaxed; both checkpoints (transformers' fused, interleaved `gate_up_proj`; llama.cpp's
 //!   split `ffn_gate_exps` / `ffn_up_exps`), 32 greedy tokens. The smallest gap between a
 //!   token's second and third router logit is 1.4e-2; about 7% of the experts' gate/up values
-//!   reach the SwiGLU limit.
+//!   reach the SwiGLU limit. `tests/fixtures/gpt_oss_mxfp4/` is the same model with MXFP4
+//!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks), GGUF only.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -508,6 +509,20 @@ fn gpt_oss_llama_cpp_gguf_matches_transformers() {
 fn gpt_oss_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
     fixture_fidelity(&f, "gpt_oss", "hf");
+}
+
+/// gpt-oss with its experts in MXFP4, as OpenAI ships them: transformers read them through its
+/// own MXFP4 decoder, llama.cpp's converter repacked them into GGUF MXFP4 `ffn_*_exps`, and
+/// weft runs them in that format (the file's experts checked to be MXFP4).
+#[test]
+fn gpt_oss_mxfp4_experts_match_transformers() {
+    let gguf = weft::model::gguf::GgufFile::open(&fixture("gpt_oss_mxfp4/model.gguf")).unwrap();
+    for part in ["gate", "up", "down"] {
+        let t = gguf.tensor(&format!("blk.1.ffn_{part}_exps.weight")).unwrap();
+        assert_eq!(t.ggml_type, weft::model::gguf::GgmlType::MXFP4, "{part}");
+    }
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "gpt_oss_mxfp4", "model.gguf");
 }
 
 /// Both checkpoints read the same gpt-oss: sliding window 8 in layer 0 only, biases, YaRN

@@ -33,6 +33,14 @@ prompts reach.
     only from checkpoints already in MXFP4 (``*_blocks``/``*_scales``), so this f32 model's
     experts stay f32 in the GGUF.
 
+``tests/fixtures/gpt_oss_mxfp4/`` (``--only gpt_oss_mxfp4``)
+    The same gpt-oss with its experts in MXFP4, as OpenAI ships them: each expert weight
+    rounded to the nearest E2M1 value under a power-of-two (E8M0) scale per 32 inputs, saved
+    as transformers' ``*_blocks`` / ``*_scales`` with ``quantization_config`` mxfp4 (the HF
+    directory is written to a temporary folder, not committed), read back by transformers
+    (``Mxfp4Config(dequantize=True)``: its own decoder gives the reference logits), and
+    converted by llama.cpp, which repacks the blocks into GGUF MXFP4 ``ffn_*_exps``.
+
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, gguf-py and
 ``convert_hf_to_gguf.py`` of llama-cpp-python 0.3.36's ``vendor/llama.cpp``.
 
@@ -53,6 +61,8 @@ import make_recurrent_fixtures as recurrent  # noqa: E402
 
 NAME = "qwen3moe"
 GPT_OSS = "gpt_oss"
+GPT_OSS_MXFP4 = "gpt_oss_mxfp4"
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 ROUTER_STD = 0.25
 
 
@@ -173,10 +183,85 @@ def routing_report(model) -> None:
     print(f"smallest top-{k} gap in router probabilities: {min(gaps):.3e}; experts reached: {sorted(chosen)}")
 
 
+def mxfp4_blocks(w):
+    """transformers' MXFP4 layout of an expert weight ``w`` (experts, in, out): blocks (experts,
+    out, in / 32, 16) uint8, element 2i of a block in byte i's low nibble and 2i + 1 in its high
+    one, and scales (experts, out, in / 32) uint8, the E8M0 exponent + 127. Each block's scale is
+    the smallest power of two that puts its largest magnitude within E2M1's 6; each value the
+    nearest E2M1 code (ties to the lower code)."""
+    rows = w.transpose(1, 2).contiguous()  # (experts, out, in)
+    e, o, i = rows.shape
+    blocks = rows.reshape(e, o, i // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -100)
+    exponent = torch.ceil(torch.log2(amax / 6.0))
+    lut = torch.tensor(FP4_VALUES)
+    codes = ((blocks / 2.0 ** exponent)[..., None] - lut).abs().argmin(dim=-1).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, (exponent[..., 0] + 127).to(torch.uint8)
+
+
+def make_gpt_oss_mxfp4(llama_cpp: Path) -> None:
+    """The gpt-oss fixture's model with MXFP4 experts (see the module's docstring)."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+    from transformers import GptOssForCausalLM, Mxfp4Config
+
+    out = recurrent.FIXTURES / GPT_OSS_MXFP4
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = Path(tmp) / "hf"
+        hf.mkdir()
+        vocab = recurrent.tokenizer(hf)
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+            "add_bos_token": False}, indent=2) + "\n")
+        torch.manual_seed(14)
+        model = gpt_oss(vocab).float().eval()
+        randomize_gpt_oss(model)
+        model.save_pretrained(hf, safe_serialization=True)
+        tensors = load_file(hf / "model.safetensors")
+        for name in list(tensors):
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                blocks, scales = mxfp4_blocks(tensors.pop(name))
+                tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((hf / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # transformers' own MXFP4 decoder gives the model the reference runs.
+        quantized = GptOssForCausalLM.from_pretrained(
+            hf, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
+        quantized.config._attn_implementation = "eager"
+        expected = {"meta": {"generator": "tools/make_moe_fixtures.py", "transformers": __import__("transformers").__version__,
+                             "torch": torch.__version__, "vocab_size": vocab}, "prompts": []}
+        with torch.no_grad():
+            for ids in recurrent.PROMPTS:
+                logits = quantized(torch.tensor([ids])).logits[0, -1]
+                gen = quantized.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                         max_new_tokens=recurrent.NUM_GREEDY_32, do_sample=False, output_logits=True,
+                                         return_dict_in_generate=True, eos_token_id=None)
+                steps = [s[0] for s in gen.logits]
+                margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in steps]
+                expected["prompts"].append({"prompt_ids": ids, "last_logits": [round(float(v), 6) for v in logits],
+                                            "greedy_ids": gen.sequences[0, len(ids):].tolist(),
+                                            "greedy_margins": [round(m, 5) for m in margins]})
+        (out / "expected.json").write_text(json.dumps(expected) + "\n")
+        gpt_oss_report(quantized)
+
+        import conversion.base
+        import convert_hf_to_gguf
+
+        conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+        sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "f32", "--outfile", str(out / "model.gguf")]
+        convert_hf_to_gguf.main()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=[NAME, GPT_OSS], help="make one fixture")
+    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
@@ -200,6 +285,8 @@ def main() -> None:
         expected = json.loads(expected_path.read_text())
         expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
         expected_path.write_text(json.dumps(expected) + "\n")
+    if args.only in (None, GPT_OSS_MXFP4):
+        make_gpt_oss_mxfp4(args.llama_cpp)
 
 
 if __name__ == "__main__":
