@@ -182,7 +182,7 @@ fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
         let out = factory.zeros(&[n, 9 * 64], DType::F32)?;
         let partials = factory.zeros(&[n, attention_partials_cols(false, 9, 64)], DType::F32)?;
         let seconds = median_seconds(ctx, |rec| {
-            paged_attention(ctx, rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125)
+            paged_attention(ctx, rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125, None)
         })?;
         println!("{label:<28} {:>10.1} us", seconds * 1e6);
     }

@@ -3,13 +3,16 @@
 // tokens whose context it split (shared/attention_splits.wgsl), in split order:
 //   M = max_j m_j,  S = Σ_j s_j · exp(m_j - M),  out = (Σ_j o_j · exp(m_j - M)) / S
 // where split j left its running max m_j, sum s_j and unnormalised weighted V sum o_j. Tokens
-// with one split were finished by paged_attention and are skipped.
+// with one split were finished by paged_attention and are skipped. With has_sinks = 1 the head's
+// sink logit joins the sum as paged_attention.wgsl says: M' = max(M, sink), out = (Σ_j o_j ·
+// exp(m_j - M)) · exp(M - M') / (S · exp(M - M') + exp(sink - M')).
 //
 // Bindings (group 0)
 //   0 params      uniform     Params  mirrors gpu::kernels::paged::MergeParams
 //   1 token_info  read        u32 (num_tokens, 2)  (sequence index, last position seen) per token
 //   2 partials    read        vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): (m, s, 0, 0), o
 //   3 out         read_write  vec4 (num_tokens, num_heads · HD / 4)
+//   4 sinks       read        f32 (num_heads)  each head's sink logit; unused when has_sinks is 0
 // Workgroup: 64 invocations per (head, token); invocation d joins output vec4 d (HD <= 256).
 // Grid: (num_heads, num_tokens, 1).
 
@@ -20,12 +23,14 @@ struct Params {
     head_dim: u32,
     window: u32,
     split_min: u32,
+    has_sinks: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> token_info: array<u32>;
 @group(0) @binding(2) var<storage, read> partials: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> sinks: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) d: u32) {
@@ -49,6 +54,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let w = exp(state.x - m);
         s += state.y * w;
         o += partials[base + j * (hv + 1u) + 1u + d] * w;
+    }
+    if (params.has_sinks == 1u) {
+        let sink = sinks[head];
+        let top = max(m, sink);
+        let c = exp(m - top);
+        out[(t * params.num_heads + head) * hv + d] = o * c / (s * c + exp(sink - top));
+        return;
     }
     out[(t * params.num_heads + head) * hv + d] = o / s;
 }

@@ -3,7 +3,9 @@
 // each (token, slot) row r, y[r, :] = x[r / x_div, :] · W[e]ᵀ with e = ids[r], the slot's expert,
 // W the stacked experts of one projection in any weight format (formats/*.wgsl); or, with a
 // gated epilogue, y[r, c] = act(x · W[e][c]ᵀ) · (x · W[e][n + c]ᵀ): an expert's gate and up
-// projections and its SwiGLU in one pass (shared/epilogue_*.wgsl). Every kernel family runs it.
+// projections and its SwiGLU in one pass (shared/epilogue_*.wgsl). With params.has_bias = 1 each
+// expert's bias is added to each of its G sums before the epilogue (gpt-oss). Every kernel
+// family runs it.
 //
 // Bindings (group 0)
 //   0 params   uniform        Params                     mirrors gpu::kernels::moe::MatmulParams
@@ -16,6 +18,9 @@
 //                                                        the part starting w_base bytes in
 //   3 y        read_write     f32 (rows, n)
 //   4 ids      storage, read  u32 (rows)                 each row's expert
+//   5 bias     storage, read  f32 (num_experts, G · n)   each expert's bias, in its weight
+//                                                        rows' order; unused (any buffer)
+//                                                        when has_bias is 0
 // G (1, or 2 with a gated epilogue) weight rows per output column: row c, and row n + c.
 // Workgroup: 64 invocations; invocation i of workgroup (gx, gy, gz) computes column gx*64 + i
 //   of row gy + gz * (workgroups in y). A row whose expert this part does not hold is left
@@ -41,11 +46,13 @@ struct Params {
     first_expert: u32,
     part_experts: u32,
     w_base: u32,
+    has_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
 
 const WG: u32 = 64u;
 const G: u32 = {{G}}u;
@@ -83,6 +90,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             let blk = w_block_at(rowb_{{g}}, b);
             acc_{{g}} = block_acc(acc_{{g}}, blk.dm, block_dot(blk.q, xb), sx);
         }
+#end
+    }
+    if (params.has_bias == 1u) {
+#for g in 0..G
+        acc_{{g}} += bias[(e * G + {{g}}u) * params.n + col];
 #end
     }
     y[row * params.n + col] = epilogue(acc_0, acc_{{LAST}});

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // moe_route: a mixture-of-experts router's choice per token, on the GPU so the experts' matmuls
-// read it without a host round trip. p = softmax(logits[t, :]); the top_k largest p in order
-// (largest first, ties to the lower expert, as a stable descending sort would give), their p
-// divided by their sum when params.normalize is 1 (Qwen3-MoE's norm_topk_prob).
+// read it without a host round trip. params.mode picks the routing:
+//   0, 1: p = softmax(logits[t, :]); the top_k largest p in order (largest first, ties to the
+//         lower expert, as a stable descending sort would give), their p divided by their sum
+//         when mode is 1 (Qwen3-MoE's norm_topk_prob).
+//   2:    the top_k largest logits in that order, weighted by a softmax over those top_k logits
+//         alone (gpt-oss; llama.cpp's softmax_weight gating).
 //
 // Bindings (group 0)
 //   0 params   uniform     Params                  mirrors gpu::kernels::moe::RouteParams
@@ -11,19 +14,23 @@
 //   3 weights  read_write  f32 (tokens, top_k)     each slot's weight
 // Workgroup: 64 invocations, one token each (experts are a few hundred at most: a serial loop).
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(tokens / 64).
-// Pick s takes the largest p among the experts after pick s - 1 in the order (p descending,
-// expert ascending), so no mask of taken experts is kept. Every p is recomputed from the same
-// max and sum with the same operations, so equal logits give equal p.
+// Pick s takes the largest score (p, or the logit in mode 2) among the experts after pick s - 1
+// in the order (score descending, expert ascending), so no mask of taken experts is kept. Every
+// p is recomputed from the same max and sum with the same operations, so equal logits give
+// equal p.
 // Batch invariance: a token reads its own row only, in expert order.
 
 struct Params {
     tokens: u32,
     experts: u32,
     top_k: u32,
-    normalize: u32,
+    mode: u32,
 }
 
 const WG: u32 = 64u;
+const RENORMALIZE: u32 = 1u;
+const TOP_K_SOFTMAX: u32 = 2u;
+const NEG_MAX: f32 = -3.4028234663852886e38;
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -46,31 +53,49 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         sum += exp(logits[row + e] - top);
     }
     let out = t * params.top_k;
-    var prev_p = 0.0;
+    var prev = 0.0;
     var prev_e = 0u;
     var total = 0.0;
     for (var s = 0u; s < params.top_k; s++) {
-        // A NaN row picks expert 0 with weight 0 rather than an expert past the end.
+        // A NaN row picks expert 0 (with weight 0 from probabilities) rather than an expert
+        // past the end.
         var best_e = 0u;
-        var best_p = -1.0;
+        var best = NEG_MAX;
         for (var e = 0u; e < params.experts; e++) {
-            let p = exp(logits[row + e] - top) / sum;
-            let after = s == 0u || p < prev_p || (p == prev_p && e > prev_e);
-            if (after && p > best_p) {
-                best_p = p;
+            let logit = logits[row + e];
+            var v = logit;
+            if (params.mode != TOP_K_SOFTMAX) {
+                v = exp(logit - top) / sum;
+            }
+            let after = s == 0u || v < prev || (v == prev && e > prev_e);
+            if (after && v > best) {
+                best = v;
                 best_e = e;
             }
         }
-        best_p = max(best_p, 0.0);
+        if (params.mode != TOP_K_SOFTMAX) {
+            best = max(best, 0.0);
+        }
         ids[out + s] = best_e;
-        weights[out + s] = best_p;
-        total += best_p;
-        prev_p = best_p;
+        weights[out + s] = best;
+        total += best;
+        prev = best;
         prev_e = best_e;
     }
-    if (params.normalize == 1u) {
+    if (params.mode == RENORMALIZE) {
         for (var s = 0u; s < params.top_k; s++) {
             weights[out + s] = weights[out + s] / total;
+        }
+    }
+    if (params.mode == TOP_K_SOFTMAX) {
+        // The picks hold their logits, largest first: a softmax over them from that max.
+        let m = weights[out];
+        var z = 0.0;
+        for (var s = 0u; s < params.top_k; s++) {
+            z += exp(weights[out + s] - m);
+        }
+        for (var s = 0u; s < params.top_k; s++) {
+            weights[out + s] = exp(weights[out + s] - m) / z;
         }
     }
 }

@@ -8,7 +8,11 @@
 // are written first (rope_kv_write). Split-K: with params.split_min > 0, a token with more than split_min
 // positions has them shared among up to SPLITS workgroups (shared/attention_splits.wgsl, grid
 // z); each leaves its partial state in `partials` and attention_merge joins them. A token with
-// one split is finished here, exactly as without splitting.
+// one split is finished here, exactly as without splitting. With params.has_sinks = 1 each head
+// h has a learned sink logit sinks[h] (gpt-oss) that joins the softmax's denominator and adds
+// no value: out = Σ_p e^(s_p - M) v_p / (Σ_p e^(s_p - M) + e^(sink - M)), M = max(max_p s_p,
+// sink). It is applied where a head's result is finished (here for one split, in
+// attention_merge for several); without sinks those lines are skipped, not multiplied by 1.
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
@@ -23,6 +27,8 @@
 //   7 partials      read_write  vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): per split
 //                               (running max, sum, 0, 0) then the unnormalised weighted V sum;
 //                               unused (any size) when split_min is 0
+//   8 sinks         read        f32 (num_heads)         each head's sink logit; unused (any
+//                                                       buffer) when has_sinks is 0
 // HD (the head size) is a compile-time constant and the loops over a head's HV = HD/4 vec4s are
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
@@ -56,6 +62,7 @@ struct Params {
     split_min: u32,
     token0: u32,
     q_row0: u32,
+    has_sinks: u32,
 }
 
 const WG: u32 = 8u; // the merges below unroll over its 8 lanes
@@ -68,6 +75,7 @@ const QH: u32 = {{QH}}u;
 @group(0) @binding(5) var<storage, read> token_info: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> sh_max: array<f32, WG>;
 var<workgroup> sh_sum: array<f32, WG>;
@@ -155,6 +163,14 @@ fn finish_head(lid: u32, t: u32, head: u32, split: u32, splits: u32) {
 #for j in 0..8
     total_sum += sh_sum[{{j}}] * scale_{{j}};
 #end
+    // A finished head's sink: the sum and the weighted V sum move to M = max(total_max, sink).
+    var sink_scale = 1.0;
+    if (splits == 1u && params.has_sinks == 1u) {
+        let sink = sinks[head];
+        let m = max(total_max, sink);
+        sink_scale = exp(total_max - m);
+        total_sum = total_sum * sink_scale + exp(sink - m);
+    }
     let out_base = (t * params.num_heads + head) * HV;
     let part_base = ((t * params.num_heads + head) * SPLITS + split) * (HV + 1u);
     if (splits > 1u && lid == 0u) {
@@ -165,7 +181,9 @@ fn finish_head(lid: u32, t: u32, head: u32, split: u32, splits: u32) {
 #for j in 0..8
         o += sh_acc[{{j}}u * HV + d] * scale_{{j}};
 #end
-        if (splits == 1u) {
+        if (splits == 1u && params.has_sinks == 1u) {
+            out[out_base + d] = o * sink_scale / total_sum;
+        } else if (splits == 1u) {
             out[out_base + d] = o / total_sum;
         } else {
             partials[part_base + 1u + d] = o;

@@ -11,7 +11,7 @@ use weft::DType;
 use weft::gpu::{GpuOptions, GpuTensorFactory};
 use weft::kv::KvCacheConfig;
 use weft::model::arch;
-use weft::model::config::{ModelConfig, RopeScaling};
+use weft::model::config::{ModelConfig, RopeScaling, Routing};
 use weft::model::executor::GpuExecutor;
 use weft::model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
 use weft::model::load::GgufWeights;
@@ -213,7 +213,7 @@ fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str
     writer.to_bytes()
 }
 
-/// Mixture-of-experts models weft does not run (DeepSeek-V2, Qwen2-MoE, gpt-oss, LFM2-MoE,
+/// Mixture-of-experts models weft does not run (Qwen2-MoE, DeepSeek-V2, LFM2-MoE,
 /// a Mixtral-style llama) are refused with one message naming the architecture and the expert count, by the
 /// loader and by `weft info --model` alike, not with a missing-tensor error; so are their
 /// Hugging Face configs.
@@ -222,7 +222,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     let config = tiny::tiny_config();
     let w = tiny::random_weights(&config, 3, DType::F32);
     let base = tiny::gguf_bytes(&config, &w, DType::F32);
-    for (arch, experts) in [("deepseek2", 64), ("qwen2moe", 60), ("gpt-oss", 32), ("lfm2moe", 32), ("llama", 8)] {
+    for (arch, experts) in [("qwen2moe", 60), ("deepseek2", 64), ("lfm2moe", 32), ("llama", 8)] {
         // The tiny llama's metadata under `arch`, with an expert count and routed-expert tensors.
         let renamed = GgufFile::from_bytes("tiny.gguf", base.clone()).unwrap();
         let mut metadata: Vec<(String, MetaValue)> = renamed
@@ -271,9 +271,8 @@ fn mixture_of_experts_models_are_refused_by_name() {
     );
     // Hugging Face configs: each family's own key.
     for (model_type, key, experts) in [
-        ("deepseek_v3", "n_routed_experts", 256),
         ("qwen2_moe", "num_experts", 60),
-        ("gpt_oss", "num_local_experts", 32),
+        ("deepseek_v3", "n_routed_experts", 256),
         ("lfm2_moe", "num_experts", 32),
         ("mixtral", "num_local_experts", 8),
     ] {
@@ -304,7 +303,7 @@ fn granite_moe_configs_are_read() {
         let moe = c.moe.unwrap();
         assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32), "{model_type}");
         assert_eq!(moe.shared_expert_size, shared, "{model_type}");
-        assert!(moe.normalize_weights && c.multipliers.is_some(), "{model_type}");
+        assert!(moe.routing == Routing::TopKSoftmax && c.multipliers.is_some(), "{model_type}");
     }
     let hybrid = json(
         "granitemoehybrid",
@@ -331,9 +330,10 @@ fn qwen3_moe_configs_are_read_or_refused_by_setting() {
     let c = ModelConfig::from_hf_json("config.json", &json(r#", "norm_topk_prob": true"#)).unwrap();
     let moe = c.moe.unwrap();
     assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32));
-    assert!(moe.normalize_weights && c.qk_norm);
+    assert!(moe.routing == Routing::Softmax { normalize: true } && c.qk_norm);
     // transformers' default: no renormalisation.
-    assert!(!ModelConfig::from_hf_json("config.json", &json("")).unwrap().moe.unwrap().normalize_weights);
+    let unnormalised = ModelConfig::from_hf_json("config.json", &json("")).unwrap().moe.unwrap().routing;
+    assert_eq!(unnormalised, Routing::Softmax { normalize: false });
     for (extra, want) in [
         (r#", "mlp_only_layers": [1]"#, "mlp_only_layers lists dense layers"),
         (r#", "decoder_sparse_step": 2"#, "decoder_sparse_step is 2"),
@@ -343,6 +343,41 @@ fn qwen3_moe_configs_are_read_or_refused_by_setting() {
         // A key given twice: serde_json keeps the last.
         let json = json(extra);
         let err = ModelConfig::from_hf_json("config.json", &json).unwrap_err().to_string();
+        assert!(err.contains(want), "{extra}: {err}");
+    }
+}
+
+/// gpt-oss's config.json is read (experts, top-k softmax routing, the clamped SwiGLU, the
+/// alternating sliding window), and what weft does not run is refused, naming the setting.
+#[test]
+fn gpt_oss_configs_are_read_or_refused_by_setting() {
+    use weft::model::config::ExpertGate;
+    let json = |extra: &str| {
+        format!(
+            r#"{{"model_type": "gpt_oss", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "intermediate_size": 32, "num_hidden_layers": 4, "vocab_size": 260,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128{extra}}}"#
+        )
+    };
+    let c = ModelConfig::from_hf_json("config.json", &json("")).unwrap();
+    let moe = c.moe.unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32));
+    assert_eq!((moe.routing, moe.gate), (Routing::TopKSoftmax, ExpertGate::SwigluOai));
+    assert!(c.attention_bias && !c.qk_norm);
+    let sliding: Vec<bool> = (0..4).map(|i| c.is_sliding(i)).collect();
+    assert_eq!((c.sliding_window, sliding), (Some(128), vec![true, false, true, false]));
+    let alternating =
+        r#", "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]"#;
+    assert!(ModelConfig::from_hf_json("config.json", &json(alternating)).is_ok());
+    for (extra, want) in [
+        (r#", "swiglu_limit": 10.0"#, "swiglu_limit is 10"),
+        (r#", "swiglu_alpha": 1.0"#, "swiglu_alpha is 1"),
+        (
+            r#", "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"]"#,
+            "layer_types does not alternate",
+        ),
+    ] {
+        let err = ModelConfig::from_hf_json("config.json", &json(extra)).unwrap_err().to_string();
         assert!(err.contains(want), "{extra}: {err}");
     }
 }

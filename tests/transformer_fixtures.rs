@@ -37,6 +37,16 @@
 //!   checkpoints (transformers' fused `input_linear` per layer; llama.cpp's `ffn_*_exps` and
 //!   `ffn_*_shexp`); smallest router gap 4.3e-4.
 //!
+//! - `tests/fixtures/gpt_oss/` (`tools/make_moe_fixtures.py --only gpt_oss`): a
+//!   `GptOssForCausalLM`: biased q/k/v/o, a sink logit per head, a sliding window of 8 in layer
+//!   0 and full attention in layer 1, YaRN (factor 4, original context 32, untruncated), and 8
+//!   biased experts with the clamped SwiGLU of which each token takes its top 2 router logits,
+//!   softmaxed; both checkpoints (transformers' fused, interleaved `gate_up_proj`; llama.cpp's
+//!   split `ffn_gate_exps` / `ffn_up_exps`), 32 greedy tokens. The smallest gap between a
+//!   token's second and third router logit is 1.4e-2; about 7% of the experts' gate/up values
+//!   reach the SwiGLU limit. `tests/fixtures/gpt_oss_mxfp4/` is the same model with MXFP4
+//!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks), GGUF only.
+//!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
 //! most 29 positions) run on a model opened for a 32-position context (short factors), the
@@ -50,7 +60,7 @@
 //!   logits by 1e-2 or more, as does rotating SmolLM3's NoPE layer; a Granite multiplier left
 //!   at its default moves them by 1e-3 or more (the attention scale, behind Granite's residual
 //!   and logit scaling, moves them least: about 5e-3); `*_visible` below checks the last four.
-//! - 12 greedy tokens are equal; a divergence is tolerated only right after a step whose
+//! - 12 greedy tokens (32 for gpt-oss) are equal; a divergence is tolerated only right after a step whose
 //!   reference top-1/top-2 margin is below 1e-3 (a near-tie), after which that prompt is no
 //!   longer compared.
 
@@ -153,7 +163,7 @@ fn fidelity(f: &GpuTensorFactory, path: &str, context: Option<usize>, prompts: &
     eprintln!("{name}: largest last-position logit difference {worst:e}");
     let mut tokens: Vec<Vec<u32>> = prompts.iter().map(|p| u32s(&p["prompt_ids"])).collect();
     let mut live = vec![true; prompts.len()];
-    for n in 0..12 {
+    for n in 0..u32s(&prompts[0]["greedy_ids"]).len() {
         for (i, p) in prompts.iter().enumerate() {
             let got = argmax(&last[i]);
             let want = u32s(&p["greedy_ids"])[n];
@@ -497,7 +507,9 @@ fn qwen3moe_routing_is_visible() {
     for (what, change) in [
         (
             "unnormalised expert weights",
-            (|m: &mut weft::model::config::MoeConfig| m.normalize_weights = false) as fn(&mut _),
+            (|m: &mut weft::model::config::MoeConfig| {
+                m.routing = weft::model::config::Routing::Softmax { normalize: false }
+            }) as fn(&mut _),
         ),
         ("one expert a token", |m| m.experts_per_token = 1),
     ] {
@@ -516,10 +528,110 @@ fn qwen3moe_routing_is_visible() {
 #[test]
 fn qwen3moe_batch_is_invariant() {
     let Some(f) = factory() else { return };
-    let exec =
-        ModelFiles::open(&fixture("qwen3moe/model.gguf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    moe_batch_is_invariant(&f, "qwen3moe");
+}
+
+#[test]
+fn gpt_oss_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "gpt_oss", "model.gguf");
+}
+
+#[test]
+fn gpt_oss_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "gpt_oss", "hf");
+}
+
+/// gpt-oss with its experts in MXFP4, as OpenAI ships them: transformers read them through its
+/// own MXFP4 decoder, llama.cpp's converter repacked them into GGUF MXFP4 `ffn_*_exps`, and
+/// weft runs them in that format (the file's experts checked to be MXFP4).
+#[test]
+fn gpt_oss_mxfp4_experts_match_transformers() {
+    let gguf = weft::model::gguf::GgufFile::open(&fixture("gpt_oss_mxfp4/model.gguf")).unwrap();
+    for part in ["gate", "up", "down"] {
+        let t = gguf.tensor(&format!("blk.1.ffn_{part}_exps.weight")).unwrap();
+        assert_eq!(t.ggml_type, weft::model::gguf::GgmlType::MXFP4, "{part}");
+    }
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "gpt_oss_mxfp4", "model.gguf");
+}
+
+/// Both checkpoints read the same gpt-oss: sliding window 8 in layer 0 only, biases, YaRN
+/// untruncated (the GGUF has no key for it), softmax over the top-2 logits, the clamped SwiGLU.
+#[test]
+fn gpt_oss_checkpoints_read_the_same_config() {
+    use weft::model::config::{ExpertGate, Routing};
+    for path in ["gpt_oss/model.gguf", "gpt_oss/hf"] {
+        let c = ModelFiles::open(&fixture(path)).unwrap().config;
+        assert_eq!((c.sliding_window, c.is_sliding(0), c.is_sliding(1)), (Some(8), true, false), "{path}");
+        assert!(c.attention_bias, "{path}");
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size), (8, 2, 32), "{path}");
+        assert_eq!((moe.routing, moe.gate), (Routing::TopKSoftmax, ExpertGate::SwigluOai), "{path}");
+        match c.rope_scaling {
+            Some(RopeScaling::Yarn { factor, original_max_position_embeddings, truncate, .. }) => {
+                assert_eq!((factor, original_max_position_embeddings, truncate), (4.0, 32, false), "{path}")
+            }
+            other => panic!("{path}: rope scaling {other:?}"),
+        }
+    }
+}
+
+/// What gpt-oss adds is visible at this size: a softmax over all experts (unrenormalised)
+/// instead of over the top 2, plain SwiGLU instead of the clamped one, full attention in the
+/// sliding layer, or YaRN's ramp rounded (llama.cpp's way) each move logits far past the
+/// tolerance. (Sinks are held to the CPU oracle in the kernel tests, with and without.)
+#[test]
+fn gpt_oss_features_are_visible() {
+    use weft::model::config::{ExpertGate, ModelConfig, Routing};
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut ModelConfig);
+    let changes: [(&str, Change, f32); 4] = [
+        (
+            "a softmax over all experts",
+            |c| c.moe.as_mut().unwrap().routing = Routing::Softmax { normalize: false },
+            1e-2,
+        ),
+        ("silu(gate) · up", |c| c.moe.as_mut().unwrap().gate = ExpertGate::Silu, 1e-2),
+        ("no sliding window", |c| c.sliding_window = None, 1e-3),
+        (
+            "YaRN truncated",
+            |c| {
+                if let Some(RopeScaling::Yarn { truncate, .. }) = &mut c.rope_scaling {
+                    *truncate = true;
+                }
+            },
+            1e-3,
+        ),
+    ];
+    for (what, change, at_least) in changes {
+        let mut files = ModelFiles::open(&fixture("gpt_oss/model.gguf")).unwrap();
+        change(&mut files.config);
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        // The longest prompt (33 tokens): past the window of 8 and the original context of 32.
+        let diff = last_logits_diff(&exec, "gpt_oss", 2);
+        eprintln!("gpt_oss with {what}: last-position logits differ by {diff}");
+        assert!(diff > at_least, "{what} differs by only {diff}");
+    }
+}
+
+/// gpt-oss's batch invariance, as Qwen3-MoE's: its prompts reach all 8 experts.
+#[test]
+fn gpt_oss_batch_is_invariant() {
+    let Some(f) = factory() else { return };
+    moe_batch_is_invariant(&f, "gpt_oss");
+}
+
+/// `family`'s prompts prefilled, then decoded three greedy steps, together and each alone:
+/// the same bits.
+fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
+    let exec = ModelFiles::open(&fixture(&format!("{family}/model.gguf")))
+        .unwrap()
+        .executor(f, KvCacheConfig::new(BLOCK, 64))
+        .unwrap();
     let prompts: Vec<Vec<u32>> =
-        expected_of("qwen3moe")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+        expected_of(family)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
     // Prefill then three greedy decode steps; returns every step's logits.
     let run = |which: &[usize]| -> Vec<Vec<Vec<f32>>> {
         let mut tokens: Vec<Vec<u32>> = which.iter().map(|&i| prompts[i].clone()).collect();

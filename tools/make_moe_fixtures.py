@@ -34,6 +34,26 @@ would let f32 summation order pick a different expert. The script prints the sma
 between a token's k-th and (k+1)-th router probabilities over the prompts, and the experts the
 prompts reach.
 
+``tests/fixtures/gpt_oss/`` (``--only gpt_oss``)
+    OpenAI's gpt-oss: biased q/k/v/o projections, a learned attention sink per head (a logit
+    that joins each softmax's denominator), layers alternating a sliding window of 8 with full
+    attention, YaRN RoPE (factor 4 over 32 original positions, ``truncate`` false as gpt-oss
+    sets it), and in every layer a router with bias over 8 experts whose top-2 logits are
+    softmaxed, each expert ``(clamp(up) + 1) · glu(clamp(gate))`` with gate and up biased and
+    interleaved in ``gate_up_proj`` (8, 64, 64) (hidden, 2 · 32 columns gate, up, gate, …),
+    and a biased down. The experts' gate/up weights are drawn wide (activations of std about
+    4) so that the SwiGLU limit of 7 clips some of them. llama.cpp's converter writes MXFP4
+    only from checkpoints already in MXFP4 (``*_blocks``/``*_scales``), so this f32 model's
+    experts stay f32 in the GGUF.
+
+``tests/fixtures/gpt_oss_mxfp4/`` (``--only gpt_oss_mxfp4``)
+    The same gpt-oss with its experts in MXFP4, as OpenAI ships them: each expert weight
+    rounded to the nearest E2M1 value under a power-of-two (E8M0) scale per 32 inputs, saved
+    as transformers' ``*_blocks`` / ``*_scales`` with ``quantization_config`` mxfp4 (the HF
+    directory is written to a temporary folder, not committed), read back by transformers
+    (``Mxfp4Config(dequantize=True)``: its own decoder gives the reference logits), and
+    converted by llama.cpp, which repacks the blocks into GGUF MXFP4 ``ffn_*_exps``.
+
 Made with torch 2.15.0 (its default wheel, run on the CPU), transformers 5.25.0, gguf-py and
 ``convert_hf_to_gguf.py`` of llama-cpp-python 0.3.36's ``vendor/llama.cpp``.
 
@@ -52,6 +72,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_recurrent_fixtures as recurrent  # noqa: E402
 
+NAME = "qwen3moe"
+GPT_OSS = "gpt_oss"
+GPT_OSS_MXFP4 = "gpt_oss_mxfp4"
+GRANITEMOE = "granitemoe"
+GRANITE_HYBRID_MOE = "granite_hybrid_moe"
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 ROUTER_STD = 0.25
 
 
@@ -96,7 +122,22 @@ def granite_hybrid_moe(vocab: int):
     return GraniteMoeHybridForCausalLM(config)
 
 
-FAMILIES = {"qwen3moe": qwen3moe, "granitemoe": granitemoe, "granite_hybrid_moe": granite_hybrid_moe}
+def gpt_oss(vocab: int):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(
+        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=128, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 32, "truncate": False},
+        rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    model = GptOssForCausalLM(config)
+    model.config._attn_implementation = "eager"
+    return model
+
+
 DENSE_RANDOMIZE = recurrent.randomize
 MODELS = []
 
@@ -112,6 +153,56 @@ def randomize(model) -> None:
             elif name.endswith("mlp.gate.weight") or name.endswith("router.layer.weight"):
                 p.copy_(torch.randn_like(p) * ROUTER_STD)
     MODELS.append(model)
+
+
+def randomize_gpt_oss(model) -> None:
+    """``recurrent.randomize``, then gpt-oss's own parameters: biases small, sinks of std 1,
+    experts (stored input-major: (experts, in, out)) drawn by their input width, gate/up wide
+    enough to reach the SwiGLU limit, routers wide (see ``randomize``)."""
+    DENSE_RANDOMIZE(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(torch.randn_like(p))
+            elif name.endswith("experts.gate_up_proj"):
+                p.copy_(torch.randn_like(p) * 4.0 / p.shape[-2] ** 0.5)
+            elif name.endswith("experts.down_proj"):
+                p.copy_(torch.randn_like(p) * 0.5 / p.shape[-2] ** 0.5)
+            elif name.endswith("router.weight"):
+                p.copy_(torch.randn_like(p) * ROUTER_STD)
+            elif "bias" in name:
+                p.copy_(torch.randn_like(p) * 0.1)
+    MODELS.append(model)
+
+
+def gpt_oss_report(model) -> None:
+    """Print the smallest gap between a token's k-th and (k+1)-th router logit (top-k picks on
+    logits), the experts reached, and how often the SwiGLU limit clips gate or up."""
+    k = model.config.num_experts_per_tok
+    limit = model.config.swiglu_limit
+    gaps, chosen, clipped = [], set(), [0, 0]
+
+    def router_hook(_module, inputs, _output):
+        logits = torch.nn.functional.linear(inputs[0], _module.weight, _module.bias)
+        top = logits.topk(k + 1, dim=-1)
+        gaps.append(float((top.values[:, k - 1] - top.values[:, k]).min()))
+        chosen.update(top.indices[:, :k].flatten().tolist())
+
+    def experts_hook(module, inputs, _output):
+        x = inputs[0]
+        gate_up = torch.einsum("th,ehf->etf", x, module.gate_up_proj) + module.gate_up_proj_bias[:, None]
+        clipped[0] += int((gate_up[..., ::2] > limit).sum() + (gate_up[..., 1::2].abs() > limit).sum())
+        clipped[1] += gate_up.numel()
+
+    hooks = [layer.mlp.router.register_forward_hook(router_hook) for layer in model.model.layers]
+    hooks += [layer.mlp.experts.register_forward_hook(experts_hook) for layer in model.model.layers]
+    with torch.no_grad():
+        for ids in recurrent.PROMPTS:
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    print(f"smallest top-{k} gap in router logits: {min(gaps):.3e}; experts reached: {sorted(chosen)}; "
+          f"clipped by the SwiGLU limit: {clipped[0]} of {clipped[1]} gate/up values (all experts)")
 
 
 def routing_report(model) -> None:
@@ -137,32 +228,112 @@ def routing_report(model) -> None:
     print(f"smallest top-{k} gap in router probabilities: {min(gaps):.3e}; experts reached: {sorted(chosen)}")
 
 
+def mxfp4_blocks(w):
+    """transformers' MXFP4 layout of an expert weight ``w`` (experts, in, out): blocks (experts,
+    out, in / 32, 16) uint8, element 2i of a block in byte i's low nibble and 2i + 1 in its high
+    one, and scales (experts, out, in / 32) uint8, the E8M0 exponent + 127. Each block's scale is
+    the smallest power of two that puts its largest magnitude within E2M1's 6; each value the
+    nearest E2M1 code (ties to the lower code)."""
+    rows = w.transpose(1, 2).contiguous()  # (experts, out, in)
+    e, o, i = rows.shape
+    blocks = rows.reshape(e, o, i // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=2.0 ** -100)
+    exponent = torch.ceil(torch.log2(amax / 6.0))
+    lut = torch.tensor(FP4_VALUES)
+    codes = ((blocks / 2.0 ** exponent)[..., None] - lut).abs().argmin(dim=-1).to(torch.uint8)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, (exponent[..., 0] + 127).to(torch.uint8)
+
+
+def make_gpt_oss_mxfp4(llama_cpp: Path) -> None:
+    """The gpt-oss fixture's model with MXFP4 experts (see the module's docstring)."""
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+    from transformers import GptOssForCausalLM, Mxfp4Config
+
+    out = recurrent.FIXTURES / GPT_OSS_MXFP4
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = Path(tmp) / "hf"
+        hf.mkdir()
+        vocab = recurrent.tokenizer(hf)
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+            "add_bos_token": False}, indent=2) + "\n")
+        torch.manual_seed(14)
+        model = gpt_oss(vocab).float().eval()
+        randomize_gpt_oss(model)
+        model.save_pretrained(hf, safe_serialization=True)
+        tensors = load_file(hf / "model.safetensors")
+        for name in list(tensors):
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                blocks, scales = mxfp4_blocks(tensors.pop(name))
+                tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((hf / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # transformers' own MXFP4 decoder gives the model the reference runs.
+        quantized = GptOssForCausalLM.from_pretrained(
+            hf, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32).eval()
+        quantized.config._attn_implementation = "eager"
+        expected = {"meta": {"generator": "tools/make_moe_fixtures.py", "transformers": __import__("transformers").__version__,
+                             "torch": torch.__version__, "vocab_size": vocab}, "prompts": []}
+        with torch.no_grad():
+            for ids in recurrent.PROMPTS:
+                logits = quantized(torch.tensor([ids])).logits[0, -1]
+                gen = quantized.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                         max_new_tokens=recurrent.NUM_GREEDY_32, do_sample=False, output_logits=True,
+                                         return_dict_in_generate=True, eos_token_id=None)
+                steps = [s[0] for s in gen.logits]
+                margins = [float(v.topk(2).values[0] - v.topk(2).values[1]) for v in steps]
+                expected["prompts"].append({"prompt_ids": ids, "last_logits": [round(float(v), 6) for v in logits],
+                                            "greedy_ids": gen.sequences[0, len(ids):].tolist(),
+                                            "greedy_margins": [round(m, 5) for m in margins]})
+        (out / "expected.json").write_text(json.dumps(expected) + "\n")
+        gpt_oss_report(quantized)
+
+        import conversion.base
+        import convert_hf_to_gguf
+
+        conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+        sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "f32", "--outfile", str(out / "model.gguf")]
+        convert_hf_to_gguf.main()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=sorted(FAMILIES), help="make one fixture")
+    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4, GRANITEMOE, GRANITE_HYBRID_MOE], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
-    for name, build in FAMILIES.items():
-        if args.only in (None, name):
-            make(name, build, args.llama_cpp)
-
-
-def make(name: str, build, llama_cpp: Path) -> None:
-    hf = recurrent.FIXTURES / name / "hf"
-    hf.mkdir(parents=True, exist_ok=True)
-    # The converter reads a GPT-2 style vocabulary when the tokenizer class says so.
-    (hf / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "add_bos_token": False}, indent=2) + "\n")
-    recurrent.randomize = randomize
-    recurrent.make(name, build, llama_cpp)
-    routing_report(MODELS[-1])
-    expected_path = recurrent.FIXTURES / name / "expected.json"
-    expected = json.loads(expected_path.read_text())
-    expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
-    expected_path.write_text(json.dumps(expected) + "\n")
+    for name, build, rand, report, greedy in [
+        (NAME, qwen3moe, randomize, routing_report, recurrent.NUM_GREEDY),
+        (GPT_OSS, gpt_oss, randomize_gpt_oss, gpt_oss_report, recurrent.NUM_GREEDY_32),
+        (GRANITEMOE, granitemoe, randomize, routing_report, recurrent.NUM_GREEDY),
+        (GRANITE_HYBRID_MOE, granite_hybrid_moe, randomize, routing_report, recurrent.NUM_GREEDY),
+    ]:
+        if args.only not in (None, name):
+            continue
+        hf = recurrent.FIXTURES / name / "hf"
+        hf.mkdir(parents=True, exist_ok=True)
+        # The converter reads a GPT-2 style vocabulary when the tokenizer class says so.
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+            "add_bos_token": False}, indent=2) + "\n")
+        recurrent.randomize = rand
+        MODELS.clear()
+        recurrent.make(name, build, args.llama_cpp, num_greedy=greedy)
+        report(MODELS[0])
+        expected_path = recurrent.FIXTURES / name / "expected.json"
+        expected = json.loads(expected_path.read_text())
+        expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
+        expected_path.write_text(json.dumps(expected) + "\n")
+    if args.only in (None, GPT_OSS_MXFP4):
+        make_gpt_oss_mxfp4(args.llama_cpp)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ fn info_describes_a_model_and_whether_weft_runs_it() {
 
 /// `weft info` lists every architecture and tensor type weft runs, from the loaders' own
 /// registries (no GPU needed), and for a file it cannot run names everything missing: here a
-/// gpt-oss-like file, an unknown architecture with routed experts, whose MXFP4 tensors weft
+/// DeepSeek-V2-like file, an unknown architecture with routed experts, whose MXFP4 tensors weft
 /// decodes and whose IQ1_S tensors it does not.
 #[test]
 fn info_lists_what_weft_runs_and_names_what_a_model_lacks() {
@@ -249,19 +249,19 @@ fn info_lists_what_weft_runs_and_names_what_a_model_lacks() {
     let dir = std::env::temp_dir().join(format!("weft-cli-lacks-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut file = GgufWriter::new();
-    file.metadata("general.architecture", MetaValue::String("gpt-oss".into()))
-        .metadata("gpt-oss.expert_count", MetaValue::U32(32))
+    file.metadata("general.architecture", MetaValue::String("deepseek2".into()))
+        .metadata("deepseek2.expert_count", MetaValue::U32(32))
         .tensor("blk.0.ffn_up_exps.weight", &[64, 2], GgmlType::MXFP4, &[0u8; 2 * 34]);
     for layer in 0..6 {
         file.tensor(&format!("blk.{layer}.attn_q.weight"), &[256, 1], GgmlType::IQ1_S, &[0u8; 50]);
     }
-    let path = dir.join("gpt-oss-like.gguf");
+    let path = dir.join("deepseek2-like.gguf");
     std::fs::write(&path, file.to_bytes()).unwrap();
     let (ok, stdout, stderr) = weft(&["info", "--model", path.to_str().unwrap()], &no_gpu);
     assert!(!ok && stderr.contains("weft cannot run this model"), "{stderr}");
     for expected in [
-        "architecture \"gpt-oss\" is not supported; weft runs llama, mistral,",
-        "mixture-of-experts is not supported: gpt-oss has 32 experts per layer",
+        "architecture \"deepseek2\" is not supported; weft runs llama, mistral,",
+        "mixture-of-experts is not supported: deepseek2 has 32 experts per layer",
         "6 tensors are IQ1_S, which weft does not decode: blk.0.attn_q.weight, blk.1.attn_q.weight, \
          blk.2.attn_q.weight, blk.3.attn_q.weight and 2 more",
         "weft runs:\n  architectures:",

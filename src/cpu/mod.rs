@@ -222,6 +222,21 @@ pub fn attention_one(
     num_kv_heads: usize,
     scale: f32,
 ) -> Vec<f32> {
+    attention_one_with_sinks(q, keys, values, num_heads, num_kv_heads, scale, None)
+}
+
+/// [`attention_one`] where each head may have an attention-sink logit, `sinks` (num_heads)
+/// (gpt-oss, transformers' `s_aux`): a score that joins the softmax's denominator and carries
+/// no value.
+pub fn attention_one_with_sinks(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    num_heads: usize,
+    num_kv_heads: usize,
+    scale: f32,
+    sinks: Option<&[f32]>,
+) -> Vec<f32> {
     let head_dim = q.len() / num_heads;
     let group = num_heads / num_kv_heads;
     let mut out = vec![0.0; q.len()];
@@ -235,9 +250,10 @@ pub fn attention_one(
                 qh.iter().zip(kh).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() * f64::from(scale)
             })
             .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sink = sinks.map(|s| f64::from(s[h]));
+        let max = scores.iter().copied().chain(sink).fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = weights.iter().sum();
+        let total: f64 = weights.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - max).exp());
         for d in 0..head_dim {
             let o: f64 = weights.iter().zip(values).map(|(w, v)| w * f64::from(v[kvh * head_dim + d])).sum();
             out[h * head_dim + d] = (o / total) as f32;

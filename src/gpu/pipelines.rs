@@ -81,6 +81,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/epilogue_gelu_mul.wgsl", include_str!("../../shaders/shared/epilogue_gelu_mul.wgsl")),
     ("shared/epilogue_none.wgsl", include_str!("../../shaders/shared/epilogue_none.wgsl")),
     ("shared/epilogue_silu_mul.wgsl", include_str!("../../shaders/shared/epilogue_silu_mul.wgsl")),
+    ("shared/epilogue_swiglu_oai.wgsl", include_str!("../../shaders/shared/epilogue_swiglu_oai.wgsl")),
     ("shared/glu.wgsl", include_str!("../../shaders/shared/glu.wgsl")),
     ("shared/block_fold.wgsl", include_str!("../../shaders/shared/block_fold.wgsl")),
     ("shared/block_recipe.wgsl", include_str!("../../shaders/shared/block_recipe.wgsl")),
@@ -186,6 +187,9 @@ pub enum Epilogue {
     SiluMul,
     /// An MLP's GeGLU (tanh approximation), likewise.
     GeluMul,
+    /// gpt-oss's clamped SwiGLU (llama.cpp's `swiglu_oai`): with g = min(gate, 7) and
+    /// u = clamp(up, -7, 7), output c is g · σ(1.702 · g) · (u + 1). The experts' kernel only.
+    SwigluOai,
 }
 
 impl Epilogue {
@@ -199,6 +203,7 @@ impl Epilogue {
             Epilogue::None => "shared/epilogue_none.wgsl",
             Epilogue::SiluMul => "shared/epilogue_silu_mul.wgsl",
             Epilogue::GeluMul => "shared/epilogue_gelu_mul.wgsl",
+            Epilogue::SwigluOai => "shared/epilogue_swiglu_oai.wgsl",
         }
     }
 }
@@ -289,6 +294,7 @@ impl std::fmt::Display for ShaderVariant {
                 Epilogue::None => {}
                 Epilogue::SiluMul => f.write_str(",silu_mul")?,
                 Epilogue::GeluMul => f.write_str(",gelu_mul")?,
+                Epilogue::SwigluOai => f.write_str(",swiglu_oai")?,
             }
             f.write_str("]")?;
         }
@@ -433,7 +439,7 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                 // One kernel for every family, from either weight source.
                 if kernel == "moe_matmul" {
                     out.extend(
-                        [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul]
+                        [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul, Epilogue::SwigluOai]
                             .map(|epilogue| ShaderVariant { epilogue, ..base }),
                     );
                     continue;

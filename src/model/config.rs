@@ -8,6 +8,8 @@ use crate::error::{Result, WeftError};
 use crate::model::arch::{SUPPORTED, unsupported};
 use crate::model::gguf::GgufFile;
 
+pub use crate::gpu::kernels::moe::Routing;
+
 /// How positions stretch beyond the trained context.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -142,20 +144,31 @@ pub struct ModelConfig {
 }
 
 /// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
-/// `Qwen3MoeConfig` and Granite MoE configs): each token goes through the `experts_per_token` experts of the largest
-/// softmax router probabilities, each a SwiGLU MLP of `expert_intermediate_size`, their outputs
-/// weighted by those probabilities.
+/// `Qwen3MoeConfig`, `GptOssConfig`, Granite MoE configs): each token goes through
+/// `experts_per_token` experts chosen and weighted by `routing` from the router's logits, each
+/// a gated MLP of `expert_intermediate_size`, their outputs weighted and summed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeConfig {
     pub num_experts: usize,
     pub experts_per_token: usize,
     pub expert_intermediate_size: usize,
-    /// Divide the chosen probabilities by their sum (transformers' `norm_topk_prob`; Granite's
-    /// softmax over the chosen logits gives the same weights).
-    pub normalize_weights: bool,
+    /// Softmax then top-k (Qwen3-MoE, renormalised by `norm_topk_prob`), or top-k logits then
+    /// their softmax (gpt-oss, Granite MoE).
+    pub routing: Routing,
+    /// The experts' gate.
+    pub gate: ExpertGate,
     /// The width of a shared expert, a SwiGLU MLP every token runs beside its routed experts,
     /// its output added to theirs (Granite MoE's `shared_mlp`); 0: none.
     pub shared_expert_size: usize,
+}
+
+/// The gate of a mixture-of-experts model's experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertGate {
+    /// silu(gate) · up (Qwen3-MoE, Granite MoE).
+    Silu,
+    /// gpt-oss's clamped SwiGLU, `cpu::moe::swiglu_oai` (alpha 1.702, limit 7).
+    SwigluOai,
 }
 
 /// How the final hidden states of a prompt become one embedding (llama.cpp's
@@ -288,15 +301,23 @@ impl LayerState {
 }
 
 /// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
-const MOE_SUPPORTED: &[&str] =
-    &["qwen3moe", "qwen3_moe", "granitemoe", "granitemoeshared", "granitehybrid", "granitemoehybrid"];
+const MOE_SUPPORTED: &[&str] = &[
+    "qwen3moe",
+    "qwen3_moe",
+    "gpt-oss",
+    "gpt_oss",
+    "granitemoe",
+    "granitemoeshared",
+    "granitehybrid",
+    "granitemoehybrid",
+];
 
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
 /// `experts` (how many the checkpoint says) per MoE layer.
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
         "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
-         qwen3moe, Granite MoE and Granite 4.0-H; gpt-oss, lfm2moe and the other MoE architectures not yet)"
+         qwen3moe, gpt-oss, Granite MoE and Granite 4.0-H; lfm2moe and the other MoE architectures not yet)"
     )
 }
 
@@ -339,7 +360,8 @@ fn granite_moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         num_experts: int("num_local_experts")?,
         experts_per_token: int("num_experts_per_tok")?,
         expert_intermediate_size: int("intermediate_size")?,
-        normalize_weights: true,
+        routing: Routing::TopKSoftmax,
+        gate: ExpertGate::Silu,
         shared_expert_size: v["shared_intermediate_size"].as_u64().unwrap_or(0) as usize,
     })
 }
@@ -367,7 +389,47 @@ fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         experts_per_token: int("num_experts_per_tok")?,
         expert_intermediate_size: int("moe_intermediate_size")?,
         // transformers' default.
-        normalize_weights: v["norm_topk_prob"].as_bool().unwrap_or(false),
+        routing: Routing::Softmax { normalize: v["norm_topk_prob"].as_bool().unwrap_or(false) },
+        gate: ExpertGate::Silu,
+        shared_expert_size: 0,
+    })
+}
+
+/// gpt-oss's attention alternates a sliding window with full attention, the first layer
+/// sliding (transformers' default `layer_types`, llama.cpp's swa pattern of 2): with
+/// `sliding_window_pattern` 2, every second layer attends globally.
+const GPT_OSS_PATTERN: usize = 2;
+
+/// gpt-oss's experts from `config.json` (transformers' `GptOssConfig`): every layer sparse,
+/// routed by a softmax over the top-k router logits, each expert a clamped SwiGLU whose
+/// constants weft (like llama.cpp) fixes, so other values are refused; `layer_types` must
+/// alternate sliding and full attention from a sliding first layer.
+fn gpt_oss_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
+    let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+    let refuse = |detail: String| Err(WeftError::model(file, detail));
+    for (key, want) in [("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)] {
+        if let Some(value) = v[key].as_f64().filter(|&x| (x - want).abs() > 1e-6) {
+            return refuse(format!("{key} is {value}; weft runs gpt-oss's experts with {want}, as llama.cpp does"));
+        }
+    }
+    if let Some(types) = v["layer_types"].as_array() {
+        let want = |i: usize| {
+            if (i + 1).is_multiple_of(GPT_OSS_PATTERN) { "full_attention" } else { "sliding_attention" }
+        };
+        if types.iter().enumerate().any(|(i, t)| t.as_str() != Some(want(i))) {
+            return refuse(
+                "layer_types does not alternate sliding_attention and full_attention from a sliding first \
+                           layer, as gpt-oss's do"
+                    .into(),
+            );
+        }
+    }
+    Ok(MoeConfig {
+        num_experts: int("num_local_experts")?,
+        experts_per_token: int("num_experts_per_tok")?,
+        expert_intermediate_size: int("intermediate_size")?,
+        routing: Routing::TopKSoftmax,
+        gate: ExpertGate::SwigluOai,
         shared_expert_size: 0,
     })
 }
@@ -395,6 +457,25 @@ fn smollm3_no_rope_layers(file: &str, v: &Value, num_layers: usize) -> Result<Ve
             Ok((0..num_layers).filter(|i| (i + 1).is_multiple_of(step)).collect())
         }
     }
+}
+
+/// A gpt-oss GGUF's sliding-window layers: llama.cpp's default pattern of 2 (the first layer
+/// sliding), or `attention.sliding_window_pattern` where it says the same; another layout is
+/// refused, naming it.
+fn gpt_oss_swa_pattern(gguf: &GgufFile) -> Result<usize> {
+    let key = "gpt-oss.attention.sliding_window_pattern";
+    let fits = match (gguf.get_u64(key), gguf.get_bool_array(key)) {
+        (Some(n), _) => n as usize == GPT_OSS_PATTERN,
+        (None, Some(layers)) => layers.iter().enumerate().all(|(i, &s)| s != (i + 1).is_multiple_of(GPT_OSS_PATTERN)),
+        (None, None) => true,
+    };
+    if !fits {
+        return Err(WeftError::model(
+            gguf.name(),
+            format!("{key} is not gpt-oss's alternation of sliding and full attention layers (sliding first)"),
+        ));
+    }
+    Ok(GPT_OSS_PATTERN)
 }
 
 fn missing(file: &str, key: &str) -> WeftError {
@@ -495,6 +576,7 @@ impl ModelConfig {
                 if int("expert_shared_count").is_ok_and(|n| n > 0) {
                     return Err(WeftError::model(file, format!("{arch} has shared experts, which weft does not run")));
                 }
+                let gpt_oss = arch == "gpt-oss";
                 let granite = arch.starts_with("granite");
                 Some(MoeConfig {
                     num_experts: num_experts as usize,
@@ -505,9 +587,17 @@ impl ModelConfig {
                     } else {
                         int("expert_feed_forward_length")?
                     },
-                    // llama.cpp's qwen3moe graph always renormalises (the converter writes no
-                    // key for norm_topk_prob); Granite's softmax over the top-k logits is that.
-                    normalize_weights: granite || gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                    // llama.cpp's gpt-oss graph softmaxes the top-k logits (its SOFTMAX_WEIGHT
+                    // gating), as transformers' Granite MoE does; its qwen3moe graph always
+                    // renormalises (the converter writes no key for norm_topk_prob).
+                    routing: if gpt_oss || granite {
+                        Routing::TopKSoftmax
+                    } else {
+                        Routing::Softmax {
+                            normalize: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                        }
+                    },
+                    gate: if gpt_oss { ExpertGate::SwigluOai } else { ExpertGate::Silu },
                     shared_expert_size: if granite { int("expert_shared_feed_forward_length").unwrap_or(0) } else { 0 },
                 })
             }
@@ -544,7 +634,11 @@ impl ModelConfig {
             qk_norm: arch == "lfm2" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
-            sliding_window_pattern: (arch == "gemma3").then_some(6),
+            sliding_window_pattern: match arch.as_str() {
+                "gemma3" => Some(6),
+                "gpt-oss" => Some(gpt_oss_swa_pattern(gguf)?),
+                _ => None,
+            },
             rope_local_theta: (arch == "gemma3").then_some(10000.0),
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
@@ -610,7 +704,10 @@ impl ModelConfig {
                     original_max_position_embeddings: original,
                     beta_fast: float("rope.scaling.yarn_beta_fast").unwrap_or(32.0),
                     beta_slow: float("rope.scaling.yarn_beta_slow").unwrap_or(1.0),
-                    truncate: true,
+                    // gpt-oss is trained with YaRN's ramp unrounded (transformers' truncate:
+                    // false, which its config sets); the GGUF has no key for it, and llama.cpp
+                    // rounds for every model. weft follows the checkpoint's own definition.
+                    truncate: arch != "gpt-oss",
                     attention_factor,
                 }))
             }
@@ -762,9 +859,11 @@ impl ModelConfig {
         let no_rope_layers = if arch == "smollm3" { smollm3_no_rope_layers(file, &v, num_layers)? } else { Vec::new() };
         let moe = match arch.as_str() {
             "qwen3_moe" => Some(qwen3moe_from_hf(file, &v)?),
+            "gpt_oss" => Some(gpt_oss_from_hf(file, &v)?),
             "granitemoe" | "granitemoeshared" => Some(granite_moe_from_hf(file, &v)?),
             _ => None,
         };
+        let gpt_oss = arch == "gpt_oss";
         let config = ModelConfig {
             vocab_size: int("vocab_size")?,
             hidden_size,
@@ -779,15 +878,15 @@ impl ModelConfig {
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2"),
-            sliding_window: if arch == "mistral" || v["use_sliding_window"].as_bool() == Some(true) {
+            attention_bias: v["attention_bias"].as_bool().unwrap_or(arch == "qwen2" || gpt_oss),
+            sliding_window: if arch == "mistral" || gpt_oss || v["use_sliding_window"].as_bool() == Some(true) {
                 v["sliding_window"].as_u64().map(|w| w as usize)
             } else {
                 None
             },
             // Qwen3's (and Qwen3-MoE's) per head; OLMo 2's over the whole q and k projections.
             qk_norm: arch == "qwen3" || arch == "qwen3_moe" || arch == "olmo2",
-            sliding_window_pattern: None,
+            sliding_window_pattern: gpt_oss.then_some(GPT_OSS_PATTERN),
             rope_local_theta: None,
             query_pre_attn_scalar: None,
             ssm: None,

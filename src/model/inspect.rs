@@ -281,7 +281,12 @@ impl fmt::Display for ModelReport {
                     m.num_experts,
                     m.expert_intermediate_size,
                     m.experts_per_token,
-                    if m.normalize_weights { ", weights renormalised" } else { "" },
+                    match (m.routing, m.gate) {
+                        (_, crate::model::config::ExpertGate::SwigluOai) => ", top-k logits softmaxed, clamped SwiGLU",
+                        (crate::model::config::Routing::Softmax { normalize: true }, _) => ", weights renormalised",
+                        (crate::model::config::Routing::TopKSoftmax, _) => ", top-k logits softmaxed",
+                        _ => "",
+                    },
                     if m.shared_expert_size > 0 {
                         format!(" + a shared expert of MLP {}", m.shared_expert_size)
                     } else {

@@ -30,7 +30,7 @@ use crate::gpu::kernels::ssm::{
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
-use crate::model::config::{ModelConfig, MoeConfig, SsmConfig};
+use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, SsmConfig};
 use crate::model::lora_pool::LoraStep;
 use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts};
 use crate::tensor::TensorFactory;
@@ -293,6 +293,8 @@ pub struct Attention {
     /// RMSNorm of q and k before RoPE: each head (Qwen3, Gemma 3) or each whole projection
     /// (OLMo 2), by the weights' widths.
     pub qk_norm: Option<QkNorm>,
+    /// Each head's attention-sink logit (gpt-oss), joining its softmax's denominator.
+    pub sinks: Option<GpuTensor>, // (heads) F32
 }
 
 /// The norms of q and k, per head or over the whole projection.
@@ -338,7 +340,8 @@ impl Attention {
         rope_kv_write(ctx, rec, &a.qkv, s.layout, inputs.positions, s.cos_sin, s.pairing, inputs.slots, cache)?;
         let (tables, info) = (inputs.block_tables, inputs.token_info);
         let (out, partials) = (&a.attn, &a.attn_partials);
-        paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, out, partials, s.sliding_window, s.scale)?;
+        let (window, sinks) = (s.sliding_window, self.sinks.as_ref());
+        paged_attention(ctx, rec, &a.qkv, s.layout, cache, tables, info, out, partials, window, s.scale, sinks)?;
         self.o.forward(ctx, rec, &a.attn, &a.proj)?;
         match &lora {
             Some(l) => l.apply(ctx, rec, LoraModule::O, &a.attn, &a.proj, 0),
@@ -524,46 +527,65 @@ impl FeedForward {
     }
 }
 
-/// Where a Hugging Face checkpoint keeps a layer's experts.
-#[derive(Clone, Copy)]
+/// A mixture-of-experts MLP (Qwen3-MoE's sparse block, gpt-oss's, Granite MoE's):
+/// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
+/// and weights w_s, chosen by the config's routing from the router's logits, each expert a
+/// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
+/// (Granite's) where the model has one. Five dispatches, all on the GPU (six with a router
+/// bias), after the shared expert's: the router's matmul, the top-k choice, every slot's gate
+/// and up with the gate, every slot's down, and the weighted sum (added onto the shared
+/// expert's output).
+pub struct MoeMlp {
+    pub shape: MoeConfig,
+    pub router: GpuTensor,               // (experts, hidden)
+    pub router_bias: Option<GpuTensor>,  // (experts)
+    pub gate_up: GpuTensor,              // (experts · 2 · ff, hidden): each expert's gate rows, then its up rows
+    pub gate_up_bias: Option<GpuTensor>, // (experts, 2 · ff): likewise
+    pub down: GpuTensor,                 // (experts · hidden, ff)
+    pub down_bias: Option<GpuTensor>,    // (experts, hidden)
+    pub shared: Option<Mlp>,
+}
+
+/// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
+#[derive(Clone, Copy, Debug)]
 pub enum HfExperts<'a> {
-    /// One matrix per expert and projection under this prefix (`{prefix}.experts.E.gate_proj`,
-    /// …, router `{prefix}.gate`): Qwen3-MoE as transformers 5 saves it.
+    /// One matrix per expert and projection (`{prefix}.experts.E.gate_proj.weight`, …), router
+    /// `{prefix}.gate.weight`, prefix `model.layers.N.mlp` (Qwen3-MoE: transformers 5 fuses them
+    /// in memory, but saves this form).
     PerExpert(&'a str),
-    /// Granite MoE, under the layer's prefix: `block_sparse_moe.input_linear` (experts, 2 · ff,
-    /// hidden), each expert's gate rows then its up rows, `block_sparse_moe.output_linear`
-    /// (experts, hidden, ff), router `block_sparse_moe.router.layer`, shared expert
-    /// `shared_mlp.input_linear` / `output_linear`.
+    /// gpt-oss's fused, input-major tensors: `{prefix}.experts.gate_up_proj` (experts, hidden,
+    /// 2 · ff) with gate and up in alternate columns, `down_proj` (experts, ff, hidden), their
+    /// `_bias`es, router `{prefix}.router.weight` and `.bias`; prefix `model.layers.N.mlp`.
+    GptOss(&'a str),
+    /// Granite MoE, under the layer's prefix (`model.layers.N`): `block_sparse_moe.input_linear`
+    /// (experts, 2 · ff, hidden), each expert's gate rows then its up rows,
+    /// `block_sparse_moe.output_linear` (experts, hidden, ff), router
+    /// `block_sparse_moe.router.layer`, shared expert `shared_mlp.input_linear` / `output_linear`.
     Granite(&'a str),
 }
 
-/// A mixture-of-experts MLP (Qwen3-MoE's and Granite MoE's sparse block):
-/// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
-/// by the router's softmax, each expert a SwiGLU MLP, the shared expert (Granite's) when the
-/// model has one. Five dispatches, all on the GPU, after the shared expert's: the router's
-/// matmul, the top-k choice, every slot's gate and up with SwiGLU, every slot's down, and the
-/// weighted sum (added to the shared expert's output).
-pub struct MoeMlp {
-    pub shape: MoeConfig,
-    pub router: GpuTensor,  // (experts, hidden)
-    pub gate_up: GpuTensor, // (experts · 2 · ff, hidden): each expert's gate rows, then its up rows
-    pub down: GpuTensor,    // (experts · hidden, ff)
-    pub shared: Option<Mlp>,
+/// A layer's experts on the host, in weft's layout, before upload.
+struct HostExperts<'a> {
+    router: String,
+    router_bias: Option<String>,
+    gate_up: HostTensor<'a>,        // (experts · 2 · ff, hidden)
+    gate_up_bias: Option<Vec<f32>>, // (experts · 2 · ff)
+    down: HostTensor<'a>,           // (experts · hidden, ff)
+    down_bias: Option<Vec<f32>>,    // (experts · hidden)
 }
 
 impl MoeMlp {
     /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
     /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
-    /// router `ffn_gate_inp`); Hugging Face stores one matrix per expert
-    /// (`{prefix}.experts.E.gate_proj.weight`, …, router `{prefix}.gate.weight`: transformers 5
-    /// fuses them in memory, but saves this form). Gate and up must share a format (they run as
-    /// one matmul).
+    /// router `ffn_gate_inp`, each with an optional `.bias`); Hugging Face as `hf` says. Gate and
+    /// up must share a format (they run as one matmul).
     pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf: HfExperts<'_>) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
-        let (router, gate_up, down) = match (w.source.checkpoint(), hf) {
+        let host = match (w.source.checkpoint(), hf) {
             (Checkpoint::Gguf, _) => {
                 let name = |part: &str| format!("blk.{layer}.{part}.weight");
+                let bias_name = |part: &str| format!("blk.{layer}.{part}.bias");
                 let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
                 let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
                 if gate.dtype != up.dtype {
@@ -586,16 +608,55 @@ impl MoeMlp {
                 let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
                 let gate_up =
                     HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
-                (name("ffn_gate_inp"), gate_up, down)
+                let optional = |part: &str, len: usize| -> Result<Option<Vec<f32>>> {
+                    let name = bias_name(part);
+                    if w.source.get(&name)?.is_none() {
+                        return Ok(None);
+                    }
+                    w.named_values(&name, len).map(Some)
+                };
+                let gate_up_bias =
+                    match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
+                        (Some(g), Some(u)) => Some(
+                            (0..experts)
+                                .flat_map(|e| [&g[e * ff..][..ff], &u[e * ff..][..ff]])
+                                .flatten()
+                                .copied()
+                                .collect(),
+                        ),
+                        (None, None) => None,
+                        _ => {
+                            return Err(crate::error::WeftError::model(
+                                file,
+                                format!("layer {layer}'s experts have a bias on one of gate and up only"),
+                            ));
+                        }
+                    };
+                let router_bias = bias_name("ffn_gate_inp");
+                HostExperts {
+                    router: name("ffn_gate_inp"),
+                    router_bias: w.source.get(&router_bias)?.is_some().then_some(router_bias),
+                    gate_up,
+                    gate_up_bias,
+                    down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+                    down_bias: optional("ffn_down_exps", experts * hidden)?,
+                }
             }
             (Checkpoint::HuggingFace, HfExperts::Granite(prefix)) => {
                 let name = |part: &str| format!("{prefix}.block_sparse_moe.{part}");
                 let gate_up = w.named_host(&name("input_linear.weight"), &[experts, 2 * ff, hidden])?;
                 let down = w.named_host(&name("output_linear.weight"), &[experts, hidden, ff])?;
-                (name("router.layer.weight"), gate_up, down)
+                HostExperts {
+                    router: name("router.layer.weight"),
+                    router_bias: None,
+                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
+                    gate_up_bias: None,
+                    down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+                    down_bias: None,
+                }
             }
-            (Checkpoint::HuggingFace, HfExperts::PerExpert(hf_prefix)) => {
-                let name = |part: &str| format!("{hf_prefix}.{part}");
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                let name = |part: &str| format!("{prefix}.{part}");
                 let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
                 for e in 0..experts {
                     for (part, rows, cols) in
@@ -614,9 +675,61 @@ impl MoeMlp {
                     ));
                 }
                 let dtype = dtypes[0];
-                let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() };
-                let down = HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() };
-                (name("gate.weight"), gate_up, down)
+                HostExperts {
+                    router: name("gate.weight"),
+                    router_bias: None,
+                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() },
+                    gate_up_bias: None,
+                    down: HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() },
+                    down_bias: None,
+                }
+            }
+            (Checkpoint::HuggingFace, HfExperts::GptOss(prefix)) => {
+                let name = |part: &str| format!("{prefix}.{part}");
+                if w.source.get(&name("experts.gate_up_proj_blocks"))?.is_some() {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        "this gpt-oss checkpoint keeps its experts in MXFP4 (gate_up_proj_blocks and _scales), which \
+                         weft reads from GGUF only: convert it with llama.cpp's convert_hf_to_gguf.py, which keeps the \
+                         experts MXFP4",
+                    ));
+                }
+                // Input-major, gate and up in alternate columns: transposed on the host into
+                // each expert's gate rows, then its up rows.
+                let gate_up = w.named_f32(&name("experts.gate_up_proj"), &[experts, hidden, 2 * ff])?;
+                let gate_up_bias = w.named_f32(&name("experts.gate_up_proj_bias"), &[experts, 2 * ff])?;
+                let down = w.named_f32(&name("experts.down_proj"), &[experts, ff, hidden])?;
+                let column = |r: usize| if r < ff { 2 * r } else { 2 * (r - ff) + 1 };
+                let gate_up: Vec<f32> = (0..experts * 2 * ff)
+                    .flat_map(|row| {
+                        let (e, c) = (row / (2 * ff), column(row % (2 * ff)));
+                        (0..hidden).map(move |h| (e * hidden + h) * 2 * ff + c)
+                    })
+                    .map(|i| gate_up[i])
+                    .collect();
+                let gate_up_bias = (0..experts * 2 * ff)
+                    .map(|row| gate_up_bias[row / (2 * ff) * 2 * ff + column(row % (2 * ff))])
+                    .collect();
+                let down: Vec<f32> = (0..experts * hidden)
+                    .flat_map(|row| {
+                        let (e, h) = (row / hidden, row % hidden);
+                        (0..ff).map(move |f| (e * ff + f) * hidden + h)
+                    })
+                    .map(|i| down[i])
+                    .collect();
+                let f32_host = |shape: Vec<usize>, values: Vec<f32>| HostTensor {
+                    shape,
+                    dtype: crate::quant::DType::F32,
+                    bytes: bytemuck::cast_slice(&values).to_vec().into(),
+                };
+                HostExperts {
+                    router: name("router.weight"),
+                    router_bias: Some(name("router.bias")),
+                    gate_up: f32_host(vec![experts * 2 * ff, hidden], gate_up),
+                    gate_up_bias: Some(gate_up_bias),
+                    down: f32_host(vec![experts * hidden, ff], down),
+                    down_bias: Some(w.named_f32(&name("experts.down_proj_bias"), &[experts, hidden])?),
+                }
             }
         };
         let upload = |what: &str, t: &HostTensor<'_>, rows: usize, cols: usize| {
@@ -642,15 +755,25 @@ impl MoeMlp {
                     gate: Gate::Silu,
                 })
             }
-            (_, Checkpoint::HuggingFace, HfExperts::PerExpert(_)) => {
+            (_, Checkpoint::HuggingFace, _) => {
                 return Err(crate::error::WeftError::model(file, "weft reads shared experts of Granite MoE only"));
             }
         };
+        let upload_bias = |values: Option<Vec<f32>>, cols: usize| -> Result<Option<GpuTensor>> {
+            values.map(|v| w.factory.upload_f32(&[experts, cols], &v)).transpose()
+        };
+        let router_bias = match &host.router_bias {
+            Some(name) => Some(w.factory.upload_f32(&[experts], &w.named_values(name, experts)?)?),
+            None => None,
+        };
         Ok(MoeMlp {
             shape,
-            router: w.named_matrix(&router, &[experts, hidden])?,
-            gate_up: upload("gate and up", &gate_up, experts * 2 * ff, hidden)?,
-            down: upload("down", &down, experts * hidden, ff)?,
+            router: w.named_matrix(&host.router, &[experts, hidden])?,
+            router_bias,
+            gate_up: upload("gate and up", &host.gate_up, experts * 2 * ff, hidden)?,
+            gate_up_bias: upload_bias(host.gate_up_bias, 2 * ff)?,
+            down: upload("down", &host.down, experts * hidden, ff)?,
+            down_bias: upload_bias(host.down_bias, hidden)?,
             shared,
         })
     }
@@ -663,9 +786,16 @@ impl MoeMlp {
             shared.forward(ctx, rec, a, None)?;
         }
         matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
-        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.normalize_weights)?;
-        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, Epilogue::SiluMul)?;
-        moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None)?;
+        if let Some(bias) = &self.router_bias {
+            add_bias(ctx, rec, &m.logits, bias)?;
+        }
+        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.routing)?;
+        let gate = match self.shape.gate {
+            ExpertGate::Silu => Epilogue::SiluMul,
+            ExpertGate::SwigluOai => Epilogue::SwigluOai,
+        };
+        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, gate, self.gate_up_bias.as_ref())?;
+        moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None, self.down_bias.as_ref())?;
         moe_combine(ctx, rec, &m.out, &m.weights, &a.proj, self.shared.is_some())
     }
 }

@@ -34,6 +34,8 @@ pub enum Part {
     KBias,
     VBias,
     O,
+    /// The attention output's bias (gpt-oss).
+    OBias,
     FfnNorm,
     Gate,
     Up,
@@ -80,6 +82,7 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 KBias => "attn_k.bias",
                 VBias => "attn_v.bias",
                 O => "attn_output.weight",
+                OBias => "attn_output.bias",
                 FfnNorm => "ffn_norm.weight",
                 Gate => "ffn_gate.weight",
                 Up => "ffn_up.weight",
@@ -104,6 +107,7 @@ pub fn tensor_name(checkpoint: Checkpoint, layer: Option<usize>, part: Part) -> 
                 KBias => "self_attn.k_proj.bias",
                 VBias => "self_attn.v_proj.bias",
                 O => "self_attn.o_proj.weight",
+                OBias => "self_attn.o_proj.bias",
                 FfnNorm => "post_attention_layernorm.weight",
                 Gate => "mlp.gate_proj.weight",
                 Up => "mlp.up_proj.weight",
@@ -256,6 +260,13 @@ impl Loader<'_> {
                 format!("tensor {name} has shape {:?}, expected {len} elements", t.shape),
             ));
         }
+        float_values(self.source.file(), name, &t)
+    }
+
+    /// The values of the tensor called `name`, which must have `shape`, as F32 (F16 and BF16
+    /// widened; quantized formats refused).
+    pub fn named_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.named_host(name, shape)?;
         float_values(self.source.file(), name, &t)
     }
 

@@ -1,12 +1,13 @@
 //! The mixture-of-experts kernels against `cpu::moe`: `moe_route` (softmax top-k, with and
-//! without renormalisation, ties to the lower expert), and the experts' MLP (`moe_matmul` gated,
-//! `moe_matmul`, `moe_combine`) over stacked experts in F32, Q8_0 and Q4_0, in every kernel
-//! setup, for 1, 7 and 64 tokens. Every setup runs the same kernel, so all give the same bits;
+//! without renormalisation, and gpt-oss's softmax over the top-k logits; ties to the lower
+//! expert), and the experts' MLP (`moe_matmul` gated, `moe_matmul`, `moe_combine`) over stacked
+//! experts in F32, Q8_0 and Q4_0 (and gpt-oss's biased experts with the clamped SwiGLU in F32
+//! and MXFP4), in every kernel setup, for 1, 7 and 64 tokens. Every setup runs the same kernel, so all give the same bits;
 //! a token's bits are the same alone as in a batch; experts split over several bindings give the
 //! same bits as in one.
 
 use weft::DType;
-use weft::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
+use weft::gpu::kernels::moe::{Routing, moe_combine, moe_matmul, moe_route};
 use weft::gpu::{Epilogue, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
@@ -17,19 +18,20 @@ const TOP_K: usize = 2;
 const HIDDEN: usize = 64;
 const FF: usize = 32;
 
-fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], normalize: bool) -> (Vec<u32>, Vec<f32>) {
+fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], routing: Routing) -> (Vec<u32>, Vec<f32>) {
     let tokens = logits.len() / EXPERTS;
     let lt = f.upload_f32(&[tokens, EXPERTS], logits).unwrap();
     let ids = f.zeros(&[tokens, TOP_K], DType::U32).unwrap();
     let weights = f.zeros(&[tokens, TOP_K], DType::F32).unwrap();
     let mut rec = Recording::new();
-    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, normalize).unwrap();
+    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, routing).unwrap();
     run(f, &rec);
     (read_u32(f, &ids), read_f32(f, &weights))
 }
 
 /// Ids equal; weights within a few roundings of the f64 reference (a softmax: an exp, a sum of
-/// 8 terms and a division; renormalised, one more sum and division).
+/// 8 terms and a division; renormalised, one more sum and division; over the top k logits, an
+/// exp, a sum of k terms and a division).
 #[test]
 fn route_matches_cpu() {
     let Some(f) = gpu() else { return };
@@ -41,10 +43,12 @@ fn route_matches_cpu() {
         if tokens > 1 {
             logits[EXPERTS..2 * EXPERTS].copy_from_slice(&[0.0, 1.0, 2.0, 1.0, -1.0, 3.0, 2.0, 0.0]);
         }
-        for normalize in [false, true] {
-            let (ids, weights) = route_on_gpu(f, &logits, normalize);
-            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, normalize);
-            assert_eq!(ids, want_ids, "{tokens} tokens, normalize {normalize}");
+        for routing in
+            [Routing::Softmax { normalize: false }, Routing::Softmax { normalize: true }, Routing::TopKSoftmax]
+        {
+            let (ids, weights) = route_on_gpu(f, &logits, routing);
+            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing);
+            assert_eq!(ids, want_ids, "{tokens} tokens, {routing:?}");
             assert_close(&format!("route weights, {tokens} tokens"), &weights, &want_weights, |i| {
                 (2 * EXPERTS + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
             });
@@ -57,14 +61,33 @@ fn route_matches_cpu() {
 }
 
 /// Stacked experts of a format: gate_up (EXPERTS · 2 · FF, HIDDEN), each expert's gate rows then
-/// up rows, and down (EXPERTS · HIDDEN, FF): bytes and exact decodings.
+/// up rows, and down (EXPERTS · HIDDEN, FF): bytes and exact decodings; with `biases`,
+/// gpt-oss's experts: gate_up's (EXPERTS, 2 · FF) and down's (EXPERTS, HIDDEN) biases and the
+/// clamped SwiGLU.
 struct Experts {
     gate_up: (Vec<u8>, Vec<f32>),
     down: (Vec<u8>, Vec<f32>),
+    biases: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 fn experts(dtype: DType, hidden: usize, ff: usize) -> Experts {
-    Experts { gate_up: weights(dtype, EXPERTS * 2 * ff * hidden, 11), down: weights(dtype, EXPERTS * hidden * ff, 12) }
+    Experts {
+        gate_up: weights(dtype, EXPERTS * 2 * ff * hidden, 11),
+        down: weights(dtype, EXPERTS * hidden * ff, 12),
+        biases: None,
+    }
+}
+
+fn oai_experts(dtype: DType, hidden: usize, ff: usize) -> Experts {
+    let biases = Some((random(EXPERTS * 2 * ff, 13, 1.0), random(EXPERTS * hidden, 14, 1.0)));
+    Experts { biases, ..experts(dtype, hidden, ff) }
+}
+
+impl Experts {
+    fn cpu(&self, x: &[f32], ids: &[u32], weights: &[f32], hidden: usize, ff: usize) -> Vec<f32> {
+        let biases = self.biases.as_ref().map(|(gate_up, down)| weft::cpu::moe::ExpertBiases { gate_up, down });
+        weft::cpu::moe::moe_mlp_with(x, ids, weights, &self.gate_up.1, &self.down.1, hidden, ff, biases.as_ref())
+    }
 }
 
 /// The MLP's output (tokens, hidden) on the GPU, with `upload` placing each stacked weight.
@@ -88,9 +111,16 @@ fn mlp_on_gpu(
     let act = f.zeros(&[tokens * TOP_K, ff], DType::F32).unwrap();
     let y = f.zeros(&[tokens * TOP_K, hidden], DType::F32).unwrap();
     let out = f.zeros(&[tokens, hidden], DType::F32).unwrap();
+    let biases = w.biases.as_ref().map(|(gate_up, down)| {
+        (f.upload_f32(&[EXPERTS, 2 * ff], gate_up).unwrap(), f.upload_f32(&[EXPERTS, hidden], down).unwrap())
+    });
+    let (gate, gate_up_bias, down_bias) = match &biases {
+        Some((gate_up, down)) => (Epilogue::SwigluOai, Some(gate_up), Some(down)),
+        None => (Epilogue::SiluMul, None, None),
+    };
     let mut rec = Recording::new();
-    moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, &act, Epilogue::SiluMul).unwrap();
-    moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, &y, Epilogue::None).unwrap();
+    moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, &act, gate, gate_up_bias).unwrap();
+    moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, &y, Epilogue::None, down_bias).unwrap();
     moe_combine(ctx(f), &mut rec, &y, &wt, &out, false).unwrap();
     run(f, &rec);
     read_f32(f, &out)
@@ -98,16 +128,26 @@ fn mlp_on_gpu(
 
 /// Routing of `tokens` random rows, from the CPU (so every setup gets the same).
 fn routing(tokens: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
-    weft::cpu::moe::moe_route(&random(tokens * EXPERTS, seed, 3.0), EXPERTS, TOP_K, true)
+    weft::cpu::moe::moe_route(
+        &random(tokens * EXPERTS, seed, 3.0),
+        EXPERTS,
+        TOP_K,
+        Routing::Softmax { normalize: true },
+    )
 }
 
 /// Tolerance: f32 dot products of HIDDEN (gate, up) then FF (down) terms, against f64. The
 /// gate and up sums are each within (HIDDEN + 2)·u·Σ|x·w| of exact; silu and the product add a
 /// few roundings; down adds (FF + 2)·u·Σ|act·w|; the combine two more. Bounded by
 /// 4·(HIDDEN + FF)·u times Σ_s weight_s · Σ_j |down_jc| · (|act_j| + Σ_p |x_p·w_p|) (the
-/// gate's error passes through silu'(g) ≤ 1.1 times the up value, and vice versa).
+/// gate's error passes through silu'(g) ≤ 1.1 times the up value, and vice versa). gpt-oss's
+/// experts: the same with up + 1 for up (the clamps only flatten), the biases in each sum's
+/// |terms|, and the down bias's rounding.
 fn mlp_bound(x: &[f32], ids: &[u32], weights: &[f32], w: &Experts, hidden: usize, ff: usize) -> Vec<f64> {
     let (gu, down) = (&w.gate_up.1, &w.down.1);
+    let (one, no_bias) =
+        (if w.biases.is_some() { 1.0 } else { 0.0 }, (vec![0.0; EXPERTS * 2 * ff], vec![0.0; EXPERTS * hidden]));
+    let (gu_bias, down_bias) = w.biases.as_ref().map_or((&no_bias.0, &no_bias.1), |(g, d)| (g, d));
     let mut out = Vec::new();
     for (t, row) in x.chunks(hidden).enumerate() {
         let mut bound = vec![0f64; hidden];
@@ -116,8 +156,10 @@ fn mlp_bound(x: &[f32], ids: &[u32], weights: &[f32], w: &Experts, hidden: usize
             let dots: Vec<(f64, f64)> = (0..2 * ff)
                 .map(|r| {
                     let wr = &gu[(e * 2 * ff + r) * hidden..][..hidden];
-                    let exact: f64 = row.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
-                    let abs: f64 = row.iter().zip(wr).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+                    let bias = f64::from(gu_bias[e * 2 * ff + r]);
+                    let exact: f64 = row.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>() + bias;
+                    let abs: f64 = row.iter().zip(wr).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum::<f64>()
+                        + bias.abs();
                     (exact, abs)
                 })
                 .collect();
@@ -126,11 +168,12 @@ fn mlp_bound(x: &[f32], ids: &[u32], weights: &[f32], w: &Experts, hidden: usize
                 let m: f64 = (0..ff)
                     .map(|j| {
                         let (g, up) = (dots[j], dots[ff + j]);
-                        let scale = g.0.abs().max(1.0) * (up.0.abs() + up.1) + g.1 * (up.0.abs() + up.1);
+                        let up_abs = up.0.abs() + one + up.1;
+                        let scale = g.0.abs().max(1.0) * up_abs + g.1 * up_abs;
                         f64::from(dr[j]).abs() * scale
                     })
                     .sum();
-                *b += f64::from(weights[t * TOP_K + s]) * m;
+                *b += f64::from(weights[t * TOP_K + s]) * (m + f64::from(down_bias[e * hidden + c]).abs());
             }
         }
         out.extend(bound.into_iter().map(|b| 4.0 * (hidden + ff) as f64 * U * b + 1e-30));
@@ -139,11 +182,14 @@ fn mlp_bound(x: &[f32], ids: &[u32], weights: &[f32], w: &Experts, hidden: usize
 }
 
 fn check(dtype: DType) {
-    let w = experts(dtype, HIDDEN, FF);
+    check_experts(dtype, experts(dtype, HIDDEN, FF))
+}
+
+fn check_experts(dtype: DType, w: Experts) {
     for tokens in [1, 7, 64] {
         let x = random(tokens * HIDDEN, 20 + tokens as u64, 1.0);
         let (ids, weights) = routing(tokens, 30 + tokens as u64);
-        let want = weft::cpu::moe::moe_mlp(&x, &ids, &weights, &w.gate_up.1, &w.down.1, HIDDEN, FF);
+        let want = w.cpu(&x, &ids, &weights, HIDDEN, FF);
         let bound = mlp_bound(&x, &ids, &weights, &w, HIDDEN, FF);
         let mut first: Option<Vec<f32>> = None;
         for setup in setups().into_iter().filter(|s| !s.window_x) {
@@ -189,6 +235,34 @@ fn q8_0_experts_match_cpu() {
 #[test]
 fn q4_0_experts_match_cpu() {
     check(DType::Q4_0);
+}
+
+/// gpt-oss's experts (biased gate/up and down, the clamped SwiGLU) in F32 and MXFP4, the format
+/// its checkpoints ship experts in. Gate and up sums here have a spread of about 2.7, so the
+/// limit of 7 clips some of them: checked, so the clamps are exercised.
+#[test]
+fn gpt_oss_experts_match_cpu() {
+    for dtype in [DType::F32, DType::MXFP4] {
+        let w = oai_experts(dtype, HIDDEN, FF);
+        let (tokens, (b_gu, _)) = (64, w.biases.as_ref().unwrap());
+        let x = random(tokens * HIDDEN, 20 + tokens as u64, 1.0);
+        let (ids, _) = routing(tokens, 30 + tokens as u64);
+        let clipped = (0..tokens * TOP_K)
+            .flat_map(|r| {
+                let e = ids[r] as usize;
+                let row = &x[r / TOP_K * HIDDEN..][..HIDDEN];
+                weft::cpu::matmul(row, &w.gate_up.1[e * 2 * FF * HIDDEN..][..2 * FF * HIDDEN], 1, HIDDEN, 2 * FF)
+                    .into_iter()
+                    .zip(&b_gu[e * 2 * FF..][..2 * FF])
+                    .enumerate()
+                    .map(|(c, (v, b))| if c < FF { v + b > 7.0 } else { (v + b).abs() > 7.0 })
+                    .collect::<Vec<_>>()
+            })
+            .filter(|&c| c)
+            .count();
+        assert!(clipped > 0, "{dtype}: no gate or up value reaches the SwiGLU limit; the test would miss the clamps");
+        check_experts(dtype, w);
+    }
 }
 
 /// Experts whose projection outgrows a binding (1 MiB here: 96 · 2 gate-up rows of 1024 F32 a

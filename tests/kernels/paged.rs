@@ -100,6 +100,21 @@ pub fn attend(
     seed: u64,
     windows: bool,
 ) -> (Vec<f32>, Vec<f32>, Recording) {
+    attend_with_sinks(f, filled, queries, window, split, seed, windows, None)
+}
+
+/// [`attend`] with each head's attention-sink logit, when `sinks` (HEADS) is given.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_with_sinks(
+    f: &GpuTensorFactory,
+    filled: &Filled,
+    queries: &[(usize, usize)],
+    window: Option<usize>,
+    split: bool,
+    seed: u64,
+    windows: bool,
+    sinks: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>, Recording) {
     let n = queries.len();
     let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
     let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
@@ -120,7 +135,9 @@ pub fn attend(
     let mut rec = Recording::new();
     let scale = 1.0 / (HEAD_DIM as f32).sqrt();
     let cache = filled.cache();
-    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &cache, &bt, &it, &out, &partials, window, scale).unwrap();
+    let sinks = sinks.map(|s| f.upload_f32(&[HEADS], s).unwrap());
+    let sinks = sinks.as_ref();
+    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &cache, &bt, &it, &out, &partials, window, scale, sinks).unwrap();
     run(f, &rec);
     (q, read_f32(f, &out), rec)
 }
@@ -251,7 +268,33 @@ fn attention_weight_error(q_t: &[f32], keys: &[&[f32]], scale: f32) -> f64 {
     (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U
 }
 
+/// Attention sinks (gpt-oss): each head's sink logit joins the softmax's denominator, in every
+/// kernel family, in one pass and (where the family splits) split-K and merged, within the
+/// tolerance above (the sink adds one exp and one sum to the denominator: inside the spare
+/// roundings). Sinks far below every score give the bits of no sinks at all.
+#[test]
+fn attention_with_sinks_matches_cpu_in_every_family() {
+    for family in [KernelFamily::Baseline, KernelFamily::Subgroup, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { continue };
+        let split = family.splits_attention();
+        // Sinks around the scores (|score| is about 1 here), and one well above them.
+        let sinks: [f32; HEADS] = [0.5, -1.0, 2.0, 8.0, -0.25, 1.5, 0.0, -3.0, 1.0];
+        check_attention_with(f, split, DType::F32, Some(&sinks));
+        let filled = fill(f, &[5, 40, 300]);
+        let queries = [(0, 4), (1, 39), (2, 299), (2, 17)];
+        let (_, none, _) = attend(f, &filled, &queries, None, split, 3, false);
+        let far = [-1e30; HEADS];
+        let (_, vanishing, _) = attend_with_sinks(f, &filled, &queries, None, split, 3, false, Some(&far));
+        let same = none.iter().zip(&vanishing).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{family:?}: sinks of -1e30 moved the bits of attention without sinks");
+    }
+}
+
 fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
+    check_attention_with(f, split, dtype, None)
+}
+
+fn check_attention_with(f: &GpuTensorFactory, split: bool, dtype: DType, sinks: Option<&[f32]>) {
     let long = split.then_some(2100);
     let lens: Vec<usize> = [1, 17, 40, 100].into_iter().chain(long).collect();
     let filled = fill_as(f, &lens, dtype);
@@ -263,14 +306,14 @@ fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
         queries.extend([(4, 2099), (4, 300), (4, 256), (4, 700)]);
     }
     for window in [None, Some(8), Some(600)] {
-        let (q, got, _) = attend(f, &filled, &queries, window, split, 42, false);
+        let (q, got, _) = attend_with_sinks(f, &filled, &queries, window, split, 42, false, sinks);
         let scale = 1.0 / (HEAD_DIM as f32).sqrt();
         for (t, &(s, p)) in queries.iter().enumerate() {
             let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
             let keys: Vec<&[f32]> = filled.k[s][first..=p].iter().map(|r| &r[..]).collect();
             let values: Vec<&[f32]> = filled.v[s][first..=p].iter().map(|r| &r[..]).collect();
             let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
-            let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
+            let want = weft::cpu::attention_one_with_sinks(q_t, &keys, &values, HEADS, KV_HEADS, scale, sinks);
             let weight_err = attention_weight_error(q_t, &keys, scale);
             let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
             assert_close(&format!("seq {s} pos {p} window {window:?}"), got_t, &want, |_| 2.0 * weight_err);
@@ -289,8 +332,9 @@ fn attention_rejects_heads_that_do_not_group() {
     let out = f.zeros(&[1, 4 * HEAD_DIM], DType::F32).unwrap();
     let partials = f.zeros(&[1, 4], DType::F32).unwrap();
     let cache = filled.cache();
-    let err = paged_attention(ctx(f), &mut Recording::new(), &q, layout, &cache, &bt, &it, &out, &partials, None, 1.0)
-        .unwrap_err();
+    let err =
+        paged_attention(ctx(f), &mut Recording::new(), &q, layout, &cache, &bt, &it, &out, &partials, None, 1.0, None)
+            .unwrap_err();
     assert!(err.to_string().contains("multiple of num_kv_heads"), "{err}");
 }
 
@@ -304,8 +348,9 @@ fn attention_rejects_partials_of_another_shape() {
     let out = f.zeros(&[1, HEADS * HEAD_DIM], DType::F32).unwrap();
     let partials = f.zeros(&[1, 8], DType::F32).unwrap();
     let cache = filled.cache();
-    let err = paged_attention(ctx(f), &mut Recording::new(), &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0)
-        .unwrap_err();
+    let err =
+        paged_attention(ctx(f), &mut Recording::new(), &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0, None)
+            .unwrap_err();
     assert!(err.to_string().contains("partials need"), "{err}");
 }
 
@@ -336,7 +381,7 @@ fn narrow_tables_record_no_merge() {
         let partials = f.zeros(&[1, attention_partials_cols(true, HEADS, HEAD_DIM)], DType::F32).unwrap();
         let mut rec = Recording::new();
         let cache = filled.cache();
-        paged_attention(ctx(f), &mut rec, &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0).unwrap();
+        paged_attention(ctx(f), &mut rec, &q, LAYOUT, &cache, &bt, &it, &out, &partials, None, 1.0, None).unwrap();
         let kernels: Vec<&str> = rec.kernels().map(|v| v.kernel).collect();
         assert_eq!(kernels.contains(&"attention_merge"), merges, "{len} positions: {kernels:?}");
     }

@@ -42,7 +42,7 @@ pub fn matmul_gated(
     epilogue: Epilogue,
 ) -> Result<()> {
     const OP: &str = "matmul_gated";
-    if epilogue == Epilogue::None {
+    if !matches!(epilogue, Epilogue::SiluMul | Epilogue::GeluMul) {
         return Err(WeftError::Unsupported("the gated matmul needs a gate (SiluMul or GeluMul): use matmul".into()));
     }
     let m = x.shape().first().copied().unwrap_or(0);

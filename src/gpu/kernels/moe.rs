@@ -15,7 +15,7 @@ use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, normalize: u32 });
+shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32 });
 shader_params!(MatmulParams {
     rows: u32,
     k: u32,
@@ -25,6 +25,7 @@ shader_params!(MatmulParams {
     first_expert: u32,
     part_experts: u32,
     w_base: u32,
+    has_bias: u32,
 });
 shader_params!(CombineParams { len: u32, cols: u32, top_k: u32, accumulate: u32 });
 
@@ -32,17 +33,36 @@ const ROUTE_WORKGROUP: usize = 64;
 const MATMUL_WORKGROUP: usize = 64;
 const COMBINE_WORKGROUP: usize = 256;
 
+/// How a router's logits become each token's experts and weights (`moe_route`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// The experts of the k largest softmax probabilities over all experts, weighted by those
+    /// probabilities, divided by their sum when `normalize` (Qwen3-MoE's `norm_topk_prob`).
+    Softmax { normalize: bool },
+    /// The experts of the k largest logits, weighted by a softmax over those k logits alone
+    /// (gpt-oss; llama.cpp's `SOFTMAX_WEIGHT` gating).
+    TopKSoftmax,
+}
+
+impl Routing {
+    fn mode(self) -> u32 {
+        match self {
+            Routing::Softmax { normalize } => u32::from(normalize),
+            Routing::TopKSoftmax => 2,
+        }
+    }
+}
+
 /// Record each token's routing: `logits` (tokens, experts) F32 → `ids` (tokens, top_k) U32,
-/// the experts of the top_k largest softmax probabilities, largest first (ties to the lower
-/// expert), and `weights` (tokens, top_k) F32, those probabilities, divided by their sum when
-/// `normalize`.
+/// the top_k experts by `routing`, largest first (ties to the lower expert), and `weights`
+/// (tokens, top_k) F32, their weights.
 pub fn moe_route(
     ctx: &GpuContext,
     rec: &mut Recording,
     logits: &GpuTensor,
     ids: &GpuTensor,
     weights: &GpuTensor,
-    normalize: bool,
+    routing: Routing,
 ) -> Result<()> {
     const OP: &str = "moe_route";
     expect(OP, "logits", logits, DType::F32, &[None, None])?;
@@ -57,7 +77,7 @@ pub fn moe_route(
         tokens: u32_of(OP, "tokens", tokens)?,
         experts: u32_of(OP, "experts", experts)?,
         top_k: u32_of(OP, "top_k", top_k)?,
-        normalize: u32::from(normalize),
+        mode: routing.mode(),
     };
     let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
     let bindings = vec![res(logits)?, res(ids)?, res(weights)?];
@@ -70,7 +90,9 @@ pub fn moe_route(
 /// turn (G = 2 with a gated `epilogue`: the expert's gate rows then its up rows, and y receives
 /// act(gate) · up); `ids` (tokens, top_k) U32 from [`moe_route`]; y (tokens · top_k, n) F32;
 /// x (tokens, k) F32 (each token's row serves all its slots) or (tokens · top_k, k) (a row per
-/// slot). Each part of `experts` must hold whole experts; k a multiple of 32.
+/// slot). `bias` (num_experts, G · n) F32, when given, is added to each sum before the
+/// epilogue (each expert's bias in its rows' order). Each part of `experts` must hold whole
+/// experts; k a multiple of 32.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_matmul(
     ctx: &GpuContext,
@@ -81,6 +103,7 @@ pub fn moe_matmul(
     ids: &GpuTensor,
     y: &GpuTensor,
     epilogue: Epilogue,
+    bias: Option<&GpuTensor>,
 ) -> Result<()> {
     const OP: &str = "moe_matmul";
     if !DType::WEIGHTS.contains(&experts.dtype()) || experts.shape().len() != 2 {
@@ -117,11 +140,19 @@ pub fn moe_matmul(
             ));
         }
     };
+    if let Some(b) = bias {
+        expect(OP, "bias", b, DType::F32, &[Some(num_experts), Some(expert_rows)])?;
+    }
     if rows == 0 {
         return Ok(());
     }
     let (x_res, y_res, ids_res) =
         (x.single_part(OP)?.resource(ctx)?, y.single_part(OP)?.resource(ctx)?, ids.single_part(OP)?.resource(ctx)?);
+    // Without a bias the binding is never read: the ids fill it.
+    let bias_res = match bias {
+        Some(b) => b.single_part(OP)?.resource(ctx)?,
+        None => ids_res.clone(),
+    };
     let down = rows.min(65535);
     let grid = [n.div_ceil(MATMUL_WORKGROUP) as u32, down as u32, rows.div_ceil(down) as u32];
     for part in experts.parts() {
@@ -146,8 +177,9 @@ pub fn moe_matmul(
             first_expert: u32_of(OP, "expert", part.rows.start / expert_rows)?,
             part_experts: u32_of(OP, "experts", part.num_rows() / expert_rows)?,
             w_base: u32_of(OP, "weight offset", part.base_bytes(experts.row_bytes())? as usize)?,
+            has_bias: u32::from(bias.is_some()),
         };
-        let bindings = vec![x_res.clone(), part.resource(ctx)?, y_res.clone(), ids_res.clone()];
+        let bindings = vec![x_res.clone(), part.resource(ctx)?, y_res.clone(), ids_res.clone(), bias_res.clone()];
         ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings, None, grid)?;
     }
     Ok(())

@@ -41,8 +41,9 @@ shader_params!(AttentionParams {
     split_min: u32,
     token0: u32,
     q_row0: u32,
+    has_sinks: u32,
 });
-shader_params!(MergeParams { num_heads: u32, head_dim: u32, window: u32, split_min: u32 });
+shader_params!(MergeParams { num_heads: u32, head_dim: u32, window: u32, split_min: u32, has_sinks: u32 });
 
 /// Split-K attention: the most workgroups one query token's context is shared among
 /// (`SPLITS` in shaders/shared/attention_splits.wgsl), and the fewest positions each takes.
@@ -257,6 +258,9 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one. When the
 /// block tables are too narrow for any context to pass [`SPLIT_MIN_POSITIONS`], nothing would
 /// split: one pass without the idle split workgroups, and no merge (the same bits).
+/// `sinks` (num_heads) F32, when given, is each head's attention-sink logit (gpt-oss): it joins
+/// the softmax's denominator with no value; without it the kernels compute what they did
+/// before sinks existed, bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     ctx: &GpuContext,
@@ -270,6 +274,7 @@ pub fn paged_attention(
     partials: &GpuTensor,
     window: Option<usize>,
     scale: f32,
+    sinks: Option<&GpuTensor>,
 ) -> Result<()> {
     const OP: &str = "paged_attention";
     let (num_kv_heads, head_dim) = cache.check(OP)?;
@@ -294,6 +299,9 @@ pub fn paged_attention(
     expect(OP, "block_tables", block_tables, DType::U32, &[None, None])?;
     expect(OP, "token_info", token_info, DType::U32, &[Some(num_tokens), Some(2)])?;
     expect(OP, "partials", partials, DType::F32, &[Some(num_tokens), None])?;
+    if let Some(sinks) = sinks {
+        expect(OP, "sinks", sinks, DType::F32, &[Some(num_heads)])?;
+    }
     let room = partials.shape()[1] == attention_partials_cols(true, num_heads, head_dim);
     if !room && partials.shape()[1] != attention_partials_cols(false, num_heads, head_dim) {
         return Err(WeftError::shape(
@@ -322,7 +330,10 @@ pub fn paged_attention(
         split_min,
         token0: 0,
         q_row0: 0,
+        has_sinks: u32::from(sinks.is_some()),
     };
+    // Without sinks the binding is never read: any read-only buffer of the dispatch fills it.
+    let sinks_res = sinks.unwrap_or(token_info).single_part(OP)?.resource(ctx)?;
     let kv = [
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
@@ -330,6 +341,7 @@ pub fn paged_attention(
         token_info.single_part(OP)?.resource(ctx)?,
         out.single_part(OP)?.resource(ctx)?,
         partials.single_part(OP)?.resource(ctx)?,
+        sinks_res.clone(),
     ];
     let group = num_heads / num_kv_heads;
     let heads = attention_query_heads(cache.source(), num_heads, group, num_tokens, ctx.cpu_driver().threads);
@@ -360,12 +372,18 @@ pub fn paged_attention(
         }
     }
     if split {
-        let merge =
-            MergeParams { num_heads: params.num_heads, head_dim: params.head_dim, window: params.window, split_min };
+        let merge = MergeParams {
+            num_heads: params.num_heads,
+            head_dim: params.head_dim,
+            window: params.window,
+            split_min,
+            has_sinks: params.has_sinks,
+        };
         let bindings = [
             token_info.single_part(OP)?.resource(ctx)?,
             partials.single_part(OP)?.resource(ctx)?,
             out.single_part(OP)?.resource(ctx)?,
+            sinks_res,
         ];
         let grid = [params.num_heads, params.num_tokens, 1];
         let variant = ShaderVariant::plain("attention_merge");

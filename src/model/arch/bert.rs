@@ -108,6 +108,7 @@ impl BertModel {
                     )?,
                     o: linear(&[(blk("attn_output"), hidden)], q_rows)?,
                     qk_norm: None,
+                    sinks: None,
                 },
                 attn_norm: norm(&blk("attn_output_norm"))?,
                 up: linear(&[(blk("ffn_up"), inter)], hidden)?,

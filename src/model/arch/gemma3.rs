@@ -92,6 +92,7 @@ impl Gemma3Model {
                         k: norm_of(Some(i), Part::KNorm, c.head_dim)?,
                         eps: c.rms_norm_eps,
                     }),
+                    sinks: None,
                 },
                 post_attn_norm: norm(Part::PostAttnNorm)?,
                 ffn_norm: norm(Part::PreFfnNorm)?,

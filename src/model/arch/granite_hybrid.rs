@@ -97,6 +97,7 @@ impl GraniteHybridModel {
                     qkv: w.linear(i, &qkv, qkv_bias, hidden)?,
                     o: w.linear(i, &[(Part::O, hidden)], None, q_rows)?,
                     qk_norm: None,
+                    sinks: None,
                 }))
             };
             // llama.cpp splits the shared MLP's input_linear into ffn_gate and ffn_up;

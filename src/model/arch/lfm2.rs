@@ -145,6 +145,7 @@ impl Lfm2Model {
                         k: w.vector(Some(i), Part::KNorm, c.head_dim)?,
                         eps: c.rms_norm_eps,
                     }),
+                    sinks: None,
                 }))
             };
             layers.push(Layer {

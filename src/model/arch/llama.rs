@@ -136,6 +136,7 @@ impl LlamaModel {
                     } else {
                         None
                     },
+                    sinks: None,
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 ffn: match c.moe {

@@ -7,6 +7,7 @@
 
 mod bert;
 mod gemma3;
+mod gpt_oss;
 mod granite_hybrid;
 mod lfm2;
 mod llama;
@@ -17,6 +18,7 @@ mod qwen3moe;
 
 pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
+pub use gpt_oss::GptOssModel;
 pub use granite_hybrid::GraniteHybridModel;
 pub use lfm2::Lfm2Model;
 pub use llama::LlamaModel;
@@ -41,6 +43,8 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3",
     "qwen3moe",
     "qwen3_moe",
+    "gpt-oss",
+    "gpt_oss",
     "smollm3",
     "granite",
     "granitemoe",
@@ -127,6 +131,7 @@ fn load_layers(
         "bert" => Ok(Box::new(BertModel::load(config, source, factory, progress)?)),
         "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),
         "qwen3moe" | "qwen3_moe" => Ok(Box::new(Qwen3MoeModel::load(config, source, factory, progress)?)),
+        "gpt-oss" | "gpt_oss" => Ok(Box::new(GptOssModel::load(config, source, factory, progress)?)),
         "phi3" => Ok(Box::new(phi3::load(config, source, factory, progress)?)),
         "mamba2" => Ok(Box::new(Mamba2Model::load(config, source, factory, progress)?)),
         "granitehybrid" | "granitemoehybrid" => {

@@ -83,6 +83,7 @@ impl Olmo2Model {
                         k: w.vector(Some(i), Part::KNorm, kv_rows)?,
                         eps: c.rms_norm_eps,
                     }),
+                    sinks: None,
                 },
                 post_attn_norm: w.vector(Some(i), Part::PostAttnNorm, hidden)?,
                 mlp: Mlp {

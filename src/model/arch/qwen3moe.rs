@@ -82,6 +82,7 @@ impl Qwen3MoeModel {
                         k: w.vector(Some(i), Part::KNorm, c.head_dim)?,
                         eps: c.rms_norm_eps,
                     }),
+                    sinks: None,
                 },
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
                 moe: MoeMlp::load(&w, moe, hidden, i, HfExperts::PerExpert(&format!("model.layers.{i}.mlp")))?,

@@ -43,6 +43,17 @@ impl GgufFile {
             .collect()
     }
 
+    /// An array whose elements are all booleans.
+    pub fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                MetaValue::Bool(b) => Some(*b),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// An array whose elements are all numbers (as [`GgufFile::get_f64`]), narrowed to f32.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
         self.array(key)?.iter().map(|v| as_f64(v).map(|x| x as f32)).collect()
