@@ -213,7 +213,7 @@ fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str
     writer.to_bytes()
 }
 
-/// Mixture-of-experts models weft does not run (Qwen2-MoE, DeepSeek-V2, LFM2-MoE,
+/// Mixture-of-experts models weft does not run (Qwen2-MoE, DeepSeek-V2, DBRX,
 /// a Mixtral-style llama) are refused with one message naming the architecture and the expert count, by the
 /// loader and by `weft info --model` alike, not with a missing-tensor error; so are their
 /// Hugging Face configs.
@@ -222,7 +222,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     let config = tiny::tiny_config();
     let w = tiny::random_weights(&config, 3, DType::F32);
     let base = tiny::gguf_bytes(&config, &w, DType::F32);
-    for (arch, experts) in [("qwen2moe", 60), ("deepseek2", 64), ("lfm2moe", 32), ("llama", 8)] {
+    for (arch, experts) in [("qwen2moe", 60), ("deepseek2", 64), ("dbrx", 16), ("llama", 8)] {
         // The tiny llama's metadata under `arch`, with an expert count and routed-expert tensors.
         let renamed = GgufFile::from_bytes("tiny.gguf", base.clone()).unwrap();
         let mut metadata: Vec<(String, MetaValue)> = renamed
@@ -273,7 +273,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
     for (model_type, key, experts) in [
         ("qwen2_moe", "num_experts", 60),
         ("deepseek_v3", "n_routed_experts", 256),
-        ("lfm2_moe", "num_experts", 32),
+        ("dbrx", "num_experts", 16),
         ("mixtral", "num_local_experts", 8),
     ] {
         let json = format!(

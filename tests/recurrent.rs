@@ -6,7 +6,9 @@
 //! Face directory, the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers'
 //! logits and greedy tokens. `tests/fixtures/granite_hybrid_moe/` (`tools/make_moe_fixtures.py`)
 //! is Granite 4.0-H with experts (Tiny's and Small's form): the same layers, each MLP 8 routed
-//! experts (top 2) beside the shared one.
+//! experts (top 2) beside the shared one; `tests/fixtures/lfm2moe/` an `Lfm2MoeForCausalLM`
+//! (LFM2's layers, the first with a dense MLP, the rest 8 experts chosen by sigmoid + a spread
+//! expert bias, top 2, renormalised).
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
 //!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
@@ -33,7 +35,7 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 4] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe"];
+const FAMILIES: [&str; 5] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe"];
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -169,6 +171,16 @@ fn granite_hybrid_hf_directory_matches_transformers() {
 #[test]
 fn granite_hybrid_llama_cpp_gguf_matches_transformers() {
     fidelity("granite_hybrid", "model.gguf");
+}
+
+#[test]
+fn lfm2moe_hf_directory_matches_transformers() {
+    fidelity("lfm2moe", "hf");
+}
+
+#[test]
+fn lfm2moe_llama_cpp_gguf_matches_transformers() {
+    fidelity("lfm2moe", "model.gguf");
 }
 
 #[test]

@@ -77,6 +77,7 @@ GPT_OSS = "gpt_oss"
 GPT_OSS_MXFP4 = "gpt_oss_mxfp4"
 GRANITEMOE = "granitemoe"
 GRANITE_HYBRID_MOE = "granite_hybrid_moe"
+LFM2MOE = "lfm2moe"
 FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 ROUTER_STD = 0.25
 
@@ -138,6 +139,20 @@ def gpt_oss(vocab: int):
     return model
 
 
+def lfm2moe(vocab: int):
+    from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+    config = Lfm2MoeConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, num_dense_layers=1,
+        use_expert_bias=True, norm_topk_prob=True, routed_scaling_factor=1.0,
+        layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3, conv_bias=False,
+        norm_eps=1e-5, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
+        eos_token_id=0,
+    )
+    return Lfm2MoeForCausalLM(config)
+
+
 DENSE_RANDOMIZE = recurrent.randomize
 MODELS = []
 
@@ -150,8 +165,12 @@ def randomize(model) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 3:
                 p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
-            elif name.endswith("mlp.gate.weight") or name.endswith("router.layer.weight"):
+            elif name.endswith(("mlp.gate.weight", "router.layer.weight", "feed_forward.gate.weight")):
                 p.copy_(torch.randn_like(p) * ROUTER_STD)
+        # LFM2-MoE's choice bias is a buffer (zeros until trained): spread it so it decides.
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
     MODELS.append(model)
 
 
@@ -211,14 +230,25 @@ def routing_report(model) -> None:
     k = model.config.num_experts_per_tok
     gaps, chosen = [], set()
 
-    def hook(_module, _inputs, output):
+    def hook(_module, inputs, output):
         logits = output[0] if isinstance(output, tuple) else output
-        top = torch.softmax(logits.float(), dim=-1).topk(k + 1, dim=-1)
+        if len(inputs) > 1 and inputs[1] is not None:
+            # LFM2-MoE: the choice is by sigmoid(logit) + the expert bias.
+            scores = torch.sigmoid(logits.float()) + inputs[1]
+        else:
+            scores = torch.softmax(logits.float(), dim=-1)
+        top = scores.topk(k + 1, dim=-1)
         gaps.append(float((top.values[:, k - 1] - top.values[:, k]).min()))
         chosen.update(top.indices[:, :k].flatten().tolist())
 
-    routers = [layer.block_sparse_moe.router if hasattr(layer, "block_sparse_moe") else layer.mlp.gate
-               for layer in model.model.layers]
+    def router(layer):
+        if hasattr(layer, "block_sparse_moe"):
+            return layer.block_sparse_moe.router
+        if hasattr(layer, "feed_forward"):
+            return getattr(layer.feed_forward, "gate", None)
+        return layer.mlp.gate
+
+    routers = [r for r in map(router, model.model.layers) if r is not None]
     hooks = [router.register_forward_hook(hook) for router in routers]
     with torch.no_grad():
         for ids in recurrent.PROMPTS:
@@ -306,7 +336,7 @@ def make_gpt_oss_mxfp4(llama_cpp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4, GRANITEMOE, GRANITE_HYBRID_MOE], help="make one fixture")
+    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4, GRANITEMOE, GRANITE_HYBRID_MOE, LFM2MOE], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
@@ -315,6 +345,7 @@ def main() -> None:
         (GPT_OSS, gpt_oss, randomize_gpt_oss, gpt_oss_report, recurrent.NUM_GREEDY_32),
         (GRANITEMOE, granitemoe, randomize, routing_report, recurrent.NUM_GREEDY),
         (GRANITE_HYBRID_MOE, granite_hybrid_moe, randomize, routing_report, recurrent.NUM_GREEDY),
+        (LFM2MOE, lfm2moe, randomize, routing_report, recurrent.NUM_GREEDY),
     ]:
         if args.only not in (None, name):
             continue

@@ -1,29 +1,40 @@
 //! A mixture-of-experts layer: the router's top-k choice and the experts' SwiGLU MLPs, the
 //! oracles of `moe_route`, `moe_matmul` and `moe_combine` (transformers'
 //! `Qwen3MoeTopKRouter` and `Qwen3MoeExperts`; gpt-oss's `GptOssTopKRouter` and
-//! `GptOssExperts`).
+//! `GptOssExperts`; LFM2-MoE's `Lfm2MoeTopKRouter`).
 
 pub use crate::gpu::kernels::moe::Routing;
 
 /// Each token's routing from its row of `num_experts` router logits, as `moe_route` does by
 /// `routing`: the experts of the `k` largest softmax probabilities (largest first, ties to the
-/// lower expert), weighted by them, divided by their sum when normalised; or the experts of the
-/// `k` largest logits, weighted by a softmax over those k (gpt-oss's `GptOssTopKRouter`).
-/// Returns (ids, weights), each (tokens, k).
-pub fn moe_route(logits: &[f32], num_experts: usize, k: usize, routing: Routing) -> (Vec<u32>, Vec<f32>) {
+/// lower expert), weighted by them, divided by their sum when normalised; the experts of the
+/// `k` largest logits, weighted by a softmax over those k (gpt-oss's `GptOssTopKRouter`); or
+/// the experts of the `k` largest sigmoid(logit) + `bias`, weighted by their sigmoid, divided
+/// by (their sum + 1e-6) when normalised (LFM2-MoE's `Lfm2MoeTopKRouter`). Returns (ids,
+/// weights), each (tokens, k).
+pub fn moe_route(
+    logits: &[f32],
+    num_experts: usize,
+    k: usize,
+    routing: Routing,
+    bias: Option<&[f32]>,
+) -> (Vec<u32>, Vec<f32>) {
+    let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
     let scores = match routing {
         Routing::Softmax { .. } => super::softmax(logits, num_experts),
         Routing::TopKSoftmax => logits.to_vec(),
+        Routing::Sigmoid { .. } => logits.iter().map(|&x| sigmoid(x)).collect(),
     };
     let (mut ids, mut weights) = (Vec::new(), Vec::new());
     for row in scores.chunks(num_experts) {
+        let key = |e: usize| row[e] + bias.map_or(0.0, |b| b[e]);
         let mut order: Vec<usize> = (0..num_experts).collect();
         // Stable: equal scores keep the lower expert first.
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        order.sort_by(|&a, &b| key(b).total_cmp(&key(a)));
         let top = &order[..k];
         let max = f64::from(row[top[0]]);
         let sum: f64 = match routing {
-            Routing::Softmax { .. } => top.iter().map(|&e| f64::from(row[e])).sum(),
+            Routing::Softmax { .. } | Routing::Sigmoid { .. } => top.iter().map(|&e| f64::from(row[e])).sum(),
             Routing::TopKSoftmax => top.iter().map(|&e| (f64::from(row[e]) - max).exp()).sum(),
         };
         for &e in top {
@@ -32,6 +43,8 @@ pub fn moe_route(logits: &[f32], num_experts: usize, k: usize, routing: Routing)
                 Routing::Softmax { normalize: true } => (f64::from(row[e]) / sum) as f32,
                 Routing::Softmax { normalize: false } => row[e],
                 Routing::TopKSoftmax => ((f64::from(row[e]) - max).exp() / sum) as f32,
+                Routing::Sigmoid { normalize: true } => (f64::from(row[e]) / (sum + 1e-6)) as f32,
+                Routing::Sigmoid { normalize: false } => row[e],
             });
         }
     }

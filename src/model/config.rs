@@ -160,6 +160,9 @@ pub struct MoeConfig {
     /// The width of a shared expert, a SwiGLU MLP every token runs beside its routed experts,
     /// its output added to theirs (Granite MoE's `shared_mlp`); 0: none.
     pub shared_expert_size: usize,
+    /// The first layers keep a dense MLP of `ModelConfig::intermediate_size` (LFM2-MoE's
+    /// `num_dense_layers`); every later layer routes.
+    pub leading_dense_layers: usize,
 }
 
 /// The gate of a mixture-of-experts model's experts.
@@ -310,6 +313,8 @@ const MOE_SUPPORTED: &[&str] = &[
     "granitemoeshared",
     "granitehybrid",
     "granitemoehybrid",
+    "lfm2moe",
+    "lfm2_moe",
 ];
 
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
@@ -317,7 +322,7 @@ const MOE_SUPPORTED: &[&str] = &[
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
         "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
-         qwen3moe, gpt-oss, Granite MoE and Granite 4.0-H; lfm2moe and the other MoE architectures not yet)"
+         qwen3moe, gpt-oss, Granite MoE, Granite 4.0-H and LFM2-MoE; the other MoE architectures not yet)"
     )
 }
 
@@ -363,6 +368,7 @@ fn granite_moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::TopKSoftmax,
         gate: ExpertGate::Silu,
         shared_expert_size: v["shared_intermediate_size"].as_u64().unwrap_or(0) as usize,
+        leading_dense_layers: 0,
     })
 }
 
@@ -392,6 +398,7 @@ fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::Softmax { normalize: v["norm_topk_prob"].as_bool().unwrap_or(false) },
         gate: ExpertGate::Silu,
         shared_expert_size: 0,
+        leading_dense_layers: 0,
     })
 }
 
@@ -431,6 +438,7 @@ fn gpt_oss_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::TopKSoftmax,
         gate: ExpertGate::SwigluOai,
         shared_expert_size: 0,
+        leading_dense_layers: 0,
     })
 }
 
@@ -532,10 +540,10 @@ impl ModelConfig {
                 use_rope: granite_rope.unwrap_or(false),
             }),
             // LFM2: 0 KV heads marks a short-convolution layer.
-            (Some(per_layer), "lfm2") => {
+            (Some(per_layer), "lfm2" | "lfm2moe") => {
                 Some(HybridConfig { attention_layers: attention_layers(per_layer), use_rope: true })
             }
-            (None, "lfm2") => {
+            (None, "lfm2" | "lfm2moe") => {
                 Some(HybridConfig { attention_layers: (0..int("block_count")?).collect(), use_rope: true })
             }
             _ => None,
@@ -578,6 +586,18 @@ impl ModelConfig {
                 }
                 let gpt_oss = arch == "gpt-oss";
                 let granite = arch.starts_with("granite");
+                // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid, 3 softmax of
+                // the chosen logits.
+                let sigmoid = match gguf.get_u64(&format!("{arch}.expert_gating_func")) {
+                    None | Some(1) | Some(3) => false,
+                    Some(2) => true,
+                    Some(other) => {
+                        return Err(WeftError::model(
+                            file,
+                            format!("{arch}.expert_gating_func {other} is not supported"),
+                        ));
+                    }
+                };
                 Some(MoeConfig {
                     num_experts: num_experts as usize,
                     experts_per_token: int("expert_used_count")?,
@@ -590,7 +610,11 @@ impl ModelConfig {
                     // llama.cpp's gpt-oss graph softmaxes the top-k logits (its SOFTMAX_WEIGHT
                     // gating), as transformers' Granite MoE does; its qwen3moe graph always
                     // renormalises (the converter writes no key for norm_topk_prob).
-                    routing: if gpt_oss || granite {
+                    routing: if sigmoid {
+                        Routing::Sigmoid {
+                            normalize: gguf.get_bool(&format!("{arch}.expert_weights_norm")).unwrap_or(true),
+                        }
+                    } else if gpt_oss || granite {
                         Routing::TopKSoftmax
                     } else {
                         Routing::Softmax {
@@ -599,6 +623,7 @@ impl ModelConfig {
                     },
                     gate: if gpt_oss { ExpertGate::SwigluOai } else { ExpertGate::Silu },
                     shared_expert_size: if granite { int("expert_shared_feed_forward_length").unwrap_or(0) } else { 0 },
+                    leading_dense_layers: int("leading_dense_block_count").unwrap_or(0),
                 })
             }
             None if arch == "qwen3moe" => return Err(missing(file, "qwen3moe.expert_count")),
@@ -608,6 +633,7 @@ impl ModelConfig {
         // shared expert's, or its experts' where it has none.
         let intermediate_size = match moe {
             Some(m) if m.shared_expert_size > 0 => m.shared_expert_size,
+            Some(m) if m.leading_dense_layers > 0 => int("feed_forward_length")?,
             Some(m) => m.expert_intermediate_size,
             None => int("expert_shared_feed_forward_length").or_else(|_| int("feed_forward_length"))?,
         };
@@ -631,7 +657,7 @@ impl ModelConfig {
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
             // LFM2's layer 0 may be a convolution; its attention always norms q and k.
-            qk_norm: arch == "lfm2" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
+            qk_norm: arch.starts_with("lfm2") || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
             sliding_window_pattern: match arch.as_str() {
@@ -643,7 +669,7 @@ impl ModelConfig {
             query_pre_attn_scalar: (arch == "gemma3").then_some(head_dim as f32),
             ssm,
             hybrid,
-            short_conv: if arch == "lfm2" { Some(int("shortconv.l_cache")?) } else { None },
+            short_conv: if arch.starts_with("lfm2") { Some(int("shortconv.l_cache")?) } else { None },
             multipliers,
             no_rope_layers,
             pooling: match gguf.get_u64(&format!("{arch}.pooling_type")) {
@@ -752,7 +778,7 @@ impl ModelConfig {
         if arch == "granitemoehybrid" {
             return Self::granite_hybrid_from_hf(file, &v);
         }
-        if arch == "lfm2" {
+        if arch == "lfm2" || arch == "lfm2_moe" {
             return Self::lfm2_from_hf(file, &v);
         }
         let hidden_size = int("hidden_size")?;
@@ -1065,9 +1091,10 @@ impl ModelConfig {
             (None, None) => (0..num_layers).collect(),
         };
         // `Lfm2MLP`: 2/3 of the configured width, times block_ffn_dim_multiplier, rounded up to
-        // a multiple of block_multiple_of.
+        // a multiple of block_multiple_of. LFM2-MoE's dense layers take intermediate_size as is.
+        let with_experts = v["model_type"].as_str() == Some("lfm2_moe");
         let mut intermediate_size = int("block_ff_dim").or_else(|_| int("intermediate_size"))?;
-        if v["block_auto_adjust_ff_dim"].as_bool().unwrap_or(true) {
+        if !with_experts && v["block_auto_adjust_ff_dim"].as_bool().unwrap_or(true) {
             intermediate_size = 2 * intermediate_size / 3;
             if let Some(multiplier) = v["block_ffn_dim_multiplier"].as_f64() {
                 intermediate_size = (multiplier * intermediate_size as f64) as usize;
@@ -1079,8 +1106,26 @@ impl ModelConfig {
         if let Some(kind) = v["rope_parameters"]["rope_type"].as_str().filter(|t| *t != "default") {
             return refuse(&format!("rope_parameters.rope_type {kind:?} is not supported for LFM2"));
         }
+        let moe = if with_experts {
+            if let Some(scale) = v["routed_scaling_factor"].as_f64().filter(|&x| x != 1.0) {
+                return refuse(&format!(
+                    "routed_scaling_factor is {scale}; weft runs LFM2-MoE's experts unscaled, as llama.cpp does"
+                ));
+            }
+            Some(MoeConfig {
+                num_experts: int("num_experts")?,
+                experts_per_token: int("num_experts_per_tok")?,
+                expert_intermediate_size: int("moe_intermediate_size")?,
+                routing: Routing::Sigmoid { normalize: v["norm_topk_prob"].as_bool().unwrap_or(true) },
+                gate: ExpertGate::Silu,
+                shared_expert_size: 0,
+                leading_dense_layers: int("num_dense_layers").unwrap_or(0),
+            })
+        } else {
+            None
+        };
         let config = ModelConfig {
-            architecture: "lfm2".into(),
+            architecture: if with_experts { "lfm2moe" } else { "lfm2" }.into(),
             vocab_size: int("vocab_size")?,
             hidden_size,
             intermediate_size,
@@ -1106,7 +1151,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
-            moe: None,
+            moe,
         };
         config.check(file)?;
         Ok(config)

@@ -30,7 +30,7 @@ use crate::gpu::kernels::ssm::{
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
-use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, SsmConfig};
+use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, Routing, SsmConfig};
 use crate::model::lora_pool::LoraStep;
 use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts};
 use crate::tensor::TensorFactory;
@@ -198,7 +198,13 @@ impl Activations {
         };
         // A mixture-of-experts model's layers are all sparse: its only dense MLP is a shared
         // expert, if it has one.
-        let dense_mlp = c.moe.map_or(c.intermediate_size, |m| m.shared_expert_size);
+        let dense_mlp = c.moe.map_or(c.intermediate_size, |m| {
+            if m.leading_dense_layers > 0 {
+                m.shared_expert_size.max(c.intermediate_size)
+            } else {
+                m.shared_expert_size
+            }
+        });
         let short_conv = match c.short_conv {
             Some(_) => Some(ShortConvActivations { bcx: t(3 * c.hidden_size)?, y: t(c.hidden_size)? }),
             None => None,
@@ -543,6 +549,7 @@ pub struct MoeMlp {
     pub gate_up_bias: Option<GpuTensor>, // (experts, 2 · ff): likewise
     pub down: GpuTensor,                 // (experts · hidden, ff)
     pub down_bias: Option<GpuTensor>,    // (experts, hidden)
+    pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
     pub shared: Option<Mlp>,
 }
 
@@ -562,6 +569,10 @@ pub enum HfExperts<'a> {
     /// `block_sparse_moe.output_linear` (experts, hidden, ff), router
     /// `block_sparse_moe.router.layer`, shared expert `shared_mlp.input_linear` / `output_linear`.
     Granite(&'a str),
+    /// LFM2-MoE: one matrix per expert (`{prefix}.experts.E.w1.weight` gate, `w3` up, `w2`
+    /// down), router `{prefix}.gate.weight`, choice bias `{prefix}.expert_bias`; prefix
+    /// `model.layers.N.feed_forward`.
+    Lfm2(&'a str),
 }
 
 /// A layer's experts on the host, in weft's layout, before upload.
@@ -655,16 +666,18 @@ impl MoeMlp {
                     down_bias: None,
                 }
             }
-            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix) | HfExperts::Lfm2(prefix)) => {
                 let name = |part: &str| format!("{prefix}.{part}");
+                let parts = match hf {
+                    HfExperts::Lfm2(_) => ["w1", "w3", "w2"],
+                    _ => ["gate_proj", "up_proj", "down_proj"],
+                };
                 let (mut gate_up, mut down, mut dtypes) = (Vec::new(), Vec::new(), Vec::new());
                 for e in 0..experts {
-                    for (part, rows, cols) in
-                        [("gate_proj", ff, hidden), ("up_proj", ff, hidden), ("down_proj", hidden, ff)]
-                    {
-                        let t = w.named_host(&name(&format!("experts.{e}.{part}.weight")), &[rows, cols])?;
+                    for (i, (rows, cols)) in [(ff, hidden), (ff, hidden), (hidden, ff)].into_iter().enumerate() {
+                        let t = w.named_host(&name(&format!("experts.{e}.{}.weight", parts[i])), &[rows, cols])?;
                         dtypes.push(t.dtype);
-                        let out = if part == "down_proj" { &mut down } else { &mut gate_up };
+                        let out = if i == 2 { &mut down } else { &mut gate_up };
                         out.extend_from_slice(&t.bytes);
                     }
                 }
@@ -766,6 +779,19 @@ impl MoeMlp {
             Some(name) => Some(w.factory.upload_f32(&[experts], &w.named_values(name, experts)?)?),
             None => None,
         };
+        let choice_bias = match (shape.routing, w.source.checkpoint(), hf) {
+            (Routing::Sigmoid { .. }, Checkpoint::Gguf, _) => Some(format!("blk.{layer}.exp_probs_b.bias")),
+            (Routing::Sigmoid { .. }, Checkpoint::HuggingFace, HfExperts::Lfm2(prefix)) => {
+                Some(format!("{prefix}.expert_bias"))
+            }
+            _ => None,
+        };
+        let choice_bias = match choice_bias {
+            Some(name) if w.source.get(&name)?.is_some() => {
+                Some(w.factory.upload_f32(&[experts], &w.named_values(&name, experts)?)?)
+            }
+            _ => None,
+        };
         Ok(MoeMlp {
             shape,
             router: w.named_matrix(&host.router, &[experts, hidden])?,
@@ -774,6 +800,7 @@ impl MoeMlp {
             gate_up_bias: upload_bias(host.gate_up_bias, 2 * ff)?,
             down: upload("down", &host.down, experts * hidden, ff)?,
             down_bias: upload_bias(host.down_bias, hidden)?,
+            choice_bias,
             shared,
         })
     }
@@ -789,7 +816,7 @@ impl MoeMlp {
         if let Some(bias) = &self.router_bias {
             add_bias(ctx, rec, &m.logits, bias)?;
         }
-        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.routing)?;
+        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.routing, self.choice_bias.as_ref())?;
         let gate = match self.shape.gate {
             ExpertGate::Silu => Epilogue::SiluMul,
             ExpertGate::SwigluOai => Epilogue::SwigluOai,

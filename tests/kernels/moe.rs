@@ -18,13 +18,14 @@ const TOP_K: usize = 2;
 const HIDDEN: usize = 64;
 const FF: usize = 32;
 
-fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], routing: Routing) -> (Vec<u32>, Vec<f32>) {
+fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], routing: Routing, bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
     let tokens = logits.len() / EXPERTS;
     let lt = f.upload_f32(&[tokens, EXPERTS], logits).unwrap();
     let ids = f.zeros(&[tokens, TOP_K], DType::U32).unwrap();
     let weights = f.zeros(&[tokens, TOP_K], DType::F32).unwrap();
+    let bias = bias.map(|b| f.upload_f32(&[EXPERTS], b).unwrap());
     let mut rec = Recording::new();
-    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, routing).unwrap();
+    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, routing, bias.as_ref()).unwrap();
     run(f, &rec);
     (read_u32(f, &ids), read_f32(f, &weights))
 }
@@ -43,11 +44,15 @@ fn route_matches_cpu() {
         if tokens > 1 {
             logits[EXPERTS..2 * EXPERTS].copy_from_slice(&[0.0, 1.0, 2.0, 1.0, -1.0, 3.0, 2.0, 0.0]);
         }
-        for routing in
-            [Routing::Softmax { normalize: false }, Routing::Softmax { normalize: true }, Routing::TopKSoftmax]
-        {
-            let (ids, weights) = route_on_gpu(f, &logits, routing);
-            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing);
+        for routing in [
+            Routing::Softmax { normalize: false },
+            Routing::Softmax { normalize: true },
+            Routing::TopKSoftmax,
+            Routing::Sigmoid { normalize: false },
+            Routing::Sigmoid { normalize: true },
+        ] {
+            let (ids, weights) = route_on_gpu(f, &logits, routing, None);
+            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None);
             assert_eq!(ids, want_ids, "{tokens} tokens, {routing:?}");
             assert_close(&format!("route weights, {tokens} tokens"), &weights, &want_weights, |i| {
                 (2 * EXPERTS + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
@@ -57,6 +62,28 @@ fn route_matches_cpu() {
                 assert_eq!(&ids[TOP_K..2 * TOP_K], &[5, 2], "2 and 6 tie for second: the lower");
             }
         }
+    }
+}
+
+/// Sigmoid routing with a choice bias (LFM2-MoE's): the bias moves which experts are chosen,
+/// not their weights, which stay each chosen expert's sigmoid (renormalised or not). Bias
+/// values are spaced so that no two keys nearly tie.
+#[test]
+fn sigmoid_route_with_a_bias_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    let tokens = 7;
+    let logits = random(tokens * EXPERTS, 5, 3.0);
+    let bias: Vec<f32> = (0..EXPERTS).map(|e| if e % 3 == 0 { 1.5 } else { -0.25 * e as f32 }).collect();
+    for normalize in [false, true] {
+        let routing = Routing::Sigmoid { normalize };
+        let (ids, weights) = route_on_gpu(f, &logits, routing, Some(&bias));
+        let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, Some(&bias));
+        assert_eq!(ids, want_ids, "{routing:?}");
+        assert_close(&format!("sigmoid route weights, {routing:?}"), &weights, &want_weights, |i| {
+            (2 * TOP_K + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
+        });
+        let (unbiased, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None);
+        assert_ne!(ids, unbiased, "the bias changed no choice");
     }
 }
 
@@ -133,6 +160,7 @@ fn routing(tokens: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
         EXPERTS,
         TOP_K,
         Routing::Softmax { normalize: true },
+        None,
     )
 }
 

@@ -15,7 +15,7 @@ use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
-shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32 });
+shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32, has_bias: u32 });
 shader_params!(MatmulParams {
     rows: u32,
     k: u32,
@@ -42,6 +42,10 @@ pub enum Routing {
     /// The experts of the k largest logits, weighted by a softmax over those k logits alone
     /// (gpt-oss; llama.cpp's `SOFTMAX_WEIGHT` gating).
     TopKSoftmax,
+    /// The experts of the k largest sigmoid(logit) + the choice's bias (when `moe_route` gets
+    /// one: it steers the choice only), weighted by their sigmoid(logit), divided by (their
+    /// sum + 1e-6) when `normalize` (LFM2-MoE; llama.cpp's `SIGMOID` gating).
+    Sigmoid { normalize: bool },
 }
 
 impl Routing {
@@ -49,13 +53,14 @@ impl Routing {
         match self {
             Routing::Softmax { normalize } => u32::from(normalize),
             Routing::TopKSoftmax => 2,
+            Routing::Sigmoid { normalize } => 3 + u32::from(normalize),
         }
     }
 }
 
 /// Record each token's routing: `logits` (tokens, experts) F32 → `ids` (tokens, top_k) U32,
 /// the top_k experts by `routing`, largest first (ties to the lower expert), and `weights`
-/// (tokens, top_k) F32, their weights.
+/// (tokens, top_k) F32, their weights. `bias` (experts) F32 steers a sigmoid routing's choice.
 pub fn moe_route(
     ctx: &GpuContext,
     rec: &mut Recording,
@@ -63,6 +68,7 @@ pub fn moe_route(
     ids: &GpuTensor,
     weights: &GpuTensor,
     routing: Routing,
+    bias: Option<&GpuTensor>,
 ) -> Result<()> {
     const OP: &str = "moe_route";
     expect(OP, "logits", logits, DType::F32, &[None, None])?;
@@ -78,9 +84,17 @@ pub fn moe_route(
         experts: u32_of(OP, "experts", experts)?,
         top_k: u32_of(OP, "top_k", top_k)?,
         mode: routing.mode(),
+        has_bias: u32::from(bias.is_some()),
     };
+    if let Some(b) = bias {
+        if !matches!(routing, Routing::Sigmoid { .. }) {
+            return Err(WeftError::shape(OP, "a choice bias is taken by sigmoid routing only".to_string()));
+        }
+        expect(OP, "bias", b, DType::F32, &[Some(experts)])?;
+    }
     let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
-    let bindings = vec![res(logits)?, res(ids)?, res(weights)?];
+    // Without a bias the kernel reads none: the logits stand in for the binding.
+    let bindings = vec![res(logits)?, res(ids)?, res(weights)?, res(bias.unwrap_or(logits))?];
     let grid = flat_grid(tokens, ROUTE_WORKGROUP);
     ctx.dispatch(rec, ShaderVariant::plain("moe_route"), bytemuck::bytes_of(&params), bindings, None, grid)
 }

@@ -11,6 +11,11 @@
 //! x = h + mlp(rms_norm(h))        SwiGLU (feed_forward.w1 gate, w3 up, w2 down)
 //! ```
 //!
+//! LFM2-MoE (transformers' `modeling_lfm2_moe.py`, llama.cpp's `lfm2moe`) keeps that MLP in its
+//! first `num_dense_layers` layers only; every later one routes each token to its top-k experts
+//! by sigmoid(router logit) + a per-expert bias that steers the choice alone, weighting them by
+//! their sigmoids renormalised (`layers::MoeMlp`, `Routing::Sigmoid`).
+//!
 //! with a final RMSNorm (`embedding_norm`) and the LM head, tied to the embedding, on the
 //! sampled rows. The short convolution is
 //!
@@ -36,7 +41,9 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::ModelConfig;
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Attention, AttentionSetup, Gate, Linear, Mlp, QkNorm, StepInputs};
+use crate::model::layers::{
+    Activations, Attention, AttentionSetup, FeedForward, Gate, HfExperts, Linear, Mlp, MoeMlp, QkNorm, StepInputs,
+};
 use crate::model::weights::{Checkpoint, Loader, Part, Renamed, WeightSource, lfm2_name};
 use crate::tensor::TensorFactory;
 
@@ -97,7 +104,7 @@ struct Layer {
     operator_norm: GpuTensor, // (hidden)
     mixer: Mixer,
     ffn_norm: GpuTensor, // (hidden)
-    mlp: Mlp,
+    ffn: FeedForward,
 }
 
 pub struct Lfm2Model {
@@ -152,10 +159,16 @@ impl Lfm2Model {
                 operator_norm: w.vector(Some(i), Part::AttnNorm, hidden)?,
                 mixer,
                 ffn_norm: w.vector(Some(i), Part::FfnNorm, hidden)?,
-                mlp: Mlp {
-                    gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
-                    down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
-                    gate: Gate::Silu,
+                ffn: match c.moe {
+                    Some(moe) if i >= moe.leading_dense_layers => {
+                        let prefix = format!("model.layers.{i}.feed_forward");
+                        FeedForward::Experts(Box::new(MoeMlp::load(&w, moe, hidden, i, HfExperts::Lfm2(&prefix))?))
+                    }
+                    _ => FeedForward::Dense(Mlp {
+                        gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
+                        down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
+                        gate: Gate::Silu,
+                    }),
                 },
             });
             progress(i + 1, c.num_layers);
@@ -210,7 +223,7 @@ impl Architecture for Lfm2Model {
                 Mixer::Conv(conv) => conv.forward(ctx, rec, a, inputs, kv.states()?.conv(i)?)?,
             }
             add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.ffn_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, None)?;
+            layer.ffn.forward(ctx, rec, a, None)?;
         }
         add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.

@@ -57,6 +57,8 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoehybrid",
     "bert",
     "lfm2",
+    "lfm2moe",
+    "lfm2_moe",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -137,7 +139,7 @@ fn load_layers(
         "granitehybrid" | "granitemoehybrid" => {
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
-        "lfm2" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
+        "lfm2" | "lfm2moe" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }
