@@ -26,7 +26,8 @@ use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, pa
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::kernels::ssm::{
-    ConvForm, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
+    ConvForm, GateAt, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv,
+    ssm_scan,
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
@@ -494,7 +495,8 @@ impl SsmMixer {
         if after.num_seqs > 0 {
             ssm_scan(ctx, rec, shape, &acts.xbc, dt, dt_offset, &weights, after, ssm_state, &acts.y)?;
         }
-        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
+        let group = inner / s.num_groups;
+        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, group, &acts.yn, eps, GateAt::Input)?;
         self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
     }
 }
