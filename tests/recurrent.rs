@@ -1,8 +1,10 @@
 //! Recurrent models against outside truth: `tests/fixtures/mamba2/`,
-//! `tests/fixtures/granite_hybrid/` and `tests/fixtures/lfm2/` hold a tiny random-weight
-//! `Mamba2ForCausalLM`, a dense Granite 4.0-H (`GraniteMoeHybridForCausalLM`: Mamba2, attention
-//! without RoPE, Mamba2) and an `Lfm2ForCausalLM` (short convolution, attention, short
-//! convolution, attention) written by `tools/make_recurrent_fixtures.py` — each one's Hugging
+//! `tests/fixtures/granite_hybrid/`, `tests/fixtures/lfm2/` and `tests/fixtures/qwen35/` hold a
+//! tiny random-weight `Mamba2ForCausalLM`, a dense Granite 4.0-H (`GraniteMoeHybridForCausalLM`:
+//! Mamba2, attention without RoPE, Mamba2), an `Lfm2ForCausalLM` (short convolution, attention,
+//! short convolution, attention) and a `Qwen3_5ForCausalLM` (three Gated DeltaNet layers with 2
+//! q/k heads and 4 v heads, then gated attention with partial RoPE) written by
+//! `tools/make_recurrent_fixtures.py` — each one's Hugging
 //! Face directory, the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers'
 //! logits and greedy tokens.
 //!
@@ -14,7 +16,7 @@
 //! - 12 greedy tokens (LFM2: 32 on 4 prompts; transformers' recurrent decode) are equal; a
 //!   divergence is tolerated only right after a step whose reference top-1/top-2 margin is below
 //!   1e-3 (a near-tie), after which that prompt is no longer compared. Where the fixture has
-//!   each step's top 20 logits (LFM2), those agree within 1e-4 too.
+//!   each step's top 20 logits (LFM2, Qwen3.5), those agree within 1e-4 too.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
 //!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
 //!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
@@ -31,7 +33,7 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 3] = ["mamba2", "granite_hybrid", "lfm2"];
+const FAMILIES: [&str; 4] = ["mamba2", "granite_hybrid", "lfm2", "qwen35"];
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -177,6 +179,16 @@ fn lfm2_hf_directory_matches_transformers() {
 #[test]
 fn lfm2_llama_cpp_gguf_matches_transformers() {
     fidelity("lfm2", "model.gguf");
+}
+
+#[test]
+fn qwen35_hf_directory_matches_transformers() {
+    fidelity("qwen35", "hf");
+}
+
+#[test]
+fn qwen35_llama_cpp_gguf_matches_transformers() {
+    fidelity("qwen35", "model.gguf");
 }
 
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences

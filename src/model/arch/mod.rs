@@ -13,6 +13,7 @@ mod llama;
 mod mamba2;
 mod olmo2;
 mod phi3;
+mod qwen35;
 mod qwen3moe;
 
 pub use bert::BertModel;
@@ -23,6 +24,7 @@ pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 pub use olmo2::Olmo2Model;
 pub use qwen3moe::Qwen3MoeModel;
+pub use qwen35::Qwen35Model;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -51,6 +53,8 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoehybrid",
     "bert",
     "lfm2",
+    "qwen35",
+    "qwen3_5_text",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -131,6 +135,7 @@ fn load_layers(
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
         "lfm2" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
+        "qwen35" | "qwen3_5_text" => Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

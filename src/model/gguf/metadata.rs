@@ -53,6 +53,17 @@ impl GgufFile {
         self.array(key)?.iter().map(as_i64).collect()
     }
 
+    /// An array whose elements are all booleans.
+    pub fn get_bool_array(&self, key: &str) -> Option<Vec<bool>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                MetaValue::Bool(b) => Some(*b),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// `general.architecture`, e.g. "llama".
     pub fn architecture(&self) -> Option<&str> {
         self.get_str("general.architecture")
