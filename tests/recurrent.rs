@@ -191,6 +191,41 @@ fn qwen35_llama_cpp_gguf_matches_transformers() {
     fidelity("qwen35", "model.gguf");
 }
 
+/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s: the text config
+/// under `text_config` (the tying outside it) and the text model's tensors under
+/// `model.language_model.`, beside a vision tower weft does not run. The fixture rewritten in
+/// that layout (with a stand-in vision tensor) gives the same logits.
+#[test]
+fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
+    let hf = fixture("qwen35", "hf");
+    let dir = std::env::temp_dir().join(format!("weft-qwen35-vl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text: Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    let tie = text["tie_word_embeddings"].take();
+    let config = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": tie,
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(hf.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let vision = [0u8; 16];
+    let mut renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name.replacen("model.", "model.language_model.", 1), t))
+        .collect();
+    let stand_in = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &vision).unwrap();
+    renamed.push(("model.visual.patch_embed.proj.bias".into(), stand_in));
+    safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
+    fidelity_of("qwen35", dir.to_str().unwrap(), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences
 /// (each prefilling or decoding in its own slot): the same logits bit for bit at the end of
 /// the prompt and for 4 decode steps after it.

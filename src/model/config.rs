@@ -702,7 +702,15 @@ impl ModelConfig {
             return Self::lfm2_from_hf(file, &v);
         }
         if arch == "qwen3_5_text" {
-            return Self::qwen35_from_hf(file, &v);
+            return Self::qwen35_from_hf(file, &v, "qwen3_5_text", None);
+        }
+        if arch == "qwen3_5" {
+            // Qwen3_5ForConditionalGeneration (the published checkpoints): the text model's
+            // config inside, the LM head's tying outside. weft runs the text model alone.
+            if !v["text_config"].is_object() {
+                return Err(missing(file, "text_config"));
+            }
+            return Self::qwen35_from_hf(file, &v["text_config"], "qwen3_5", v["tie_word_embeddings"].as_bool());
         }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
@@ -1053,12 +1061,13 @@ impl ModelConfig {
         Ok(config)
     }
 
-    /// transformers' `Qwen3_5TextConfig` (the text model of Qwen3.5, `Qwen3_5ForCausalLM`):
-    /// Gated DeltaNet layers (`layer_types` "linear_attention", or all but every
+    /// transformers' `Qwen3_5TextConfig` (the text model of Qwen3.5, `Qwen3_5ForCausalLM`, or
+    /// the `text_config` of `Qwen3_5ForConditionalGeneration`, `architecture` "qwen3_5", whose
+    /// `tie` is its own): Gated DeltaNet layers (`layer_types` "linear_attention", or all but every
     /// `full_attention_interval`-th) among gated attention layers with partial RoPE. Its
     /// multimodal RoPE sections rotate text positions as plain RoPE, every section seeing the
     /// same position.
-    fn qwen35_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+    fn qwen35_from_hf(file: &str, v: &Value, architecture: &str, tie: Option<bool>) -> Result<ModelConfig> {
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let refuse = |detail: &str| Err(WeftError::model(file, detail.to_string()));
         if v["attention_bias"].as_bool() == Some(true) {
@@ -1085,7 +1094,7 @@ impl ModelConfig {
         let partial = rope["partial_rotary_factor"].as_f64().or_else(|| v["partial_rotary_factor"].as_f64());
         let rotary_dim = Some((head_dim as f64 * partial.unwrap_or(0.25)) as usize).filter(|&d| d != head_dim);
         let config = ModelConfig {
-            architecture: "qwen3_5_text".into(),
+            architecture: architecture.into(),
             vocab_size: int("vocab_size")?,
             hidden_size,
             intermediate_size: int("intermediate_size")?,
@@ -1098,7 +1107,7 @@ impl ModelConfig {
             rope_theta: rope["rope_theta"].as_f64().or_else(|| v["rope_theta"].as_f64()).unwrap_or(1e7) as f32,
             rope_scaling: None,
             max_position_embeddings: int("max_position_embeddings").unwrap_or(32768),
-            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+            tie_word_embeddings: tie.or(v["tie_word_embeddings"].as_bool()).unwrap_or(false),
             attention_bias: false,
             sliding_window: None,
             qk_norm: true,

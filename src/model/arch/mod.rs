@@ -54,6 +54,7 @@ pub const SUPPORTED: &[&str] = &[
     "bert",
     "lfm2",
     "qwen35",
+    "qwen3_5",
     "qwen3_5_text",
 ];
 
@@ -135,7 +136,7 @@ fn load_layers(
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
         "lfm2" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
-        "qwen35" | "qwen3_5_text" => Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?)),
+        "qwen35" | "qwen3_5" | "qwen3_5_text" => Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

@@ -1,7 +1,8 @@
 //! Qwen3.5 (dense) — Gated DeltaNet linear attention with gated full attention every few
 //! layers — as one forward pass recorded on the GPU.
 //!
-//! Reference: transformers' `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5ForCausalLM`), and
+//! Reference: transformers' `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5ForCausalLM`; the
+//! text model of `Qwen3_5ForConditionalGeneration`, whose vision tower weft does not run), and
 //! llama.cpp's `src/models/qwen35.cpp` and `conversion/qwen.py` (`Qwen3_5TextModel`) for the
 //! GGUF layout. Each layer is
 //!
@@ -50,7 +51,7 @@ use crate::model::arch::Architecture;
 use crate::model::config::{DeltaNetConfig, ModelConfig};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Gate, Linear, Mlp, StepInputs};
-use crate::model::weights::{Checkpoint, HostTensor, Loader, Part, WeightSource, upload_matrix};
+use crate::model::weights::{Checkpoint, HostTensor, Loader, Part, Renamed, WeightSource, upload_matrix};
 use crate::tensor::TensorFactory;
 
 /// The checkpoint's name of layer `layer`'s tensor: GGUF `blk.N.{gguf}`, Hugging Face
@@ -60,6 +61,13 @@ fn layer_name(checkpoint: Checkpoint, layer: usize, gguf: &str, hf: &str) -> Str
         Checkpoint::Gguf => format!("blk.{layer}.{gguf}"),
         Checkpoint::HuggingFace => format!("model.layers.{layer}.{hf}"),
     }
+}
+
+/// The name of a `Qwen3_5ForCausalLM` tensor in a `Qwen3_5ForConditionalGeneration`
+/// checkpoint (`model.X` is `model.language_model.X`; the LM head keeps its name).
+fn language_model_name(checkpoint: Checkpoint, name: &str) -> Option<String> {
+    let rest = name.strip_prefix("model.").filter(|_| checkpoint == Checkpoint::HuggingFace)?;
+    Some(format!("model.language_model.{rest}"))
 }
 
 /// A (1 + w) RMSNorm's weight, as the kernels take it (1 + w): GGUF stores it so, Hugging
@@ -287,6 +295,9 @@ impl Qwen35Model {
             return Err(WeftError::model(source.file(), "a Qwen3.5 model needs its Gated DeltaNet shape"));
         };
         let (hidden, inter) = (c.hidden_size, c.intermediate_size);
+        // Qwen3_5ForConditionalGeneration keeps the text model under model.language_model.
+        let renamed = Renamed { source, rename: language_model_name };
+        let source: &dyn WeightSource = if c.architecture == "qwen3_5" { &renamed } else { source };
         let w = Loader { source, factory };
         let checkpoint = source.checkpoint();
         let mut layers = Vec::with_capacity(c.num_layers);
