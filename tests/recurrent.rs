@@ -191,6 +191,34 @@ fn qwen35_llama_cpp_gguf_matches_transformers() {
     fidelity("qwen35", "model.gguf");
 }
 
+/// llama.cpp converts a Qwen3.5 with its multi-token-prediction layer after the trunk: counted
+/// in block_count, named by nextn_predict_layers, marked not recurrent. The fixture rewritten
+/// so (layer 3, an attention layer, copied as that 5th block, which would change every logit
+/// if it ran) gives the same logits: weft runs the trunk only.
+#[test]
+fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
+    use weft::model::gguf::{GgufFile, GgufWriter, MetaValue};
+    let gguf = GgufFile::open(&fixture("qwen35", "model.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in &gguf.metadata {
+        w.metadata(key, value.clone());
+    }
+    w.metadata("qwen35.block_count", MetaValue::U32(5));
+    w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
+    let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
+    w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
+    for t in &gguf.tensors {
+        w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        if let Some(rest) = t.name.strip_prefix("blk.3.") {
+            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        }
+    }
+    let path = std::env::temp_dir().join(format!("weft-qwen35-mtp-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    fidelity_of("qwen35", path.to_str().unwrap(), None);
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s: the text config
 /// under `text_config` (the tying outside it) and the text model's tensors under
 /// `model.language_model.`, beside a vision tower weft does not run. The fixture rewritten in
