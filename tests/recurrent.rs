@@ -191,6 +191,16 @@ fn qwen35_llama_cpp_gguf_matches_transformers() {
     fidelity("qwen35", "model.gguf");
 }
 
+/// `weft info --model` finds nothing lacking in either Qwen3.5 checkpoint.
+#[test]
+fn qwen35_checkpoints_inspect_clean() {
+    for (path, arch) in [("model.gguf", "qwen35"), ("hf", "qwen3_5_text")] {
+        let report = weft::model::inspect::inspect(&fixture("qwen35", path)).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
+        assert!(report.problems.is_empty(), "{report}");
+    }
+}
+
 /// llama.cpp converts a Qwen3.5 with its multi-token-prediction layer after the trunk: counted
 /// in block_count, named by nextn_predict_layers, marked not recurrent. The fixture rewritten
 /// so (layer 3, an attention layer, copied as that 5th block, which would change every logit
