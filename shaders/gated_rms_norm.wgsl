@@ -2,6 +2,8 @@
 // gated_rms_norm: Mamba2's output norm, gated by z and normalised per group of n columns:
 //   v[r, i] = x[r, i] · silu(z[r, z_offset + i])
 //   y[r, i] = v[r, i] / sqrt(mean(v[r, group(i)]²) + eps) · weight[i]
+// or, with `gate_after` (Qwen3.5's Gated DeltaNet output norm), the gate applied after it:
+//   y[r, i] = x[r, i] / sqrt(mean(x[r, group(i)]²) + eps) · weight[i] · silu(z[r, z_offset + i])
 //
 // Bindings (group 0)
 //   0 params  uniform     Params  mirrors gpu::kernels::ssm::GatedNormParams
@@ -20,6 +22,7 @@ struct Params {
     z_stride: u32,
     z_offset: u32,
     eps: f32,
+    gate_after: u32,
 }
 
 const WG: u32 = 64u;
@@ -32,9 +35,17 @@ const WG: u32 = 64u;
 
 #include shared/row_norm.wgsl
 
-fn gated(r: u32, width: u32, i: u32) -> f32 {
+fn gate(r: u32, i: u32) -> f32 {
     let g = z[r * params.z_stride + params.z_offset + i];
-    return x[r * width + i] * (g / (1.0 + exp(-g)));
+    return g / (1.0 + exp(-g));
+}
+
+// The value normalised: x gated first, or x itself when the gate comes after.
+fn gated(r: u32, width: u32, i: u32) -> f32 {
+    if (params.gate_after != 0u) {
+        return x[r * width + i];
+    }
+    return x[r * width + i] * gate(r, i);
 }
 
 @compute @workgroup_size(WG)
@@ -50,6 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let scale = norm_scale(lid, s);
     for (var i = lid; i < params.n; i += WG) {
         let col = first + i;
-        y[r * width + col] = gated(r, width, col) * scale * weight[col];
+        let normed = gated(r, width, col) * scale * weight[col];
+        y[r * width + col] = select(normed, normed * gate(r, col), params.gate_after != 0u);
     }
 }

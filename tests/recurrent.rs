@@ -1,8 +1,10 @@
 //! Recurrent models against outside truth: `tests/fixtures/mamba2/`,
-//! `tests/fixtures/granite_hybrid/` and `tests/fixtures/lfm2/` hold a tiny random-weight
-//! `Mamba2ForCausalLM`, a dense Granite 4.0-H (`GraniteMoeHybridForCausalLM`: Mamba2, attention
-//! without RoPE, Mamba2) and an `Lfm2ForCausalLM` (short convolution, attention, short
-//! convolution, attention) written by `tools/make_recurrent_fixtures.py` — each one's Hugging
+//! `tests/fixtures/granite_hybrid/`, `tests/fixtures/lfm2/` and `tests/fixtures/qwen35/` hold a
+//! tiny random-weight `Mamba2ForCausalLM`, a dense Granite 4.0-H (`GraniteMoeHybridForCausalLM`:
+//! Mamba2, attention without RoPE, Mamba2), an `Lfm2ForCausalLM` (short convolution, attention,
+//! short convolution, attention) and a `Qwen3_5ForCausalLM` (three Gated DeltaNet layers with 2
+//! q/k heads and 4 v heads, then gated attention with partial RoPE) written by
+//! `tools/make_recurrent_fixtures.py` — each one's Hugging
 //! Face directory, the GGUF llama.cpp's `convert_hf_to_gguf.py` made of it, and transformers'
 //! logits and greedy tokens. `tests/fixtures/granite_hybrid_moe/` (`tools/make_moe_fixtures.py`)
 //! is Granite 4.0-H with experts (Tiny's and Small's form): the same layers, each MLP 8 routed
@@ -18,7 +20,7 @@
 //! - 12 greedy tokens (LFM2: 32 on 4 prompts; transformers' recurrent decode) are equal; a
 //!   divergence is tolerated only right after a step whose reference top-1/top-2 margin is below
 //!   1e-3 (a near-tie), after which that prompt is no longer compared. Where the fixture has
-//!   each step's top 20 logits (LFM2), those agree within 1e-4 too.
+//!   each step's top 20 logits (LFM2, Qwen3.5), those agree within 1e-4 too.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
 //!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
 //!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
@@ -35,7 +37,7 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 5] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe"];
+const FAMILIES: [&str; 6] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe", "qwen35"];
 
 fn factory() -> Option<GpuTensorFactory> {
     weft::gpu::open_or_skip(GpuOptions::default()).unwrap().map(GpuTensorFactory::new)
@@ -201,6 +203,89 @@ fn lfm2_hf_directory_matches_transformers() {
 #[test]
 fn lfm2_llama_cpp_gguf_matches_transformers() {
     fidelity("lfm2", "model.gguf");
+}
+
+#[test]
+fn qwen35_hf_directory_matches_transformers() {
+    fidelity("qwen35", "hf");
+}
+
+#[test]
+fn qwen35_llama_cpp_gguf_matches_transformers() {
+    fidelity("qwen35", "model.gguf");
+}
+
+/// `weft info --model` finds nothing lacking in either Qwen3.5 checkpoint.
+#[test]
+fn qwen35_checkpoints_inspect_clean() {
+    for (path, arch) in [("model.gguf", "qwen35"), ("hf", "qwen3_5_text")] {
+        let report = weft::model::inspect::inspect(&fixture("qwen35", path)).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
+        assert!(report.problems.is_empty(), "{report}");
+    }
+}
+
+/// llama.cpp converts a Qwen3.5 with its multi-token-prediction layer after the trunk: counted
+/// in block_count, named by nextn_predict_layers, marked not recurrent. The fixture rewritten
+/// so (layer 3, an attention layer, copied as that 5th block, which would change every logit
+/// if it ran) gives the same logits: weft runs the trunk only.
+#[test]
+fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
+    use weft::model::gguf::{GgufFile, GgufWriter, MetaValue};
+    let gguf = GgufFile::open(&fixture("qwen35", "model.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in &gguf.metadata {
+        w.metadata(key, value.clone());
+    }
+    w.metadata("qwen35.block_count", MetaValue::U32(5));
+    w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
+    let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
+    w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
+    for t in &gguf.tensors {
+        w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        if let Some(rest) = t.name.strip_prefix("blk.3.") {
+            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        }
+    }
+    let path = std::env::temp_dir().join(format!("weft-qwen35-mtp-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    fidelity_of("qwen35", path.to_str().unwrap(), None);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s: the text config
+/// under `text_config` (the tying outside it) and the text model's tensors under
+/// `model.language_model.`, beside a vision tower weft does not run. The fixture rewritten in
+/// that layout (with a stand-in vision tensor) gives the same logits.
+#[test]
+fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
+    let hf = fixture("qwen35", "hf");
+    let dir = std::env::temp_dir().join(format!("weft-qwen35-vl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut text: Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    let tie = text["tie_word_embeddings"].take();
+    let config = serde_json::json!({
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": tie,
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(hf.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let vision = [0u8; 16];
+    let mut renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name.replacen("model.", "model.language_model.", 1), t))
+        .collect();
+    let stand_in = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &vision).unwrap();
+    renamed.push(("model.visual.patch_embed.proj.bias".into(), stand_in));
+    safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
+    fidelity_of("qwen35", dir.to_str().unwrap(), None);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences

@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
 """Make the outside-truth fixtures of weft's recurrent-model tests: tiny random-weight models
 in transformers — a ``Mamba2ForCausalLM``, a dense Granite 4.0-H
-(``GraniteMoeHybridForCausalLM``) and an LFM2 (``Lfm2ForCausalLM``) — each saved as a Hugging Face directory and converted to GGUF
+(``GraniteMoeHybridForCausalLM``), an LFM2 (``Lfm2ForCausalLM``) and a dense Qwen3.5
+(``Qwen3_5ForCausalLM``) — each saved as a Hugging Face directory and converted to GGUF
 by llama.cpp's own ``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens.
 
-Writes ``tests/fixtures/mamba2/``, ``tests/fixtures/granite_hybrid/`` and ``tests/fixtures/lfm2/``,
-each with:
+Writes ``tests/fixtures/mamba2/``, ``tests/fixtures/granite_hybrid/``, ``tests/fixtures/lfm2/``
+and ``tests/fixtures/qwen35/``, each with:
 
 ``hf/``            config.json, model.safetensors (f32), tokenizer.json.
 ``model.gguf``     the same model through ``convert_hf_to_gguf.py --outtype f32``.
 ``expected.json``  for a few prompts (token ids): the last prompt position's logits (the
                    prefill: transformers' chunked SSD scan for Mamba2 layers) and 12 greedy
                    tokens (``generate`` with its cache: the recurrent decode form), each step's
-                   top-1 margin and top 20 (ids and logits). LFM2's: 4 prompts and 32
-                   greedy tokens.
+                   top-1 margin and top 20 (ids and logits). LFM2's and Qwen3.5's: 4
+                   prompts and 32 greedy tokens.
 
 The models: hidden 64, Mamba2 mixers of 8 heads of 16 with state 16 in 2 groups, conv kernel 4,
 chunk size 8 (so transformers' prefill runs its SSD scan over several chunks), untied LM heads.
@@ -23,7 +24,17 @@ attention 1/16, logits divided by 6) so that a forgotten one shows. LFM2 has 4 l
 convolution of 3, attention with 4 heads of 16 / 2 KV heads and RoPE, short convolution,
 attention), an MLP whose ``intermediate_size`` 45 becomes 32 by ``block_auto_adjust_ff_dim``
 (2/3 is 30, rounded up to ``block_multiple_of`` 32: weft's matmul reads rows in blocks of
-32), and tied embeddings.
+32), and tied embeddings. Qwen3.5 has 4 layers (three Gated DeltaNet layers of 2 q/k heads
+and 4 v heads of 16, so each q/k head serves two v heads and llama.cpp's converter reorders
+the v heads; conv kernel 4; then gated attention with 4 heads of 32 / 2 KV heads and RoPE on
+a quarter of each head), an MLP of 64 and tied embeddings; its norms are randomised around 1,
+which its (1 + w) norms make a scale around 2. transformers runs its torch fallbacks here (no
+flash-linear-attention, no causal-conv1d): ``torch_chunk_gated_delta_rule`` for the prefill,
+``torch_recurrent_gated_delta_rule`` for each decode. The converter gets ``--no-mtp``: the
+tiny model has no multi-token-prediction layer.
+
+The committed fixtures were made with torch 2.15, transformers 5.25.0 and llama-cpp-python
+0.3.36's ``vendor/llama.cpp`` (each ``expected.json`` records the first two).
 
 The tokenizer is a byte-level BPE trained here on a few sentences (the tests feed token ids;
 the engine only needs a tokenizer to exist). llama.cpp's converter identifies BPE pre-tokenizers
@@ -128,6 +139,22 @@ def lfm2(vocab: int):
     return Lfm2ForCausalLM(config)
 
 
+def qwen35(vocab: int):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
+        eos_token_id=0,
+    )
+    return Qwen3_5ForCausalLM(config)
+
+
 def respell_layer_types(hf: Path) -> None:
     """transformers 5 writes a Granite hybrid's layer types as "linear_attention" /
     "full_attention"; the published Granite 4.0-H checkpoints (and llama.cpp's converter, which
@@ -138,7 +165,7 @@ def respell_layer_types(hf: Path) -> None:
     (hf / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make(name: str, build, llama_cpp: Path, prompts=PROMPTS, num_greedy=NUM_GREEDY) -> None:
+def make(name: str, build, llama_cpp: Path, prompts=PROMPTS, num_greedy=NUM_GREEDY, converter_args=()) -> None:
     out = FIXTURES / name
     hf = out / "hf"
     hf.mkdir(parents=True, exist_ok=True)
@@ -173,14 +200,14 @@ def make(name: str, build, llama_cpp: Path, prompts=PROMPTS, num_greedy=NUM_GREE
     import convert_hf_to_gguf
 
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-    sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "f32", "--outfile", str(out / "model.gguf")]
+    sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "f32", "--outfile", str(out / "model.gguf"), *converter_args]
     convert_hf_to_gguf.main()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=["mamba2", "granite_hybrid", "lfm2"], help="make one fixture")
+    parser.add_argument("--only", choices=["mamba2", "granite_hybrid", "lfm2", "qwen35"], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
@@ -189,6 +216,9 @@ def main() -> None:
             make(name, build, args.llama_cpp)
     if args.only in (None, "lfm2"):
         make("lfm2", lfm2, args.llama_cpp, PROMPTS_4, NUM_GREEDY_32)
+    if args.only in (None, "qwen35"):
+        # The tiny model has no multi-token-prediction layer, which the converter otherwise expects.
+        make("qwen35", qwen35, args.llama_cpp, PROMPTS_4, NUM_GREEDY_32, ["--no-mtp"])
 
 
 if __name__ == "__main__":

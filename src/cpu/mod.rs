@@ -146,6 +146,11 @@ pub fn rope(
     }
 }
 
+/// `x · sigmoid(gate)`, element by element (Qwen3.5's attention output gate).
+pub fn sigmoid_mul(x: &[f32], gate: &[f32]) -> Vec<f32> {
+    x.iter().zip(gate).map(|(&x, &g)| (f64::from(x) / (1.0 + (-f64::from(g)).exp())) as f32).collect()
+}
+
 /// `silu(gate) * up`, element by element.
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter()

@@ -1,7 +1,9 @@
 //! Plain-loop CPU versions of the Mamba2 kernels (`shaders/ssm_*.wgsl`, `gated_rms_norm.wgsl`),
 //! one sequence at a time, following transformers' `modeling_mamba2.py` (its recurrent form:
 //! `causal_conv1d_update` and `mamba2_selective_state_update`), and of LFM2's gated short
-//! convolution (`modeling_lfm2.py`), which `ssm_conv` also runs. Sums are carried in f64.
+//! convolution (`modeling_lfm2.py`), which `ssm_conv` also runs, and of Qwen3.5's Gated
+//! DeltaNet recurrence (`modeling_qwen3_5.py`'s `torch_recurrent_gated_delta_rule` with its
+//! L2-normalised q and k). Sums are carried in f64.
 
 /// The causal depthwise convolution with SiLU, continuing `conv_state` (kernel - 1, channels),
 /// the inputs before `u`'s first row, and leaving the last kernel - 1 inputs there.
@@ -101,24 +103,90 @@ pub fn ssm_scan(
     y
 }
 
-/// `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns;
-/// x and z (rows, weight.len()).
-pub fn gated_rms_norm(x: &[f32], z: &[f32], weight: &[f32], group_size: usize, eps: f32) -> Vec<f32> {
-    let v: Vec<f64> = x
-        .iter()
-        .zip(z)
-        .map(|(&x, &z)| {
-            let z = f64::from(z);
-            f64::from(x) * z / (1.0 + (-z).exp())
-        })
-        .collect();
+/// `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns, or
+/// with `gate_after` (Qwen3.5's `Qwen3_5RMSNormGated`) `rms_norm_per_group(x) · weight ·
+/// silu(z)`; x and z (rows, weight.len()).
+pub fn gated_rms_norm(x: &[f32], z: &[f32], weight: &[f32], group_size: usize, eps: f32, gate_after: bool) -> Vec<f32> {
+    let silu = |z: f32| {
+        let z = f64::from(z);
+        z / (1.0 + (-z).exp())
+    };
+    let v: Vec<f64> =
+        x.iter().zip(z).map(|(&x, &z)| if gate_after { f64::from(x) } else { f64::from(x) * silu(z) }).collect();
     let mut y = vec![0.0; x.len()];
     for (g, group) in v.chunks(group_size).enumerate() {
         let ms = group.iter().map(|v| v * v).sum::<f64>() / group_size as f64;
         let scale = 1.0 / (ms + f64::from(eps)).sqrt();
         for (i, v) in group.iter().enumerate() {
-            let col = (g * group_size + i) % weight.len();
-            y[g * group_size + i] = (v * scale * f64::from(weight[col])) as f32;
+            let at = g * group_size + i;
+            let normed = v * scale * f64::from(weight[at % weight.len()]);
+            y[at] = (if gate_after { normed * silu(z[at]) } else { normed }) as f32;
+        }
+    }
+    y
+}
+
+/// Shapes of one Gated DeltaNet layer's recurrence.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaDims {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    /// v head h reads q/k head h % num_k_heads (llama.cpp's GGUF order), else h / (num_v_heads
+    /// / num_k_heads) (transformers' `repeat_interleave`).
+    pub v_heads_tiled: bool,
+}
+
+/// The Gated DeltaNet recurrence of one sequence, token by token from `state` (v_heads,
+/// head_v, head_k: column j of each head's S), which it leaves after the last token. qkv
+/// (num_rows, 2 · k_heads · head_k + v_heads · head_v) holds the convolved q, k, v; b and a
+/// (num_rows, v_heads) the raw β logits and decay inputs; a_neg (-exp(A_log)) and dt_bias
+/// (v_heads). Returns y (num_rows, v_heads · head_v).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    dims: DeltaDims,
+    qkv: &[f32],
+    b: &[f32],
+    a: &[f32],
+    a_neg: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+) -> Vec<f32> {
+    let DeltaDims { num_k_heads, num_v_heads, head_k_dim: dk, head_v_dim: dv, v_heads_tiled } = dims;
+    let key = num_k_heads * dk;
+    let width = 2 * key + num_v_heads * dv;
+    let num_rows = qkv.len() / width;
+    let mut y = vec![0.0; num_rows * num_v_heads * dv];
+    // transformers' l2norm: x · rsqrt(Σ x² + 1e-6).
+    let l2 = |x: &[f32]| -> Vec<f64> {
+        let inv = 1.0 / (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() + 1e-6).sqrt();
+        x.iter().map(|&v| f64::from(v) * inv).collect()
+    };
+    for t in 0..num_rows {
+        let row = &qkv[t * width..(t + 1) * width];
+        for h in 0..num_v_heads {
+            let g = if v_heads_tiled { h % num_k_heads } else { h / (num_v_heads / num_k_heads) };
+            let q: Vec<f64> = l2(&row[g * dk..(g + 1) * dk]).iter().map(|q| q / (dk as f64).sqrt()).collect();
+            let k = l2(&row[key + g * dk..key + (g + 1) * dk]);
+            let v = &row[2 * key + h * dv..2 * key + (h + 1) * dv];
+            let x = f64::from(a[t * num_v_heads + h]) + f64::from(dt_bias[h]);
+            let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+            let decay = (f64::from(a_neg[h]) * softplus).exp();
+            let beta = 1.0 / (1.0 + (-f64::from(b[t * num_v_heads + h])).exp());
+            for j in 0..dv {
+                let s = &mut state[(h * dv + j) * dk..(h * dv + j + 1) * dk];
+                let decayed: Vec<f64> = s.iter().map(|&v| f64::from(v) * decay).collect();
+                let kv: f64 = decayed.iter().zip(&k).map(|(s, k)| s * k).sum();
+                let delta = beta * (f64::from(v[j]) - kv);
+                let mut out = 0.0;
+                for i in 0..dk {
+                    let next = decayed[i] + k[i] * delta;
+                    s[i] = next as f32;
+                    out += next * q[i];
+                }
+                y[(t * num_v_heads + h) * dv + j] = out as f32;
+            }
         }
     }
     y

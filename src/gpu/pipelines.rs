@@ -56,6 +56,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("ssd_chunk_state.wgsl", include_str!("../../shaders/ssd_chunk_state.wgsl")),
     ("ssd_state_pass.wgsl", include_str!("../../shaders/ssd_state_pass.wgsl")),
     ("ssm_conv.wgsl", include_str!("../../shaders/ssm_conv.wgsl")),
+    ("gated_delta_net.wgsl", include_str!("../../shaders/gated_delta_net.wgsl")),
+    ("sigmoid_mul.wgsl", include_str!("../../shaders/sigmoid_mul.wgsl")),
     ("ssm_scan.wgsl", include_str!("../../shaders/ssm_scan.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),

@@ -130,6 +130,8 @@ pub struct ModelConfig {
     /// LFM2: the window of its short convolutions (transformers' `conv_L_cache`, llama.cpp's
     /// `shortconv.l_cache`) over hidden_size channels, in every layer that does not attend.
     pub short_conv: Option<usize>,
+    /// Qwen3.5: the shape of its Gated DeltaNet layers, every layer that does not attend.
+    pub delta_net: Option<DeltaNetConfig>,
     /// Granite's four multipliers (Granite 3.x dense, Granite 4.0-H); `None`: all neutral.
     pub multipliers: Option<Multipliers>,
     /// Layers whose attention rotates nothing (NoPE: SmolLM3's every fourth layer, transformers'
@@ -277,14 +279,54 @@ impl SsmConfig {
     }
 }
 
+/// The shape of a Gated DeltaNet layer (Qwen3.5's linear attention: transformers'
+/// `linear_*` keys, llama.cpp's `ssm.*` keys of `qwen35`): q and k of `num_k_heads` heads of
+/// `head_k_dim`, v of `num_v_heads` heads of `head_v_dim`, each v head reading the q and k head
+/// it is paired with; a depthwise causal convolution of `conv_kernel` over q, k and v.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetConfig {
+    pub conv_kernel: usize,
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    /// How v heads pair with q/k heads when there are more v heads: transformers' order
+    /// (`repeat_interleave`: v head h reads k head h / (v heads / k heads)), or the tiled order
+    /// llama.cpp's converter reorders GGUF's v heads into (h reads k head h % k heads).
+    pub v_heads_tiled: bool,
+}
+
+impl DeltaNetConfig {
+    /// Width of q and of k: num_k_heads · head_k_dim.
+    pub fn key_size(&self) -> usize {
+        self.num_k_heads * self.head_k_dim
+    }
+
+    /// Width of v, z and the output: num_v_heads · head_v_dim.
+    pub fn value_size(&self) -> usize {
+        self.num_v_heads * self.head_v_dim
+    }
+
+    /// The convolved channels: q, k and v.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_size() + self.value_size()
+    }
+
+    /// The in-projections' outputs side by side: q, k, v (convolved), z, b (β), a (decay).
+    pub fn in_proj_size(&self) -> usize {
+        self.conv_channels() + self.value_size() + 2 * self.num_v_heads
+    }
+}
+
 /// What one recurrent layer keeps per sequence in its state slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerState {
     /// The conv window: `conv_kernel - 1` past inputs of `conv_channels` channels.
     pub conv_kernel: usize,
     pub conv_channels: usize,
-    /// Mamba2's SSM state (heads, head_dim, state_size); `None` for LFM2's short convolutions,
-    /// whose window is their whole state.
+    /// Mamba2's SSM state (heads, head_dim, state_size), or a Gated DeltaNet's (v heads,
+    /// head_v_dim, head_k_dim: each v head's matrix, a column of head_k_dim per value
+    /// dimension); `None` for LFM2's short convolutions, whose window is their whole state.
     pub ssm: Option<[usize; 3]>,
 }
 
@@ -506,7 +548,8 @@ impl ModelConfig {
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
         };
         let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
-        let ssm = if gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
+        // Qwen3.5 writes its Gated DeltaNet's shape under the same ssm.* keys as Mamba2.
+        let ssm = if arch != "qwen35" && gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
             // llama.cpp's time_step_rank of a Mamba2 is its head count.
             let num_heads = int("ssm.time_step_rank")?;
             Some(SsmConfig {
@@ -546,7 +589,34 @@ impl ModelConfig {
             (None, "lfm2" | "lfm2moe") => {
                 Some(HybridConfig { attention_layers: (0..int("block_count")?).collect(), use_rope: true })
             }
+            // Qwen3.5: recurrent_layers marks the Gated DeltaNet layers; without it, llama.cpp
+            // makes every full_attention_interval-th layer (default 4) attend.
+            (_, "qwen35") => {
+                let num_layers = int("block_count")?.saturating_sub(int("nextn_predict_layers").unwrap_or(0));
+                let attention_layers = match gguf.get_bool_array(&format!("{arch}.attention.recurrent_layers")) {
+                    Some(recurrent) => (0..num_layers).filter(|&i| recurrent.get(i) == Some(&false)).collect(),
+                    None => {
+                        let interval = int("full_attention_interval").unwrap_or(4).max(1);
+                        (0..num_layers).filter(|i| (i + 1) % interval == 0).collect()
+                    }
+                };
+                Some(HybridConfig { attention_layers, use_rope: true })
+            }
             _ => None,
+        };
+        let delta_net = if arch == "qwen35" {
+            let num_v_heads = int("ssm.time_step_rank")?;
+            Some(DeltaNetConfig {
+                conv_kernel: int("ssm.conv_kernel")?,
+                num_k_heads: int("ssm.group_count")?,
+                num_v_heads,
+                head_k_dim: int("ssm.state_size")?,
+                head_v_dim: int("ssm.inner_size")? / num_v_heads.max(1),
+                // The converter reorders v heads so that ggml's repeat of q and k pairs them.
+                v_heads_tiled: true,
+            })
+        } else {
+            None
         };
         let multipliers = match arch.as_str() {
             "granite" | "granitemoe" | "granitehybrid" => Some(Multipliers {
@@ -562,7 +632,9 @@ impl ModelConfig {
             }),
             _ => None,
         };
-        let num_layers = int("block_count")?;
+        // Qwen3.5's multi-token-prediction layers follow its own in block_count (llama.cpp's
+        // nextn_predict_layers); a plain forward pass does not run them.
+        let num_layers = int("block_count")?.saturating_sub(int("nextn_predict_layers").unwrap_or(0));
         let no_rope_layers: Vec<usize> = match arch.as_str() {
             // llama.cpp's SmolLM3: every fourth layer is NoPE, a constant with no key.
             "smollm3" => (0..num_layers).filter(|i| (i + 1).is_multiple_of(SMOLLM3_NO_ROPE_STEP)).collect(),
@@ -657,7 +729,7 @@ impl ModelConfig {
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
             // LFM2's layer 0 may be a convolution; its attention always norms q and k.
-            qk_norm: arch.starts_with("lfm2") || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
+            qk_norm: arch.starts_with("lfm2") || arch == "qwen35" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
             sliding_window_pattern: match arch.as_str() {
@@ -670,6 +742,7 @@ impl ModelConfig {
             ssm,
             hybrid,
             short_conv: if arch.starts_with("lfm2") { Some(int("shortconv.l_cache")?) } else { None },
+            delta_net,
             multipliers,
             no_rope_layers,
             pooling: match gguf.get_u64(&format!("{arch}.pooling_type")) {
@@ -780,6 +853,17 @@ impl ModelConfig {
         }
         if arch == "lfm2" || arch == "lfm2_moe" {
             return Self::lfm2_from_hf(file, &v);
+        }
+        if arch == "qwen3_5_text" {
+            return Self::qwen35_from_hf(file, &v, "qwen3_5_text", None);
+        }
+        if arch == "qwen3_5" {
+            // Qwen3_5ForConditionalGeneration (the published checkpoints): the text model's
+            // config inside, the LM head's tying outside. weft runs the text model alone.
+            if !v["text_config"].is_object() {
+                return Err(missing(file, "text_config"));
+            }
+            return Self::qwen35_from_hf(file, &v["text_config"], "qwen3_5", v["tie_word_embeddings"].as_bool());
         }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
@@ -918,6 +1002,7 @@ impl ModelConfig {
             ssm: None,
             hybrid: None,
             short_conv: None,
+            delta_net: None,
             multipliers,
             no_rope_layers,
             pooling: None,
@@ -987,6 +1072,7 @@ impl ModelConfig {
             ssm: None,
             hybrid: None,
             short_conv: None,
+            delta_net: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -1057,6 +1143,7 @@ impl ModelConfig {
                 use_rope: v["position_embedding_type"].as_str() == Some("rope"),
             }),
             short_conv: None,
+            delta_net: None,
             multipliers: Some(Multipliers {
                 embedding: float("embedding_multiplier", 1.0),
                 residual: float("residual_multiplier", 1.0),
@@ -1148,10 +1235,84 @@ impl ModelConfig {
             ssm: None,
             hybrid: Some(HybridConfig { attention_layers, use_rope: true }),
             short_conv: Some(int("conv_L_cache").unwrap_or(3)),
+            delta_net: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
             moe,
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Qwen3_5TextConfig` (the text model of Qwen3.5, `Qwen3_5ForCausalLM`, or
+    /// the `text_config` of `Qwen3_5ForConditionalGeneration`, `architecture` "qwen3_5", whose
+    /// `tie` is its own): Gated DeltaNet layers (`layer_types` "linear_attention", or all but every
+    /// `full_attention_interval`-th) among gated attention layers with partial RoPE. Its
+    /// multimodal RoPE sections rotate text positions as plain RoPE, every section seeing the
+    /// same position.
+    fn qwen35_from_hf(file: &str, v: &Value, architecture: &str, tie: Option<bool>) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let refuse = |detail: &str| Err(WeftError::model(file, detail.to_string()));
+        if v["attention_bias"].as_bool() == Some(true) {
+            return refuse("attention_bias is set; weft runs Qwen3.5's attention without biases");
+        }
+        let rope = &v["rope_parameters"];
+        if let Some(kind) = rope["rope_type"].as_str().filter(|t| *t != "default") {
+            return refuse(&format!("rope_parameters.rope_type {kind:?} is not supported for Qwen3.5"));
+        }
+        let hidden_size = int("hidden_size")?;
+        let num_heads = int("num_attention_heads")?;
+        let num_layers = int("num_hidden_layers")?;
+        let head_dim = int("head_dim").unwrap_or(hidden_size / num_heads.max(1));
+        let attention_layers: Vec<usize> = match v["layer_types"].as_array() {
+            Some(types) => {
+                (0..num_layers).filter(|&i| types.get(i).and_then(Value::as_str) != Some("linear_attention")).collect()
+            }
+            None => {
+                let interval = v["full_attention_interval"].as_u64().unwrap_or(4).max(1) as usize;
+                (0..num_layers).filter(|i| (i + 1) % interval == 0).collect()
+            }
+        };
+        // transformers' default partial_rotary_factor for Qwen3.5 is 0.25.
+        let partial = rope["partial_rotary_factor"].as_f64().or_else(|| v["partial_rotary_factor"].as_f64());
+        let rotary_dim = Some((head_dim as f64 * partial.unwrap_or(0.25)) as usize).filter(|&d| d != head_dim);
+        let config = ModelConfig {
+            architecture: architecture.into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size: int("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
+            head_dim,
+            rotary_dim,
+            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_theta: rope["rope_theta"].as_f64().or_else(|| v["rope_theta"].as_f64()).unwrap_or(1e7) as f32,
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(32768),
+            tie_word_embeddings: tie.or(v["tie_word_embeddings"].as_bool()).unwrap_or(false),
+            attention_bias: false,
+            sliding_window: None,
+            qk_norm: true,
+            sliding_window_pattern: None,
+            rope_local_theta: None,
+            query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: Some(HybridConfig { attention_layers, use_rope: true }),
+            short_conv: None,
+            delta_net: Some(DeltaNetConfig {
+                conv_kernel: int("linear_conv_kernel_dim").unwrap_or(4),
+                num_k_heads: int("linear_num_key_heads")?,
+                num_v_heads: int("linear_num_value_heads")?,
+                head_k_dim: int("linear_key_head_dim")?,
+                head_v_dim: int("linear_value_head_dim")?,
+                v_heads_tiled: false,
+            }),
+            multipliers: None,
+            no_rope_layers: Vec::new(),
+            pooling: None,
+            moe: None,
         };
         config.check(file)?;
         Ok(config)
@@ -1196,6 +1357,7 @@ impl ModelConfig {
             query_pre_attn_scalar: None,
             hybrid: None,
             short_conv: None,
+            delta_net: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -1225,6 +1387,13 @@ impl ModelConfig {
 
     /// What each recurrent layer keeps per sequence; `None` for a model without them.
     pub fn layer_state(&self) -> Option<LayerState> {
+        if let Some(d) = self.delta_net {
+            return Some(LayerState {
+                conv_kernel: d.conv_kernel,
+                conv_channels: d.conv_channels(),
+                ssm: Some([d.num_v_heads, d.head_v_dim, d.head_k_dim]),
+            });
+        }
         match (self.ssm, self.short_conv) {
             (Some(ssm), _) => Some(LayerState {
                 conv_kernel: ssm.conv_kernel,
@@ -1313,6 +1482,26 @@ impl ModelConfig {
             }
             if self.num_attention_layers() == 0 {
                 return Ok(());
+            }
+        }
+        if let Some(d) = &self.delta_net {
+            let ok = d.num_k_heads > 0
+                && d.num_v_heads.is_multiple_of(d.num_k_heads)
+                && d.num_v_heads > 0
+                && d.head_k_dim > 0
+                && d.head_k_dim.is_multiple_of(4)
+                && d.head_v_dim > 0
+                && d.head_v_dim.is_multiple_of(4)
+                && (2..=crate::gpu::kernels::ssm::MAX_CONV_KERNEL).contains(&d.conv_kernel);
+            if !ok {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "unsupported Gated DeltaNet shape: {d:?} (weft needs v heads a multiple of k heads, head sizes \
+                         that are multiples of 4, and a conv kernel of 2 to {})",
+                        crate::gpu::kernels::ssm::MAX_CONV_KERNEL
+                    ),
+                ));
             }
         }
         if let Some(kernel) = self.short_conv {
@@ -1498,6 +1687,7 @@ mod tests {
             ssm: None,
             hybrid: None,
             short_conv: None,
+            delta_net: None,
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
@@ -1649,5 +1839,41 @@ mod tests {
         assert_eq!((c.intermediate_size, c.hybrid.unwrap().attention_layers), (12288, vec![0, 2]));
         let err = lfm2(r#", "conv_bias": true"#).unwrap_err().to_string();
         assert!(err.contains("conv_bias is set"), "{err}");
+    }
+
+    /// Qwen3.5-9B's text config (its `text_config`): every fourth layer attends by default,
+    /// a quarter of each head rotates, and each DeltaNet layer keeps a 3-row window of q, k, v
+    /// and a 128 × 128 matrix per v head.
+    #[test]
+    fn hf_qwen35_config_is_read_as_transformers_reads_it() {
+        let qwen35 = |extra: &str| {
+            let json = format!(
+                r#"{{"model_type": "qwen3_5_text", "hidden_size": 4096, "num_attention_heads": 16,
+                    "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 8, "vocab_size": 248320,
+                    "intermediate_size": 12288, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                    "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                    "rope_parameters": {{"rope_type": "default", "rope_theta": 10000000}}{extra}}}"#
+            );
+            ModelConfig::from_hf_json("config.json", &json)
+        };
+        let c = qwen35("").unwrap();
+        assert_eq!(c.hybrid.as_ref().unwrap().attention_layers, [3, 7]);
+        assert_eq!((c.rope_dim(), c.rope_theta, c.tie_word_embeddings), (64, 1e7, false));
+        let d = c.delta_net.unwrap();
+        assert_eq!((d.conv_channels(), d.in_proj_size(), d.v_heads_tiled), (8192, 8192 + 4096 + 64, false));
+        assert_eq!(
+            c.layer_state(),
+            Some(LayerState { conv_kernel: 4, conv_channels: 8192, ssm: Some([32, 128, 128]) })
+        );
+        let c = qwen35(
+            r#", "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention",
+            "linear_attention", "linear_attention", "linear_attention", "full_attention"]"#,
+        )
+        .unwrap();
+        assert_eq!((c.num_recurrent_layers(), c.num_attention_layers()), (6, 2));
+        let err = qwen35(r#", "linear_num_key_heads": 12"#).unwrap_err().to_string();
+        assert!(err.contains("v heads a multiple of k heads"), "{err}");
+        let err = qwen35(r#", "attention_bias": true"#).unwrap_err().to_string();
+        assert!(err.contains("attention_bias is set"), "{err}");
     }
 }

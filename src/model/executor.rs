@@ -318,6 +318,8 @@ impl GpuExecutor {
             + 3 * c.intermediate_size
             + c.ssm.map_or(0, |s| s.in_proj_size() + s.conv_channels() + 2 * s.inner_size())
             + c.short_conv.map_or(0, |_| 4 * c.hidden_size)
+            + c.delta_net.map_or(0, |d| d.in_proj_size() + d.conv_channels() + 2 * d.value_size())
+            + c.delta_net.map_or(0, |_| c.num_heads * c.head_dim)
             + 8;
         let logits = max_seqs.max(1);
         let row_cols = c.hidden_size + c.vocab_size + c.vocab_size.div_ceil(32) + 64;

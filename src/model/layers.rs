@@ -26,7 +26,8 @@ use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, pa
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
 use crate::gpu::kernels::ssm::{
-    ConvForm, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
+    ConvForm, GateAt, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm, ssd_scan, ssm_conv,
+    ssm_scan,
 };
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
@@ -127,6 +128,17 @@ pub struct Activations {
     pub moe: Option<MoeActivations>,
     /// LFM2's short convolutions' buffers.
     pub short_conv: Option<ShortConvActivations>,
+    /// Qwen3.5's Gated DeltaNet layers' and gated attention's buffers.
+    pub delta_net: Option<DeltaNetActivations>,
+}
+
+/// The buffers of Qwen3.5's layers.
+pub struct DeltaNetActivations {
+    pub mixed: GpuTensor,     // (tokens, conv_channels + value + 2 · v_heads): q, k, v, z, b, a
+    pub qkv: GpuTensor,       // (tokens, conv_channels): q, k, v convolved
+    pub core: GpuTensor,      // (tokens, value): the recurrence's output
+    pub normed: GpuTensor,    // (tokens, value): normalised and gated by z
+    pub attn_gate: GpuTensor, // (tokens, heads · head_dim): the attention layers' output gate
 }
 
 /// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
@@ -209,6 +221,16 @@ impl Activations {
             Some(_) => Some(ShortConvActivations { bcx: t(3 * c.hidden_size)?, y: t(c.hidden_size)? }),
             None => None,
         };
+        let delta_net = match &c.delta_net {
+            Some(d) => Some(DeltaNetActivations {
+                mixed: t(d.in_proj_size())?,
+                qkv: t(d.conv_channels())?,
+                core: t(d.value_size())?,
+                normed: t(d.value_size())?,
+                attn_gate: t(c.num_heads * c.head_dim)?,
+            }),
+            None => None,
+        };
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
@@ -223,7 +245,15 @@ impl Activations {
             ssm,
             moe,
             short_conv,
+            delta_net,
         })
+    }
+
+    /// Qwen3.5's buffers, or an error for a model without Gated DeltaNet layers.
+    pub fn delta_net(&self) -> Result<&DeltaNetActivations> {
+        self.delta_net
+            .as_ref()
+            .ok_or_else(|| crate::error::WeftError::Unsupported("this model has no Gated DeltaNet activations".into()))
     }
 
     /// LFM2's short-convolution buffers, or an error for a model without them.
@@ -286,6 +316,16 @@ impl Activations {
             },
             short_conv: match &self.short_conv {
                 Some(s) => Some(ShortConvActivations { bcx: t(&s.bcx)?, y: t(&s.y)? }),
+                None => None,
+            },
+            delta_net: match &self.delta_net {
+                Some(d) => Some(DeltaNetActivations {
+                    mixed: t(&d.mixed)?,
+                    qkv: t(&d.qkv)?,
+                    core: t(&d.core)?,
+                    normed: t(&d.normed)?,
+                    attn_gate: t(&d.attn_gate)?,
+                }),
                 None => None,
             },
         })
@@ -504,7 +544,8 @@ impl SsmMixer {
         if after.num_seqs > 0 {
             ssm_scan(ctx, rec, shape, &acts.xbc, dt, dt_offset, &weights, after, ssm_state, &acts.y)?;
         }
-        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, inner / s.num_groups, &acts.yn, eps)?;
+        let group = inner / s.num_groups;
+        gated_rms_norm(ctx, rec, &acts.y, &acts.zxbcdt, 0, &self.norm, group, &acts.yn, eps, GateAt::Input)?;
         self.out_proj.forward(ctx, rec, &acts.yn, &a.proj)
     }
 }

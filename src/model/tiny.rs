@@ -35,6 +35,7 @@ pub fn tiny_config() -> ModelConfig {
         ssm: None,
         hybrid: None,
         short_conv: None,
+        delta_net: None,
         multipliers: None,
         no_rope_layers: Vec::new(),
         pooling: None,

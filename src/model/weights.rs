@@ -402,7 +402,12 @@ fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> 
 }
 
 /// Upload a weight matrix in its own format, where the device's weight kernels read it best.
-fn upload_matrix(file: &str, name: &str, t: &HostTensor<'_>, factory: &dyn TensorFactory) -> Result<GpuTensor> {
+pub(crate) fn upload_matrix(
+    file: &str,
+    name: &str,
+    t: &HostTensor<'_>,
+    factory: &dyn TensorFactory,
+) -> Result<GpuTensor> {
     let cols = t.shape[t.shape.len() - 1];
     if !cols.is_multiple_of(crate::quant::QK) {
         return Err(WeftError::model(

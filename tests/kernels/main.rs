@@ -5,6 +5,7 @@
 //! notice and pass, unless `WEFT_REQUIRE_GPU=1` (set by `cargo xtask test`), where they fail.
 
 mod common;
+mod delta_net;
 mod elementwise;
 mod embedding;
 mod invariance;

@@ -5,8 +5,8 @@
 
 use weft::DType;
 use weft::gpu::kernels::ssm::{
-    ConvForm, NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch, gated_rms_norm,
-    ssd_scan, ssm_conv, ssm_scan,
+    ConvForm, GateAt, NO_SLOT, SEQ_STATE_COLS, ScanShape, ScanWeights, SeqStates, SsdChunks, SsdScratch,
+    gated_rms_norm, ssd_scan, ssm_conv, ssm_scan,
 };
 use weft::gpu::{GpuTensor, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
@@ -436,10 +436,10 @@ fn gated_rms_norm_matches_cpu() {
         let wt = f.upload_f32(&[width], &weight).unwrap();
         let yt = f.zeros(&[rows, width], DType::F32).unwrap();
         let mut rec = Recording::new();
-        gated_rms_norm(ctx(f), &mut rec, &xt, &zt, z_offset, &wt, group_size, &yt, 1e-5).unwrap();
+        gated_rms_norm(ctx(f), &mut rec, &xt, &zt, z_offset, &wt, group_size, &yt, 1e-5, GateAt::Input).unwrap();
         run(f, &rec);
         let z: Vec<f32> = z_all.chunks(z_stride).flat_map(|r| r[z_offset..z_offset + width].to_vec()).collect();
-        let want = weft::cpu::ssm::gated_rms_norm(&x, &z, &weight, group_size, 1e-5);
+        let want = weft::cpu::ssm::gated_rms_norm(&x, &z, &weight, group_size, 1e-5, false);
         assert_close(&format!("gated_rms_norm {rows}x{groups}x{group_size}"), &read_f32(f, &yt), &want, |i| {
             64.0 * U * f64::from(want[i].abs()) + 1e-6
         });

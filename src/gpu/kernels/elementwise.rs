@@ -1,5 +1,5 @@
-//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the exact GELU, the residual
-//! add, bias add and scaling.
+//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the exact GELU, the sigmoid
+//! gate of Qwen3.5's attention, the residual add, bias add and scaling.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -50,6 +50,18 @@ pub fn gelu(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<()> 
     let params = GeluParams { len: u32_of(OP, "len", len)? };
     let bindings = [x.single_part(OP)?.resource(ctx)?];
     let variant = ShaderVariant::plain("gelu");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
+    Ok(())
+}
+
+/// Record `x[i] *= sigmoid(gate[i])` in place: x and gate F32 of one shape (Qwen3.5's
+/// attention output gate).
+pub fn sigmoid_mul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, gate: &GpuTensor) -> Result<()> {
+    const OP: &str = "sigmoid_mul";
+    let len = same_f32(OP, &[("x", x), ("gate", gate)])?;
+    let params = GeluParams { len: u32_of(OP, "len", len)? };
+    let bindings = [x.single_part(OP)?.resource(ctx)?, gate.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("sigmoid_mul");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The kernels of Mamba2 (state-space) layers: the causal depthwise convolution over the
 //! conv window ([`ssm_conv`], which also runs LFM2's gated short convolution), the selective-state scan token by token ([`ssm_scan`]) or by
 //! chunks of rows in its SSD form ([`ssd_scan`]), and the gated, grouped RMSNorm
-//! ([`gated_rms_norm`]). The convolution and the scans continue each sequence from its
+//! ([`gated_rms_norm`]), and Qwen3.5's Gated DeltaNet recurrence ([`gated_delta_net`]), which
+//! shares their per-sequence table and state slots. The convolution and the scans continue each sequence from its
 //! recurrent-state slot and leave the new state there; `seqs` says which rows are whose.
 
 use super::{expect, shader_params, u32_of};
@@ -21,7 +22,16 @@ shader_params!(SsdParams {
     dt_stride: u32,
     dt_offset: u32,
 });
-shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32, eps: f32 });
+shader_params!(GatedNormParams { rows: u32, n: u32, z_stride: u32, z_offset: u32, eps: f32, gate_after: u32 });
+shader_params!(DeltaParams {
+    k_heads: u32,
+    v_heads: u32,
+    head_k: u32,
+    head_v: u32,
+    ba_stride: u32,
+    ba_offset: u32,
+    tiled: u32,
+});
 
 /// Invocations per workgroup of the conv and scan kernels (their WGSL `WG`).
 const WORKGROUP: usize = 64;
@@ -119,6 +129,81 @@ pub fn ssm_conv(
     ];
     let grid = [channels.div_ceil(WORKGROUP) as u32, num_seqs, 1];
     ctx.dispatch(rec, ShaderVariant::plain("ssm_conv"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
+}
+
+/// The shape of a Gated DeltaNet layer's recurrence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaShape {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    /// v head h reads q/k head h % num_k_heads (llama.cpp's GGUF order) rather than
+    /// h / (num_v_heads / num_k_heads) (transformers').
+    pub v_heads_tiled: bool,
+}
+
+/// Record the Gated DeltaNet recurrence (see `shaders/gated_delta_net.wgsl`): qkv (tokens,
+/// 2 · k_heads · head_k + v_heads · head_v) F32 holds the convolved q, k and v; the raw β
+/// logit of v head h is `ba[t, ba_offset + h]` and its raw decay input `ba[t, ba_offset +
+/// v_heads + h]`; a_neg (-exp(A_log)) and dt_bias (v_heads) F32; the state (slots, v_heads,
+/// head_v, head_k) F32 is continued per sequence; y (tokens, v_heads · head_v) F32.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_net(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    shape: DeltaShape,
+    qkv: &GpuTensor,
+    ba: &GpuTensor,
+    ba_offset: usize,
+    a_neg: &GpuTensor,
+    dt_bias: &GpuTensor,
+    seqs: &SeqStates<'_>,
+    state: &GpuTensor,
+    y: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "gated_delta_net";
+    let DeltaShape { num_k_heads, num_v_heads, head_k_dim, head_v_dim, v_heads_tiled } = shape;
+    // The kernel reads q, k and the state four at a time.
+    let fours = head_k_dim % 4 == 0 && head_v_dim % 4 == 0 && head_k_dim > 0 && head_v_dim > 0;
+    if !fours || num_k_heads == 0 || num_v_heads % num_k_heads != 0 {
+        return Err(WeftError::shape(
+            OP,
+            format!(
+                "{num_k_heads} k heads of {head_k_dim}, {num_v_heads} v heads of {head_v_dim}: the v heads must be a \
+                 multiple of the k heads and both head sizes multiples of 4"
+            ),
+        ));
+    }
+    let width = num_v_heads * head_v_dim;
+    expect(OP, "y", y, DType::F32, &[None, Some(width)])?;
+    let rows = y.shape()[0];
+    expect(OP, "qkv", qkv, DType::F32, &[Some(rows), Some(2 * num_k_heads * head_k_dim + width)])?;
+    let ba_stride = columns(OP, "ba", ba, rows, ba_offset, 2 * num_v_heads)?;
+    expect(OP, "a_neg", a_neg, DType::F32, &[Some(num_v_heads)])?;
+    expect(OP, "dt_bias", dt_bias, DType::F32, &[Some(num_v_heads)])?;
+    expect(OP, "state", state, DType::F32, &[None, Some(num_v_heads), Some(head_v_dim), Some(head_k_dim)])?;
+    let num_seqs = seq_table(OP, seqs)?;
+    let params = DeltaParams {
+        k_heads: u32_of(OP, "k_heads", num_k_heads)?,
+        v_heads: u32_of(OP, "v_heads", num_v_heads)?,
+        head_k: u32_of(OP, "head_k", head_k_dim)?,
+        head_v: u32_of(OP, "head_v", head_v_dim)?,
+        ba_stride: u32_of(OP, "ba_stride", ba_stride)?,
+        ba_offset: u32_of(OP, "ba_offset", ba_offset)?,
+        tiled: u32::from(v_heads_tiled),
+    };
+    let bindings = [
+        qkv.single_part(OP)?.resource(ctx)?,
+        ba.single_part(OP)?.resource(ctx)?,
+        a_neg.single_part(OP)?.resource(ctx)?,
+        dt_bias.single_part(OP)?.resource(ctx)?,
+        seqs.seqs.single_part(OP)?.resource(ctx)?,
+        state.single_part(OP)?.resource(ctx)?,
+        y.single_part(OP)?.resource(ctx)?,
+    ];
+    let grid = [width.div_ceil(WORKGROUP) as u32, num_seqs, 1];
+    ctx.dispatch(rec, ShaderVariant::plain("gated_delta_net"), bytemuck::bytes_of(&params), bindings.into(), None, grid)
 }
 
 /// The shape of a Mamba2 layer's scan.
@@ -344,9 +429,18 @@ pub fn ssd_scan(
     Ok(())
 }
 
-/// Record `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns,
-/// with the gate read from `z[r, z_offset + i]`: x and y (rows, groups · group_size) F32, z
-/// (rows, _) F32, weight (groups · group_size) F32.
+/// Where [`gated_rms_norm`] applies its gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAt {
+    /// Mamba2's: `rms_norm(x · silu(z)) · weight`.
+    Input,
+    /// Qwen3.5's Gated DeltaNet: `rms_norm(x) · weight · silu(z)`.
+    Output,
+}
+
+/// Record `y = rms_norm_per_group(x · silu(z)) · weight` over groups of `group_size` columns
+/// (or with the gate after the norm, `at`), with the gate read from `z[r, z_offset + i]`: x
+/// and y (rows, groups · group_size) F32, z (rows, _) F32, weight (groups · group_size) F32.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_rms_norm(
     ctx: &GpuContext,
@@ -358,6 +452,7 @@ pub fn gated_rms_norm(
     group_size: usize,
     y: &GpuTensor,
     eps: f32,
+    at: GateAt,
 ) -> Result<()> {
     const OP: &str = "gated_rms_norm";
     expect(OP, "x", x, DType::F32, &[None, None])?;
@@ -374,6 +469,7 @@ pub fn gated_rms_norm(
         z_stride: u32_of(OP, "z_stride", z_stride)?,
         z_offset: u32_of(OP, "z_offset", z_offset)?,
         eps,
+        gate_after: u32::from(at == GateAt::Output),
     };
     let bindings = [
         x.single_part(OP)?.resource(ctx)?,

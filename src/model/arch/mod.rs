@@ -14,6 +14,7 @@ mod llama;
 mod mamba2;
 mod olmo2;
 mod phi3;
+mod qwen35;
 mod qwen3moe;
 
 pub use bert::BertModel;
@@ -25,6 +26,7 @@ pub use llama::LlamaModel;
 pub use mamba2::Mamba2Model;
 pub use olmo2::Olmo2Model;
 pub use qwen3moe::Qwen3MoeModel;
+pub use qwen35::Qwen35Model;
 
 use crate::error::{Result, WeftError};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
@@ -59,6 +61,9 @@ pub const SUPPORTED: &[&str] = &[
     "lfm2",
     "lfm2moe",
     "lfm2_moe",
+    "qwen35",
+    "qwen3_5",
+    "qwen3_5_text",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -140,6 +145,7 @@ fn load_layers(
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
         "lfm2" | "lfm2moe" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
+        "qwen35" | "qwen3_5" | "qwen3_5_text" => Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?)),
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }
