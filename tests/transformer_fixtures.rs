@@ -45,7 +45,8 @@
 //!   split `ffn_gate_exps` / `ffn_up_exps`), 32 greedy tokens. The smallest gap between a
 //!   token's second and third router logit is 1.4e-2; about 7% of the experts' gate/up values
 //!   reach the SwiGLU limit. `tests/fixtures/gpt_oss_mxfp4/` is the same model with MXFP4
-//!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks), GGUF only.
+//!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks and weft repacks
+//!   at load the same way), both checkpoints.
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -555,6 +556,14 @@ fn gpt_oss_mxfp4_experts_match_transformers() {
     }
     let Some(f) = factory() else { return };
     fixture_fidelity(&f, "gpt_oss_mxfp4", "model.gguf");
+}
+
+/// The same from the Hugging Face directory itself (transformers' `*_blocks` / `*_scales`,
+/// repacked at load as llama.cpp's converter does).
+#[test]
+fn gpt_oss_mxfp4_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fixture_fidelity(&f, "gpt_oss_mxfp4", "hf");
 }
 
 /// Both checkpoints read the same gpt-oss: sliding window 8 in layer 0 only, biases, YaRN

@@ -49,8 +49,8 @@ prompts reach.
 ``tests/fixtures/gpt_oss_mxfp4/`` (``--only gpt_oss_mxfp4``)
     The same gpt-oss with its experts in MXFP4, as OpenAI ships them: each expert weight
     rounded to the nearest E2M1 value under a power-of-two (E8M0) scale per 32 inputs, saved
-    as transformers' ``*_blocks`` / ``*_scales`` with ``quantization_config`` mxfp4 (the HF
-    directory is written to a temporary folder, not committed), read back by transformers
+    as transformers' ``*_blocks`` / ``*_scales`` with ``quantization_config`` mxfp4 (the layout
+    of OpenAI's own checkpoints), read back by transformers
     (``Mxfp4Config(dequantize=True)``: its own decoder gives the reference logits), and
     converted by llama.cpp, which repacks the blocks into GGUF MXFP4 ``ffn_*_exps``.
 
@@ -277,16 +277,14 @@ def mxfp4_blocks(w):
 
 def make_gpt_oss_mxfp4(llama_cpp: Path) -> None:
     """The gpt-oss fixture's model with MXFP4 experts (see the module's docstring)."""
-    import tempfile
-
     from safetensors.torch import load_file, save_file
     from transformers import GptOssForCausalLM, Mxfp4Config
 
     out = recurrent.FIXTURES / GPT_OSS_MXFP4
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        hf = Path(tmp) / "hf"
-        hf.mkdir()
+    if True:  # one block, as the HF directory's life spans the conversion
+        hf = out / "hf"
+        hf.mkdir(exist_ok=True)
         vocab = recurrent.tokenizer(hf)
         (hf / "tokenizer_config.json").write_text(json.dumps({
             "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",

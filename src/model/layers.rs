@@ -626,6 +626,57 @@ struct HostExperts<'a> {
     down_bias: Option<Vec<f32>>,    // (experts · hidden)
 }
 
+/// gpt-oss's MXFP4 experts as transformers stores them, `{name}_blocks` (experts, rows, cols /
+/// 32, 16) U8 (element 2i of a block in byte i's low nibble, 2i + 1 in its high one) and
+/// `{name}_scales` (experts, rows, cols / 32) U8 (E8M0), repacked into GGUF's MXFP4 blocks (the
+/// scale byte, then element j in byte j's low nibble and j + 16 in its high one: what
+/// llama.cpp's converter writes), with `interleaved` rows (gpt-oss's gate_up: gate, up, gate, …)
+/// reordered into each expert's gate rows then its up rows; `None` if the checkpoint has no
+/// blocks of that name.
+fn mxfp4_experts<'a>(
+    w: &Loader<'_>,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    interleaved: bool,
+) -> Result<Option<HostTensor<'a>>> {
+    let (blocks_name, scales_name) = (format!("{name}_blocks"), format!("{name}_scales"));
+    let Some((shape, blocks)) = w.source.get_u8(&blocks_name)? else { return Ok(None) };
+    let per_row = cols / crate::quant::QK;
+    let (scale_shape, scales) = w.source.get_u8(&scales_name)?.ok_or_else(|| w.missing_tensor(&scales_name))?;
+    if shape != [experts, rows, per_row, 16] || scale_shape != [experts, rows, per_row] {
+        return Err(crate::error::WeftError::model(
+            w.source.file(),
+            format!(
+                "{blocks_name} {shape:?} and {scales_name} {scale_shape:?} are not MXFP4 blocks of {experts} experts \
+                 of {rows} rows of {cols}"
+            ),
+        ));
+    }
+    let source_row = |r: usize| {
+        let (e, r) = (r / rows, r % rows);
+        let r = if interleaved && r < rows / 2 {
+            2 * r
+        } else if interleaved {
+            2 * (r - rows / 2) + 1
+        } else {
+            r
+        };
+        e * rows + r
+    };
+    let mut out = Vec::with_capacity(experts * rows * per_row * 17);
+    for r in (0..experts * rows).map(source_row) {
+        for b in 0..per_row {
+            let block = &blocks[(r * per_row + b) * 16..][..16];
+            let code = |k: usize| if k.is_multiple_of(2) { block[k / 2] & 0x0F } else { block[k / 2] >> 4 };
+            out.push(scales[r * per_row + b]);
+            out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+        }
+    }
+    Ok(Some(HostTensor { shape: vec![experts * rows, cols], dtype: crate::quant::DType::MXFP4, bytes: out.into() }))
+}
+
 impl MoeMlp {
     /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
     /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
@@ -740,49 +791,59 @@ impl MoeMlp {
             }
             (Checkpoint::HuggingFace, HfExperts::GptOss(prefix)) => {
                 let name = |part: &str| format!("{prefix}.{part}");
-                if w.source.get(&name("experts.gate_up_proj_blocks"))?.is_some() {
-                    return Err(crate::error::WeftError::model(
-                        file,
-                        "this gpt-oss checkpoint keeps its experts in MXFP4 (gate_up_proj_blocks and _scales), which \
-                         weft reads from GGUF only: convert it with llama.cpp's convert_hf_to_gguf.py, which keeps the \
-                         experts MXFP4",
-                    ));
-                }
-                // Input-major, gate and up in alternate columns: transposed on the host into
-                // each expert's gate rows, then its up rows.
-                let gate_up = w.named_f32(&name("experts.gate_up_proj"), &[experts, hidden, 2 * ff])?;
-                let gate_up_bias = w.named_f32(&name("experts.gate_up_proj_bias"), &[experts, 2 * ff])?;
-                let down = w.named_f32(&name("experts.down_proj"), &[experts, ff, hidden])?;
-                let column = |r: usize| if r < ff { 2 * r } else { 2 * (r - ff) + 1 };
-                let gate_up: Vec<f32> = (0..experts * 2 * ff)
-                    .flat_map(|row| {
-                        let (e, c) = (row / (2 * ff), column(row % (2 * ff)));
-                        (0..hidden).map(move |h| (e * hidden + h) * 2 * ff + c)
-                    })
-                    .map(|i| gate_up[i])
-                    .collect();
-                let gate_up_bias = (0..experts * 2 * ff)
-                    .map(|row| gate_up_bias[row / (2 * ff) * 2 * ff + column(row % (2 * ff))])
-                    .collect();
-                let down: Vec<f32> = (0..experts * hidden)
-                    .flat_map(|row| {
-                        let (e, h) = (row / hidden, row % hidden);
-                        (0..ff).map(move |f| (e * ff + f) * hidden + h)
-                    })
-                    .map(|i| down[i])
-                    .collect();
-                let f32_host = |shape: Vec<usize>, values: Vec<f32>| HostTensor {
-                    shape,
-                    dtype: crate::quant::DType::F32,
-                    bytes: bytemuck::cast_slice(&values).to_vec().into(),
+                let biases = || -> Result<(Vec<f32>, Vec<f32>)> {
+                    let gate_up = w.named_f32(&name("experts.gate_up_proj_bias"), &[experts, 2 * ff])?;
+                    let column = |r: usize| if r < ff { 2 * r } else { 2 * (r - ff) + 1 };
+                    let gate_up = (0..experts * 2 * ff).map(|r| gate_up[r / (2 * ff) * 2 * ff + column(r % (2 * ff))]);
+                    Ok((gate_up.collect(), w.named_f32(&name("experts.down_proj_bias"), &[experts, hidden])?))
                 };
-                HostExperts {
-                    router: name("router.weight"),
-                    router_bias: Some(name("router.bias")),
-                    gate_up: f32_host(vec![experts * 2 * ff, hidden], gate_up),
-                    gate_up_bias: Some(gate_up_bias),
-                    down: f32_host(vec![experts * hidden, ff], down),
-                    down_bias: Some(w.named_f32(&name("experts.down_proj_bias"), &[experts, hidden])?),
+                // OpenAI's checkpoints: MXFP4 blocks and scales, repacked into GGUF's MXFP4.
+                if let Some(gate_up) = mxfp4_experts(w, &name("experts.gate_up_proj"), experts, 2 * ff, hidden, true)? {
+                    let down = mxfp4_experts(w, &name("experts.down_proj"), experts, hidden, ff, false)?
+                        .ok_or_else(|| w.missing_tensor(&name("experts.down_proj_blocks")))?;
+                    let (gate_up_bias, down_bias) = biases()?;
+                    HostExperts {
+                        router: name("router.weight"),
+                        router_bias: Some(name("router.bias")),
+                        gate_up,
+                        gate_up_bias: Some(gate_up_bias),
+                        down,
+                        down_bias: Some(down_bias),
+                    }
+                } else {
+                    // Input-major, gate and up in alternate columns: transposed on the host into
+                    // each expert's gate rows, then its up rows.
+                    let gate_up = w.named_f32(&name("experts.gate_up_proj"), &[experts, hidden, 2 * ff])?;
+                    let down = w.named_f32(&name("experts.down_proj"), &[experts, ff, hidden])?;
+                    let column = |r: usize| if r < ff { 2 * r } else { 2 * (r - ff) + 1 };
+                    let gate_up: Vec<f32> = (0..experts * 2 * ff)
+                        .flat_map(|row| {
+                            let (e, c) = (row / (2 * ff), column(row % (2 * ff)));
+                            (0..hidden).map(move |h| (e * hidden + h) * 2 * ff + c)
+                        })
+                        .map(|i| gate_up[i])
+                        .collect();
+                    let down: Vec<f32> = (0..experts * hidden)
+                        .flat_map(|row| {
+                            let (e, h) = (row / hidden, row % hidden);
+                            (0..ff).map(move |f| (e * ff + f) * hidden + h)
+                        })
+                        .map(|i| down[i])
+                        .collect();
+                    let f32_host = |shape: Vec<usize>, values: Vec<f32>| HostTensor {
+                        shape,
+                        dtype: crate::quant::DType::F32,
+                        bytes: bytemuck::cast_slice(&values).to_vec().into(),
+                    };
+                    let (gate_up_bias, down_bias) = biases()?;
+                    HostExperts {
+                        router: name("router.weight"),
+                        router_bias: Some(name("router.bias")),
+                        gate_up: f32_host(vec![experts * 2 * ff, hidden], gate_up),
+                        gate_up_bias: Some(gate_up_bias),
+                        down: f32_host(vec![experts * hidden, ff], down),
+                        down_bias: Some(down_bias),
+                    }
                 }
             }
         };

@@ -47,8 +47,9 @@ pub fn check_gguf(gguf: &GgufFile) -> Result<()> {
     })
 }
 
-/// The safetensors element types weft reads (by safetensors' names); BF16 widens to F32.
-pub const SAFETENSORS_TYPES: [&str; 3] = ["F32", "F16", "BF16"];
+/// The safetensors element types weft reads (by safetensors' names); BF16 widens to F32; U8
+/// holds packed codes (gpt-oss's MXFP4 experts, `WeightSource::get_u8`).
+pub const SAFETENSORS_TYPES: [&str; 4] = ["F32", "F16", "BF16", "U8"];
 
 /// Weights of a Hugging Face model directory: `model.safetensors`, or the shards listed by
 /// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors (BF16 widens to F32).
@@ -122,6 +123,12 @@ impl WeightSource for SafetensorsWeights {
             safetensors::Dtype::BF16 => {
                 (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec()))
             }
+            safetensors::Dtype::U8 => {
+                return Err(WeftError::model(
+                    &self.dir,
+                    format!("tensor {name} is U8; weft reads U8 tensors only as gpt-oss's MXFP4 experts"),
+                ));
+            }
             other => {
                 return Err(WeftError::model(
                     &self.dir,
@@ -130,6 +137,15 @@ impl WeightSource for SafetensorsWeights {
             }
         };
         Ok(Some(HostTensor { shape: shape.clone(), dtype, bytes }))
+    }
+
+    fn get_u8(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
+        match self.tensors.get(name) {
+            Some((shard, safetensors::Dtype::U8, shape, range)) => {
+                Ok(Some((shape.clone(), &self.shards[*shard][range.clone()])))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn release_pages(&self) {

@@ -174,6 +174,13 @@ impl WeightSource for Renamed<'_> {
         }
     }
 
+    fn get_u8(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
+        match (self.rename)(self.checkpoint(), name) {
+            Some(own) => self.source.get_u8(&own),
+            None => self.source.get_u8(name),
+        }
+    }
+
     fn release_pages(&self) {
         self.source.release_pages()
     }
@@ -193,6 +200,11 @@ pub trait WeightSource {
     fn file(&self) -> &str;
     /// The tensor called `name`, `None` if absent; BF16 arrives widened to F32.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
+    /// The shape and bytes of the U8 tensor called `name` (packed codes: a safetensors
+    /// checkpoint's MXFP4 blocks and scales), `None` if absent or not U8.
+    fn get_u8(&self, _name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
+        Ok(None)
+    }
     /// The tensors read so far are on the GPU: drop the host pages they were read from, where
     /// the source maps files (they are read back if asked for again).
     fn release_pages(&self) {}
@@ -273,6 +285,11 @@ impl Loader<'_> {
     /// The host tensor called `name`, which must have `shape`.
     pub(crate) fn named_host(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'_>> {
         Ok(self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
+    }
+
+    /// The error for a required tensor the checkpoint lacks.
+    pub(crate) fn missing_tensor(&self, name: &str) -> WeftError {
+        self.missing(name)
     }
 
     fn missing(&self, name: &str) -> WeftError {

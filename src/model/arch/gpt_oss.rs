@@ -1,6 +1,6 @@
 //! OpenAI's gpt-oss (gpt-oss-20b, gpt-oss-120b) as one forward pass recorded on the GPU, from
-//! llama.cpp's GGUF layout (`gpt-oss`) or a Hugging Face directory (`gpt_oss`, unquantized
-//! experts).
+//! llama.cpp's GGUF layout (`gpt-oss`) or a Hugging Face directory (`gpt_oss`: experts
+//! unquantized, or MXFP4 as OpenAI ships them).
 //!
 //! Reference: transformers' `models/gpt_oss/modeling_gpt_oss.py` (`GptOssForCausalLM`) and
 //! llama.cpp's `openai-moe` graph (`src/models/openai-moe.cpp`). Biased q/k/v/o projections,
