@@ -245,6 +245,16 @@ impl ModelFiles {
         rope + tensors
     }
 
+    /// The bytes of the checkpoint's largest tensor as the file holds it: what loading may hold
+    /// on the host at once beside a fixed staging ring.
+    pub fn largest_tensor_bytes(&self) -> u64 {
+        match &self.checkpoint {
+            Checkpointed::Gguf(gguf) => gguf.tensors.iter().map(|t| t.size_bytes()).max(),
+            Checkpointed::HuggingFace(weights) => weights.tensors.values().map(|(_, _, _, r)| r.len() as u64).max(),
+        }
+        .unwrap_or(0)
+    }
+
     /// Upload the weights as the model's architecture (no KV pool, no executor).
     pub fn architecture(
         &self,
@@ -252,9 +262,11 @@ impl ModelFiles {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn crate::model::arch::Architecture>> {
         let config = self.config.clone();
-        match &self.checkpoint {
+        let model = match &self.checkpoint {
             Checkpointed::Gguf(gguf) => crate::model::arch::load(config, &GgufWeights { gguf }, factory, progress),
             Checkpointed::HuggingFace(weights) => crate::model::arch::load(config, weights, factory, progress),
-        }
+        }?;
+        factory.finish_uploads()?;
+        Ok(model)
     }
 }
