@@ -57,6 +57,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("ssd_state_pass.wgsl", include_str!("../../shaders/ssd_state_pass.wgsl")),
     ("ssm_conv.wgsl", include_str!("../../shaders/ssm_conv.wgsl")),
     ("ssm_scan.wgsl", include_str!("../../shaders/ssm_scan.wgsl")),
+    ("formats/bf16.wgsl", include_str!("../../shaders/formats/bf16.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
     ("formats/iq2_s.wgsl", include_str!("../../shaders/formats/iq2_s.wgsl")),

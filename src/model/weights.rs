@@ -187,7 +187,7 @@ pub trait WeightSource {
     fn checkpoint(&self) -> Checkpoint;
     /// The file or directory, for error messages.
     fn file(&self) -> &str;
-    /// The tensor called `name`, `None` if absent; BF16 arrives widened to F32.
+    /// The tensor called `name`, `None` if absent, in its own format.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
     /// The tensors read so far are on the GPU: drop the host pages they were read from, where
     /// the source maps files (they are read back if asked for again).
@@ -389,7 +389,7 @@ pub fn upload_experts(
     joined.ok_or_else(|| WeftError::model(file, format!("{name} holds no experts")))
 }
 
-/// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.
+/// A norm weight's or bias's values: F32, F16 or BF16, widened on the host; never quantized.
 fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> {
     if t.dtype.is_quantized() {
         return Err(WeftError::model(
