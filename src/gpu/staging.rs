@@ -4,11 +4,13 @@
 //!
 //! Why not wgpu's own staging: a buffer mapped at creation that the host cannot map (a storage
 //! buffer) gets a staging copy wgpu keeps until a submission carries it and a poll sees it done,
-//! and `Queue::write_texture` / `write_buffer` copy into staging memory kept the same way; its
-//! size is whatever was queued in between, and the memory it came from stays with wgpu's
-//! allocator after. Flushing that every 16 MiB did not bound a load (an 8B-shaped model held
-//! 1.2 GiB on the host beside its weights): the ring never allocates after its first use, and a
-//! slot is reused only once the GPU has copied out of it.
+//! and `Queue::write_texture` / `write_buffer` copy into staging memory kept the same way, in
+//! memory wgpu allocates per write. Flushing that every 16 MiB did not bound a load: an
+//! 8B-shaped model's load held 1200 MiB on the host beside its weights (measured by
+//! `tests/load_memory.rs`: 681 MiB of it the model file's pages, which the loader now drops
+//! after each matrix, and about 400 MiB more anonymous memory than the ring's load holds, which
+//! was not traced further). The ring allocates nothing after its first use, and a slot is
+//! reused only once the GPU has copied out of it: the same load holds 487 MiB.
 //!
 //! Each piece is written into a mapped slot, unmapped, copied by its own submission into the
 //! destination, and the slot asked to map again; taking a slot whose copy is still in flight
