@@ -441,6 +441,8 @@ impl EngineBuilder {
         // Compile now what serving will dispatch, not during the first requests.
         let (max_tokens, max_seqs) = (self.config.max_num_batched_tokens, self.config.max_num_seqs);
         exec.warm_up(max_tokens, max_seqs)?;
+        // The pools' and workspace's uploads are done too: free the staging they went through.
+        factory.context().finish_uploads()?;
         let sampler = Arc::new(GpuSampler);
         let modules = std::mem::take(&mut self.lora_modules);
         let with_adapters = |engine: ContinuousBatchEngine| -> Result<ContinuousBatchEngine> {

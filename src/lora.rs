@@ -278,12 +278,7 @@ impl LoraAdapter {
                 )));
             }
             let bytes = gguf.tensor_bytes(info);
-            let values = match info.dtype()? {
-                crate::model::gguf::TensorDType::Native(dtype) => crate::quant::dequantize(dtype, bytes)?,
-                crate::model::gguf::TensorDType::Bf16 => {
-                    to_f32(safetensors::Dtype::BF16, bytes).ok_or_else(|| bad("bad BF16 data".into()))?
-                }
-            };
+            let values = crate::quant::dequantize(info.dtype()?, bytes)?;
             put(&mut found, layer, target, which, r, values, shape).map_err(bad)?;
         }
         let rank = rank.ok_or_else(|| bad("no LoRA tensors".into()))?;

@@ -20,6 +20,12 @@ pub trait TensorFactory: Send + Sync {
         self.upload(shape, dtype, bytes)
     }
 
+    /// Uploading is done for now (a model is loaded): wait for the copies in flight and free
+    /// what staged them.
+    fn finish_uploads(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// F32 zeros for activations: like `zeros(shape, F32)`, but the factory may make them
     /// readable in the ways its device's matmul reads fastest (uniform windows on CPU drivers).
     fn activations(&self, shape: &[usize]) -> Result<GpuTensor> {

@@ -37,3 +37,27 @@ fn every_format_decodes_as_gguf_py_does() {
     let quantized = DType::WEIGHTS.iter().filter(|d| d.is_quantized()).count();
     assert_eq!(checked.len(), quantized - 1, "formats checked (all but Q8_K): {checked:?}");
 }
+
+/// BF16, which stays 16-bit on the GPU: weft decodes gguf-py's bytes to gguf-py's values, and
+/// rounds the source values to gguf-py's bytes (nearest, ties to even), exactly.
+#[test]
+fn bf16_decodes_and_encodes_as_gguf_py_does() {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/quants/blocks.json")).unwrap();
+    let fixtures: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let entry = &fixtures["BF16"];
+    let floats = |key: &str| -> Vec<f32> {
+        unhex(entry[key].as_str().unwrap())
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let bytes = unhex(entry["bytes"].as_str().unwrap());
+    let (want, source) = (floats("values_f32_le"), floats("source_f32_le"));
+    let got = weft::quant::dequantize(DType::BF16, &bytes).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g.to_bits() == w.to_bits(), "element {i}: weft {g} vs gguf-py {w}");
+    }
+    assert_eq!(weft::quant::quantize(DType::BF16, &source).unwrap(), bytes, "weft's rounding to BF16");
+}

@@ -9,6 +9,11 @@ f16 scale fields, which get finite values of a sane size (random scales could be
 infinity, which real files never hold; MXFP4's exponent likewise): every other bit pattern of codes, sub-block scales and
 mins is valid, so random bytes cover the layouts better than any encoder's output.
 
+BF16 (kept 16-bit on the GPU, so its decoder is weft's too) gets an entry of its own, drawn after
+the others so theirs stay as they were: finite f32 values of many magnitudes, their BF16 bytes
+as gguf-py rounds them (`source_f32_le` keeps the values, for weft's encoder), and the values
+those bytes decode to.
+
 Q8_K has no gguf-py dequantizer (ggml only uses it for activations); tests/quant_fixtures.rs
 checks it by hand.
 
@@ -25,7 +30,7 @@ import os
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGML_QUANT_SIZES
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "quants", "blocks.json")
@@ -122,6 +127,16 @@ def main():
         values = dequantize(raw.reshape(-1), qtype).astype(np.float32).reshape(-1)
         assert values.size == n * block_elems and np.isfinite(values).all()
         out[qtype.name] = {"bytes": raw.tobytes().hex(), "values_f32_le": values.tobytes().hex()}
+    values = rng.standard_normal(256) * np.exp2(rng.integers(-30, 30, size=256))
+    values = values.astype(np.float32)
+    raw = quantize(values, T.BF16)
+    decoded = dequantize(raw, T.BF16).astype(np.float32).reshape(-1)
+    assert np.isfinite(decoded).all()
+    out["BF16"] = {
+        "bytes": raw.tobytes().hex(),
+        "values_f32_le": decoded.tobytes().hex(),
+        "source_f32_le": values.tobytes().hex(),
+    }
     with open(OUT, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

@@ -169,7 +169,8 @@ fn reported_memory(_: &wgpu::Adapter) -> Option<u64> {
     None
 }
 
-/// Queued upload bytes [`GpuContext::staged_upload`] lets wgpu hold before it flushes them.
+/// Queued upload bytes [`GpuContext::staged_upload`] lets the browser hold before it flushes them.
+#[cfg(target_arch = "wasm32")]
 const STAGING_FLUSH_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, Default)]
@@ -201,8 +202,12 @@ pub struct GpuContext {
     /// The IQ codebooks ([`super::pipelines::codebook_words`]), made for the first dispatch
     /// whose decoder reads them.
     codebooks: std::sync::OnceLock<wgpu::Buffer>,
-    /// Bytes queued through wgpu's staging memory (texture uploads) since the last flush.
+    /// Bytes queued through the browser's staging memory (texture uploads) since the last flush.
+    #[cfg(target_arch = "wasm32")]
     staged: AtomicU64,
+    /// Natively, the staging ring uploads go through (`staging.rs`), while a load lasts.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) staging: Mutex<Option<super::staging::Ring>>,
     /// Command submissions so far (each a round trip when waited for).
     submissions: AtomicU64,
     /// Why the device was lost, once it is (wgpu's device-lost callback).
@@ -301,7 +306,10 @@ impl GpuContext {
             pipelines: PipelineCache::default(),
             creations: CreationCounters::default(),
             codebooks: std::sync::OnceLock::new(),
+            #[cfg(target_arch = "wasm32")]
             staged: AtomicU64::new(0),
+            #[cfg(not(target_arch = "wasm32"))]
+            staging: Mutex::new(None),
             submissions: AtomicU64::new(0),
             lost,
             uncaptured,
@@ -539,20 +547,23 @@ impl GpuContext {
         self.uncaptured.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    /// Count `bytes` just queued through wgpu's staging memory, and past [`STAGING_FLUSH_BYTES`]
-    /// submit them and wait, which frees that memory: wgpu keeps every queued write's copy until
-    /// a submission carries it, so a model's weights loaded into textures would otherwise all
-    /// sit in host memory twice until the first step (the default model: ~100 MB more peak RSS).
+    /// Count `bytes` just queued through the browser's staging memory, and past
+    /// [`STAGING_FLUSH_BYTES`] submit them, so that the browser can free that memory as the
+    /// copies complete rather than at the first step.
+    #[cfg(target_arch = "wasm32")]
     pub(crate) fn staged_upload(&self, bytes: u64) -> Result<()> {
         if self.staged.fetch_add(bytes, Ordering::Relaxed) + bytes < STAGING_FLUSH_BYTES {
             return Ok(());
         }
         self.staged.store(0, Ordering::Relaxed);
-        self.submit_commands([])?;
+        self.submit_commands([])
+    }
+
+    /// Uploading is done (a model is loaded): wait for the copies in flight and free the
+    /// staging ring natively (`staging.rs`); the next upload makes it again.
+    pub fn finish_uploads(&self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| WeftError::Gpu { context: "uploading weights".into(), reason: e.to_string() })?;
+        self.release_staging()?;
         Ok(())
     }
 

@@ -11,6 +11,8 @@ mod pipelines;
 mod plan;
 mod probe;
 mod recording;
+#[cfg(not(target_arch = "wasm32"))]
+mod staging;
 mod tensor;
 
 #[cfg(not(target_arch = "wasm32"))]

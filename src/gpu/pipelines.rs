@@ -59,6 +59,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("gated_delta_net.wgsl", include_str!("../../shaders/gated_delta_net.wgsl")),
     ("sigmoid_mul.wgsl", include_str!("../../shaders/sigmoid_mul.wgsl")),
     ("ssm_scan.wgsl", include_str!("../../shaders/ssm_scan.wgsl")),
+    ("formats/bf16.wgsl", include_str!("../../shaders/formats/bf16.wgsl")),
     ("formats/f16.wgsl", include_str!("../../shaders/formats/f16.wgsl")),
     ("formats/f32.wgsl", include_str!("../../shaders/formats/f32.wgsl")),
     ("formats/iq2_s.wgsl", include_str!("../../shaders/formats/iq2_s.wgsl")),

@@ -43,16 +43,26 @@ const UPLOAD_CHUNK_BYTES: usize = 1 << 20;
 /// The bytes of whole rows (`row_bytes` each, `unit` bytes per block) in groups of
 /// [`INTERLEAVE`], the last group padded with zero rows.
 pub(crate) fn interleave_rows(src: &[u8], row_bytes: usize, unit: usize) -> Vec<u8> {
-    let rows = src.len() / row_bytes;
+    let mut out = vec![0u8; (src.len() / row_bytes).div_ceil(INTERLEAVE) * INTERLEAVE * row_bytes];
+    interleave_rows_into(src, row_bytes, unit, &mut wgpu::WriteOnly::from(&mut out[..]));
+    out
+}
+
+/// [`interleave_rows`] into `out`, which holds exactly the groups (zeroed here where the last
+/// one is padded).
+fn interleave_rows_into(src: &[u8], row_bytes: usize, unit: usize, out: &mut wgpu::WriteOnly<'_, [u8]>) {
     let group_bytes = INTERLEAVE * row_bytes;
-    let mut out = vec![0u8; rows.div_ceil(INTERLEAVE) * group_bytes];
+    if !src.len().is_multiple_of(group_bytes) {
+        let last = src.len() / group_bytes * group_bytes;
+        out.slice(last..).fill(0);
+    }
     for (r, row) in src.chunks_exact(row_bytes).enumerate() {
         let at = r / INTERLEAVE * group_bytes + r % INTERLEAVE * unit;
         for (u, block) in row.chunks_exact(unit).enumerate() {
-            out[at + u * INTERLEAVE * unit..][..unit].copy_from_slice(block);
+            let at = at + u * INTERLEAVE * unit;
+            out.slice(at..at + unit).copy_from_slice(block);
         }
     }
-    out
 }
 
 /// `rows` rows in row-major order from `groups`, whole groups of [`interleave_rows`], starting
@@ -417,22 +427,16 @@ impl GpuTensorFactory {
                     }
                     self.ctx.creations.buffers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.ctx.creations.bytes.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-                    // Mapped at creation: the bytes go straight from the model file into the
-                    // buffer, with no staging copy on the host.
+                    // In the browser, mapped at creation: the bytes go from WebAssembly memory
+                    // into the browser's mapping. Natively through the staging ring.
                     let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("tensor"),
                         size,
                         usage,
-                        mapped_at_creation: src.is_some(),
+                        mapped_at_creation: cfg!(target_arch = "wasm32") && src.is_some(),
                     });
                     if let Some(src) = src {
-                        let mut view = buffer
-                            .slice(..)
-                            .get_mapped_range_mut()
-                            .map_err(|e| WeftError::Gpu { context: "upload".into(), reason: e.to_string() })?;
-                        view.slice(..src.len()).copy_from_slice(src);
-                        drop(view);
-                        buffer.unmap();
+                        self.fill_buffer(&buffer, src)?;
                     }
                     PartStorage::Buffer(buffer)
                 }
@@ -471,14 +475,7 @@ impl GpuTensorFactory {
             view_formats: &[],
         });
         match (src, grouped) {
-            (Some(src), Some((weight_row, unit))) => {
-                // A few groups at a time, so that a large tensor is never on the host twice.
-                let group_bytes = INTERLEAVE * weight_row;
-                let chunk = (UPLOAD_CHUNK_BYTES / group_bytes).max(1) * group_bytes;
-                for (i, rows) in src.chunks(chunk).enumerate() {
-                    self.write_texture_bytes(&texture, (i * chunk) as u64, &interleave_rows(rows, weight_row, unit))?;
-                }
-            }
+            (Some(src), Some((weight_row, unit))) => self.write_grouped(&texture, src, weight_row, unit)?,
             (Some(src), None) => self.write_texture_bytes(&texture, 0, src)?,
             (None, _) => {}
         }
@@ -486,9 +483,62 @@ impl GpuTensorFactory {
         Ok(PartStorage::Texture(texture, view))
     }
 
+    /// `src` into a new buffer: natively through the staging ring; in the browser into the
+    /// buffer's mapping at creation.
+    fn fill_buffer(&self, buffer: &wgpu::Buffer, src: &[u8]) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.ctx.upload_bytes(super::staging::Destination::Buffer(buffer), 0, src)?;
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut view = buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| WeftError::Gpu { context: "upload".into(), reason: e.to_string() })?;
+            view.slice(..src.len()).copy_from_slice(src);
+            drop(view);
+            buffer.unmap();
+        }
+        Ok(())
+    }
+
+    /// Whole rows `src` (`row_bytes` each) into `texture` in groups of [`INTERLEAVE`] rows
+    /// ([`interleave_rows`]), a few groups at a time so that a large tensor is never on the host
+    /// twice: natively straight into the staging ring's memory.
+    fn write_grouped(&self, texture: &wgpu::Texture, src: &[u8], row_bytes: usize, unit: usize) -> Result<()> {
+        let group_bytes = INTERLEAVE * row_bytes;
+        #[cfg(not(target_arch = "wasm32"))]
+        if group_bytes as u64 <= super::staging::SLOT_BYTES {
+            // Output group g holds source rows 16g..16g + 16: the same byte range, interleaved.
+            let piece = (super::staging::SLOT_BYTES / group_bytes as u64) * group_bytes as u64;
+            let len = src.len().div_ceil(group_bytes) * group_bytes;
+            return self.ctx.upload_with(
+                super::staging::Destination::Texture(texture),
+                0,
+                len as u64,
+                piece,
+                &mut |range, out| {
+                    let rows = &src[range.start as usize..(range.end as usize).min(src.len())];
+                    interleave_rows_into(rows, row_bytes, unit, out);
+                },
+            );
+        }
+        let chunk = (UPLOAD_CHUNK_BYTES / group_bytes).max(1) * group_bytes;
+        for (i, rows) in src.chunks(chunk).enumerate() {
+            self.write_texture_bytes(texture, (i * chunk) as u64, &interleave_rows(rows, row_bytes, unit))?;
+        }
+        Ok(())
+    }
+
+    /// `data` into `texture` from byte `at` on (a whole texel), through the staging ring.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn write_texture_bytes(&self, texture: &wgpu::Texture, at: u64, data: &[u8]) -> Result<()> {
+        self.ctx.upload_bytes(super::staging::Destination::Texture(texture), at, data)
+    }
+
     /// Queue `data` into `texture` from byte `at` on (a whole texel) as the rectangles a texture
     /// write takes (the rest of a texel row, whole rows, the start of a row), a last partial
-    /// texel padded with zeros.
+    /// texel padded with zeros: the browser's staging.
+    #[cfg(target_arch = "wasm32")]
     fn write_texture_bytes(&self, texture: &wgpu::Texture, at: u64, data: &[u8]) -> Result<()> {
         let texel = u64::from(texture.format().block_copy_size(None).unwrap_or(16));
         let row = texture_row_bytes(texture.format());
@@ -584,6 +634,10 @@ impl TensorFactory for GpuTensorFactory {
     fn upload_weight(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
         let kind = if self.ctx.reads_textures() && dtype != DType::U32 { Kind::Texture } else { Kind::Buffer };
         self.create(shape, dtype, Some(bytes), kind)
+    }
+
+    fn finish_uploads(&self) -> Result<()> {
+        self.ctx.finish_uploads()
     }
 
     fn zeros(&self, shape: &[usize], dtype: DType) -> Result<GpuTensor> {

@@ -62,7 +62,7 @@ impl ModelReport {
 /// One line each, for `weft info`.
 pub fn supported() -> String {
     format!(
-        "architectures: {}\nGGUF types:    {} (BF16 widened to F32)\nsafetensors:   {}",
+        "architectures: {}\nGGUF types:    {}\nsafetensors:   {}",
         SUPPORTED.join(", "),
         decoded_types().join(", "),
         SAFETENSORS_TYPES.join(", ")

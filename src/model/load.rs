@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::error::{Result, WeftError};
-use crate::model::gguf::{GgufFile, TensorDType};
+use crate::model::gguf::GgufFile;
 use crate::model::weights::{Checkpoint, HostTensor, WeightSource};
 use crate::quant::DType;
 
@@ -25,13 +25,7 @@ impl WeightSource for GgufWeights<'_> {
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>> {
         let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
         let bytes = self.gguf.tensor_bytes(info);
-        let (dtype, bytes) = match info.dtype()? {
-            TensorDType::Native(dtype) => (dtype, Cow::Borrowed(bytes)),
-            TensorDType::Bf16 => {
-                (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec()))
-            }
-        };
-        Ok(Some(HostTensor { shape: info.shape(), dtype, bytes }))
+        Ok(Some(HostTensor { shape: info.shape(), dtype: info.dtype()?, bytes: Cow::Borrowed(bytes) }))
     }
 
     fn release_pages(&self) {
@@ -47,12 +41,12 @@ pub fn check_gguf(gguf: &GgufFile) -> Result<()> {
     })
 }
 
-/// The safetensors element types weft reads (by safetensors' names); BF16 widens to F32; U8
+/// The safetensors element types weft reads (by safetensors' names), each kept as it is; U8
 /// holds packed codes (gpt-oss's MXFP4 experts, `WeightSource::get_u8`).
 pub const SAFETENSORS_TYPES: [&str; 4] = ["F32", "F16", "BF16", "U8"];
 
 /// Weights of a Hugging Face model directory: `model.safetensors`, or the shards listed by
-/// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors (BF16 widens to F32).
+/// `model.safetensors.index.json`, memory-mapped. F32, F16 and BF16 tensors.
 pub struct SafetensorsWeights {
     dir: String,
     shards: Vec<crate::rt::MappedFile>,
@@ -120,9 +114,7 @@ impl WeightSource for SafetensorsWeights {
         let (dtype, bytes) = match dtype {
             safetensors::Dtype::F32 => (DType::F32, Cow::Borrowed(bytes)),
             safetensors::Dtype::F16 => (DType::F16, Cow::Borrowed(bytes)),
-            safetensors::Dtype::BF16 => {
-                (DType::F32, Cow::Owned(bytemuck::cast_slice(&crate::quant::bf16_to_f32(bytes)).to_vec()))
-            }
+            safetensors::Dtype::BF16 => (DType::BF16, Cow::Borrowed(bytes)),
             safetensors::Dtype::U8 => {
                 return Err(WeftError::model(
                     &self.dir,
@@ -240,7 +232,7 @@ impl ModelFiles {
     }
 
     /// About the bytes the weights take on the device, from the checkpoint's headers: each
-    /// tensor's bytes in the file (BF16 safetensors twice theirs: they are converted to F32)
+    /// tensor's bytes in the file
     /// and the RoPE tables (f32 cos and sin of up to 32k positions; Gemma 3 has two). What
     /// [`architecture`](Self::architecture) uploads, before uploading it.
     pub fn weight_bytes_estimate(&self) -> u64 {
@@ -249,16 +241,21 @@ impl ModelFiles {
         let rope = (num_tables * c.max_position_embeddings.min(32768) * c.head_dim * 4) as u64;
         let tensors: u64 = match &self.checkpoint {
             Checkpointed::Gguf(gguf) => gguf.tensors.iter().map(|t| t.size_bytes()).sum(),
-            Checkpointed::HuggingFace(weights) => weights
-                .tensors
-                .values()
-                .map(|(_, dtype, _, range)| {
-                    let bytes = range.len() as u64;
-                    if *dtype == safetensors::Dtype::BF16 { 2 * bytes } else { bytes }
-                })
-                .sum(),
+            Checkpointed::HuggingFace(weights) => {
+                weights.tensors.values().map(|(_, _, _, range)| range.len() as u64).sum()
+            }
         };
         rope + tensors
+    }
+
+    /// The bytes of the checkpoint's largest tensor as the file holds it: what loading may hold
+    /// on the host at once beside a fixed staging ring.
+    pub fn largest_tensor_bytes(&self) -> u64 {
+        match &self.checkpoint {
+            Checkpointed::Gguf(gguf) => gguf.tensors.iter().map(|t| t.size_bytes()).max(),
+            Checkpointed::HuggingFace(weights) => weights.tensors.values().map(|(_, _, _, r)| r.len() as u64).max(),
+        }
+        .unwrap_or(0)
     }
 
     /// Upload the weights as the model's architecture (no KV pool, no executor).
@@ -268,9 +265,11 @@ impl ModelFiles {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Box<dyn crate::model::arch::Architecture>> {
         let config = self.config.clone();
-        match &self.checkpoint {
+        let model = match &self.checkpoint {
             Checkpointed::Gguf(gguf) => crate::model::arch::load(config, &GgufWeights { gguf }, factory, progress),
             Checkpointed::HuggingFace(weights) => crate::model::arch::load(config, weights, factory, progress),
-        }
+        }?;
+        factory.finish_uploads()?;
+        Ok(model)
     }
 }

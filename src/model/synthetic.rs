@@ -139,6 +139,7 @@ fn file_type(dtype: DType) -> u32 {
     match dtype {
         DType::F32 => 0,
         DType::F16 => 1,
+        DType::BF16 => 32,
         DType::Q4_0 => 2,
         DType::Q4_1 => 3,
         DType::Q8_0 => 7,
@@ -444,10 +445,7 @@ mod tests {
             assert_eq!(c.tie_word_embeddings, shape.tie_word_embeddings);
             assert_eq!(c.attention_bias, shape.attention_bias);
             assert_eq!(c.rope_scaling.is_some(), shape.llama3_rope.is_some());
-            assert_eq!(
-                file.tensor("blk.1.ffn_down.weight").unwrap().dtype().unwrap(),
-                crate::model::gguf::TensorDType::Native(dtype)
-            );
+            assert_eq!(file.tensor("blk.1.ffn_down.weight").unwrap().dtype().unwrap(), dtype);
             assert_eq!(file.tensor("token_embd.weight").unwrap().shape(), vec![300, 64]);
             let tokenizer = HfTokenizer::from_gguf_metadata(&file.metadata).unwrap();
             assert_eq!(tokenizer.vocab_size(), 300);

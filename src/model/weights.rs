@@ -198,7 +198,7 @@ pub trait WeightSource {
     fn checkpoint(&self) -> Checkpoint;
     /// The file or directory, for error messages.
     fn file(&self) -> &str;
-    /// The tensor called `name`, `None` if absent; BF16 arrives widened to F32.
+    /// The tensor called `name`, `None` if absent, in its own format.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
     /// The shape and bytes of the U8 tensor called `name` (packed codes: a safetensors
     /// checkpoint's MXFP4 blocks and scales), `None` if absent or not U8.
@@ -243,20 +243,20 @@ impl Loader<'_> {
     /// A weight matrix or embedding table, kept in the checkpoint's format.
     pub fn matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<GpuTensor> {
         let (name, t) = self.required_host(layer, part, shape)?;
-        upload_matrix(self.source.file(), &name, &t, self.factory)
+        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
     }
 
     /// The tensor called `name`, a matrix of `shape` kept in the checkpoint's format (for
     /// architectures whose names are not the Llama family's).
     pub fn named_matrix(&self, name: &str, shape: &[usize]) -> Result<GpuTensor> {
         let (name, t) = self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
-        upload_matrix(self.source.file(), &name, &t, self.factory)
+        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
     }
 
     /// The tensor called `name`, if present, as a matrix of `shape`.
     pub fn optional_named_matrix(&self, name: &str, shape: &[usize]) -> Result<Option<GpuTensor>> {
         match self.host_named(name.to_string(), shape)? {
-            Some((name, t)) => upload_matrix(self.source.file(), &name, &t, self.factory).map(Some),
+            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
             None => Ok(None),
         }
     }
@@ -292,6 +292,14 @@ impl Loader<'_> {
         self.missing(name)
     }
 
+    /// `uploaded`, once the source has dropped the host pages its bytes were read from: a
+    /// load holds the file's pages of one matrix at a time (the largest tensor), not of a
+    /// whole layer.
+    fn released(&self, uploaded: Result<GpuTensor>) -> Result<GpuTensor> {
+        self.source.release_pages();
+        uploaded
+    }
+
     fn missing(&self, name: &str) -> WeftError {
         WeftError::model(self.source.file(), format!("tensor {name} is missing"))
     }
@@ -305,7 +313,7 @@ impl Loader<'_> {
     /// A matrix that may be absent (an untied LM head).
     pub fn optional_matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<GpuTensor>> {
         match self.host(layer, part, shape)? {
-            Some((name, t)) => upload_matrix(self.source.file(), &name, &t, self.factory).map(Some),
+            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
             None => Ok(None),
         }
     }
@@ -346,6 +354,8 @@ impl Loader<'_> {
         } else {
             hosts.iter().map(|(name, t)| upload_matrix(file, name, t, self.factory)).collect::<Result<_>>()?
         };
+        drop(hosts);
+        self.source.release_pages();
         let bias = match biases {
             Some(biases) => {
                 let mut values = Vec::new();
@@ -407,7 +417,7 @@ pub fn upload_experts(
     joined.ok_or_else(|| WeftError::model(file, format!("{name} holds no experts")))
 }
 
-/// A norm weight's or bias's values: F32, F16 or BF16 (widened at load); never quantized.
+/// A norm weight's or bias's values: F32, F16 or BF16, widened on the host; never quantized.
 fn float_values(file: &str, name: &str, t: &HostTensor<'_>) -> Result<Vec<f32>> {
     if t.dtype.is_quantized() {
         return Err(WeftError::model(

@@ -18,6 +18,7 @@
 //! Adding a format: a file here with its [`Format`], a line in [`FORMATS`] and a variant of
 //! [`DType`], and its decoder in `shaders/formats/`.
 
+mod bf16;
 mod f16;
 mod f32;
 mod iq2_s;
@@ -55,6 +56,8 @@ pub const QK_K: usize = 256;
 pub enum DType {
     F32,
     F16,
+    /// bfloat16: kept 16-bit on the GPU, widened exactly by its decoder.
+    BF16,
     Q8_0,
     Q4_0,
     Q4_1,
@@ -95,9 +98,10 @@ pub struct Format {
 }
 
 /// Every weight format, in the order tests and shader variants enumerate them.
-pub const FORMATS: [&Format; 20] = [
+pub const FORMATS: [&Format; 21] = [
     &f32::FORMAT,
     &f16::FORMAT,
+    &bf16::FORMAT,
     &q8_0::FORMAT,
     &q4_0::FORMAT,
     &q4_1::FORMAT,
@@ -206,11 +210,6 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(dtype.size_bytes(values.len())?);
     (format.encode)(values, &mut out);
     Ok(out)
-}
-
-/// BF16 has no storage type of its own on the GPU: it widens exactly to F32 at load.
-pub fn bf16_to_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
 }
 
 /// An f16 stored little-endian at `bytes[at..at + 2]`, as f32.
@@ -372,6 +371,7 @@ mod tests {
                 let step = match dtype {
                     DType::F32 => 0.0,
                     DType::F16 => amax / 1024.0,
+                    DType::BF16 => amax / 128.0,
                     DType::Q8_0 => amax / 127.0,
                     // Codes run from -8 to 7 with the extreme at -8, so a value of the opposite
                     // sign and equal magnitude clamps a whole step short: allow two half steps.

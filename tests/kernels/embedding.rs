@@ -41,7 +41,7 @@ fn unhex(s: &str) -> Vec<u8> {
 
 /// The shader decoders against outside truth directly: the blocks of
 /// `tests/fixtures/quants/blocks.json` (gguf-py's dequantizers, see `tests/quant_fixtures.rs`),
-/// one block a row, gathered in every setup. Exact: each decoder computes ggml's products in
+/// one block a row (BF16's values 32 a row), gathered in every setup. Exact: each decoder computes ggml's products in
 /// f32 and the gather writes them unchanged (a zero's sign aside, as there).
 #[test]
 fn every_decoder_matches_gguf_py_on_its_fixture_blocks() {
@@ -57,7 +57,9 @@ fn every_decoder_matches_gguf_py_on_its_fixture_blocks() {
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect();
-            let (k, rows) = (dtype.block_elems(), bytes.len() / dtype.block_bytes());
+            // One block a row; plain floats (BF16) in rows of 32, the fewest a kernel reads.
+            let k = dtype.block_elems().max(32);
+            let rows = bytes.len() / dtype.size_bytes(k).unwrap();
             let ids: Vec<u32> = (0..rows as u32).rev().collect();
             let tt = setup.weights(f, &[rows, k], dtype, &bytes);
             let it = f.upload_u32(&[rows], &ids).unwrap();
@@ -82,6 +84,11 @@ fn f32_table_matches_cpu() {
 #[test]
 fn f16_table_matches_cpu() {
     check(DType::F16);
+}
+
+#[test]
+fn bf16_table_matches_cpu() {
+    check(DType::BF16);
 }
 
 #[test]

@@ -70,6 +70,11 @@ fn f16_matches_cpu() {
 }
 
 #[test]
+fn bf16_matches_cpu() {
+    check(DType::BF16);
+}
+
+#[test]
 fn q8_0_matches_cpu() {
     check(DType::Q8_0);
 }

@@ -30,7 +30,7 @@ mod types;
 mod writer;
 
 pub use reader::GgufFile;
-pub use types::{GgmlType, MetaValue, Metadata, TensorDType, TensorInfo, decoded_types};
+pub use types::{GgmlType, MetaValue, Metadata, TensorInfo, decoded_types};
 pub use writer::{GgufStream, GgufWriter, TensorDecl};
 
 pub(crate) const MAGIC: [u8; 4] = *b"GGUF";

@@ -123,6 +123,7 @@ fn ggml_types_have_ids_names_and_block_layouts() {
         let ggml = GgmlType::from_u32(match dtype {
             DType::F32 => 0,
             DType::F16 => 1,
+            DType::BF16 => 30,
             DType::Q4_0 => 2,
             DType::Q4_1 => 3,
             DType::Q5_0 => 6,
@@ -155,15 +156,15 @@ fn tensor_info_shape_size_and_dtype() {
     assert_eq!(info.shape(), vec![1536, 576]);
     assert_eq!(info.num_elems(), 576 * 1536);
     assert_eq!(info.size_bytes(), 576 / 32 * 20 * 1536);
-    assert_eq!(info.dtype().unwrap(), TensorDType::Native(DType::Q4_1));
+    assert_eq!(info.dtype().unwrap(), DType::Q4_1);
     let bf16 = TensorInfo { ggml_type: GgmlType::BF16, ..info.clone() };
-    assert_eq!(bf16.dtype().unwrap(), TensorDType::Bf16);
+    assert_eq!(bf16.dtype().unwrap(), DType::BF16);
     assert_eq!(bf16.size_bytes(), 576 * 1536 * 2);
     let iq2 = TensorInfo { name: "blk.0.ffn_down.weight".into(), ggml_type: GgmlType::IQ2_XXS, ..info.clone() };
     match iq2.dtype() {
         Err(WeftError::Model { detail, .. }) => assert_eq!(
             detail,
-            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, BF16"
+            "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S"
         ),
         other => panic!("{other:?}"),
     }
@@ -303,14 +304,14 @@ fn tensors_of_several_types_round_trip() {
             assert_eq!(file.tensor_bytes(info), data.as_slice(), "{name}");
         }
         assert_eq!(file.tensor("q4_0").unwrap().shape(), vec![2, 2, 32]);
-        assert_eq!(file.tensor("bf16").unwrap().dtype().unwrap(), TensorDType::Bf16);
+        assert_eq!(file.tensor("bf16").unwrap().dtype().unwrap(), DType::BF16);
         assert_eq!(file.tensor("missing"), None);
         match file.check_tensor_types() {
             Err(WeftError::Model { file, detail }) => {
                 assert_eq!(file, "test.gguf");
                 assert_eq!(
                     detail,
-                    "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S, BF16"
+                    "tensor blk.0.ffn_down.weight is IQ2_XXS; weft supports F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4, IQ2_XS, IQ3_XXS, IQ3_S, IQ2_S"
                 );
             }
             other => panic!("{other:?}"),
@@ -664,7 +665,7 @@ fn reads_the_real_model_file() {
     let embd = file.tensor("token_embd.weight").unwrap();
     assert_eq!(embd.ggml_type, GgmlType::Q8_0);
     assert_eq!(embd.shape(), vec![49152, 576]);
-    assert_eq!(embd.dtype().unwrap(), TensorDType::Native(DType::Q8_0));
+    assert_eq!(embd.dtype().unwrap(), DType::Q8_0);
     assert_eq!(file.tensor_bytes(embd).len() as u64, 49152 * 576 / 32 * 34);
     let down = file.tensor("blk.0.ffn_down.weight").unwrap();
     assert_eq!((down.ggml_type, down.shape()), (GgmlType::Q4_1, vec![576, 1536]));

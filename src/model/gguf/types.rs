@@ -133,16 +133,9 @@ impl fmt::Display for GgmlType {
 }
 
 /// The ggml types of the tensors weft reads from GGUF files, by name: every weight format
-/// ([`crate::quant::FORMATS`]), then BF16, which widens to F32 at load ([`TensorInfo::dtype`]).
+/// ([`crate::quant::FORMATS`]), each kept in its own format on the GPU.
 pub fn decoded_types() -> Vec<&'static str> {
-    crate::quant::FORMATS.iter().map(|f| f.name).chain(["BF16"]).collect()
-}
-
-/// How weft holds a tensor's elements: a GPU storage format, or BF16, which widens to F32 at load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TensorDType {
-    Native(DType),
-    Bf16,
+    crate::quant::FORMATS.iter().map(|f| f.name).collect()
 }
 
 /// One tensor's entry in the file.
@@ -177,11 +170,8 @@ impl TensorInfo {
 
     /// The format weft computes with for this tensor, or an error naming the tensor's type.
     /// The error's file is "GGUF"; [`GgufFile::check_tensor_types`] names the real file.
-    pub fn dtype(&self) -> Result<TensorDType> {
-        if self.ggml_type == GgmlType::BF16 {
-            return Ok(TensorDType::Bf16);
-        }
-        DType::from_ggml_type(self.ggml_type.id()).map(TensorDType::Native).ok_or_else(|| {
+    pub fn dtype(&self) -> Result<DType> {
+        DType::from_ggml_type(self.ggml_type.id()).ok_or_else(|| {
             WeftError::model(
                 "GGUF",
                 format!(

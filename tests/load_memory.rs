@@ -1,0 +1,132 @@
+//! Loading a model holds a bounded amount of host memory whatever the model's size (issue 38
+//! item 4): tensors go from the file to the GPU through a fixed staging ring, so the host holds
+//! at most [`HOST_BOUND_BYTES`] beyond the device's allocations plus the largest tensor.
+//!
+//! How it is measured: the peak resident set size of the load (`VmHWM` of /proc/self/status,
+//! reset through /proc/self/clear_refs just before) less the bytes weft allocated in GPU buffers
+//! and textures during it (`GpuContext::creations().bytes`). On lavapipe the device's memory is
+//! this process's own, so the resident set includes the weights "on the GPU"; what is left after
+//! taking them away is what the host holds beside them: the process's baseline (the binary, the
+//! driver), the file's pages mapped while read, the staging ring and temporaries. Both figures are
+//! printed. (On a discrete GPU the weights are not in the resident set at all, so the same
+//! difference only overstates the host's share.)
+//!
+//! The model is written by `weft::model::synthetic`: Llama 3.2 1B's shape cut to 13 layers in
+//! Q4_1 (about 600 MB, seconds to write and load), or with `WEFT_FULL=1` (`cargo xtask test
+//! --full`) Llama 3.1 8B's shape in Q4_1, 4.5 GB: larger than 4 GiB, so no 32-bit offset or
+//! whole-file buffer can hold it.
+
+use weft::DType;
+use weft::gpu::GpuOptions;
+use weft::model::gguf::Metadata;
+use weft::model::load::ModelFiles;
+use weft::model::synthetic::{Shape, shape, write_gguf};
+
+/// The host memory a load may hold beyond the device's allocations and the largest tensor.
+const HOST_BOUND_BYTES: u64 = 300 << 20;
+
+/// A field of /proc/self/status in bytes (it is given in kB).
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {field} in status"));
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
+}
+
+#[test]
+fn loading_holds_bounded_host_memory() {
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipped: the resident set is read from Linux's /proc");
+        return;
+    }
+    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let full = std::env::var("WEFT_FULL").as_deref() == Ok("1");
+    let (model, dtype): (Shape, DType) = if full {
+        (shape("llama-3.1-8b").unwrap(), DType::Q4_1)
+    } else {
+        (Shape { num_layers: 13, ..shape("llama-3.2-1b").unwrap() }, DType::Q4_1)
+    };
+    let tokenizer: Metadata =
+        weft::model::tiny::tokenizer_metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let dir = TempDir(std::env::temp_dir().join(format!("weft-load-memory-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join(format!("{}-{}.gguf", model.name, model.num_layers));
+    let started = std::time::Instant::now();
+    let file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).unwrap());
+    let written = write_gguf(&model, dtype, &tokenizer, 5, file, &mut |_, _| {}).unwrap();
+    let wrote_s = started.elapsed().as_secs_f64();
+
+    let files = ModelFiles::open(&path).unwrap();
+    let largest = files.largest_tensor_bytes();
+    // Start the peak afresh: writing the file is not the load.
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let before_rss = status_bytes("VmRSS:");
+    let before_device = ctx.creations().bytes;
+    let started = std::time::Instant::now();
+    // The resident set's file-backed and anonymous shares, sampled: what the peak was made of.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut most = (0, 0);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                most = (most.0.max(status_bytes("RssFile:")), most.1.max(status_bytes("RssAnon:")));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            most
+        })
+    };
+    let factory = weft::gpu::GpuTensorFactory::new(ctx.clone());
+    let architecture = files.architecture(&factory, &mut |_, _| {}).unwrap();
+    let loaded_s = started.elapsed().as_secs_f64();
+    let peak = status_bytes("VmHWM:");
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (most_file, most_anon) = sampler.join().unwrap();
+    let device = ctx.creations().bytes - before_device;
+    drop(architecture);
+    drop(files);
+
+    let host = peak.saturating_sub(device);
+    let bound = HOST_BOUND_BYTES + largest;
+    eprintln!(
+        "load memory: {} ({:.0} MiB file, written in {wrote_s:.1} s, loaded in {loaded_s:.1} s): peak RSS \
+         {:.0} MiB (before the load {:.0} MiB), GPU allocations {:.0} MiB, peak RSS less GPU allocations \
+         {:.0} MiB; bound {:.0} MiB (300 MiB + the largest tensor, {:.0} MiB); sampled peaks: file-backed {:.0} \
+         MiB, anonymous {:.0} MiB",
+        model.name,
+        mib(written),
+        mib(peak),
+        mib(before_rss),
+        mib(device),
+        mib(host),
+        mib(bound),
+        mib(largest),
+        mib(most_file),
+        mib(most_anon),
+    );
+    assert!(device >= files_bytes_floor(written), "the GPU allocations ({device} bytes) cannot hold the weights");
+    assert!(
+        host <= bound,
+        "loading held {:.0} MiB of host memory beside the GPU's, over {:.0} MiB",
+        mib(host),
+        mib(bound)
+    );
+}
+
+/// A directory removed when the test ends, passed or not (the full model's file is 4.5 GB).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fewest device bytes a file's weights take: its bytes less the tokenizer's and headers'
+/// (a few MiB at most).
+fn files_bytes_floor(written: u64) -> u64 {
+    written.saturating_sub(16 << 20)
+}
