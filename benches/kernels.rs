@@ -7,6 +7,11 @@
 //! default filters), at 1 and 16 rows; and one layer's LoRA deltas (`lora`) over 1 and 4
 //! adapters. A benchmark, not a test: it prints tables.
 //!
+//! `gemm` (only when named): the baseline or subgroup family's row-parallel matmul (GEMV) against
+//! its tiled one (GEMM), each forced at every M of 1 to 512 on the default model's shapes that
+//! see every row of a step, and the batch size from which the GEMM wins: the row of
+//! `weft::gpu::GEMM_MIN_ROWS` for this adapter, which the device check prints.
+//!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
 //! in one submission (reps chosen so one run takes about 50 ms), times the pass with GPU
@@ -23,7 +28,7 @@ use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, pag
 use weft::gpu::kernels::reduce::add_rms_norm;
 use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::gpu::kernels::spec_sample::{SPEC_PER_ROW, spec_sample};
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, Recording};
+use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, KernelFamily, Recording};
 use weft::lora::LoraShape;
 use weft::model::sampler::{settings_row, spec_row};
 use weft::sampling::{DraftRow, SamplingParams};
@@ -32,6 +37,11 @@ use weft::tensor::TensorFactory;
 const MS: [usize; 3] = [1, 16, 64];
 /// (k, n): the default model's MLP up and down, two square layers, and its LM head.
 const KNS: [(usize, usize); 5] = [(576, 1536), (1536, 576), (2048, 2048), (4096, 4096), (576, 49152)];
+/// Rows of x the GEMV-or-GEMM comparison times.
+const CROSSOVER_MS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 512];
+/// (k, n) of the default model's (SmolLM2-135M, Q4_1) matmuls that see every row of a step:
+/// attention's query and output projections, its MLP's gate and up (one matrix) and down.
+const MODEL_KNS: [(usize, usize); 3] = [(576, 576), (576, 3072), (1536, 576)];
 const RUNS: usize = 5;
 const TARGET_SECONDS: f64 = 0.05;
 
@@ -42,6 +52,9 @@ fn main() -> weft::Result<()> {
     let ctx = weft::rt::block_on(GpuContext::new(GpuOptions::default()))?;
     let factory = GpuTensorFactory::new(ctx.clone());
     println!("{}", ctx.describe());
+    if filter.as_deref() == Some("GEMM") {
+        return gemv_or_gemm(&ctx);
+    }
     println!("matmul y = x·Wᵀ, median of {RUNS} runs, {}\n", clock(&ctx));
     println!("{:<6} {:>4} {:>11} {:>9} {:>9} {:>10}", "format", "M", "K x N", "GFLOP/s", "GB/s", "us/matmul");
     for dtype in DType::WEIGHTS {
@@ -261,6 +274,71 @@ fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
             let seconds = median_seconds(ctx, |rec| spec_sample(ctx, rec, &logits, &spec, &probs, &out))?;
             println!("{:<52} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
         }
+    }
+    Ok(())
+}
+
+/// The family's GEMV against its GEMM at every M of CROSSOVER_MS, and the smallest M from which
+/// the GEMM is faster at that M and every larger one, on every shape (the threshold to record).
+fn gemv_or_gemm(ctx: &GpuContext) -> weft::Result<()> {
+    let family = ctx.kernel_family();
+    if family == KernelFamily::Cpu {
+        println!("gemm: the cpu family runs one matmul at every M; time WEFT_KERNELS=baseline or subgroup");
+        return Ok(());
+    }
+    let open = |gemm_min_rows: usize| -> weft::Result<GpuTensorFactory> {
+        let options = GpuOptions { kernels: Some(family), gemm_min_rows: Some(gemm_min_rows), ..Default::default() };
+        Ok(GpuTensorFactory::new(weft::rt::block_on(GpuContext::new(options))?))
+    };
+    let kinds = [("GEMV", open(usize::MAX)?), ("GEMM", open(1)?)];
+    let dtype = DType::Q4_1;
+    println!("\n{} family: GEMV or GEMM, {dtype}, median of {RUNS} runs, {}\n", family.name(), clock(ctx));
+    println!(
+        "{:>11} {:>4} {:>10} {:>10} {:>10} {:>10} {:>6}",
+        "K x N", "M", "GEMV GF/s", "GEMM GF/s", "GEMV us", "GEMM us", "GEMM/GEMV"
+    );
+    let mut crossover = 1;
+    for (k, n) in MODEL_KNS {
+        let w_values: Vec<f32> = (0..n * k).map(|i| ((i * 104_729) % 997) as f32 / 498.5 - 1.0).collect();
+        let w_bytes = weft::quant::quantize(dtype, &w_values)?;
+        let mut wins = Vec::new();
+        for m in CROSSOVER_MS {
+            let mut seconds = [0.0; 2];
+            for (s, (_, f)) in seconds.iter_mut().zip(&kinds) {
+                let c = f.context();
+                let w = f.upload_weight(&[n, k], dtype, &w_bytes)?;
+                let x = f.upload_activations(&[m, k], &vec![0.5; m * k])?;
+                let y = f.zeros(&[m, n], DType::F32)?;
+                *s = median_seconds(c, |rec| matmul(c, rec, &x, &w, &y))?;
+            }
+            let gflops = |s: f64| 2.0 * (m * n * k) as f64 / s * 1e-9;
+            println!(
+                "{:>11} {:>4} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>6.2}",
+                format!("{k}x{n}"),
+                m,
+                gflops(seconds[0]),
+                gflops(seconds[1]),
+                seconds[0] * 1e6,
+                seconds[1] * 1e6,
+                seconds[0] / seconds[1]
+            );
+            wins.push((m, seconds[1] < seconds[0]));
+        }
+        // The smallest M from which the GEMM wins at every larger M (none: past the largest).
+        let from = wins.iter().rev().take_while(|(_, won)| *won).last().map_or(usize::MAX, |(m, _)| *m);
+        match from {
+            usize::MAX => println!("{k}x{n}: the GEMM wins at no M up to 512"),
+            m => println!("{k}x{n}: the GEMM wins from M = {m}"),
+        }
+        crossover = crossover.max(from);
+    }
+    let info = ctx.adapter_info();
+    match crossover {
+        usize::MAX => println!("crossover: none up to 512 rows on {}: keep the GEMV (min_rows above 512)", info.name),
+        m => println!(
+            "crossover: GemmMinRows {{ vendor: {:#x}, family: KernelFamily::{family:?}, min_rows: {m} }}, // {}",
+            info.vendor, info.name
+        ),
     }
     Ok(())
 }

@@ -40,6 +40,8 @@ const WG: u32 = {{WG}}u;
 const TN: u32 = {{TN}}u;
 const TM: u32 = {{TM}}u;
 const G: u32 = {{G}}u;
+// Output columns fold_block (shared/block_fold.wgsl) folds at once: one per 8 lanes here.
+const CN: u32 = 1u;
 const LANES: u32 = WG / TN;
 
 var<workgroup> chunk_sums: array<f32, G * WG * TM>;

@@ -29,12 +29,18 @@ pub struct GpuOptions {
     /// Open wgpu's no-op backend reporting this adapter instead of a real one (natively only;
     /// see [`FakeAdapter`]). `WEFT_HOST_ONLY=1` asks for [`FakeAdapter::discrete_gpu`].
     pub fake_adapter: Option<FakeAdapter>,
+    /// Rows of x from which a GPU family's matmul runs tiled (GEMM) instead of row-parallel
+    /// (GEMV), instead of the per-adapter table's (`gpu::plan::GEMM_MIN_ROWS`): what the device
+    /// check sets to time both kernels at every batch size, and tests to reach both.
+    pub gemm_min_rows: Option<usize>,
 }
 
 impl GpuOptions {
     /// These options with what the environment says filled in where they leave a choice open:
     /// `WEFT_KERNELS` (a family), `WEFT_MAX_BINDING_BYTES` (a cap on one storage binding) and
-    /// `WEFT_LIMITS` (`adapter` or `webgpu`) and `WEFT_HOST_ONLY=1` (a fake GPU). A value that does not parse is an error naming it.
+    /// `WEFT_LIMITS` (`adapter` or `webgpu`), `WEFT_HOST_ONLY=1` (a fake GPU) and
+    /// `WEFT_GEMM_MIN_ROWS` (rows from which the GPU families' matmul tiles). A value that does
+    /// not parse is an error naming it.
     pub fn with_env(mut self) -> Result<Self> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if self.kernels.is_none()
@@ -54,6 +60,17 @@ impl GpuOptions {
             && let Some(mode) = var("WEFT_LIMITS")
         {
             self.limits = Some(LimitsMode::parse(&mode)?);
+        }
+        if self.gemm_min_rows.is_none()
+            && let Some(rows) = var("WEFT_GEMM_MIN_ROWS")
+        {
+            let parsed = rows.trim().parse().ok().filter(|&r: &usize| r > 0).ok_or_else(|| {
+                WeftError::Unsupported(format!(
+                    "WEFT_GEMM_MIN_ROWS={rows:?} is not a positive number of rows (the batch size from which the \
+                     GPU families' matmul tiles)"
+                ))
+            })?;
+            self.gemm_min_rows = Some(parsed);
         }
         if self.fake_adapter.is_none() && var("WEFT_HOST_ONLY").is_some_and(|v| v.trim() == "1") {
             self.fake_adapter = Some(FakeAdapter::discrete_gpu());

@@ -379,11 +379,9 @@ pub fn matmul_tile(m: usize, n: usize, window_rows: usize, epilogue: Epilogue, c
     [cpu.lanes, rows_per_lane / g, tm]
 }
 
-/// The tile of `matmul_rows` (the baseline family below [`TILED_MIN_ROWS`] rows): 64
+/// The tile of `matmul_rows` (the baseline family below the plan's `gemm_min_rows` rows): 64
 /// invocations, 8 weight rows per workgroup (8 lanes each), TM rows of x: 1 for a lone
 /// sequence's decode, else 4.
-///
-/// [`TILED_MIN_ROWS`]: crate::gpu::TILED_MIN_ROWS
 pub(crate) fn rows_tile(m: usize) -> [u16; 3] {
     [64, 8, if m <= 2 { 1 } else { 4 }]
 }
@@ -392,11 +390,19 @@ pub(crate) fn rows_tile(m: usize) -> [u16; 3] {
 /// rows by 32 rows of x (fixed in the WGSL; named here for the variant and the grid).
 pub(crate) const TILED_TILE: [u16; 3] = [64, 32, 32];
 
-/// The tile of `matmul_subgroup` (the subgroup family): (64 lanes, 8 weight rows per
-/// workgroup, TM rows of x), TM as the columns matmul's.
+/// The tile of `matmul_subgroup` as a GEMV (the subgroup family below the plan's
+/// `gemm_min_rows` rows): (64 lanes, 8 weight rows per workgroup, TM rows of x), TM as the
+/// baseline's.
 pub(crate) fn subgroup_tile(m: usize) -> [u16; 3] {
     [64, 8, if m <= 2 { 1 } else { 4 }]
 }
+
+/// The tile of `matmul_subgroup` as a register-blocked GEMM (the subgroup family from the
+/// plan's `gemm_min_rows` rows): 64 lanes, 16 weight rows per workgroup, 16 rows of x, each lane
+/// folding 2 columns side by side (1 gated; shaders/matmul_subgroup.wgsl). Chosen without a GPU
+/// to measure it: 16 rows hold a lane's sums, decoded blocks and x block in about 100 registers
+/// (a quarter of the GEMV's weight reads); the device check times it against the GEMV.
+pub const SUBGROUP_GEMM_TILE: [u16; 3] = [64, 16, 16];
 
 /// Every shader variant the library can compile.
 pub fn shader_variants() -> Vec<ShaderVariant> {
@@ -452,6 +458,9 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                         let tile = if kernel == "matmul_rows" { rows_tile } else { subgroup_tile };
                         for epilogue in [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul] {
                             out.extend([1, 4].map(|m| ShaderVariant { tile: tile(m), epilogue, ..base }));
+                            if kernel == "matmul_subgroup" {
+                                out.push(ShaderVariant { tile: SUBGROUP_GEMM_TILE, epilogue, ..base });
+                            }
                         }
                     }
                     continue;

@@ -12,7 +12,9 @@
 use crate::error::{Result, WeftError};
 use crate::gpu::context::{GpuFeatures, GpuOptions, KernelFamily};
 use crate::gpu::memory::DeviceMemory;
-use crate::gpu::pipelines::{CpuDriver, Epilogue, TILED_TILE, X_WINDOW_BYTES, matmul_tile, rows_tile, subgroup_tile};
+use crate::gpu::pipelines::{
+    CpuDriver, Epilogue, SUBGROUP_GEMM_TILE, TILED_TILE, X_WINDOW_BYTES, matmul_tile, rows_tile, subgroup_tile,
+};
 
 /// What an adapter says of itself, and what the host can tell about it.
 #[derive(Clone, Debug)]
@@ -133,6 +135,10 @@ pub struct DevicePlan {
     pub device_type: wgpu::DeviceType,
     /// The device's memory: reported, or the largest buffer of `required_limits` standing in.
     pub memory: DeviceMemory,
+    /// Rows of x from which the baseline and subgroup families' matmul runs tiled (GEMM) rather
+    /// than row-parallel (GEMV): [`gemm_min_rows`] for the adapter, or the options' override.
+    /// The CPU family's matmul has one kernel for every batch size and ignores it.
+    pub gemm_min_rows: usize,
 }
 
 impl DevicePlan {
@@ -196,6 +202,7 @@ impl DevicePlan {
             },
             device_type: info.device_type,
             memory,
+            gemm_min_rows: options.gemm_min_rows.unwrap_or_else(|| gemm_min_rows(info.vendor, family)).max(1),
         })
     }
 
@@ -239,24 +246,62 @@ impl DevicePlan {
                     if self.reads_textures() { (X_WINDOW_BYTES / (k as u64 * 4)) as usize } else { usize::MAX };
                 ("matmul", matmul_tile(m, n, window_rows, epilogue, self.cpu_driver()))
             }
-            KernelFamily::Baseline if m >= TILED_MIN_ROWS => ("matmul_tiled", TILED_TILE),
+            KernelFamily::Baseline if m >= self.gemm_min_rows => ("matmul_tiled", TILED_TILE),
             KernelFamily::Baseline => ("matmul_rows", rows_tile(m)),
+            KernelFamily::Subgroup if m >= self.gemm_min_rows => ("matmul_subgroup", SUBGROUP_GEMM_TILE),
             KernelFamily::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
         }
     }
 
     /// Whether an MLP's gate and up projections for `m` rows and its gate run as one pass
-    /// (`matmul_gated`): every family but the baseline's tiled matmul, from [`TILED_MIN_ROWS`].
+    /// (`matmul_gated`): every family but the baseline's tiled matmul (from `gemm_min_rows`).
     pub fn supports_gated(&self, m: usize) -> bool {
-        self.family != KernelFamily::Baseline || m < TILED_MIN_ROWS
+        self.family != KernelFamily::Baseline || m < self.gemm_min_rows
     }
 }
 
-/// Rows of x from which the baseline family multiplies through workgroup-memory tiles
-/// (matmul_tiled.wgsl: each weight block read once per 32 rows instead of once per 4). Its sums
-/// are matmul_rows.wgsl's, so the switch changes no bits. A full tile: below it, rows of the tile
-/// are computed and discarded (not measured on a GPU yet; the device check should set it).
-pub const TILED_MIN_ROWS: usize = 32;
+/// Rows of x from which a GPU family's matmul tiles, by adapter vendor (PCI vendor id, or
+/// Vulkan's for drivers without one) and kernel family, as the device check measured it
+/// (`cargo xtask device-check` prints the row to add: the batch size from which the tiled
+/// kernel beats the row-parallel one on every shape it times). Adapters not listed take
+/// [`DEFAULT_GEMM_MIN_ROWS`]. Either way a switch changes no bits: each family's two kernels
+/// sum every output in one order (shaders/matmul_tiled.wgsl, shaders/matmul_subgroup.wgsl).
+pub const GEMM_MIN_ROWS: &[GemmMinRows] = &[
+    // lavapipe (Mesa's Vulkan vendor id), 2 threads, 512-bit vectors, the default model's shapes:
+    // the GEMM 1.5-4x the GEMV from 16 rows on all three (bench/README.md, "GEMV or GEMM"). Its
+    // baseline timings were too noisy to call (the default stays). Only tests force these
+    // families there: lavapipe runs the CPU family.
+    GemmMinRows { vendor: VENDOR_MESA, family: KernelFamily::Subgroup, min_rows: 16 },
+];
+
+/// One row of [`GEMM_MIN_ROWS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmMinRows {
+    pub vendor: u32,
+    pub family: KernelFamily,
+    pub min_rows: usize,
+}
+
+/// Vulkan's vendor id for Mesa's software drivers (VK_VENDOR_ID_MESA: lavapipe).
+pub const VENDOR_MESA: u32 = 0x10005;
+
+/// Rows of x from which a GPU family tiles on an adapter the table does not list (or no GPU has
+/// measured yet): a full tile of the kernel (32 rows of matmul_tiled.wgsl, 16 of the subgroup
+/// GEMM), below which rows of the tile are computed and discarded.
+pub fn default_gemm_min_rows(family: KernelFamily) -> usize {
+    match family {
+        KernelFamily::Subgroup => usize::from(SUBGROUP_GEMM_TILE[2]),
+        KernelFamily::Baseline | KernelFamily::Cpu => usize::from(TILED_TILE[2]),
+    }
+}
+
+/// [`GEMM_MIN_ROWS`]'s row for `vendor` and `family`, else the family's default.
+pub fn gemm_min_rows(vendor: u32, family: KernelFamily) -> usize {
+    GEMM_MIN_ROWS
+        .iter()
+        .find(|r| r.vendor == vendor && r.family == family)
+        .map_or_else(|| default_gemm_min_rows(family), |r| r.min_rows)
+}
 
 #[cfg(test)]
 mod tests {
@@ -368,7 +413,7 @@ mod tests {
             binding_mib: m,
             textures: false,
             decode: ("matmul_subgroup", [64, 8, 1]),
-            prefill: ("matmul_subgroup", [64, 8, 4]),
+            prefill: ("matmul_subgroup", [64, 16, 16]),
         };
         check(&rtx, gpu(4096));
         let h100 = profile("NVIDIA H100 80GB HBM3", DiscreteGpu, Vulkan, (32, 32), ALL, discrete_limits(4 << 30));
@@ -389,7 +434,7 @@ mod tests {
                 binding_mib: 4096,
                 textures: false,
                 decode: ("matmul_subgroup", [64, 8, 1]),
-                prefill: ("matmul_subgroup", [64, 8, 4]),
+                prefill: ("matmul_subgroup", [64, 16, 16]),
             },
         );
         let rdna = profile("AMD Radeon RX 7900 XTX", DiscreteGpu, Vulkan, (32, 64), ALL, discrete_limits(4 << 30));
@@ -554,6 +599,47 @@ mod tests {
             ..p.clone()
         };
         assert_eq!(DevicePlan::choose(&small, &options).unwrap().max_binding_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn each_gpu_family_tiles_from_its_vendors_threshold_or_the_options() {
+        use wgpu::{Backend::Vulkan, DeviceType::DiscreteGpu};
+        let mut rtx = profile("NVIDIA GeForce RTX 4090", DiscreteGpu, Vulkan, (32, 32), ALL, discrete_limits(4 << 30));
+        rtx.info.vendor = 0x10de;
+        let mut lavapipe = profile("llvmpipe (LLVM 15.0.6, 512 bits)", wgpu::DeviceType::Cpu, Vulkan, (16, 16), ALL, {
+            discrete_limits(128 << 20)
+        });
+        lavapipe.info.vendor = VENDOR_MESA;
+        for (p, family) in [
+            (&rtx, KernelFamily::Subgroup),
+            (&rtx, KernelFamily::Baseline),
+            (&lavapipe, KernelFamily::Subgroup),
+            (&lavapipe, KernelFamily::Baseline),
+        ] {
+            let name = format!("{} {family:?}", p.info.name);
+            let options = GpuOptions { kernels: Some(family), ..Default::default() };
+            let plan = DevicePlan::choose(p, &options).unwrap();
+            // The table's row for the vendor, else the family's default: a full tile of its GEMM.
+            let listed = GEMM_MIN_ROWS.iter().find(|r| r.vendor == p.info.vendor && r.family == family);
+            let want = listed.map_or(default_gemm_min_rows(family), |r| r.min_rows);
+            assert_eq!(plan.gemm_min_rows, want, "{name}");
+            let (gemv, gemm) = match family {
+                KernelFamily::Subgroup => ("matmul_subgroup", ("matmul_subgroup", SUBGROUP_GEMM_TILE)),
+                _ => ("matmul_rows", ("matmul_tiled", TILED_TILE)),
+            };
+            let t = plan.gemm_min_rows;
+            assert_eq!(plan.matmul_kernel(t - 1, 576, 576, Epilogue::None).0, gemv, "{name}: below the threshold");
+            assert_ne!(plan.matmul_kernel(t - 1, 576, 576, Epilogue::None).1, SUBGROUP_GEMM_TILE, "{name}");
+            assert_eq!(plan.matmul_kernel(t, 576, 576, Epilogue::None), gemm, "{name}: at the threshold");
+            assert_eq!(plan.supports_gated(t), family == KernelFamily::Subgroup, "{name}: gated at the threshold");
+            // The options' threshold (the device check's, the tests') wins over the table.
+            let forced = DevicePlan::choose(p, &GpuOptions { gemm_min_rows: Some(5), ..options.clone() }).unwrap();
+            assert_eq!(forced.matmul_kernel(4, 576, 576, Epilogue::None).0, gemv, "{name}: forced, 4 rows");
+            assert_eq!(forced.matmul_kernel(5, 576, 576, Epilogue::None), gemm, "{name}: forced, 5 rows");
+        }
+        // An adapter the table lacks tiles from a full tile of its family's GEMM.
+        assert_eq!(gemm_min_rows(0xffff, KernelFamily::Subgroup), usize::from(SUBGROUP_GEMM_TILE[2]));
+        assert_eq!(gemm_min_rows(0xffff, KernelFamily::Baseline), usize::from(TILED_TILE[2]));
     }
 
     #[test]

@@ -489,8 +489,14 @@ impl GpuExecutor {
             embed: false,
         };
         // Decodes of 1, up to 4 and up to 8 sequences: each class of rows the matmul tiles take
-        // (the LM head sees only these: a prefill samples one row).
-        let mut shapes: Vec<Vec<SeqStep>> = [1, 4, 8].map(|n| (0..together(n)).map(|i| seq(i, 1)).collect()).into();
+        // (the LM head sees only these: a prefill samples one row); in the GPU families also as
+        // many as their matmul tiles from (its GEMM tile for the LM head).
+        let mut decodes = vec![1, 4, 8];
+        if self.ctx().kernel_family() != crate::gpu::KernelFamily::Cpu {
+            decodes.push(self.ctx().plan().gemm_min_rows);
+        }
+        let mut shapes: Vec<Vec<SeqStep>> =
+            decodes.into_iter().map(|n| (0..together(n)).map(|i| seq(i, 1)).collect()).collect();
         // Fewer sequences than that allowed: record each decode once.
         shapes.dedup_by_key(|decode| decode.len());
         shapes.push(vec![seq(0, prefill)]);

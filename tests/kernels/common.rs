@@ -38,6 +38,27 @@ pub fn gpu_with_family(family: KernelFamily) -> Option<&'static GpuTensorFactory
     cell.get_or_init(|| open(GpuOptions { kernels: Some(family), ..Default::default() })).as_ref()
 }
 
+/// Which of a GPU family's two matmuls a device runs at every batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKind {
+    /// Row-parallel (matmul_rows, matmul_subgroup's GEMV tiles), as for decode.
+    Gemv,
+    /// Tiled (matmul_tiled, matmul_subgroup's GEMM tile), as for prefill.
+    Gemm,
+}
+
+/// A device of `family` (baseline or subgroup) whose matmuls all run as `kind`, whatever M.
+pub fn gpu_with_matmul(family: KernelFamily, kind: MatmulKind) -> Option<&'static GpuTensorFactory> {
+    static DEVICES: [OnceLock<Option<GpuTensorFactory>>; 4] = [const { OnceLock::new() }; 4];
+    let i = usize::from(family == KernelFamily::Subgroup) * 2 + usize::from(kind == MatmulKind::Gemm);
+    let gemm_min_rows = if kind == MatmulKind::Gemm { 1 } else { usize::MAX };
+    DEVICES[i]
+        .get_or_init(|| {
+            open(GpuOptions { kernels: Some(family), gemm_min_rows: Some(gemm_min_rows), ..Default::default() })
+        })
+        .as_ref()
+}
+
 /// A CPU-family device whose matmul tiles are sized for `threads` driver threads (its own
 /// device: every call opens one).
 pub fn gpu_with_cpu_threads(threads: usize) -> Option<GpuTensorFactory> {

@@ -366,14 +366,14 @@ fn the_gated_matmul_equals_matmul_then_the_gate() {
         }
     }
     if let Some(f) = gpu_with_family(KernelFamily::Baseline) {
-        let m = weft::gpu::TILED_MIN_ROWS;
+        let m = ctx(f).plan().gemm_min_rows;
         let (x, w, y) = (
             f.upload_f32(&[m, k], &vec![0.5; m * k]).unwrap(),
             f.upload_weight(&[2 * n, k], DType::F32, &vec![0; 2 * n * k * 4]).unwrap(),
             f.zeros(&[m, n], DType::F32).unwrap(),
         );
         let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::SiluMul).unwrap_err().to_string();
-        assert!(err.contains("baseline kernel family gates 32 rows") && err.contains("silu_mul"), "{err}");
+        assert!(err.contains(&format!("baseline kernel family gates {m} rows")) && err.contains("silu_mul"), "{err}");
         let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::None).unwrap_err().to_string();
         assert!(err.contains("needs a gate"), "{err}");
     }
@@ -385,5 +385,42 @@ fn the_gated_matmul_equals_matmul_then_the_gate() {
         assert!(w.parts().len() > 1);
         let err = matmul_gated(ctx(f), &mut Recording::new(), &x, &w, &y, Epilogue::SiluMul).unwrap_err().to_string();
         assert!(err.contains("w must be one part of gate rows then up rows"), "{err}");
+    }
+}
+
+/// The GPU families' two matmuls, row-parallel (decode) and tiled (prefill), each forced at every
+/// batch size: every format at M = 1, 7, 64 and 512 against the CPU (the bound of `check`), and
+/// the two bit-identical, so that the batch size from which a family tiles (a per-adapter
+/// table) changes no bits (DESIGN.md principle 3). n = 40 ends in part tiles of both kernels;
+/// k = 4 row chunks of the baseline (k = 2 super-blocks).
+#[test]
+fn gemv_and_gemm_match_the_cpu_and_each_other_at_every_batch_size() {
+    for dtype in DType::WEIGHTS {
+        let (k, n) = (if dtype.block_elems() == 256 { 512 } else { 128 }, 40);
+        let (w_bytes, w) = weights(dtype, n * k, 77);
+        for m in [1, 7, 64, 512] {
+            let x = random(m * k, m as u64 + 78, 1.0);
+            let want = weft::cpu::matmul(&x, &w, m, k, n);
+            for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
+                let mut got = Vec::new();
+                for kind in [MatmulKind::Gemv, MatmulKind::Gemm] {
+                    let Some(f) = gpu_with_matmul(family, kind) else { return };
+                    let (xt, wt) = (f.upload_f32(&[m, k], &x).unwrap(), f.upload(&[n, k], dtype, &w_bytes).unwrap());
+                    let yt = f.zeros(&[m, n], DType::F32).unwrap();
+                    let mut rec = Recording::new();
+                    matmul(ctx(f), &mut rec, &xt, &wt, &yt).unwrap();
+                    run(f, &rec);
+                    let y = read_f32(f, &yt);
+                    assert_close(&format!("{dtype} m={m} {family:?} {kind:?}"), &y, &want, |i| {
+                        let (r, c) = (i / n, i % n);
+                        let magnitude: f64 = (0..k).map(|p| f64::from(x[r * k + p] * w[c * k + p]).abs()).sum();
+                        2.0 * (k as f64 + 2.0) * U * magnitude + 1e-30
+                    });
+                    got.push(y);
+                }
+                let same = got[0].iter().zip(&got[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype} m={m} {family:?}: the tiled matmul's bits differ from the row-parallel one's");
+            }
+        }
     }
 }

@@ -189,7 +189,7 @@ async fn ssd_scan_matches_the_recurrence() {
 
 /// The baseline family, which a browser on a real GPU runs (this fallback adapter runs the CPU
 /// family): Tint accepts every one of its variants, and its workgroup-tiled matmul (40 rows,
-/// past `TILED_MIN_ROWS`) compiles and matches the CPU.
+/// past the plan's `gemm_min_rows`) compiles and matches the CPU.
 #[wasm_bindgen_test]
 async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     use weft::gpu::KernelFamily;
@@ -198,7 +198,7 @@ async fn the_baseline_family_compiles_and_its_tiled_matmul_matches() {
     let n = f.context().check_shaders(&weft::quant::DType::WEIGHTS).await.unwrap();
     assert!(f.context().own_shader_variants().iter().any(|v| v.kernel == "matmul_tiled"), "{n} variants");
     let (m, k, n) = (40usize, 96usize, 70usize);
-    assert!(m >= weft::gpu::TILED_MIN_ROWS);
+    assert!(m >= f.context().plan().gemm_min_rows);
     for dtype in [DType::Q4_1, DType::Q8_0, DType::F16] {
         check_matmul(&f, dtype, m, k, n).await;
     }

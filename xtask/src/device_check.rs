@@ -1,7 +1,7 @@
 //! `cargo xtask device-check`: the GPU check, packed for a machine that has a GPU and nothing
 //! else. `--pack DIR` builds here, into one folder under 60 MiB, everything the check runs: the
 //! release `weft`, the binaries of the correctness gate (`tests/device_gate.rs`) and of the
-//! kernel tests, `make_model`, the default model's vocabulary alone (2 MB) from which the Llama
+//! kernel tests, the kernels bench (`benches/kernels.rs`), `make_model`, the default model's vocabulary alone (2 MB) from which the Llama
 //! 3.2 1B and Llama 3.1 8B shapes are written with random weights on the spot, this program,
 //! and `run.sh`. There, with no cargo, no network and no toolchain, `DIR/run.sh`:
 //!
@@ -10,8 +10,11 @@
 //!    writes for NVIDIA's library when only the library is installed;
 //! 2. checks correctness first: the gate (every kernel family the adapter runs against the CPU
 //!    model at the shapes' widths) and the kernel tests;
-//! 3. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
-//! 4. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
+//! 3. times each GPU kernel family's row-parallel matmul (GEMV) against its tiled one (GEMM) at
+//!    M = 1 to 512 on the default model's shapes (the kernels bench's `gemm`), and prints the
+//!    batch size from which the GEMM wins, the row of `weft::gpu::GEMM_MIN_ROWS` to record;
+//! 4. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
+//! 5. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
 //!
 //! Every part is ended when it runs past its share of what is left of the budget (default 480
 //! s for the whole run), and the table names the parts that did not finish. The run fails
@@ -159,6 +162,7 @@ fn pack(dir: &Path) -> Result {
         ("make_model".to_string(), release.join("examples").join("make_model")),
     ];
     binaries.extend(test_binaries()?);
+    binaries.push(("bench_kernels".to_string(), kernels_bench()?));
     let bin = dir.join("bin");
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| format!("emptying {}: {e}", dir.display()))?;
@@ -247,6 +251,22 @@ fn test_binaries() -> Result<Vec<(String, PathBuf)>> {
         }
     }
     Ok(found)
+}
+
+/// Builds the kernels bench (`benches/kernels.rs`) and returns its executable.
+fn kernels_bench() -> Result<PathBuf> {
+    let mut build = cargo();
+    build.args(["bench", "--bench", "kernels", "--no-run", "--message-format", "json"]);
+    let output = build.stderr(Stdio::inherit()).output().map_err(|e| format!("could not start {build:?}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{build:?} failed ({})", output.status));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|msg| msg["target"]["name"] == "kernels" && msg["target"]["kind"][0] == "bench")
+        .and_then(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo built no bench named kernels".to_string())
 }
 
 /// The Vulkan driver's manifest and how it was found.
@@ -344,9 +364,10 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
         env.push(("WEFT_FULL", "1".into()));
     }
     let bin = dir.join("bin");
-    // Shares of the budget: the gate and the kernel tests two each, each benchmark one.
-    let bench_parts = o.shapes.len() * 2;
-    let shares_left = |done: usize| 4 + bench_parts - done;
+    // Shares of the budget: the gate and the kernel tests two each, each benchmark one (a
+    // GEMV-or-GEMM timing per GPU family, then a model per shape and family).
+    let bench_parts = o.shapes.len() * 2 + 2;
+    let shares_left = |done: usize| (4 + bench_parts).saturating_sub(done);
 
     let mut verdict = Verdict { ok: true, ..Default::default() };
     let gate_log = out.join("gate.log");
@@ -366,8 +387,26 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
         verdict.lines.push("the gate opened no kernel family on this driver".into());
     }
 
-    let mut parts = Vec::new();
+    let mut gemm = Vec::new();
     let mut done = 4;
+    for family in verdict.families.iter().filter(|f| *f != "cpu") {
+        let log = out.join(format!("gemm.{family}.log"));
+        let mut cmd = Command::new(bin.join("bench_kernels"));
+        cmd.arg("gemm");
+        let mut env = env.clone();
+        env.push(("WEFT_KERNELS", family.to_string()));
+        let timed = run_logged(cmd, &env, &log, None, share(deadline, 1, shares_left(done)));
+        done += 1;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        // The per-shape verdicts and the crossover line, or why there are none.
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("crossover: ") || l.contains(": the GEMM wins"))
+            .map(str::to_string)
+            .collect();
+        gemm.push((family.clone(), timed.map(|()| lines)));
+    }
+    let mut parts = Vec::new();
     for shape in &o.shapes {
         let model = out.join("models").join(format!("{shape}.q4_1.gguf"));
         let began = Instant::now();
@@ -386,7 +425,7 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
             parts.push(Part { name, outcome, seconds: began.elapsed().as_secs_f64() });
         }
     }
-    let report = report(&verdict, &parts, o, &icd, started.elapsed().as_secs_f64());
+    let report = report(&verdict, &gemm, &parts, o, &icd, started.elapsed().as_secs_f64());
     println!("{report}");
     let file = out.join("device-check.md");
     std::fs::write(&file, &report).map_err(|e| format!("writing {}: {e}", file.display()))?;
@@ -490,9 +529,12 @@ fn bench_part(
     serde_json::from_str(&text).map_err(|e| format!("weft bench printed something other than JSON ({e})"))
 }
 
-/// The report: correctness, then a row per run, then each model's bandwidth bound, then what
-/// did not finish.
-fn report(verdict: &Verdict, parts: &[Part], o: &RunOptions, icd: &str, elapsed_s: f64) -> String {
+/// Each GPU family's GEMV-or-GEMM timing: its per-shape verdicts and crossover line, or why not.
+type GemmTimings = [(String, Result<Vec<String>>)];
+
+/// The report: correctness, then where each GPU family's matmul should start tiling, then a row
+/// per run, then each model's bandwidth bound, then what did not finish.
+fn report(verdict: &Verdict, gemm: &GemmTimings, parts: &[Part], o: &RunOptions, icd: &str, elapsed_s: f64) -> String {
     let mut out = format!(
         "Device check on {} (Vulkan driver {icd}), {}; prompts of {} tokens, {} generated, one repeat.\n\n",
         if verdict.adapter.is_empty() { "an unknown adapter" } else { &verdict.adapter },
@@ -508,6 +550,19 @@ fn report(verdict: &Verdict, parts: &[Part], o: &RunOptions, icd: &str, elapsed_
         out.push_str(&format!("- failed: {name}\n"));
     }
     out.push_str(&format!("- kernel families run: {}\n\n", verdict.families.join(", ")));
+    if !gemm.is_empty() {
+        out.push_str("GEMV or GEMM (the kernels bench's `gemm`; each family's log gemm.FAMILY.log has the table):\n");
+        for (family, lines) in gemm {
+            match lines {
+                Ok(lines) if !lines.is_empty() => {
+                    out.extend(lines.iter().map(|l| format!("- {family}: {l}\n")));
+                }
+                Ok(_) => out.push_str(&format!("- {family}: printed no crossover (see gemm.{family}.log)\n")),
+                Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
+            }
+        }
+        out.push('\n');
+    }
     out.push_str(
         "| shape | family | seqs | prefill tok/s | decode tok/s/seq | total tok/s | host ms/step | GPU ms/step | GPU busy | ITL p50 ms | GPU MiB |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -665,7 +720,23 @@ mod tests {
             failed: Vec::new(),
             ok: true,
         };
-        let t = report(&verdict, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        let gemm = [
+            (
+                "subgroup".to_string(),
+                Ok(vec![
+                    "crossover: GemmMinRows { vendor: 0x10de, family: KernelFamily::Subgroup, min_rows: 8 }".into(),
+                ]),
+            ),
+            ("baseline".to_string(), Err("ran past its 60 s".to_string())),
+        ];
+        let t = report(&verdict, &gemm, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        assert!(
+            t.contains(
+                "- subgroup: crossover: GemmMinRows { vendor: 0x10de, family: KernelFamily::Subgroup, min_rows: 8 }"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("- baseline: not finished, ran past its 60 s"), "{t}");
         assert!(t.starts_with("Device check on NVIDIA H200"), "{t}");
         assert!(
             t.contains("Correctness: passed\n- gate: ok. 3 passed\n- kernel families run: subgroup, baseline"),

@@ -1,7 +1,8 @@
 //! `y = x · Wᵀ` over every weight format: shaders/matmul.wgsl in the CPU family;
 //! shaders/matmul_rows.wgsl in the baseline family, and shaders/matmul_tiled.wgsl there from
-//! [`TILED_MIN_ROWS`] rows, which sums every output in the same order;
-//! shaders/matmul_subgroup.wgsl in the subgroup family. One dispatch per weight part, and on
+//! the plan's `gemm_min_rows` rows, which sums every output in the same order;
+//! shaders/matmul_subgroup.wgsl in the subgroup family (row-parallel, and from `gemm_min_rows`
+//! register-blocked over 16 rows, in one order). One dispatch per weight part, and on
 //! CPU drivers one per 64 KiB window of activation rows. A family multiplies every tensor, the
 //! LM head included, with sums in one order at every batch size, so a row's result never
 //! depends on its batch.
@@ -9,7 +10,7 @@
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
 use crate::gpu::pipelines::{Epilogue, WeightSource, XSource};
-use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TILED_MIN_ROWS};
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
 shader_params!(Params {
@@ -48,9 +49,10 @@ pub fn matmul_gated(
     let m = x.shape().first().copied().unwrap_or(0);
     if !supports_gated(ctx, m) {
         return Err(WeftError::Unsupported(format!(
-            "the {} kernel family gates {m} rows at once in two passes (its tiled matmul from {TILED_MIN_ROWS} rows \
-             has no gate): use matmul and silu_mul or gelu_mul",
-            ctx.kernel_family().name()
+            "the {} kernel family gates {m} rows at once in two passes (its tiled matmul from {} rows has no \
+             gate): use matmul and silu_mul or gelu_mul",
+            ctx.kernel_family().name(),
+            ctx.plan().gemm_min_rows
         )));
     }
     if w.parts().len() != 1 || w.shape().len() != 2 || !w.shape()[0].is_multiple_of(2) {
