@@ -21,27 +21,46 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 #[cfg(target_arch = "wasm32")]
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
 
+/// Work started by [`spawn_background`]: natively its thread, which [`join`](Self::join) waits
+/// for; in the browser nothing (a task on the event loop cannot be waited for, nor needs to be:
+/// the page outlives it).
+pub struct Background {
+    #[cfg(not(target_arch = "wasm32"))]
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Background {
+    /// Wait until the work has returned and dropped what it held, unless the caller is that
+    /// work itself (which would wait forever).
+    pub fn join(self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if self.thread.thread().id() != std::thread::current().id() {
+            let _ = self.thread.join();
+        }
+    }
+}
+
 /// Run `job` in the background until it returns: natively on a thread of its own; in the
 /// browser as a task on the page's (or worker's) event loop.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn spawn_background<F>(name: &str, job: F) -> crate::Result<()>
+pub fn spawn_background<F>(name: &str, job: F) -> crate::Result<Background>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || block_on(job))
-        .map(|_| ())
+        .map(|thread| Background { thread })
         .map_err(|e| crate::WeftError::Unsupported(format!("could not start the {name} thread: {e}")))
 }
 
 #[cfg(target_arch = "wasm32")]
-pub fn spawn_background<F>(_name: &str, job: F) -> crate::Result<()>
+pub fn spawn_background<F>(_name: &str, job: F) -> crate::Result<Background>
 where
     F: std::future::Future<Output = ()> + 'static,
 {
     wasm_bindgen_futures::spawn_local(job);
-    Ok(())
+    Ok(Background {})
 }
 
 /// Work started beside the caller by [`run_beside`]; [`join`](Beside::join) waits for its result.

@@ -114,6 +114,10 @@ pub(crate) struct Inner {
     next_id: AtomicU64,
     shut_down: AtomicBool,
     pub(crate) loop_running: AtomicBool,
+    /// The background loop's thread, which `shutdown` waits for: a process that ends right
+    /// after shutting an engine down must not tear the GPU driver down under a step (lavapipe
+    /// crashed at exit that way, now and then).
+    pub(crate) loop_thread: Mutex<Option<crate::rt::Background>>,
     /// Wakes the background loop when work arrives, a stream is dropped, or on shutdown.
     pub(crate) wakeup: Wakeup,
 }
@@ -246,6 +250,7 @@ impl ContinuousBatchEngine {
                 next_id: AtomicU64::new(1),
                 shut_down: AtomicBool::new(false),
                 loop_running: AtomicBool::new(false),
+                loop_thread: Mutex::new(None),
                 wakeup: Wakeup::default(),
             }),
         })
@@ -846,6 +851,11 @@ impl ContinuousBatchEngine {
         }
         drop(state);
         self.wake();
+        // Natively, wait for the background loop to finish its step and let go of the engine.
+        let thread = self.inner.loop_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(thread) = thread {
+            thread.join();
+        }
     }
 
     /// Counts of the scheduler right now: running, waiting, prefilling, decoding, preemptions.

@@ -134,7 +134,7 @@ impl ContinuousBatchEngine {
             return Ok(());
         }
         let engine = self.clone();
-        crate::rt::spawn_background("weft-engine", async move {
+        let thread = crate::rt::spawn_background("weft-engine", async move {
             while !engine.is_shut_down() {
                 let worked = engine.step().await.unwrap_or(true);
                 if !worked {
@@ -143,7 +143,16 @@ impl ContinuousBatchEngine {
             }
             engine.inner.loop_running.store(false, Ordering::SeqCst);
         })
-        .inspect_err(|_| running.store(false, Ordering::SeqCst))
+        .inspect_err(|_| running.store(false, Ordering::SeqCst))?;
+        *self.inner.loop_thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+        // A shutdown that came before the thread was stored found nothing to wait for.
+        if self.is_shut_down() {
+            let thread = self.inner.loop_thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(thread) = thread {
+                thread.join();
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn wake(&self) {
