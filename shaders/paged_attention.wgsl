@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// paged_attention: grouped-query attention of each query token over its sequence's paged KV
-// cache. One kernel serves decode (one token per sequence) and prefill chunks that start at any
+// paged_attention: the CPU family's grouped-query attention of each query token over its
+// sequence's paged KV cache (the GPU families run flash_attention.wgsl). One kernel serves decode (one token per sequence) and prefill chunks that start at any
 // position: token t of sequence s attends to positions [first, p] of s, where p is the last
 // position token_info gives it and first = 0, or p + 1 - window with a sliding window. The mask
 // mode is p: the token's own position (causal), or its sequence's last (bidirectional: an
@@ -20,7 +20,7 @@
 //                               storage buffer, or (CPU drivers) a 64 KiB uniform window of
 //                               whole rows from token q_row0, one dispatch per window
 //   2 k_cache       kv_read     vec4 (num_slots, num_kv_heads, HD / 4) from cache_offset
-//   3 v_cache       kv_read     likewise (storage buffers, or textures on CPU drivers)
+//   3 v_cache       kv_read     likewise (rgba32float or rgba16float textures)
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
 //   5 token_info    read        u32 (num_tokens, 2)     (sequence index, last position seen) per token
 //   6 out           read_write  vec4 (num_tokens, num_heads · HD / 4)
@@ -32,9 +32,8 @@
 // HD (the head size) is a compile-time constant and the loops over a head's HV = HD/4 vec4s are
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
-// QH query heads that share one KV head go through a workgroup together (the CPU family takes
-// the largest divisor of the group up to 4 where that leaves its threads enough workgroups;
-// GPU families 1): each K and V vec4 is loaded once for all of them, where CPU drivers gather
+// QH query heads that share one KV head go through a workgroup together (the largest divisor
+// of the group up to 4 where that leaves the driver's threads enough workgroups, else 1): each K and V vec4 is loaded once for all of them, where CPU drivers gather
 // it lane by lane.
 // Workgroup: WG = 8 invocations per (QH heads, token, split). Lane j takes positions start + j,
 // start + j + 8, … of its split with one online softmax per head (running max, sum, weighted

@@ -553,7 +553,7 @@ impl GpuContext {
                     KernelFamily::Subgroup => gpu_buffers && (shared || v.kernel == "matmul_subgroup"),
                 };
             }
-            let kv_kernel = v.kernel == "paged_attention" || v.kernel == "rope_kv_write";
+            let kv_kernel = matches!(v.kernel, "flash_attention" | "paged_attention" | "rope_kv_write");
             !kv_kernel || (v.kv_in == KvSource::Texture) == cpu
         };
         crate::gpu::pipelines::shader_variants().into_iter().filter(own).collect()

@@ -22,8 +22,9 @@ pub use memory::{
     CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, DeviceMemory, KvBudget, KvDemand, KvLimit, MemorySource, gib,
 };
 pub use pipelines::{
-    BindingKind, CpuDriver, Epilogue, KvSource, SUBGROUP_GEMM_TILE, SUBGROUP_KERNELS, ShaderVariant, WeightSource,
-    XSource, attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, matmul_tile, shader_variants,
+    BindingKind, CpuDriver, Epilogue, HEAD_DIMS, KvSource, SUBGROUP_GEMM_TILE, SUBGROUP_KERNELS, ShaderVariant,
+    WeightSource, XSource, attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, flash_tile,
+    flash_workgroup_bytes, matmul_tile, shader_variants,
 };
 pub use plan::{
     AdapterProfile, DevicePlan, FakeAdapter, GEMM_MIN_ROWS, GemmMinRows, LimitsMode, VENDOR_MESA,

@@ -26,6 +26,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
     ("attention_merge.wgsl", include_str!("../../shaders/attention_merge.wgsl")),
     ("embedding.wgsl", include_str!("../../shaders/embedding.wgsl")),
+    ("flash_attention.wgsl", include_str!("../../shaders/flash_attention.wgsl")),
     ("gelu.wgsl", include_str!("../../shaders/gelu.wgsl")),
     ("gelu_mul.wgsl", include_str!("../../shaders/gelu_mul.wgsl")),
     ("head_rms_norm.wgsl", include_str!("../../shaders/head_rms_norm.wgsl")),
@@ -117,10 +118,35 @@ const WEIGHT_KERNELS: &[&str] =
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
 
 /// Kernels that read or write the KV cache (compiled once per KV source).
-const KV_KERNELS: &[&str] = &["paged_attention", "rope_kv_write"];
+const KV_KERNELS: &[&str] = &["flash_attention", "paged_attention", "rope_kv_write"];
 
 /// Head sizes the attention kernel is compiled for up front (others compile on first use).
 pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
+
+/// Invocations of a `flash_attention` workgroup.
+const FLASH_WG: u16 = 64;
+
+/// The tile of `flash_attention` (the GPU families' attention) for heads of `head_dim`:
+/// (invocations, keys a tile, query rows a workgroup). The keys a tile are part of a row's
+/// bits (its online softmax steps once a tile), so they depend on the head size alone; the
+/// rows only share each staged tile. About 8 KiB of keys (or values) and 4 KiB of queries at
+/// every head size: within WebGPU's 16 KiB of workgroup memory at 256
+/// ([`flash_workgroup_bytes`]).
+pub fn flash_tile(head_dim: usize) -> [u16; 3] {
+    let hd = head_dim.max(4);
+    let keys = (2048 / hd).clamp(1, 32) as u16;
+    let rows = (1024 / hd).clamp(1, 32) as u16;
+    [FLASH_WG, keys, rows]
+}
+
+/// Bytes of workgroup memory `flash_attention` declares at `head_dim`: the rows' queries, one
+/// K or V tile and the rows' scores (f32), seven words a row and three more, each array
+/// rounded up to 16 bytes.
+pub fn flash_workgroup_bytes(head_dim: usize) -> usize {
+    let [_, keys, rows] = flash_tile(head_dim).map(usize::from);
+    let arrays = [rows * head_dim, keys * head_dim, rows * keys].into_iter().chain([rows; 7]).chain([3]);
+    arrays.map(|words| (4 * words).next_multiple_of(16)).sum()
+}
 
 /// The most query heads one workgroup of the CPU family's attention takes (sharing each K and V
 /// load among them); GPU families take one.
@@ -259,8 +285,15 @@ impl ShaderVariant {
         ShaderVariant { kv_in: source, kv_f16: f16, ..Self::plain(kernel) }
     }
 
-    /// Attention over the KV cache in `source`, for heads of `head_dim`, `query_heads` of them
-    /// a workgroup.
+    /// The GPU families' flash attention over a KV cache in storage buffers (of halves with
+    /// `f16`), for heads of `head_dim`, in its tile ([`flash_tile`]).
+    pub fn flash(f16: bool, head_dim: u16) -> Self {
+        let tile = flash_tile(usize::from(head_dim));
+        ShaderVariant { head_dim, tile, ..Self::kv("flash_attention", KvSource::Storage, f16) }
+    }
+
+    /// The CPU family's attention over the KV cache in `source`, for heads of `head_dim`,
+    /// `query_heads` of them a workgroup.
     pub fn attention(source: KvSource, f16: bool, head_dim: u16, query_heads: u16) -> Self {
         ShaderVariant { head_dim, query_heads, ..Self::kv("paged_attention", source, f16) }
     }
@@ -412,19 +445,22 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
         if KV_KERNELS.contains(&kernel) {
             for source in [KvSource::Storage, KvSource::Texture] {
                 for f16 in [false, true] {
-                    if kernel == "paged_attention" {
-                        // Grouped heads and queries from uniform windows only where the CPU family
-                        // reads the cache (textures).
-                        let (max_heads, q_sources) = match source {
-                            KvSource::Texture => (MAX_QUERY_HEADS, &[XSource::Uniform, XSource::Storage][..]),
-                            KvSource::Storage => (1, &[XSource::Storage][..]),
-                        };
-                        for heads in 1..=max_heads {
-                            for &x_in in q_sources {
-                                out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant {
-                                    x_in,
-                                    ..ShaderVariant::attention(source, f16, hd, heads)
-                                }));
+                    if kernel == "flash_attention" {
+                        // The GPU families', whose cache is in buffers.
+                        if source == KvSource::Storage {
+                            out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant::flash(f16, hd)));
+                        }
+                    } else if kernel == "paged_attention" {
+                        // The CPU family's, whose cache is in textures: grouped heads, and
+                        // queries from uniform windows or a buffer.
+                        if source == KvSource::Texture {
+                            for heads in 1..=MAX_QUERY_HEADS {
+                                for x_in in [XSource::Uniform, XSource::Storage] {
+                                    out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant {
+                                        x_in,
+                                        ..ShaderVariant::attention(source, f16, hd, heads)
+                                    }));
+                                }
                             }
                         }
                     } else {

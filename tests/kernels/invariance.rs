@@ -65,8 +65,8 @@ fn rms_norm_rows_are_bit_identical_alone_and_in_a_batch() {
 
 #[test]
 fn attention_is_bit_identical_alone_and_in_a_batch() {
-    for family in [KernelFamily::Cpu, KernelFamily::Baseline] {
-        let Some(f) = gpu_with_family(family) else { return };
+    for family in [KernelFamily::Cpu, KernelFamily::Baseline, KernelFamily::Subgroup] {
+        let Some(f) = gpu_with_family(family) else { continue };
         let split = family.splits_attention();
         let filled = crate::paged::fill(f, &[5, 33, 70, 900]);
         // The first query (a split one where splitting is on) alone and among others.
@@ -77,6 +77,37 @@ fn attention_is_bit_identical_alone_and_in_a_batch() {
             let row = alone.len();
             let same = alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "{family:?}: {:?} alone differs from in a batch", queries[0]);
+        }
+    }
+}
+
+/// Chunk invariance of flash attention (the GPU families'): each token of a 40-token prefill
+/// chunk, its rows sharing workgroups and K/V tiles with its neighbours' and, split-K, over
+/// 860 to 900 positions, has the bits it has decoded alone; at head sizes 64 (rows straddling
+/// tokens: 16 rows, 3 heads a token) and 256 (4 rows, the 4 heads of a token), with a sliding
+/// window too.
+#[test]
+fn attention_prefill_rows_are_bit_identical_to_decodes() {
+    use weft::gpu::kernels::paged::QkvLayout;
+    for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
+        let Some(f) = gpu_with_family(family) else { continue };
+        for layout in [
+            QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 },
+            QkvLayout { num_heads: 4, num_kv_heads: 1, head_dim: 256 },
+        ] {
+            let filled = crate::paged::fill_layout(f, &[5, 900], DType::F32, layout);
+            let chunk: Vec<(usize, usize)> = (860..900).map(|p| (1, p)).collect();
+            for window in [None, Some(100)] {
+                let (q, batch, _) = crate::paged::attend_with_q(f, &filled, &chunk, window, None);
+                let row = layout.num_heads * layout.head_dim;
+                for t in [0, 1, 15, 16, 17, 39] {
+                    let q_t = &q[t * row..(t + 1) * row];
+                    let (_, alone, _) = crate::paged::attend_with_q(f, &filled, &chunk[t..=t], window, Some(q_t));
+                    let same =
+                        alone.iter().zip(&batch[t * row..(t + 1) * row]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{family:?} {layout:?} window {window:?}: token {} alone differs", chunk[t].1);
+                }
+            }
         }
     }
 }

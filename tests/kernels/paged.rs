@@ -14,13 +14,13 @@ const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 const HEAD_DIM: usize = 64;
 const BLOCK: usize = 16;
-const KV_DIM: usize = KV_HEADS * HEAD_DIM;
 const LAYOUT: QkvLayout = QkvLayout { num_heads: HEADS, num_kv_heads: KV_HEADS, head_dim: HEAD_DIM };
 
 /// Sequences with their K/V written into a two-layer cache, addressed through layer 1.
 pub struct Filled {
+    pub layout: QkvLayout,
     pub lens: Vec<usize>,
-    /// Per sequence, per position: K and V rows of KV_DIM.
+    /// Per sequence, per position: K and V rows of num_kv_heads · head_dim.
     pub k: Vec<Vec<Vec<f32>>>,
     pub v: Vec<Vec<Vec<f32>>>,
     pub tables: Vec<u32>,
@@ -48,6 +48,12 @@ pub fn fill(f: &GpuTensorFactory, lens: &[usize]) -> Filled {
 
 /// [`fill`] into a cache of `dtype`; for F16 the CPU's rows are the halves the cache holds.
 pub fn fill_as(f: &GpuTensorFactory, lens: &[usize], dtype: DType) -> Filled {
+    fill_layout(f, lens, dtype, LAYOUT)
+}
+
+/// [`fill_as`] for heads of another layout.
+pub fn fill_layout(f: &GpuTensorFactory, lens: &[usize], dtype: DType, layout: QkvLayout) -> Filled {
+    let kv_dim = layout.num_kv_heads * layout.head_dim;
     let round = |row: Vec<f32>| -> Vec<f32> {
         if dtype == DType::F16 { row.into_iter().map(|x| half::f16::from_f32(x).to_f32()).collect() } else { row }
     };
@@ -60,30 +66,32 @@ pub fn fill_as(f: &GpuTensorFactory, lens: &[usize], dtype: DType) -> Filled {
     let (mut k, mut v) = (Vec::new(), Vec::new());
     let slots_per_layer = num_blocks * BLOCK;
     // Layer 1 of a two-layer cache, filled on the CPU.
-    let mut k_cache = vec![0f32; 2 * slots_per_layer * KV_DIM];
+    let mut k_cache = vec![0f32; 2 * slots_per_layer * kv_dim];
     let mut v_cache = k_cache.clone();
     for (s, &len) in lens.iter().enumerate() {
         for b in 0..len.div_ceil(BLOCK) {
             tables[s * max_blocks + b] = free.pop().unwrap();
         }
-        let ks: Vec<Vec<f32>> = (0..len).map(|p| round(random(KV_DIM, (s * 1000 + p) as u64, 1.0))).collect();
-        let vs: Vec<Vec<f32>> = (0..len).map(|p| round(random(KV_DIM, (s * 1000 + p) as u64 + 500_000, 1.0))).collect();
+        let ks: Vec<Vec<f32>> = (0..len).map(|p| round(random(kv_dim, (s * 1000 + p) as u64, 1.0))).collect();
+        let vs: Vec<Vec<f32>> = (0..len).map(|p| round(random(kv_dim, (s * 1000 + p) as u64 + 500_000, 1.0))).collect();
         for p in 0..len {
             let slot = slots_per_layer + tables[s * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
-            k_cache[slot * KV_DIM..(slot + 1) * KV_DIM].copy_from_slice(&ks[p]);
-            v_cache[slot * KV_DIM..(slot + 1) * KV_DIM].copy_from_slice(&vs[p]);
+            k_cache[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(&ks[p]);
+            v_cache[slot * kv_dim..(slot + 1) * kv_dim].copy_from_slice(&vs[p]);
         }
         k.push(ks);
         v.push(vs);
     }
+    let shape = [2 * slots_per_layer, layout.num_kv_heads, layout.head_dim];
     Filled {
+        layout,
         lens: lens.to_vec(),
         k,
         v,
         tables,
         max_blocks,
-        k_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], dtype, Some(&k_cache)).unwrap(),
-        v_cache: f.kv_cache(&[2 * slots_per_layer, KV_HEADS, HEAD_DIM], dtype, Some(&v_cache)).unwrap(),
+        k_cache: f.kv_cache(&shape, dtype, Some(&k_cache)).unwrap(),
+        v_cache: f.kv_cache(&shape, dtype, Some(&v_cache)).unwrap(),
         slots_per_layer,
     }
 }
@@ -103,7 +111,7 @@ pub fn attend(
     attend_with_sinks(f, filled, queries, window, split, seed, windows, None)
 }
 
-/// [`attend`] with each head's attention-sink logit, when `sinks` (HEADS) is given.
+/// [`attend`] with each head's attention-sink logit, when `sinks` (num_heads) is given.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_with_sinks(
     f: &GpuTensorFactory,
@@ -115,42 +123,74 @@ pub fn attend_with_sinks(
     windows: bool,
     sinks: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Recording) {
+    let q = random(queries.len() * filled.layout.num_heads * filled.layout.head_dim, seed, 1.0);
+    attend_q(f, filled, queries, q, window, split, seed, windows, sinks)
+}
+
+/// [`attend`] as a model's step in the device's family runs it (split-K where the family
+/// splits), with these queries (num_tokens, num_heads · head_dim) or random ones.
+pub fn attend_with_q(
+    f: &GpuTensorFactory,
+    filled: &Filled,
+    queries: &[(usize, usize)],
+    window: Option<usize>,
+    q: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>, Recording) {
+    let split = f.context().kernel_family().splits_attention();
+    let cols = filled.layout.num_heads * filled.layout.head_dim;
+    let q = q.map_or_else(|| random(queries.len() * cols, 42, 1.0), <[f32]>::to_vec);
+    attend_q(f, filled, queries, q, window, split, 42, false, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_q(
+    f: &GpuTensorFactory,
+    filled: &Filled,
+    queries: &[(usize, usize)],
+    q: Vec<f32>,
+    window: Option<usize>,
+    split: bool,
+    seed: u64,
+    windows: bool,
+    sinks: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>, Recording) {
     let n = queries.len();
-    let q = random(n * HEADS * HEAD_DIM, seed, 1.0);
+    let layout = filled.layout;
+    let q_cols = layout.num_heads * layout.head_dim;
     let info: Vec<u32> = queries.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
     // The queries in a qkv row, the other columns junk the kernel must not read as queries.
-    let stride = LAYOUT.row_stride();
+    let stride = layout.row_stride();
     let mut qkv = random(n * stride, seed + 1, 100.0);
     for t in 0..n {
-        qkv[t * stride..t * stride + HEADS * HEAD_DIM]
-            .copy_from_slice(&q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM]);
+        qkv[t * stride..t * stride + q_cols].copy_from_slice(&q[t * q_cols..(t + 1) * q_cols]);
     }
     let qt = if windows { f.upload_activations(&[n, stride], &qkv) } else { f.upload_f32(&[n, stride], &qkv) }.unwrap();
     let bt = f.upload_u32(&[filled.lens.len(), filled.max_blocks], &filled.tables).unwrap();
     let it = f.upload_u32(&[n, 2], &info).unwrap();
-    let out = f.zeros(&[n, HEADS * HEAD_DIM], DType::F32).unwrap();
+    let out = f.zeros(&[n, q_cols], DType::F32).unwrap();
     // Junk in the partials: a split must write before the merge reads.
-    let cols = attention_partials_cols(split, HEADS, HEAD_DIM);
+    let cols = attention_partials_cols(split, layout.num_heads, layout.head_dim);
     let partials = f.upload_f32(&[n, cols], &random(n * cols, seed + 2, 1e3)).unwrap();
     let mut rec = Recording::new();
-    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    let scale = 1.0 / (layout.head_dim as f32).sqrt();
     let cache = filled.cache();
-    let sinks = sinks.map(|s| f.upload_f32(&[HEADS], s).unwrap());
+    let sinks = sinks.map(|s| f.upload_f32(&[layout.num_heads], s).unwrap());
     let sinks = sinks.as_ref();
-    paged_attention(ctx(f), &mut rec, &qt, LAYOUT, &cache, &bt, &it, &out, &partials, window, scale, sinks).unwrap();
+    paged_attention(ctx(f), &mut rec, &qt, layout, &cache, &bt, &it, &out, &partials, window, scale, sinks).unwrap();
     run(f, &rec);
     (q, read_f32(f, &out), rec)
 }
 
 /// Tolerance: a score's f32 dot product errs by at most (head_dim + 2)·u·Σ|q·k|·scale, which is
 /// also the relative error it puts on that key's weight; exp adds up to 3 + 2·|score| ULP and
-/// the running sums about L/16 + 40 roundings (split-K joins at most 8 splits more: inside
-/// the 60 spare). The output, a weighted mean of V rows, moves by at most twice the relative
-/// weight error times max|v|.
+/// the running sums (each position's weight added in turn: the CPU family's 8 lanes each sum
+/// an eighth, flash attention each row its own) at most L + 2·L/16 roundings for L positions,
+/// split-K's join at most 8 more (inside the 60 spare). The output, a weighted mean of V rows,
+/// moves by at most twice the relative weight error times max|v| (1 here).
 #[test]
 fn attention_matches_cpu_for_decode_and_prefill_chunks() {
-    for family in [KernelFamily::Baseline, KernelFamily::Cpu] {
-        let Some(f) = gpu_with_family(family) else { return };
+    for family in [KernelFamily::Baseline, KernelFamily::Subgroup, KernelFamily::Cpu] {
+        let Some(f) = gpu_with_family(family) else { continue };
         check_attention(f, family.splits_attention(), DType::F32);
     }
 }
@@ -166,7 +206,33 @@ fn attention_reads_an_f16_cache() {
     }
 }
 
-/// Contexts of 300 to 2100 positions take 2 to 8 splits (and one under a window of 8).
+/// Flash attention (the GPU families') at the head sizes models use, each with its GQA group
+/// and its tile (keys a tile, rows a workgroup: rows that straddle tokens and sequences), over
+/// scattered blocks, decode and mid-sequence prefill rows, sliding windows and split-K over
+/// 2100 positions, f32 and f16 caches, with sinks at two of them: the CPU's attention within
+/// the bound above. Small head counts keep lavapipe's time down.
+#[test]
+fn flash_attention_matches_cpu_at_every_head_size() {
+    // (query heads, KV heads, head size, cache, sinks)
+    let shapes = [
+        (8, 2, 64, DType::F16, false),
+        (4, 2, 96, DType::F32, true),
+        (4, 1, 128, DType::F16, false),
+        (4, 1, 256, DType::F32, true), // Gemma 3 270M's heads
+    ];
+    for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
+        let Some(f) = gpu_with_family(family) else { continue };
+        for (num_heads, num_kv_heads, head_dim, dtype, with_sinks) in shapes {
+            let layout = QkvLayout { num_heads, num_kv_heads, head_dim };
+            let sinks: Vec<f32> = (0..num_heads).map(|h| [0.5, -1.0, 2.0, 8.0][h % 4]).collect();
+            let sinks = with_sinks.then_some(&sinks[..]);
+            check_attention_in(f, layout, true, dtype, sinks);
+        }
+    }
+}
+
+/// Split contexts of 300 to 2100 positions take 2 to 8 splits (and one under a window of 8);
+/// the CPU family does not split.
 #[test]
 fn split_attention_matches_cpu_over_long_contexts() {
     let Some(f) = gpu_with_family(KernelFamily::Baseline) else { return };
@@ -174,18 +240,20 @@ fn split_attention_matches_cpu_over_long_contexts() {
 }
 
 /// The CPU family takes the 3 query heads of a KV head in one workgroup and reads the queries
-/// from uniform windows of 17 tokens' rows (3 dispatches for 40 tokens): the same bits as the
-/// baseline family's one head a workgroup from a storage buffer, and as its own storage path.
+/// from uniform windows of 17 tokens' rows (3 dispatches for 40 tokens): the same bits as its
+/// one head a workgroup from a storage buffer (a device sized for 100 driver threads, which
+/// keeps heads apart), and as its own storage path.
 #[test]
 fn grouped_heads_and_query_windows_keep_the_bits() {
-    let (Some(base), Some(cpu)) = (gpu_with_family(KernelFamily::Baseline), gpu_with_family(KernelFamily::Cpu)) else {
+    let (Some(apart), Some(cpu)) = (gpu_with_cpu_threads(100), gpu_with_family(KernelFamily::Cpu)) else {
         return;
     };
     let lens = [1, 17, 40, 100];
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
     queries.extend((0..40).map(|p| (2, p))); // a whole prompt: 44 tokens
     for dtype in [DType::F32, DType::F16] {
-        let (_, want, _) = attend(base, &fill_as(base, &lens, dtype), &queries, None, false, 5, true);
+        let (_, want, rec) = attend(&apart, &fill_as(&apart, &lens, dtype), &queries, None, false, 5, false);
+        assert!(rec.kernels().filter(|v| v.kernel == "paged_attention").all(|v| v.query_heads == 1));
         let filled = fill_as(cpu, &lens, dtype);
         for windows in [true, false] {
             let (_, got, rec) = attend(cpu, &filled, &queries, None, false, 5, windows);
@@ -240,32 +308,46 @@ fn bidirectional_attention_sees_the_whole_sequence() {
             })
             .collect();
         let (q, got, _) = attend(f, &filled, &info, None, split, 11, false);
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
         for (t, &(s, p)) in tokens.iter().enumerate() {
-            let keys: Vec<&[f32]> = filled.k[s].iter().map(|r| &r[..]).collect();
-            let values: Vec<&[f32]> = filled.v[s].iter().map(|r| &r[..]).collect();
-            let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
-            let want = weft::cpu::attention_one(q_t, &keys, &values, HEADS, KV_HEADS, scale);
-            let weight_err = attention_weight_error(q_t, &keys, scale);
-            let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
-            assert_close(&format!("{family:?}: seq {s} token {p} of {}", lens[s]), got_t, &want, |_| 2.0 * weight_err);
+            let what = format!("{family:?}: seq {s} token {p} of {}", lens[s]);
+            assert_row_close(&what, &filled, &q, &got, t, (s, 0..lens[s]), None);
         }
     }
     assert_eq!(AttentionMask::Causal.token_info(3, 5, 9), [3, 5]);
     assert_eq!(AttentionMask::Bidirectional.token_info(3, 5, 9), [3, 8]);
 }
 
-/// The bound on a weight's relative error of the test's tolerance (see above).
-fn attention_weight_error(q_t: &[f32], keys: &[&[f32]], scale: f32) -> f64 {
-    let max_qk: f64 = keys
+/// Query token t's output row against the CPU's attention over `keys` (sequence, positions),
+/// within the tolerance above.
+fn assert_row_close(
+    what: &str,
+    filled: &Filled,
+    q: &[f32],
+    got: &[f32],
+    t: usize,
+    (s, keys): (usize, std::ops::Range<usize>),
+    sinks: Option<&[f32]>,
+) {
+    let QkvLayout { num_heads, num_kv_heads, head_dim } = filled.layout;
+    let cols = num_heads * head_dim;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let k: Vec<&[f32]> = filled.k[s][keys.clone()].iter().map(|r| &r[..]).collect();
+    let v: Vec<&[f32]> = filled.v[s][keys].iter().map(|r| &r[..]).collect();
+    let q_t = &q[t * cols..(t + 1) * cols];
+    let want = weft::cpu::attention_one_with_sinks(q_t, &k, &v, num_heads, num_kv_heads, scale, sinks);
+    // The bound on a weight's relative error (see above).
+    let group = num_heads / num_kv_heads;
+    let max_qk: f64 = k
         .iter()
         .map(|k| {
-            (0..HEADS * HEAD_DIM)
-                .map(|i| f64::from((q_t[i] * k[(i / HEAD_DIM / 3) * HEAD_DIM + i % HEAD_DIM]).abs()))
+            (0..cols)
+                .map(|i| f64::from((q_t[i] * k[(i / head_dim / group) * head_dim + i % head_dim]).abs()))
                 .sum::<f64>()
         })
         .fold(0.0, f64::max);
-    (HEAD_DIM as f64 + 2.0) * U * max_qk * f64::from(scale) + (keys.len() as f64 / 16.0 + 60.0) * U
+    let positions = k.len() as f64;
+    let weight_err = (head_dim as f64 + 2.0) * U * max_qk * f64::from(scale) + (positions * 1.125 + 60.0) * U;
+    assert_close(what, &got[t * cols..(t + 1) * cols], &want, |_| 2.0 * weight_err);
 }
 
 /// Attention sinks (gpt-oss): each head's sink logit joins the softmax's denominator, in every
@@ -279,7 +361,7 @@ fn attention_with_sinks_matches_cpu_in_every_family() {
         let split = family.splits_attention();
         // Sinks around the scores (|score| is about 1 here), and one well above them.
         let sinks: [f32; HEADS] = [0.5, -1.0, 2.0, 8.0, -0.25, 1.5, 0.0, -3.0, 1.0];
-        check_attention_with(f, split, DType::F32, Some(&sinks));
+        check_attention_in(f, LAYOUT, split, DType::F32, Some(&sinks));
         let filled = fill(f, &[5, 40, 300]);
         let queries = [(0, 4), (1, 39), (2, 299), (2, 17)];
         let (_, none, _) = attend(f, &filled, &queries, None, split, 3, false);
@@ -291,13 +373,15 @@ fn attention_with_sinks_matches_cpu_in_every_family() {
 }
 
 fn check_attention(f: &GpuTensorFactory, split: bool, dtype: DType) {
-    check_attention_with(f, split, dtype, None)
+    check_attention_in(f, LAYOUT, split, dtype, None)
 }
 
-fn check_attention_with(f: &GpuTensorFactory, split: bool, dtype: DType, sinks: Option<&[f32]>) {
+/// Decode rows, a prefill chunk from position 30 and (with `split`) rows over 2100 positions,
+/// with no window, one of 8 and one of 600, against the CPU.
+fn check_attention_in(f: &GpuTensorFactory, layout: QkvLayout, split: bool, dtype: DType, sinks: Option<&[f32]>) {
     let long = split.then_some(2100);
     let lens: Vec<usize> = [1, 17, 40, 100].into_iter().chain(long).collect();
-    let filled = fill_as(f, &lens, dtype);
+    let filled = fill_layout(f, &lens, dtype, layout);
     assert_eq!(filled.k_cache.dtype(), dtype);
     assert_eq!(filled.k_cache.parts()[0].in_texture(), f.context().kernel_family() == KernelFamily::Cpu);
     let mut queries = vec![(0, 0), (1, 16), (3, 99), (3, 50)];
@@ -305,20 +389,28 @@ fn check_attention_with(f: &GpuTensorFactory, split: bool, dtype: DType, sinks: 
     if long.is_some() {
         queries.extend([(4, 2099), (4, 300), (4, 256), (4, 700)]);
     }
+    let flash = f.context().kernel_family() != KernelFamily::Cpu;
     for window in [None, Some(8), Some(600)] {
-        let (q, got, _) = attend_with_sinks(f, &filled, &queries, window, split, 42, false, sinks);
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let (q, got, rec) = attend_with_sinks(f, &filled, &queries, window, split, 42, false, sinks);
+        assert_eq!(rec.kernels().any(|v| v.kernel == "flash_attention"), flash);
         for (t, &(s, p)) in queries.iter().enumerate() {
             let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
-            let keys: Vec<&[f32]> = filled.k[s][first..=p].iter().map(|r| &r[..]).collect();
-            let values: Vec<&[f32]> = filled.v[s][first..=p].iter().map(|r| &r[..]).collect();
-            let q_t = &q[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
-            let want = weft::cpu::attention_one_with_sinks(q_t, &keys, &values, HEADS, KV_HEADS, scale, sinks);
-            let weight_err = attention_weight_error(q_t, &keys, scale);
-            let got_t = &got[t * HEADS * HEAD_DIM..(t + 1) * HEADS * HEAD_DIM];
-            assert_close(&format!("seq {s} pos {p} window {window:?}"), got_t, &want, |_| 2.0 * weight_err);
+            let what = format!("{layout:?} seq {s} pos {p} window {window:?}");
+            assert_row_close(&what, &filled, &q, &got, t, (s, first..p + 1), sinks);
         }
     }
+}
+
+/// Flash attention's workgroup memory fits WebGPU's default 16 KiB at every head size weft
+/// compiles for; a device that allows less is refused with the sizes named.
+#[test]
+fn flash_attention_fits_webgpu_workgroup_memory() {
+    use weft::gpu::kernels::paged::check_flash_memory;
+    for &head_dim in weft::gpu::HEAD_DIMS {
+        check_flash_memory(usize::from(head_dim), 16384).unwrap();
+    }
+    let err = check_flash_memory(128, 8192).unwrap_err().to_string();
+    assert!(err.contains("head size 128") && err.contains("8192") && err.contains("workgroup memory"), "{err}");
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<elementwise::Params>("add", "Params"),
         entry::<paged::RopeKvParams>("rope_kv_write", "Params"),
         entry::<paged::AttentionParams>("paged_attention", "Params"),
+        entry::<paged::AttentionParams>("flash_attention", "Params"),
         entry::<paged::MergeParams>("attention_merge", "Params"),
         entry::<sample::Params>("sample", "Params"),
         entry::<penalize::Params>("penalize", "Params"),

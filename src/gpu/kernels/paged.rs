@@ -1,5 +1,7 @@
 //! The paged KV cache on the GPU: writing new K/V rows into their slots (shaders/kv_write.wgsl)
-//! and attention over the pages (shaders/paged_attention.wgsl).
+//! and attention over the pages: flash attention in the GPU families, whose cache is in
+//! storage buffers (shaders/flash_attention.wgsl), and the CPU family's kernel over textures
+//! (shaders/paged_attention.wgsl).
 //!
 //! A slot is one token's K (or V) row: `slot = block * block_size + offset`. Block tables come
 //! from `kv/`, the single owner of KV memory, and are trusted here: the kernels do not re-check
@@ -59,8 +61,9 @@ pub fn attention_partials_cols(split: bool, num_heads: usize, head_dim: usize) -
     if split { num_heads * ATTENTION_SPLITS * (head_dim + 4) } else { 4 }
 }
 
-/// Largest head_dim attention is compiled for: its query and output live in HD/4 vec4
-/// registers per lane and its merge in 8 · HD floats of workgroup memory.
+/// Largest head_dim attention is compiled for: the CPU family's query and output live in HD/4
+/// vec4 registers per lane and its merge in 8 · HD floats of workgroup memory; flash
+/// attention's tiles are sized for it ([`crate::gpu::flash_tile`]).
 pub const MAX_HEAD_DIM: usize = 256;
 
 /// One layer's view of the paged cache: K and V tensors of shape (total_slots, num_kv_heads,
@@ -261,6 +264,10 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// `sinks` (num_heads) F32, when given, is each head's attention-sink logit (gpt-oss): it joins
 /// the softmax's denominator with no value; without it the kernels compute what they did
 /// before sinks existed, bit for bit.
+/// A cache in storage buffers (the GPU families) takes flash attention, refused where the
+/// device's workgroup memory is too small for its tile ([`check_flash_memory`]); a cache in
+/// textures (the CPU family) the CPU drivers' kernel. The two sum in different orders: each is
+/// batch and chunk invariant, and they agree within the CPU reference's bound.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     ctx: &GpuContext,
@@ -343,33 +350,20 @@ pub fn paged_attention(
         partials.single_part(OP)?.resource(ctx)?,
         sinks_res.clone(),
     ];
-    let group = num_heads / num_kv_heads;
-    let heads = attention_query_heads(cache.source(), num_heads, group, num_tokens, ctx.cpu_driver().threads);
     let head_dim16 = u16::try_from(head_dim).unwrap_or(u16::MAX);
-    let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
     let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
-    let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, splits];
     let qkv_part = qkv.single_part(OP)?;
     let with = |q: Resource| std::iter::once(q).chain(kv.iter().cloned()).collect::<Vec<_>>();
-    match q_window_tokens(ctx, cache.source(), qkv_part, layout.row_stride()) {
-        // CPU drivers read the queries from uniform windows of whole rows, a dispatch each.
-        Some(per_window) => {
-            let row_bytes = (layout.row_stride() * 4) as u64;
-            let variant = ShaderVariant { x_in: XSource::Uniform, ..variant };
-            for token0 in (0..num_tokens).step_by(per_window) {
-                let (window, offset) = qkv_part.window(ctx, token0 as u64 * row_bytes).ok_or_else(|| {
-                    WeftError::shape(OP, format!("qkv has no room for a uniform window at row {token0}"))
-                })?;
-                let token0 = u32_of(OP, "token", token0)?;
-                let p = AttentionParams { token0, q_row0: token0, ..params };
-                let tokens = per_window.min(num_tokens - token0 as usize);
-                ctx.dispatch(rec, variant, bytemuck::bytes_of(&p), with(window), Some(offset), grid(tokens))?;
-            }
-        }
-        None => {
-            let q = qkv_part.resource(ctx)?;
-            ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), with(q), None, grid(num_tokens))?;
-        }
+    if cache.source() == KvSource::Storage {
+        // The GPU families: flash attention, R rows of (token, query head) a workgroup.
+        check_flash_memory(head_dim, ctx.limits().max_compute_workgroup_storage_size)?;
+        let variant = ShaderVariant::flash(cache.f16(), head_dim16);
+        let rows = usize::from(variant.tile[2]);
+        let groups = u32_of(OP, "row blocks", (num_tokens * (num_heads / num_kv_heads)).div_ceil(rows))?;
+        let grid = [groups, params.num_kv_heads, splits];
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), with(qkv_part.resource(ctx)?), None, grid)?;
+    } else {
+        attention_on_cpu_driver(ctx, rec, &params, qkv_part, layout, cache, splits, &with)?;
     }
     if split {
         let merge = MergeParams {
@@ -388,6 +382,61 @@ pub fn paged_attention(
         let grid = [params.num_heads, params.num_tokens, 1];
         let variant = ShaderVariant::plain("attention_merge");
         ctx.dispatch(rec, variant, bytemuck::bytes_of(&merge), bindings.into(), None, grid)?;
+    }
+    Ok(())
+}
+
+/// The CPU family's attention (shaders/paged_attention.wgsl) over a cache in textures: the
+/// query heads of a KV head grouped where the driver's threads stay busy, and the queries read
+/// from uniform windows of whole rows where qkv has room for them, a dispatch each.
+#[allow(clippy::too_many_arguments)]
+fn attention_on_cpu_driver(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    params: &AttentionParams,
+    qkv_part: &TensorPart,
+    layout: QkvLayout,
+    cache: &PagedKv<'_>,
+    splits: u32,
+    with: &dyn Fn(Resource) -> Vec<Resource>,
+) -> Result<()> {
+    const OP: &str = "paged_attention";
+    let num_tokens = params.num_tokens as usize;
+    let group = layout.num_heads / layout.num_kv_heads;
+    let heads = attention_query_heads(cache.source(), layout.num_heads, group, num_tokens, ctx.cpu_driver().threads);
+    let head_dim16 = u16::try_from(layout.head_dim).unwrap_or(u16::MAX);
+    let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
+    let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, splits];
+    match q_window_tokens(ctx, cache.source(), qkv_part, layout.row_stride()) {
+        Some(per_window) => {
+            let row_bytes = (layout.row_stride() * 4) as u64;
+            let variant = ShaderVariant { x_in: XSource::Uniform, ..variant };
+            for token0 in (0..num_tokens).step_by(per_window) {
+                let (window, offset) = qkv_part.window(ctx, token0 as u64 * row_bytes).ok_or_else(|| {
+                    WeftError::shape(OP, format!("qkv has no room for a uniform window at row {token0}"))
+                })?;
+                let token0 = u32_of(OP, "token", token0)?;
+                let p = AttentionParams { token0, q_row0: token0, ..*params };
+                let tokens = per_window.min(num_tokens - token0 as usize);
+                ctx.dispatch(rec, variant, bytemuck::bytes_of(&p), with(window), Some(offset), grid(tokens))?;
+            }
+        }
+        None => {
+            let q = qkv_part.resource(ctx)?;
+            ctx.dispatch(rec, variant, bytemuck::bytes_of(params), with(q), None, grid(num_tokens))?;
+        }
+    }
+    Ok(())
+}
+
+/// Fails unless flash attention's workgroup memory at `head_dim`
+/// ([`crate::gpu::flash_workgroup_bytes`]) fits a device's `limit` of bytes a workgroup.
+pub fn check_flash_memory(head_dim: usize, limit: u32) -> Result<()> {
+    let need = crate::gpu::flash_workgroup_bytes(head_dim);
+    if need > limit as usize {
+        return Err(WeftError::Unsupported(format!(
+            "flash attention at head size {head_dim} needs {need} bytes of workgroup memory; this device allows {limit}"
+        )));
     }
     Ok(())
 }
