@@ -32,8 +32,8 @@
 //                               (max, sum, 0, 0) then the unnormalised weighted V sum; unused
 //                               when split_min is 0
 //   8 sinks         read        f32 (num_heads)  each head's sink logit; unused when has_sinks is 0
-// Workgroup: WG invocations, R rows, TK keys a tile (gpu::kernels::paged::FlashTile: R·HD +
-// TK·HD + R·TK floats and a few words per row of workgroup memory, within WebGPU's 16 KiB).
+// Workgroup: WG invocations, R rows, TK keys a tile (gpu::flash_tile: R·HD + TK·(HD + 4) +
+// R·TK floats and a few words per row of workgroup memory, within WebGPU's 16 KiB).
 // Per tile: the K tile is loaded (invocation i takes vec4s i, i + WG, …), the R·TK scores are
 // shared out the same way, invocation r < R takes row r's softmax step while all load the V
 // tile over the K tile, and each invocation folds the output vec4s lid, lid + WG, … of the
@@ -66,6 +66,7 @@ const TK: u32 = {{TN}}u; // keys a tile
 const R: u32 = {{TM}}u; // query rows a workgroup
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
+const KS: u32 = HV + 1u; // a staged key's stride in vec4s: consecutive keys start in different banks
 const E: u32 = (R * HV + WG - 1u) / WG; // output vec4s an invocation owns
 const NO_SEQ: u32 = 0xffffffffu;
 
@@ -77,7 +78,7 @@ const NO_SEQ: u32 = 0xffffffffu;
 @group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> sh_q: array<vec4<f32>, R * HV>; // the rows' queries, times scale
-var<workgroup> sh_kv: array<vec4<f32>, TK * HV>; // the tile's K, then its V
+var<workgroup> sh_kv: array<vec4<f32>, TK * KS>; // the tile's K, then its V
 var<workgroup> sh_p: array<f32, R * TK>; // scores, then weights
 var<workgroup> sh_seq: array<u32, R>; // the row's sequence (NO_SEQ past the dispatch's rows)
 var<workgroup> sh_start: array<u32, R>; // the row's positions in this split: [start, stop)
@@ -86,7 +87,7 @@ var<workgroup> sh_splits: array<u32, R>;
 var<workgroup> sh_max: array<f32, R>; // running max, then (finished) the sink's rescale
 var<workgroup> sh_sum: array<f32, R>;
 var<workgroup> sh_corr: array<f32, R>; // this tile's rescale of the row's output
-var<workgroup> sh_run: array<u32, 3>; // the current run of rows: end row, first and end position
+var<workgroup> sh_run: vec3<u32>; // the current run of rows: end row, first and end position
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -149,13 +150,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
                 end++;
             }
-            sh_run[0] = end;
-            sh_run[1] = lo;
-            sh_run[2] = hi;
+            sh_run = vec3<u32>(end, lo, hi);
         }
-        let run1 = workgroupUniformLoad(&sh_run[0]);
-        let lo = workgroupUniformLoad(&sh_run[1]);
-        let hi = workgroupUniformLoad(&sh_run[2]);
+        let run = workgroupUniformLoad(&sh_run);
+        let run1 = run.x;
+        let lo = run.y;
+        let hi = run.z;
         let seq = sh_seq[run0];
         let table = seq * params.max_blocks_per_seq;
         for (var tile = lo / TK; lo < hi && tile * TK < hi; tile++) {
@@ -166,10 +166,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let r = i / TK;
                 let p = p0 + i % TK;
                 if (r >= run0 && r < run1 && p >= sh_start[r] && p < sh_stop[r]) {
+                    let q = r * HV;
+                    let k = (i % TK) * KS;
                     var s4 = vec4<f32>(0.0);
-                    for (var d = 0u; d < HV; d++) {
-                        s4 = fma(sh_q[r * HV + d], sh_kv[(i % TK) * HV + d], s4);
-                    }
+#for d in 0..HV
+                    s4 = fma(sh_q[q + {{d}}u], sh_kv[k + {{d}}u], s4);
+#end
                     sh_p[i] = (s4.x + s4.y) + (s4.z + s4.w);
                 }
             }
@@ -188,7 +190,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     if (a < b) {
                         var o = vec4<f32>(0.0);
                         for (var j = a; j < b; j++) {
-                            o = fma(vec4<f32>(sh_p[r * TK + j]), sh_kv[j * HV + i % HV], o);
+                            o = fma(vec4<f32>(sh_p[r * TK + j]), sh_kv[j * KS + i % HV], o);
                         }
                         acc[e] = acc[e] * sh_corr[r] + o;
                     }
@@ -217,7 +219,7 @@ fn load_tile(keys: bool, table: u32, kv_head: u32, kv_stride: u32, p0: u32, lo: 
                 v = vload(at);
             }
         }
-        sh_kv[i] = v;
+        sh_kv[(i / HV) * KS + i % HV] = v;
     }
 }
 

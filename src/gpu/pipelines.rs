@@ -140,11 +140,12 @@ pub fn flash_tile(head_dim: usize) -> [u16; 3] {
 }
 
 /// Bytes of workgroup memory `flash_attention` declares at `head_dim`: the rows' queries, one
-/// K or V tile and the rows' scores (f32), seven words a row and three more, each array
-/// rounded up to 16 bytes.
+/// K or V tile (each key padded by a vec4, so that consecutive keys start in different banks)
+/// and the rows' scores (f32), seven words a row and four more, each array rounded up to 16
+/// bytes.
 pub fn flash_workgroup_bytes(head_dim: usize) -> usize {
     let [_, keys, rows] = flash_tile(head_dim).map(usize::from);
-    let arrays = [rows * head_dim, keys * head_dim, rows * keys].into_iter().chain([rows; 7]).chain([3]);
+    let arrays = [rows * head_dim, keys * (head_dim + 4), rows * keys].into_iter().chain([rows; 7]).chain([4]);
     arrays.map(|words| (4 * words).next_multiple_of(16)).sum()
 }
 
