@@ -4,8 +4,9 @@
 // attends to positions [first, p] of s, p from token_info (causal or bidirectional), first = 0
 // or p + 1 - window; optional sink logits (gpt-oss); split-K by shared/attention_splits.wgsl,
 // joined by attention_merge into the same `partials` layout. What differs is the work's shape:
-// a workgroup takes R query rows that share one KV head (the GQA group's heads of consecutive
-// tokens: row i of the dispatch is token i / G, head kv_head · G + i % G) and walks keys in
+// a workgroup takes params.rows (at most R) query rows that share one KV head (the GQA group's
+// heads of consecutive tokens: row i of the dispatch is token i / G, head kv_head · G + i % G;
+// a decode step takes G rows, one token, a workgroup) and walks keys in
 // tiles of TK positions staged in workgroup memory, so every K and V read serves all R rows;
 // the queries sit in workgroup memory too, and no invocation holds a whole head.
 //
@@ -38,7 +39,7 @@
 // shared out the same way, invocation r < R takes row r's softmax step while all load the V
 // tile over the K tile, and each invocation folds the output vec4s lid, lid + WG, … of the
 // R·HV it owns (in registers across tiles).
-// Grid: (ceil(num_tokens · G / R), num_kv_heads, 1), or SPLITS deep when splitting.
+// Grid: (ceil(num_tokens · G / params.rows), num_kv_heads, 1), or SPLITS deep when splitting.
 
 #include kv_read
 #include x_source
@@ -59,11 +60,12 @@ struct Params {
     token0: u32,
     q_row0: u32,
     has_sinks: u32,
+    rows: u32,
 }
 
 const WG: u32 = {{WG}}u;
 const TK: u32 = {{TN}}u; // keys a tile
-const R: u32 = {{TM}}u; // query rows a workgroup
+const R: u32 = {{TM}}u; // the most query rows a workgroup takes (params.rows of them)
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
 const KS: u32 = HV + 1u; // a staged key's stride in vec4s: consecutive keys start in different banks
@@ -95,8 +97,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_head = wid.y;
     let split = wid.z;
     let num_rows = params.num_tokens * group;
-    let row0 = wid.x * R;
-    if (lid < R) {
+    let rows = params.rows;
+    let row0 = wid.x * rows;
+    if (lid < rows) {
         var seq = NO_SEQ;
         var start = 0u;
         var stop = 0u;
@@ -120,7 +123,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         sh_max[lid] = NEG_MAX;
         sh_sum[lid] = 0.0;
     }
-    for (var i = lid; i < R * HV; i += WG) {
+    for (var i = lid; i < rows * HV; i += WG) {
         let row = row0 + i / HV;
         var q = vec4<f32>(0.0);
         if (row < num_rows) {
@@ -133,7 +136,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kv_stride = params.num_kv_heads * HV;
     var run0 = 0u;
     loop {
-        if (run0 >= R) {
+        if (run0 >= rows) {
             break;
         }
         workgroupBarrier();
@@ -143,7 +146,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             var end = run0;
             var lo = NO_SEQ;
             var hi = 0u;
-            while (end < R && sh_seq[end] == seq) {
+            while (end < rows && sh_seq[end] == seq) {
                 if (sh_start[end] < sh_stop[end]) {
                     lo = min(lo, sh_start[end]);
                     hi = max(hi, sh_stop[end]);
@@ -162,7 +165,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let p0 = tile * TK;
             load_tile(true, table, kv_head, kv_stride, p0, lo, hi, lid);
             workgroupBarrier();
-            for (var i = lid; i < R * TK; i += WG) {
+            for (var i = lid; i < rows * TK; i += WG) {
                 let r = i / TK;
                 let p = p0 + i % TK;
                 if (r >= run0 && r < run1 && p >= sh_start[r] && p < sh_stop[r]) {
@@ -184,7 +187,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var e = 0u; e < E; e++) {
                 let i = lid + e * WG;
                 let r = i / HV;
-                if (i < R * HV && r >= run0 && r < run1) {
+                if (i < rows * HV && r >= run0 && r < run1) {
                     let a = clamp(sh_start[r], p0, p0 + TK) - p0;
                     let b = clamp(sh_stop[r], p0, p0 + TK) - p0;
                     if (a < b) {
@@ -200,7 +203,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         run0 = run1;
     }
-    finish(row0, num_rows, group, kv_head, split, lid, acc);
+    finish(row0, rows, group, kv_head, split, lid, acc);
 }
 
 // Stage the K (or V) rows of positions p0 .. p0 + TK - 1 of the run's sequence, kv_head, in
@@ -252,8 +255,8 @@ fn softmax_step(r: u32, p0: u32) {
 
 // Write each row's output (one split: divided by its sum, with its sink where it has one) or
 // its split's partial state for attention_merge.
-fn finish(row0: u32, num_rows: u32, group: u32, kv_head: u32, split: u32, lid: u32, acc: array<vec4<f32>, E>) {
-    if (lid < R && sh_start[lid] < sh_stop[lid]) {
+fn finish(row0: u32, rows: u32, group: u32, kv_head: u32, split: u32, lid: u32, acc: array<vec4<f32>, E>) {
+    if (lid < rows && sh_start[lid] < sh_stop[lid]) {
         let row = row0 + lid;
         let head = kv_head * group + row % group;
         let t = row / group;
@@ -274,7 +277,7 @@ fn finish(row0: u32, num_rows: u32, group: u32, kv_head: u32, split: u32, lid: u
     for (var e = 0u; e < E; e++) {
         let i = lid + e * WG;
         let r = i / HV;
-        if (i < R * HV && sh_start[r] < sh_stop[r]) {
+        if (i < rows * HV && sh_start[r] < sh_stop[r]) {
             let row = row0 + r;
             let head = kv_head * group + row % group;
             let t = row / group;

@@ -62,6 +62,7 @@ struct Params {
     token0: u32,
     q_row0: u32,
     has_sinks: u32,
+    rows: u32, // flash_attention's
 }
 
 const WG: u32 = 8u; // the merges below unroll over its 8 lanes

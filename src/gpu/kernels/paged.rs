@@ -44,6 +44,7 @@ shader_params!(AttentionParams {
     token0: u32,
     q_row0: u32,
     has_sinks: u32,
+    rows: u32, // query rows a workgroup of flash attention takes (at most its tile's)
 });
 shader_params!(MergeParams { num_heads: u32, head_dim: u32, window: u32, split_min: u32, has_sinks: u32 });
 
@@ -338,6 +339,7 @@ pub fn paged_attention(
         token0: 0,
         q_row0: 0,
         has_sinks: u32::from(sinks.is_some()),
+        rows: 0,
     };
     // Without sinks the binding is never read: any read-only buffer of the dispatch fills it.
     let sinks_res = sinks.unwrap_or(token_info).single_part(OP)?.resource(ctx)?;
@@ -358,9 +360,15 @@ pub fn paged_attention(
         // The GPU families: flash attention, R rows of (token, query head) a workgroup.
         check_flash_memory(head_dim, ctx.limits().max_compute_workgroup_storage_size)?;
         let variant = ShaderVariant::flash(cache.f16(), head_dim16);
-        let rows = usize::from(variant.tile[2]);
-        let groups = u32_of(OP, "row blocks", (num_tokens * (num_heads / num_kv_heads)).div_ceil(rows))?;
+        let group = num_heads / num_kv_heads;
+        // A decode step (a token a sequence) takes a token's G rows a workgroup: rows of several
+        // sequences in one workgroup would walk their keys in turn, with most rows idle. Other
+        // steps fill the tile, whose rows share each staged tile. Rows change no bits.
+        let decode = num_tokens <= block_tables.shape()[0];
+        let rows = if decode { group.min(usize::from(variant.tile[2])) } else { usize::from(variant.tile[2]) };
+        let groups = u32_of(OP, "row blocks", (num_tokens * group).div_ceil(rows))?;
         let grid = [groups, params.num_kv_heads, splits];
+        let params = AttentionParams { rows: rows as u32, ..params };
         ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), with(qkv_part.resource(ctx)?), None, grid)?;
     } else {
         attention_on_cpu_driver(ctx, rec, &params, qkv_part, layout, cache, splits, &with)?;
