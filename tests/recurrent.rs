@@ -10,7 +10,9 @@
 //! is Granite 4.0-H with experts (Tiny's and Small's form): the same layers, each MLP 8 routed
 //! experts (top 2) beside the shared one; `tests/fixtures/lfm2moe/` an `Lfm2MoeForCausalLM`
 //! (LFM2's layers, the first with a dense MLP, the rest 8 experts chosen by sigmoid + a spread
-//! expert bias, top 2, renormalised).
+//! expert bias, top 2, renormalised); `tests/fixtures/qwen35moe/` a `Qwen3_5MoeForCausalLM`
+//! (Qwen3.5's layers, attention third, each MLP 8 experts softmax top 2 renormalised beside a
+//! shared expert scaled by the sigmoid of its own one-row gate; llama.cpp's `qwen35moe`).
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
 //!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
@@ -20,7 +22,7 @@
 //! - 12 greedy tokens (LFM2: 32 on 4 prompts; transformers' recurrent decode) are equal; a
 //!   divergence is tolerated only right after a step whose reference top-1/top-2 margin is below
 //!   1e-3 (a near-tie), after which that prompt is no longer compared. Where the fixture has
-//!   each step's top 20 logits (LFM2, Qwen3.5), those agree within 1e-4 too.
+//!   each step's top 20 logits (LFM2, Qwen3.5, Qwen3.5-MoE), those agree within 1e-4 too.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
 //!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
 //!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
@@ -37,15 +39,16 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 6] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe", "qwen35"];
+const FAMILIES: [&str; 7] =
+    ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe", "qwen35", "qwen35moe"];
 
 /// The families the engine-level tests walk: all of them, except in the GPU families' runs
-/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL`), which skip the two whose recurrent layers are
-/// their dense twin's (Granite 4.0-H and LFM2 with experts): their experts' kernels are one
-/// for every family, and their fidelity tests still run there.
+/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL`), which skip the three whose recurrent layers are
+/// their dense twin's (Granite 4.0-H, LFM2 and Qwen3.5 with experts): their experts' kernels
+/// are one for every family, and their fidelity tests still run there.
 fn engine_families() -> Vec<&'static str> {
     let env = |key: &str| std::env::var(key).as_deref() == Ok("1");
-    let twins = ["granite_hybrid_moe", "lfm2moe"];
+    let twins = ["granite_hybrid_moe", "lfm2moe", "qwen35moe"];
     FAMILIES.into_iter().filter(|f| !(env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") && twins.contains(f))).collect()
 }
 
@@ -225,13 +228,64 @@ fn qwen35_llama_cpp_gguf_matches_transformers() {
     fidelity("qwen35", "model.gguf");
 }
 
-/// `weft info --model` finds nothing lacking in either Qwen3.5 checkpoint.
+#[test]
+fn qwen35moe_hf_directory_matches_transformers() {
+    fidelity("qwen35moe", "hf");
+}
+
+#[test]
+fn qwen35moe_llama_cpp_gguf_matches_transformers() {
+    fidelity("qwen35moe", "model.gguf");
+}
+
+/// `weft info --model` finds nothing lacking in either checkpoint of Qwen3.5 or Qwen3.5-MoE
+/// (once refused as a mixture-of-experts weft did not run).
 #[test]
 fn qwen35_checkpoints_inspect_clean() {
-    for (path, arch) in [("model.gguf", "qwen35"), ("hf", "qwen3_5_text")] {
-        let report = weft::model::inspect::inspect(&fixture("qwen35", path)).unwrap();
+    for (family, path, arch) in [
+        ("qwen35", "model.gguf", "qwen35"),
+        ("qwen35", "hf", "qwen3_5_text"),
+        ("qwen35moe", "model.gguf", "qwen35moe"),
+        ("qwen35moe", "hf", "qwen3_5_moe_text"),
+    ] {
+        let report = weft::model::inspect::inspect(&fixture(family, path)).unwrap();
         assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
         assert!(report.problems.is_empty(), "{report}");
+        if family == "qwen35moe" {
+            let text = report.to_string();
+            assert!(
+                text.contains(
+                    "8 experts of MLP 32 (2 a token, weights renormalised) + a sigmoid-gated shared expert of MLP 64"
+                ),
+                "{text}"
+            );
+        }
+    }
+}
+
+/// The shared expert's gate counts: without it (the shared expert's output added as it is, as
+/// Granite MoE's is), the last-position logits move by far more than the fidelity tolerance,
+/// from either checkpoint.
+#[test]
+fn qwen35moe_shared_expert_gate_is_visible() {
+    let Some(f) = factory() else { return };
+    for path in ["model.gguf", "hf"] {
+        let mut files = ModelFiles::open(&fixture("qwen35moe", path)).unwrap();
+        let moe = files.config.moe.as_mut().unwrap();
+        assert!(moe.shared_expert_gated, "{path}");
+        moe.shared_expert_gated = false;
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 256)).unwrap();
+        let prompts = prompts("qwen35moe");
+        let seqs = prompts.iter().enumerate().map(|(i, p)| step(i as u32, &u32s(&p["prompt_ids"]), 0, 1)).collect();
+        let diff = logits(&exec, seqs)
+            .iter()
+            .zip(&prompts)
+            .flat_map(|(got, p)| {
+                got.iter().zip(f32s(&p["last_logits"])).map(|(a, b)| (a - b).abs()).collect::<Vec<_>>()
+            })
+            .fold(0f32, f32::max);
+        eprintln!("qwen35moe/{path} without its shared expert's gate: last-position logits differ by {diff}");
+        assert!(diff > 1e-2, "{path}: the shared expert's gate moves logits by only {diff}");
     }
 }
 
@@ -263,23 +317,29 @@ fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s: the text config
-/// under `text_config` (the tying outside it) and the text model's tensors under
-/// `model.language_model.`, beside a vision tower weft does not run. The fixture rewritten in
-/// that layout (with a stand-in vision tensor) gives the same logits.
+/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s (the MoEs
+/// `Qwen3_5MoeForConditionalGeneration`s): the text config under `text_config` (the tying
+/// outside it) and the text model's tensors under `model.language_model.`, beside a vision
+/// tower weft does not run. Each fixture rewritten in that layout (with a stand-in vision
+/// tensor) gives the same logits.
 #[test]
 fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
-    let hf = fixture("qwen35", "hf");
-    let dir = std::env::temp_dir().join(format!("weft-qwen35-vl-{}", std::process::id()));
+    multimodal_layout("qwen35", "Qwen3_5ForConditionalGeneration", "qwen3_5");
+    multimodal_layout("qwen35moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe");
+}
+
+fn multimodal_layout(family: &str, class: &str, model_type: &str) {
+    let hf = fixture(family, "hf");
+    let dir = std::env::temp_dir().join(format!("weft-{family}-vl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut text: Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
     let tie = text["tie_word_embeddings"].take();
     let config = serde_json::json!({
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "architectures": [class],
+        "model_type": model_type,
         "tie_word_embeddings": tie,
         "text_config": text,
-        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+        "vision_config": {"model_type": format!("{model_type}_vision"), "depth": 1},
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     std::fs::copy(hf.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
@@ -294,7 +354,7 @@ fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
     let stand_in = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &vision).unwrap();
     renamed.push(("model.visual.patch_embed.proj.bias".into(), stand_in));
     safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
-    fidelity_of("qwen35", dir.to_str().unwrap(), None);
+    fidelity_of(family, dir.to_str().unwrap(), None);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

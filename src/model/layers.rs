@@ -19,7 +19,7 @@
 
 use crate::error::Result;
 use crate::gpu::Epilogue;
-use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
+use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, sigmoid_mul, silu_mul};
 use crate::gpu::kernels::matmul::{matmul, matmul_gated, matmul_into, supports_gated};
 use crate::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
@@ -143,11 +143,12 @@ pub struct DeltaNetActivations {
 
 /// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
 pub struct MoeActivations {
-    pub logits: GpuTensor,  // (tokens, experts): the router's
-    pub ids: GpuTensor,     // (tokens, experts_per_token) U32: each slot's expert
-    pub weights: GpuTensor, // (tokens, experts_per_token): each slot's weight
-    pub act: GpuTensor,     // (tokens · experts_per_token, expert intermediate): gated
-    pub out: GpuTensor,     // (tokens · experts_per_token, hidden): each slot's expert output
+    pub logits: GpuTensor,      // (tokens, experts): the router's
+    pub ids: GpuTensor,         // (tokens, experts_per_token) U32: each slot's expert
+    pub weights: GpuTensor,     // (tokens, experts_per_token): each slot's weight
+    pub act: GpuTensor,         // (tokens · experts_per_token, expert intermediate): gated
+    pub out: GpuTensor,         // (tokens · experts_per_token, hidden): each slot's expert output
+    pub shared_gate: GpuTensor, // (tokens, 1): a gated shared expert's gate logit
 }
 
 /// The buffers of an LFM2 short convolution.
@@ -204,6 +205,7 @@ impl Activations {
                     weights: factory.zeros(&[num_tokens, k], crate::quant::DType::F32)?,
                     act: factory.zeros(&[slots, m.expert_intermediate_size], crate::quant::DType::F32)?,
                     out: factory.zeros(&[slots, c.hidden_size], crate::quant::DType::F32)?,
+                    shared_gate: t(1)?,
                 })
             }
             None => None,
@@ -310,6 +312,7 @@ impl Activations {
                         weights: t(&m.weights)?,
                         act: m.act.slice_rows(0..slots)?,
                         out: m.out.slice_rows(0..slots)?,
+                        shared_gate: t(&m.shared_gate)?,
                     })
                 }
                 None => None,
@@ -574,14 +577,15 @@ impl FeedForward {
     }
 }
 
-/// A mixture-of-experts MLP (Qwen3-MoE's sparse block, gpt-oss's, Granite MoE's):
+/// A mixture-of-experts MLP (Qwen3-MoE's sparse block, gpt-oss's, Granite MoE's, Qwen3.5-MoE's):
 /// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
 /// and weights w_s, chosen by the config's routing from the router's logits, each expert a
 /// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
-/// (Granite's) where the model has one. Five dispatches, all on the GPU (six with a router
-/// bias), after the shared expert's: the router's matmul, the top-k choice, every slot's gate
-/// and up with the gate, every slot's down, and the weighted sum (added onto the shared
-/// expert's output).
+/// (Granite's, Qwen3.5-MoE's) where the model has one, scaled by sigmoid(a.xn · shared_gate)
+/// where it is gated (Qwen3.5-MoE's). Five dispatches, all on the GPU (six with a router
+/// bias), after the shared expert's (and its gate's two): the router's matmul, the top-k
+/// choice, every slot's gate and up with the gate, every slot's down, and the weighted sum
+/// (added onto the shared expert's output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,               // (experts, hidden)
@@ -592,14 +596,16 @@ pub struct MoeMlp {
     pub down_bias: Option<GpuTensor>,    // (experts, hidden)
     pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
     pub shared: Option<Mlp>,
+    pub shared_gate: Option<GpuTensor>, // (1, hidden) F32: the shared expert's gate
 }
 
 /// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
 #[derive(Clone, Copy, Debug)]
 pub enum HfExperts<'a> {
     /// One matrix per expert and projection (`{prefix}.experts.E.gate_proj.weight`, …), router
-    /// `{prefix}.gate.weight`, prefix `model.layers.N.mlp` (Qwen3-MoE: transformers 5 fuses them
-    /// in memory, but saves this form).
+    /// `{prefix}.gate.weight`, shared expert `{prefix}.shared_expert.{gate,up,down}_proj` and
+    /// its gate `{prefix}.shared_expert_gate`, prefix `model.layers.N.mlp` (Qwen3-MoE,
+    /// Qwen3.5-MoE: transformers 5 fuses the experts in memory, but saves this form).
     PerExpert(&'a str),
     /// gpt-oss's fused, input-major tensors: `{prefix}.experts.gate_up_proj` (experts, hidden,
     /// 2 · ff) with gate and up in alternate columns, `down_proj` (experts, ff, hidden), their
@@ -870,9 +876,39 @@ impl MoeMlp {
                     gate: Gate::Silu,
                 })
             }
-            (_, Checkpoint::HuggingFace, _) => {
-                return Err(crate::error::WeftError::model(file, "weft reads shared experts of Granite MoE only"));
+            (sff, Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                let name = |part: &str| format!("{prefix}.shared_expert.{part}.weight");
+                Some(Mlp {
+                    gate_up: w.named_linear(&[(name("gate_proj"), sff), (name("up_proj"), sff)], None, hidden)?,
+                    down: w.named_linear(&[(name("down_proj"), hidden)], None, sff)?,
+                    gate: Gate::Silu,
+                })
             }
+            (_, Checkpoint::HuggingFace, _) => {
+                return Err(crate::error::WeftError::model(
+                    file,
+                    "weft reads shared experts of Granite MoE and Qwen3.5-MoE only",
+                ));
+            }
+        };
+        // GGUF stores the gate as a vector of hidden (or a (1, hidden) matrix), transformers as
+        // a Linear of one output: either way one row of hidden values.
+        let shared_gate = match (shape.shared_expert_gated && shared.is_some(), w.source.checkpoint(), hf) {
+            (false, ..) => None,
+            (true, Checkpoint::Gguf, _) => Some(format!("blk.{layer}.ffn_gate_inp_shexp.weight")),
+            (true, Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                Some(format!("{prefix}.shared_expert_gate.weight"))
+            }
+            (true, Checkpoint::HuggingFace, _) => {
+                return Err(crate::error::WeftError::model(
+                    file,
+                    "weft reads gated shared experts of Qwen3.5-MoE only",
+                ));
+            }
+        };
+        let shared_gate = match shared_gate {
+            Some(name) => Some(w.factory.upload_f32(&[1, hidden], &w.named_values(&name, hidden)?)?),
+            None => None,
         };
         let upload_bias = |values: Option<Vec<f32>>, cols: usize| -> Result<Option<GpuTensor>> {
             values.map(|v| w.factory.upload_f32(&[experts, cols], &v)).transpose()
@@ -904,6 +940,7 @@ impl MoeMlp {
             down_bias: upload_bias(host.down_bias, hidden)?,
             choice_bias,
             shared,
+            shared_gate,
         })
     }
 
@@ -913,6 +950,10 @@ impl MoeMlp {
         let experts = self.shape.num_experts;
         if let Some(shared) = &self.shared {
             shared.forward(ctx, rec, a, None)?;
+        }
+        if let Some(gate) = &self.shared_gate {
+            matmul(ctx, rec, &a.xn, gate, &m.shared_gate)?;
+            sigmoid_mul(ctx, rec, &a.proj, &m.shared_gate)?;
         }
         matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
         if let Some(bias) = &self.router_bias {
