@@ -295,26 +295,74 @@ fn qwen35moe_shared_expert_gate_is_visible() {
 /// if it ran) gives the same logits: weft runs the trunk only.
 #[test]
 fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
-    use weft::model::gguf::{GgufFile, GgufWriter, MetaValue};
-    let gguf = GgufFile::open(&fixture("qwen35", "model.gguf")).unwrap();
-    let mut w = GgufWriter::new();
+    use weft::model::gguf::MetaValue;
+    fidelity_of_rewritten_gguf("qwen35", "mtp", |gguf, w| {
+        w.metadata("qwen35.block_count", MetaValue::U32(5));
+        w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
+        let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
+        w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
+        for t in &gguf.tensors {
+            w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            if let Some(rest) = t.name.strip_prefix("blk.3.") {
+                w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            }
+        }
+    });
+}
+
+/// [`fidelity_of`] (scanning token by token) over `family`'s GGUF rewritten by `rewrite`, which
+/// gets the fixture and a writer holding its metadata (and no tensors) to change and fill.
+fn fidelity_of_rewritten_gguf(
+    family: &str,
+    what: &str,
+    rewrite: impl FnOnce(&weft::model::gguf::GgufFile, &mut weft::model::gguf::GgufWriter),
+) {
+    let gguf = weft::model::gguf::GgufFile::open(&fixture(family, "model.gguf")).unwrap();
+    let mut w = weft::model::gguf::GgufWriter::new();
     for (key, value) in &gguf.metadata {
         w.metadata(key, value.clone());
     }
-    w.metadata("qwen35.block_count", MetaValue::U32(5));
-    w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
-    let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
-    w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
-    for t in &gguf.tensors {
-        w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
-        if let Some(rest) = t.name.strip_prefix("blk.3.") {
-            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
-        }
-    }
-    let path = std::env::temp_dir().join(format!("weft-qwen35-mtp-{}.gguf", std::process::id()));
+    rewrite(&gguf, &mut w);
+    let path = std::env::temp_dir().join(format!("weft-{family}-{what}-{}.gguf", std::process::id()));
     std::fs::write(&path, w.to_bytes()).unwrap();
-    fidelity_of("qwen35", path.to_str().unwrap(), None);
+    fidelity_of(family, path.to_str().unwrap(), None);
     std::fs::remove_file(&path).unwrap();
+}
+
+/// llama.cpp's converter with `--fuse-gate-up-exps` writes each layer's routed gate and up
+/// experts as one `ffn_gate_up_exps` (experts, 2 · ff, hidden): each expert's gate rows, then
+/// its up rows. The fixture rewritten so gives the same logits.
+#[test]
+fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
+    fidelity_of_rewritten_gguf("qwen35moe", "fused", |gguf, w| {
+        let mut fused = 0;
+        for t in &gguf.tensors {
+            if t.name.contains(".ffn_up_exps.") {
+                continue;
+            }
+            let Some(prefix) = t.name.strip_suffix(".ffn_gate_exps.weight") else {
+                w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+                continue;
+            };
+            let up = gguf.tensor(&format!("{prefix}.ffn_up_exps.weight")).unwrap();
+            let (gate, up) = (gguf.tensor_bytes(t), gguf.tensor_bytes(up));
+            let experts = t.dims[2] as usize;
+            let per_expert = gate.len() / experts;
+            let bytes: Vec<u8> = (0..experts)
+                .flat_map(|e| [&gate[e * per_expert..][..per_expert], &up[e * per_expert..][..per_expert]])
+                .flatten()
+                .copied()
+                .collect();
+            w.tensor(
+                &format!("{prefix}.ffn_gate_up_exps.weight"),
+                &[t.dims[0], 2 * t.dims[1], t.dims[2]],
+                t.ggml_type,
+                &bytes,
+            );
+            fused += 1;
+        }
+        assert_eq!(fused, 4);
+    });
 }
 
 /// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s (the MoEs

@@ -686,8 +686,9 @@ fn mxfp4_experts<'a>(
 impl MoeMlp {
     /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
     /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
-    /// router `ffn_gate_inp`, each with an optional `.bias`); Hugging Face as `hf` says. Gate and
-    /// up must share a format (they run as one matmul).
+    /// router `ffn_gate_inp`, each with an optional `.bias`; or gate and up as one
+    /// `ffn_gate_up_exps` (experts, 2 · ff, hidden)); Hugging Face as `hf` says. Gate and up must
+    /// share a format (they run as one matmul).
     pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf: HfExperts<'_>) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
@@ -695,28 +696,6 @@ impl MoeMlp {
             (Checkpoint::Gguf, _) => {
                 let name = |part: &str| format!("blk.{layer}.{part}.weight");
                 let bias_name = |part: &str| format!("blk.{layer}.{part}.bias");
-                let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
-                let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
-                if gate.dtype != up.dtype {
-                    return Err(crate::error::WeftError::model(
-                        file,
-                        format!(
-                            "layer {layer}'s experts store gate as {} and up as {}; weft runs them as one matmul, \
-                             which needs one format",
-                            gate.dtype, up.dtype
-                        ),
-                    ));
-                }
-                // Each expert's gate rows, then its up rows.
-                let half = gate.bytes.len() / experts;
-                let gate_up: Vec<u8> = (0..experts)
-                    .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
-                    .flatten()
-                    .copied()
-                    .collect();
-                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
-                let gate_up =
-                    HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
                 let optional = |part: &str, len: usize| -> Result<Option<Vec<f32>>> {
                     let name = bias_name(part);
                     if w.source.get(&name)?.is_none() {
@@ -724,23 +703,54 @@ impl MoeMlp {
                     }
                     w.named_values(&name, len).map(Some)
                 };
-                let gate_up_bias =
-                    match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
-                        (Some(g), Some(u)) => Some(
-                            (0..experts)
-                                .flat_map(|e| [&g[e * ff..][..ff], &u[e * ff..][..ff]])
-                                .flatten()
-                                .copied()
-                                .collect(),
-                        ),
-                        (None, None) => None,
-                        _ => {
-                            return Err(crate::error::WeftError::model(
-                                file,
-                                format!("layer {layer}'s experts have a bias on one of gate and up only"),
-                            ));
-                        }
-                    };
+                let (gate_up, gate_up_bias) = if w.source.get(&name("ffn_gate_up_exps"))?.is_some() {
+                    // The converter's --fuse-gate-up-exps: already each expert's gate rows,
+                    // then its up rows.
+                    let fused = w.named_host(&name("ffn_gate_up_exps"), &[experts, 2 * ff, hidden])?;
+                    let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], ..fused };
+                    (gate_up, optional("ffn_gate_up_exps", experts * 2 * ff)?)
+                } else {
+                    let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
+                    let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
+                    if gate.dtype != up.dtype {
+                        return Err(crate::error::WeftError::model(
+                            file,
+                            format!(
+                                "layer {layer}'s experts store gate as {} and up as {}; weft runs them as one \
+                                 matmul, which needs one format",
+                                gate.dtype, up.dtype
+                            ),
+                        ));
+                    }
+                    // Each expert's gate rows, then its up rows.
+                    let half = gate.bytes.len() / experts;
+                    let gate_up: Vec<u8> = (0..experts)
+                        .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
+                        .flatten()
+                        .copied()
+                        .collect();
+                    let gate_up =
+                        HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
+                    let gate_up_bias =
+                        match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
+                            (Some(g), Some(u)) => Some(
+                                (0..experts)
+                                    .flat_map(|e| [&g[e * ff..][..ff], &u[e * ff..][..ff]])
+                                    .flatten()
+                                    .copied()
+                                    .collect(),
+                            ),
+                            (None, None) => None,
+                            _ => {
+                                return Err(crate::error::WeftError::model(
+                                    file,
+                                    format!("layer {layer}'s experts have a bias on one of gate and up only"),
+                                ));
+                            }
+                        };
+                    (gate_up, gate_up_bias)
+                };
+                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
                 let router_bias = bias_name("ffn_gate_inp");
                 HostExperts {
                     router: name("ffn_gate_inp"),
