@@ -368,8 +368,10 @@ fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
 /// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s (the MoEs
 /// `Qwen3_5MoeForConditionalGeneration`s): the text config under `text_config` (the tying
 /// outside it) and the text model's tensors under `model.language_model.`, beside a vision
-/// tower weft does not run. Each fixture rewritten in that layout (with a stand-in vision
-/// tensor) gives the same logits.
+/// tower weft does not run; the MoEs' experts stacked per layer as transformers holds them
+/// (`mlp.experts.gate_up_proj` (experts, 2 · ff, hidden), `mlp.experts.down_proj`), not one
+/// matrix each as its save_pretrained writes them. Each fixture rewritten in that layout (with
+/// a stand-in vision tensor) gives the same logits.
 #[test]
 fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
     multimodal_layout("qwen35", "Qwen3_5ForConditionalGeneration", "qwen3_5");
@@ -394,16 +396,41 @@ fn multimodal_layout(family: &str, class: &str, model_type: &str) {
     let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let vision = [0u8; 16];
+    let stacked = stacked_experts(&tensors);
     let mut renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .tensors()
         .into_iter()
+        .filter(|(name, _)| !name.contains(".mlp.experts."))
+        .chain(stacked.iter().map(|(name, shape, data)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap())
+        }))
         .map(|(name, t)| (name.replacen("model.", "model.language_model.", 1), t))
         .collect();
+    assert_eq!(stacked.is_empty(), family == "qwen35", "{family}: {} stacked tensors", stacked.len());
     let stand_in = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &vision).unwrap();
     renamed.push(("model.visual.patch_embed.proj.bias".into(), stand_in));
     safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
     fidelity_of(family, dir.to_str().unwrap(), None);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Each layer's per-expert matrices (`model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`)
+/// stacked as transformers holds them: `...experts.gate_up_proj` (experts, 2 · ff, hidden),
+/// each expert's gate rows then its up rows, and `...experts.down_proj` (experts, hidden, ff).
+fn stacked_experts(tensors: &safetensors::SafeTensors<'_>) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let mut stacked = Vec::new();
+    for layer in 0.. {
+        let prefix = format!("model.layers.{layer}.mlp.experts");
+        let part = |e: usize, name: &str| tensors.tensor(&format!("{prefix}.{e}.{name}_proj.weight")).ok();
+        let Some(first) = part(0, "down") else { break };
+        let (hidden, ff) = (first.shape()[0], first.shape()[1]);
+        let experts = (0..).take_while(|&e| part(e, "down").is_some()).count();
+        let gate_up = (0..experts).flat_map(|e| ["gate", "up"].map(|n| part(e, n).unwrap().data().to_vec())).flatten();
+        let down = (0..experts).flat_map(|e| part(e, "down").unwrap().data().to_vec());
+        stacked.push((format!("{prefix}.gate_up_proj"), vec![experts, 2 * ff, hidden], gate_up.collect()));
+        stacked.push((format!("{prefix}.down_proj"), vec![experts, hidden, ff], down.collect()));
+    }
+    stacked
 }
 
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences

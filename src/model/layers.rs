@@ -605,7 +605,10 @@ pub enum HfExperts<'a> {
     /// One matrix per expert and projection (`{prefix}.experts.E.gate_proj.weight`, …), router
     /// `{prefix}.gate.weight`, shared expert `{prefix}.shared_expert.{gate,up,down}_proj` and
     /// its gate `{prefix}.shared_expert_gate`, prefix `model.layers.N.mlp` (Qwen3-MoE,
-    /// Qwen3.5-MoE: transformers 5 fuses the experts in memory, but saves this form).
+    /// Qwen3.5-MoE: transformers 5 stacks the experts in memory, but saves this form); or the
+    /// experts stacked as transformers holds them, `{prefix}.experts.gate_up_proj` (experts,
+    /// 2 · ff, hidden; each expert's gate rows, then its up rows) and `experts.down_proj`
+    /// (experts, hidden, ff) (Qwen3.5-MoE's published checkpoints).
     PerExpert(&'a str),
     /// gpt-oss's fused, input-major tensors: `{prefix}.experts.gate_up_proj` (experts, hidden,
     /// 2 · ff) with gate and up in alternate columns, `down_proj` (experts, ff, hidden), their
@@ -620,6 +623,28 @@ pub enum HfExperts<'a> {
     /// down), router `{prefix}.gate.weight`, choice bias `{prefix}.expert_bias`; prefix
     /// `model.layers.N.feed_forward`.
     Lfm2(&'a str),
+}
+
+/// A layer's experts stacked as weft wants them, from a Hugging Face checkpoint: `gate_up`
+/// (experts, 2 · ff, hidden), each expert's gate rows then its up rows, `down` (experts,
+/// hidden, ff), no biases.
+fn stacked_experts<'w>(
+    w: &'w Loader<'_>,
+    gate_up: &str,
+    down: &str,
+    router: String,
+    [experts, ff, hidden]: [usize; 3],
+) -> Result<HostExperts<'w>> {
+    let gate_up = w.named_host(gate_up, &[experts, 2 * ff, hidden])?;
+    let down = w.named_host(down, &[experts, hidden, ff])?;
+    Ok(HostExperts {
+        router,
+        router_bias: None,
+        gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
+        gate_up_bias: None,
+        down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+        down_bias: None,
+    })
 }
 
 /// A layer's experts on the host, in weft's layout, before upload.
@@ -692,6 +717,14 @@ impl MoeMlp {
     pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf: HfExperts<'_>) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
+        // transformers' own layout for Qwen3.5-MoE's published checkpoints: each layer's
+        // experts stacked (the per-expert form is what its save_pretrained writes).
+        let stacked_hf = match (w.source.checkpoint(), hf) {
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                w.source.get(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
+            }
+            _ => false,
+        };
         let host = match (w.source.checkpoint(), hf) {
             (Checkpoint::Gguf, _) => {
                 let name = |part: &str| format!("blk.{layer}.{part}.weight");
@@ -763,16 +796,13 @@ impl MoeMlp {
             }
             (Checkpoint::HuggingFace, HfExperts::Granite(prefix)) => {
                 let name = |part: &str| format!("{prefix}.block_sparse_moe.{part}");
-                let gate_up = w.named_host(&name("input_linear.weight"), &[experts, 2 * ff, hidden])?;
-                let down = w.named_host(&name("output_linear.weight"), &[experts, hidden, ff])?;
-                HostExperts {
-                    router: name("router.layer.weight"),
-                    router_bias: None,
-                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
-                    gate_up_bias: None,
-                    down: HostTensor { shape: vec![experts * hidden, ff], ..down },
-                    down_bias: None,
-                }
+                let (gate_up, down) = (name("input_linear.weight"), name("output_linear.weight"));
+                stacked_experts(w, &gate_up, &down, name("router.layer.weight"), [experts, ff, hidden])?
+            }
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) if stacked_hf => {
+                let name = |part: &str| format!("{prefix}.{part}");
+                let (gate_up, down) = (name("experts.gate_up_proj"), name("experts.down_proj"));
+                stacked_experts(w, &gate_up, &down, name("gate.weight"), [experts, ff, hidden])?
             }
             (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix) | HfExperts::Lfm2(prefix)) => {
                 let name = |part: &str| format!("{prefix}.{part}");
