@@ -310,34 +310,48 @@ fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
     });
 }
 
-/// [`fidelity_of`] (scanning token by token) over `family`'s GGUF rewritten by `rewrite`, which
-/// gets the fixture and a writer holding its metadata (and no tensors) to change and fill.
-fn fidelity_of_rewritten_gguf(
+/// `family`'s GGUF rewritten by `rewrite`, which gets the fixture and a writer holding its
+/// metadata (and no tensors) to change and fill.
+fn rewritten_gguf(
     family: &str,
-    what: &str,
     rewrite: impl FnOnce(&weft::model::gguf::GgufFile, &mut weft::model::gguf::GgufWriter),
-) {
+) -> Vec<u8> {
     let gguf = weft::model::gguf::GgufFile::open(&fixture(family, "model.gguf")).unwrap();
     let mut w = weft::model::gguf::GgufWriter::new();
     for (key, value) in &gguf.metadata {
         w.metadata(key, value.clone());
     }
     rewrite(&gguf, &mut w);
+    w.to_bytes()
+}
+
+/// [`fidelity_of`] (scanning token by token) over `family`'s GGUF rewritten by `rewrite`.
+fn fidelity_of_rewritten_gguf(
+    family: &str,
+    what: &str,
+    rewrite: impl FnOnce(&weft::model::gguf::GgufFile, &mut weft::model::gguf::GgufWriter),
+) {
     let path = std::env::temp_dir().join(format!("weft-{family}-{what}-{}.gguf", std::process::id()));
-    std::fs::write(&path, w.to_bytes()).unwrap();
+    std::fs::write(&path, rewritten_gguf(family, rewrite)).unwrap();
     fidelity_of(family, path.to_str().unwrap(), None);
     std::fs::remove_file(&path).unwrap();
 }
 
-/// llama.cpp's converter with `--fuse-gate-up-exps` writes each layer's routed gate and up
-/// experts as one `ffn_gate_up_exps` (experts, 2 · ff, hidden): each expert's gate rows, then
-/// its up rows. The fixture rewritten so gives the same logits.
+/// Two GGUF layouts of the same weights: llama.cpp's converter with `--fuse-gate-up-exps`
+/// writes each layer's routed gate and up experts as one `ffn_gate_up_exps` (experts, 2 · ff,
+/// hidden): each expert's gate rows, then its up rows; and llama.cpp reads the shared expert's
+/// gate as a vector (hidden), where this converter wrote a (1, hidden) matrix. The fixture
+/// rewritten both ways gives the same logits.
 #[test]
 fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
     fidelity_of_rewritten_gguf("qwen35moe", "fused", |gguf, w| {
         let mut fused = 0;
         for t in &gguf.tensors {
             if t.name.contains(".ffn_up_exps.") {
+                continue;
+            }
+            if t.name.ends_with(".ffn_gate_inp_shexp.weight") {
+                w.tensor(&t.name, &t.dims[..1], t.ggml_type, gguf.tensor_bytes(t));
                 continue;
             }
             let Some(prefix) = t.name.strip_suffix(".ffn_gate_exps.weight") else {
@@ -363,6 +377,25 @@ fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
         }
         assert_eq!(fused, 4);
     });
+}
+
+/// A shared expert's gate of another width is refused at load, naming the tensor and the
+/// shapes weft reads.
+#[test]
+fn qwen35moe_shared_gate_of_the_wrong_width_is_refused() {
+    let Some(f) = factory() else { return };
+    let bytes = rewritten_gguf("qwen35moe", |gguf, w| {
+        for t in &gguf.tensors {
+            let bytes = gguf.tensor_bytes(t);
+            match t.name.as_str() {
+                "blk.0.ffn_gate_inp_shexp.weight" => w.tensor(&t.name, &[32], t.ggml_type, &bytes[..128]),
+                _ => w.tensor(&t.name, &t.dims, t.ggml_type, bytes),
+            };
+        }
+    });
+    let files = ModelFiles::from_gguf_bytes("narrow-gate.gguf", bytes).unwrap();
+    let err = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).err().expect("a narrow gate loads").to_string();
+    assert!(err.contains("blk.0.ffn_gate_inp_shexp.weight has shape [32], expected [64] or [1, 64]"), "{err}");
 }
 
 /// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s (the MoEs

@@ -33,7 +33,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
 use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, Routing, SsmConfig};
 use crate::model::lora_pool::LoraStep;
-use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts};
+use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts, upload_matrix};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -596,7 +596,7 @@ pub struct MoeMlp {
     pub down_bias: Option<GpuTensor>,    // (experts, hidden)
     pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
     pub shared: Option<Mlp>,
-    pub shared_gate: Option<GpuTensor>, // (1, hidden) F32: the shared expert's gate
+    pub shared_gate: Option<GpuTensor>, // (1, hidden): the shared expert's gate
 }
 
 /// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
@@ -932,7 +932,8 @@ impl MoeMlp {
             }
         };
         // GGUF stores the gate as a vector of hidden (or a (1, hidden) matrix), transformers as
-        // a Linear of one output: either way one row of hidden values.
+        // a Linear of one output: either way one row of hidden values, kept in its format (a
+        // quantizer may have quantized it).
         let shared_gate = match (shape.shared_expert_gated && shared.is_some(), w.source.checkpoint(), hf) {
             (false, ..) => None,
             (true, Checkpoint::Gguf, _) => Some(format!("blk.{layer}.ffn_gate_inp_shexp.weight")),
@@ -947,7 +948,16 @@ impl MoeMlp {
             }
         };
         let shared_gate = match shared_gate {
-            Some(name) => Some(w.factory.upload_f32(&[1, hidden], &w.named_values(&name, hidden)?)?),
+            Some(name) => {
+                let t = w.source.get(&name)?.ok_or_else(|| w.missing_tensor(&name))?;
+                if t.shape != [hidden] && t.shape != [1, hidden] {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        format!("tensor {name} has shape {:?}, expected [{hidden}] or [1, {hidden}]", t.shape),
+                    ));
+                }
+                Some(upload_matrix(file, &name, &HostTensor { shape: vec![1, hidden], ..t }, w.factory)?)
+            }
             None => None,
         };
         let upload_bias = |values: Option<Vec<f32>>, cols: usize| -> Result<Option<GpuTensor>> {
