@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// sigmoid_mul: x[i] = x[i] · sigmoid(gate[i]), in place: Qwen3.5's attention output gate
-// (the attention output times the sigmoid of the second half of its query projection).
+// sigmoid_mul: x[i] = x[i] · sigmoid(gate[i / group]), in place: Qwen3.5's attention output
+// gate (group 1: the attention output times the sigmoid of the second half of its query
+// projection) and Qwen3.5-MoE's shared-expert gate (group = the row's width: one gate logit
+// scales a token's whole shared-expert output).
 //
 // Bindings (group 0)
-//   0 params  uniform     Params  mirrors gpu::kernels::elementwise::GeluParams (len)
+//   0 params  uniform     Params  mirrors gpu::kernels::elementwise::SigmoidMulParams (len, group)
 //   1 x       read_write  f32 (len)
-//   2 gate    read        f32 (len)
-// Workgroup: 256 invocations, one element each.
+//   2 gate    read        f32 (len / group)
+// Workgroup: 256 invocations, one element of x each.
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(len / 256).
 
 struct Params {
     len: u32,
+    group: u32,
 }
 
 const WG: u32 = 256u;
@@ -25,5 +28,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= params.len) {
         return;
     }
-    x[i] = x[i] * (1.0 / (1.0 + exp(-gate[i])));
+    x[i] = x[i] * (1.0 / (1.0 + exp(-gate[i / params.group])));
 }

@@ -10,7 +10,9 @@
 //! is Granite 4.0-H with experts (Tiny's and Small's form): the same layers, each MLP 8 routed
 //! experts (top 2) beside the shared one; `tests/fixtures/lfm2moe/` an `Lfm2MoeForCausalLM`
 //! (LFM2's layers, the first with a dense MLP, the rest 8 experts chosen by sigmoid + a spread
-//! expert bias, top 2, renormalised).
+//! expert bias, top 2, renormalised); `tests/fixtures/qwen35moe/` a `Qwen3_5MoeForCausalLM`
+//! (Qwen3.5's layers, attention third, each MLP 8 experts softmax top 2 renormalised beside a
+//! shared expert scaled by the sigmoid of its own one-row gate; llama.cpp's `qwen35moe`).
 //!
 //! - The last prompt position's logits (transformers' prefill: its chunked SSD scan) agree
 //!   within 1e-4 for both checkpoints of both families, with weft scanning token by token and
@@ -20,7 +22,7 @@
 //! - 12 greedy tokens (LFM2: 32 on 4 prompts; transformers' recurrent decode) are equal; a
 //!   divergence is tolerated only right after a step whose reference top-1/top-2 margin is below
 //!   1e-3 (a near-tie), after which that prompt is no longer compared. Where the fixture has
-//!   each step's top 20 logits (LFM2, Qwen3.5), those agree within 1e-4 too.
+//!   each step's top 20 logits (LFM2, Qwen3.5, Qwen3.5-MoE), those agree within 1e-4 too.
 //! - A sequence alone equals the same sequence among 15 others, and a prompt prefilled in chunks
 //!   of several sizes equals one pass, bit for bit (with the chunked scan: cuts at multiples of
 //!   its chunk, as the scheduler makes them; other cuts agree within the fidelity tolerance).
@@ -37,15 +39,16 @@ use weft::step::{SeqStep, StepBatch};
 const BLOCK: usize = 16;
 
 /// The fixtures, by directory name.
-const FAMILIES: [&str; 6] = ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe", "qwen35"];
+const FAMILIES: [&str; 7] =
+    ["mamba2", "granite_hybrid", "lfm2", "granite_hybrid_moe", "lfm2moe", "qwen35", "qwen35moe"];
 
 /// The families the engine-level tests walk: all of them, except in the GPU families' runs
-/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL`), which skip the two whose recurrent layers are
-/// their dense twin's (Granite 4.0-H and LFM2 with experts): their experts' kernels are one
-/// for every family, and their fidelity tests still run there.
+/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL`), which skip the three whose recurrent layers are
+/// their dense twin's (Granite 4.0-H, LFM2 and Qwen3.5 with experts): their experts' kernels
+/// are one for every family, and their fidelity tests still run there.
 fn engine_families() -> Vec<&'static str> {
     let env = |key: &str| std::env::var(key).as_deref() == Ok("1");
-    let twins = ["granite_hybrid_moe", "lfm2moe"];
+    let twins = ["granite_hybrid_moe", "lfm2moe", "qwen35moe"];
     FAMILIES.into_iter().filter(|f| !(env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") && twins.contains(f))).collect()
 }
 
@@ -225,13 +228,64 @@ fn qwen35_llama_cpp_gguf_matches_transformers() {
     fidelity("qwen35", "model.gguf");
 }
 
-/// `weft info --model` finds nothing lacking in either Qwen3.5 checkpoint.
+#[test]
+fn qwen35moe_hf_directory_matches_transformers() {
+    fidelity("qwen35moe", "hf");
+}
+
+#[test]
+fn qwen35moe_llama_cpp_gguf_matches_transformers() {
+    fidelity("qwen35moe", "model.gguf");
+}
+
+/// `weft info --model` finds nothing lacking in either checkpoint of Qwen3.5 or Qwen3.5-MoE
+/// (once refused as a mixture-of-experts weft did not run).
 #[test]
 fn qwen35_checkpoints_inspect_clean() {
-    for (path, arch) in [("model.gguf", "qwen35"), ("hf", "qwen3_5_text")] {
-        let report = weft::model::inspect::inspect(&fixture("qwen35", path)).unwrap();
+    for (family, path, arch) in [
+        ("qwen35", "model.gguf", "qwen35"),
+        ("qwen35", "hf", "qwen3_5_text"),
+        ("qwen35moe", "model.gguf", "qwen35moe"),
+        ("qwen35moe", "hf", "qwen3_5_moe_text"),
+    ] {
+        let report = weft::model::inspect::inspect(&fixture(family, path)).unwrap();
         assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
         assert!(report.problems.is_empty(), "{report}");
+        if family == "qwen35moe" {
+            let text = report.to_string();
+            assert!(
+                text.contains(
+                    "8 experts of MLP 32 (2 a token, weights renormalised) + a sigmoid-gated shared expert of MLP 64"
+                ),
+                "{text}"
+            );
+        }
+    }
+}
+
+/// The shared expert's gate counts: without it (the shared expert's output added as it is, as
+/// Granite MoE's is), the last-position logits move by far more than the fidelity tolerance,
+/// from either checkpoint.
+#[test]
+fn qwen35moe_shared_expert_gate_is_visible() {
+    let Some(f) = factory() else { return };
+    for path in ["model.gguf", "hf"] {
+        let mut files = ModelFiles::open(&fixture("qwen35moe", path)).unwrap();
+        let moe = files.config.moe.as_mut().unwrap();
+        assert!(moe.shared_expert_gated, "{path}");
+        moe.shared_expert_gated = false;
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 256)).unwrap();
+        let prompts = prompts("qwen35moe");
+        let seqs = prompts.iter().enumerate().map(|(i, p)| step(i as u32, &u32s(&p["prompt_ids"]), 0, 1)).collect();
+        let diff = logits(&exec, seqs)
+            .iter()
+            .zip(&prompts)
+            .flat_map(|(got, p)| {
+                got.iter().zip(f32s(&p["last_logits"])).map(|(a, b)| (a - b).abs()).collect::<Vec<_>>()
+            })
+            .fold(0f32, f32::max);
+        eprintln!("qwen35moe/{path} without its shared expert's gate: last-position logits differ by {diff}");
+        assert!(diff > 1e-2, "{path}: the shared expert's gate moves logits by only {diff}");
     }
 }
 
@@ -241,61 +295,175 @@ fn qwen35_checkpoints_inspect_clean() {
 /// if it ran) gives the same logits: weft runs the trunk only.
 #[test]
 fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
-    use weft::model::gguf::{GgufFile, GgufWriter, MetaValue};
-    let gguf = GgufFile::open(&fixture("qwen35", "model.gguf")).unwrap();
-    let mut w = GgufWriter::new();
+    use weft::model::gguf::MetaValue;
+    fidelity_of_rewritten_gguf("qwen35", "mtp", |gguf, w| {
+        w.metadata("qwen35.block_count", MetaValue::U32(5));
+        w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
+        let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
+        w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
+        for t in &gguf.tensors {
+            w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            if let Some(rest) = t.name.strip_prefix("blk.3.") {
+                w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            }
+        }
+    });
+}
+
+/// `family`'s GGUF rewritten by `rewrite`, which gets the fixture and a writer holding its
+/// metadata (and no tensors) to change and fill.
+fn rewritten_gguf(
+    family: &str,
+    rewrite: impl FnOnce(&weft::model::gguf::GgufFile, &mut weft::model::gguf::GgufWriter),
+) -> Vec<u8> {
+    let gguf = weft::model::gguf::GgufFile::open(&fixture(family, "model.gguf")).unwrap();
+    let mut w = weft::model::gguf::GgufWriter::new();
     for (key, value) in &gguf.metadata {
         w.metadata(key, value.clone());
     }
-    w.metadata("qwen35.block_count", MetaValue::U32(5));
-    w.metadata("qwen35.nextn_predict_layers", MetaValue::U32(1));
-    let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
-    w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
-    for t in &gguf.tensors {
-        w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
-        if let Some(rest) = t.name.strip_prefix("blk.3.") {
-            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
-        }
-    }
-    let path = std::env::temp_dir().join(format!("weft-qwen35-mtp-{}.gguf", std::process::id()));
-    std::fs::write(&path, w.to_bytes()).unwrap();
-    fidelity_of("qwen35", path.to_str().unwrap(), None);
+    rewrite(&gguf, &mut w);
+    w.to_bytes()
+}
+
+/// [`fidelity_of`] (scanning token by token) over `family`'s GGUF rewritten by `rewrite`.
+fn fidelity_of_rewritten_gguf(
+    family: &str,
+    what: &str,
+    rewrite: impl FnOnce(&weft::model::gguf::GgufFile, &mut weft::model::gguf::GgufWriter),
+) {
+    let path = std::env::temp_dir().join(format!("weft-{family}-{what}-{}.gguf", std::process::id()));
+    std::fs::write(&path, rewritten_gguf(family, rewrite)).unwrap();
+    fidelity_of(family, path.to_str().unwrap(), None);
     std::fs::remove_file(&path).unwrap();
 }
 
-/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s: the text config
-/// under `text_config` (the tying outside it) and the text model's tensors under
-/// `model.language_model.`, beside a vision tower weft does not run. The fixture rewritten in
-/// that layout (with a stand-in vision tensor) gives the same logits.
+/// Two GGUF layouts of the same weights: llama.cpp's converter with `--fuse-gate-up-exps`
+/// writes each layer's routed gate and up experts as one `ffn_gate_up_exps` (experts, 2 · ff,
+/// hidden): each expert's gate rows, then its up rows; and llama.cpp reads the shared expert's
+/// gate as a vector (hidden), where this converter wrote a (1, hidden) matrix. The fixture
+/// rewritten both ways gives the same logits.
+#[test]
+fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
+    fidelity_of_rewritten_gguf("qwen35moe", "fused", |gguf, w| {
+        let mut fused = 0;
+        for t in &gguf.tensors {
+            if t.name.contains(".ffn_up_exps.") {
+                continue;
+            }
+            if t.name.ends_with(".ffn_gate_inp_shexp.weight") {
+                w.tensor(&t.name, &t.dims[..1], t.ggml_type, gguf.tensor_bytes(t));
+                continue;
+            }
+            let Some(prefix) = t.name.strip_suffix(".ffn_gate_exps.weight") else {
+                w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+                continue;
+            };
+            let up = gguf.tensor(&format!("{prefix}.ffn_up_exps.weight")).unwrap();
+            let (gate, up) = (gguf.tensor_bytes(t), gguf.tensor_bytes(up));
+            let experts = t.dims[2] as usize;
+            let per_expert = gate.len() / experts;
+            let bytes: Vec<u8> = (0..experts)
+                .flat_map(|e| [&gate[e * per_expert..][..per_expert], &up[e * per_expert..][..per_expert]])
+                .flatten()
+                .copied()
+                .collect();
+            w.tensor(
+                &format!("{prefix}.ffn_gate_up_exps.weight"),
+                &[t.dims[0], 2 * t.dims[1], t.dims[2]],
+                t.ggml_type,
+                &bytes,
+            );
+            fused += 1;
+        }
+        assert_eq!(fused, 4);
+    });
+}
+
+/// A shared expert's gate of another width is refused at load, naming the tensor and the
+/// shapes weft reads.
+#[test]
+fn qwen35moe_shared_gate_of_the_wrong_width_is_refused() {
+    let Some(f) = factory() else { return };
+    let bytes = rewritten_gguf("qwen35moe", |gguf, w| {
+        for t in &gguf.tensors {
+            let bytes = gguf.tensor_bytes(t);
+            match t.name.as_str() {
+                "blk.0.ffn_gate_inp_shexp.weight" => w.tensor(&t.name, &[32], t.ggml_type, &bytes[..128]),
+                _ => w.tensor(&t.name, &t.dims, t.ggml_type, bytes),
+            };
+        }
+    });
+    let files = ModelFiles::from_gguf_bytes("narrow-gate.gguf", bytes).unwrap();
+    let err = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).err().expect("a narrow gate loads").to_string();
+    assert!(err.contains("blk.0.ffn_gate_inp_shexp.weight has shape [32], expected [64] or [1, 64]"), "{err}");
+}
+
+/// The published Qwen3.5 checkpoints are `Qwen3_5ForConditionalGeneration`s (the MoEs
+/// `Qwen3_5MoeForConditionalGeneration`s): the text config under `text_config` (the tying
+/// outside it) and the text model's tensors under `model.language_model.`, beside a vision
+/// tower weft does not run; the MoEs' experts stacked per layer as transformers holds them
+/// (`mlp.experts.gate_up_proj` (experts, 2 · ff, hidden), `mlp.experts.down_proj`), not one
+/// matrix each as its save_pretrained writes them. Each fixture rewritten in that layout (with
+/// a stand-in vision tensor) gives the same logits.
 #[test]
 fn qwen35_multimodal_checkpoint_layout_runs_its_text_model() {
-    let hf = fixture("qwen35", "hf");
-    let dir = std::env::temp_dir().join(format!("weft-qwen35-vl-{}", std::process::id()));
+    multimodal_layout("qwen35", "Qwen3_5ForConditionalGeneration", "qwen3_5");
+    multimodal_layout("qwen35moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe");
+}
+
+fn multimodal_layout(family: &str, class: &str, model_type: &str) {
+    let hf = fixture(family, "hf");
+    let dir = std::env::temp_dir().join(format!("weft-{family}-vl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut text: Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
     let tie = text["tie_word_embeddings"].take();
     let config = serde_json::json!({
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "architectures": [class],
+        "model_type": model_type,
         "tie_word_embeddings": tie,
         "text_config": text,
-        "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
+        "vision_config": {"model_type": format!("{model_type}_vision"), "depth": 1},
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     std::fs::copy(hf.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
     let bytes = std::fs::read(hf.join("model.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let vision = [0u8; 16];
+    let stacked = stacked_experts(&tensors);
     let mut renamed: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .tensors()
         .into_iter()
+        .filter(|(name, _)| !name.contains(".mlp.experts."))
+        .chain(stacked.iter().map(|(name, shape, data)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap())
+        }))
         .map(|(name, t)| (name.replacen("model.", "model.language_model.", 1), t))
         .collect();
+    assert_eq!(stacked.is_empty(), family == "qwen35", "{family}: {} stacked tensors", stacked.len());
     let stand_in = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &vision).unwrap();
     renamed.push(("model.visual.patch_embed.proj.bias".into(), stand_in));
     safetensors::serialize_to_file(renamed, None, &dir.join("model.safetensors")).unwrap();
-    fidelity_of("qwen35", dir.to_str().unwrap(), None);
+    fidelity_of(family, dir.to_str().unwrap(), None);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Each layer's per-expert matrices (`model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`)
+/// stacked as transformers holds them: `...experts.gate_up_proj` (experts, 2 · ff, hidden),
+/// each expert's gate rows then its up rows, and `...experts.down_proj` (experts, hidden, ff).
+fn stacked_experts(tensors: &safetensors::SafeTensors<'_>) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let mut stacked = Vec::new();
+    for layer in 0.. {
+        let prefix = format!("model.layers.{layer}.mlp.experts");
+        let part = |e: usize, name: &str| tensors.tensor(&format!("{prefix}.{e}.{name}_proj.weight")).ok();
+        let Some(first) = part(0, "down") else { break };
+        let (hidden, ff) = (first.shape()[0], first.shape()[1]);
+        let experts = (0..).take_while(|&e| part(e, "down").is_some()).count();
+        let gate_up = (0..experts).flat_map(|e| ["gate", "up"].map(|n| part(e, n).unwrap().data().to_vec())).flatten();
+        let down = (0..experts).flat_map(|e| part(e, "down").unwrap().data().to_vec());
+        stacked.push((format!("{prefix}.gate_up_proj"), vec![experts, 2 * ff, hidden], gate_up.collect()));
+        stacked.push((format!("{prefix}.down_proj"), vec![experts, hidden, ff], down.collect()));
+    }
+    stacked
 }
 
 /// The 33-token prompt alone, in chunks of 1, 3 and 8 tokens, and among 15 other sequences

@@ -500,6 +500,17 @@ fn granitemoe_shared_expert_is_visible() {
     assert!(diff > 1e-2, "the shared expert moves logits by only {diff}");
 }
 
+/// A sigmoid gate on the shared expert is Qwen3.5-MoE's: a Granite MoE directory asked for one
+/// is refused, naming what weft reads, not run without it.
+#[test]
+fn a_gated_shared_expert_outside_qwen35moe_is_refused() {
+    let Some(f) = factory() else { return };
+    let mut files = ModelFiles::open(&fixture("granitemoe/hf")).unwrap();
+    files.config.moe.as_mut().unwrap().shared_expert_gated = true;
+    let err = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).err().expect("a gated Granite MoE loads").to_string();
+    assert!(err.contains("weft reads gated shared experts of Qwen3.5-MoE only"), "{err}");
+}
+
 /// The routing is live: without renormalising the top-2 weights, or with one expert a token
 /// instead of two, the logits move by far more than the tolerance.
 #[test]

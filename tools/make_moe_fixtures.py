@@ -18,6 +18,17 @@ reuses, as ``tools/make_dense_fixtures.py`` does).
     Granite 4.0-H Tiny and Small): Mamba2 layers around an attention layer, each layer's MLP
     the same routed experts plus shared expert.
 
+``tests/fixtures/qwen35moe/`` (``--only qwen35moe``)
+    Qwen3.5-MoE (``Qwen3_5MoeForCausalLM``, llama.cpp's ``qwen35moe``): the tiny dense
+    Qwen3.5's layers (``tools/make_recurrent_fixtures.py``'s ``QWEN35_LAYERS``; attention third
+    here, untied LM head), each MLP a router over 8 experts, softmax, top 2, always renormalised,
+    each expert a SwiGLU MLP of 32, beside a shared SwiGLU MLP of 64 whose output is scaled by
+    sigmoid(x · ``shared_expert_gate``) (a one-output Linear, drawn like the other matrices: its
+    sigmoids span about 0.05 to 0.98 over the prompts). The routers are drawn half as wide as
+    the others' (Qwen3.5's (1 + w) norms double their inputs), so that the second expert keeps a
+    real weight. Four prompts and 32 greedy tokens, as the dense Qwen3.5's; the converter runs
+    with ``--no-mtp``. The router report covers the greedy tokens too (what a decode routes).
+
 ``tests/fixtures/qwen3moe/``
     Qwen3 attention (q_norm / k_norm per head) and, in every layer, a sparse MoE block: a
     router over 8 experts, the top 2 per token, their softmax weights renormalised to sum to 1
@@ -78,6 +89,7 @@ GPT_OSS_MXFP4 = "gpt_oss_mxfp4"
 GRANITEMOE = "granitemoe"
 GRANITE_HYBRID_MOE = "granite_hybrid_moe"
 LFM2MOE = "lfm2moe"
+QWEN35MOE = "qwen35moe"
 FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 ROUTER_STD = 0.25
 
@@ -93,6 +105,17 @@ def qwen3moe(vocab: int):
         tie_word_embeddings=False, pad_token_id=1, bos_token_id=0, eos_token_id=0,
     )
     return Qwen3MoeForCausalLM(config)
+
+
+def qwen35moe(vocab: int):
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=vocab, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
+        num_experts_per_tok=2, layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        tie_word_embeddings=False, **recurrent.QWEN35_LAYERS,
+    )
+    return Qwen3_5MoeForCausalLM(config)
 
 
 def granitemoe(vocab: int):
@@ -153,6 +176,10 @@ def lfm2moe(vocab: int):
     return Lfm2MoeForCausalLM(config)
 
 
+# Qwen3.5-MoE as the dense Qwen3.5 fixture: four prompts, and no multi-token-prediction layer
+# for the converter to expect.
+MAKE_EXTRAS = {QWEN35MOE: {"prompts": recurrent.PROMPTS_4, "converter_args": ["--no-mtp"]}}
+
 DENSE_RANDOMIZE = recurrent.randomize
 MODELS = []
 
@@ -172,6 +199,16 @@ def randomize(model) -> None:
             if name.endswith("expert_bias"):
                 b.copy_(torch.randn_like(b) * 0.1)
     MODELS.append(model)
+
+
+def randomize_qwen35moe(model) -> None:
+    """``randomize``, with the routers half as wide: Qwen3.5's (1 + w) norms, w about 1 here,
+    feed them inputs twice the others' scale, so this keeps their logits' spread at about 2."""
+    randomize(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn_like(p) * ROUTER_STD / 2)
 
 
 def randomize_gpt_oss(model) -> None:
@@ -194,9 +231,10 @@ def randomize_gpt_oss(model) -> None:
     MODELS.append(model)
 
 
-def gpt_oss_report(model) -> None:
+def gpt_oss_report(model, sequences=recurrent.PROMPTS) -> None:
     """Print the smallest gap between a token's k-th and (k+1)-th router logit (top-k picks on
-    logits), the experts reached, and how often the SwiGLU limit clips gate or up."""
+    logits) over ``sequences``, the experts reached, and how often the SwiGLU limit clips gate
+    or up."""
     k = model.config.num_experts_per_tok
     limit = model.config.swiglu_limit
     gaps, chosen, clipped = [], set(), [0, 0]
@@ -216,7 +254,7 @@ def gpt_oss_report(model) -> None:
     hooks = [layer.mlp.router.register_forward_hook(router_hook) for layer in model.model.layers]
     hooks += [layer.mlp.experts.register_forward_hook(experts_hook) for layer in model.model.layers]
     with torch.no_grad():
-        for ids in recurrent.PROMPTS:
+        for ids in sequences:
             model(torch.tensor([ids]))
     for h in hooks:
         h.remove()
@@ -224,9 +262,10 @@ def gpt_oss_report(model) -> None:
           f"clipped by the SwiGLU limit: {clipped[0]} of {clipped[1]} gate/up values (all experts)")
 
 
-def routing_report(model) -> None:
+def routing_report(model, sequences=recurrent.PROMPTS) -> None:
     """Print the smallest gap between the k-th and (k+1)-th router probability of any token at
-    any layer over the prompts, and the experts chosen."""
+    any layer over ``sequences`` (each prompt and its greedy tokens: what a decode reads), and
+    the experts chosen."""
     k = model.config.num_experts_per_tok
     gaps, chosen = [], set()
 
@@ -248,14 +287,25 @@ def routing_report(model) -> None:
             return getattr(layer.feed_forward, "gate", None)
         return layer.mlp.gate
 
+    # Qwen3.5-MoE's shared expert is scaled by sigmoid(shared_expert_gate(x)) per token.
+    shared_gates = []
+
+    def gate_hook(_module, _inputs, output):
+        shared_gates.append(torch.sigmoid(output.float()).flatten())
+
     routers = [r for r in map(router, model.model.layers) if r is not None]
     hooks = [router.register_forward_hook(hook) for router in routers]
+    hooks += [layer.mlp.shared_expert_gate.register_forward_hook(gate_hook) for layer in model.model.layers
+              if hasattr(getattr(layer, "mlp", None), "shared_expert_gate")]
     with torch.no_grad():
-        for ids in recurrent.PROMPTS:
+        for ids in sequences:
             model(torch.tensor([ids]))
     for h in hooks:
         h.remove()
     print(f"smallest top-{k} gap in router probabilities: {min(gaps):.3e}; experts reached: {sorted(chosen)}")
+    if shared_gates:
+        gates = torch.cat(shared_gates)
+        print(f"shared expert gates (sigmoid): {float(gates.min()):.3f} to {float(gates.max()):.3f}")
 
 
 def mxfp4_blocks(w):
@@ -334,7 +384,7 @@ def make_gpt_oss_mxfp4(llama_cpp: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4, GRANITEMOE, GRANITE_HYBRID_MOE, LFM2MOE], help="make one fixture")
+    parser.add_argument("--only", choices=[NAME, GPT_OSS, GPT_OSS_MXFP4, GRANITEMOE, GRANITE_HYBRID_MOE, LFM2MOE, QWEN35MOE], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
@@ -344,6 +394,7 @@ def main() -> None:
         (GRANITEMOE, granitemoe, randomize, routing_report, recurrent.NUM_GREEDY),
         (GRANITE_HYBRID_MOE, granite_hybrid_moe, randomize, routing_report, recurrent.NUM_GREEDY),
         (LFM2MOE, lfm2moe, randomize, routing_report, recurrent.NUM_GREEDY),
+        (QWEN35MOE, qwen35moe, randomize_qwen35moe, routing_report, recurrent.NUM_GREEDY_32),
     ]:
         if args.only not in (None, name):
             continue
@@ -355,10 +406,10 @@ def main() -> None:
             "add_bos_token": False}, indent=2) + "\n")
         recurrent.randomize = rand
         MODELS.clear()
-        recurrent.make(name, build, args.llama_cpp, num_greedy=greedy)
-        report(MODELS[0])
+        recurrent.make(name, build, args.llama_cpp, num_greedy=greedy, **MAKE_EXTRAS.get(name, {}))
         expected_path = recurrent.FIXTURES / name / "expected.json"
         expected = json.loads(expected_path.read_text())
+        report(MODELS[0], [p["prompt_ids"] + p["greedy_ids"] for p in expected["prompts"]])
         expected["meta"]["generator"] = "tools/make_moe_fixtures.py"
         expected_path.write_text(json.dumps(expected) + "\n")
     if args.only in (None, GPT_OSS_MXFP4):

@@ -139,18 +139,25 @@ def lfm2(vocab: int):
     return Lfm2ForCausalLM(config)
 
 
+# The tiny Qwen3.5's layers, shared by the dense fixture and the MoE one
+# (``tools/make_moe_fixtures.py``).
+QWEN35_LAYERS = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+    rms_norm_eps=1e-6, max_position_embeddings=4096, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+)
+
+
 def qwen35(vocab: int):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4,
+        vocab_size=vocab, intermediate_size=64,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        rms_norm_eps=1e-6, max_position_embeddings=4096, tie_word_embeddings=True, pad_token_id=1, bos_token_id=0,
-        eos_token_id=0,
+        tie_word_embeddings=True, **QWEN35_LAYERS,
     )
     return Qwen3_5ForCausalLM(config)
 

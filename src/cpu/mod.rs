@@ -146,9 +146,12 @@ pub fn rope(
     }
 }
 
-/// `x · sigmoid(gate)`, element by element (Qwen3.5's attention output gate).
+/// `x · sigmoid(gate)`, each gate value scaling `x.len() / gate.len()` consecutive values of
+/// x: one each (Qwen3.5's attention output gate) or a row each (Qwen3.5-MoE's shared-expert
+/// gate, one a token).
 pub fn sigmoid_mul(x: &[f32], gate: &[f32]) -> Vec<f32> {
-    x.iter().zip(gate).map(|(&x, &g)| (f64::from(x) / (1.0 + (-f64::from(g)).exp())) as f32).collect()
+    let group = x.len() / gate.len().max(1);
+    x.iter().enumerate().map(|(i, &x)| (f64::from(x) / (1.0 + (-f64::from(gate[i / group])).exp())) as f32).collect()
 }
 
 /// `silu(gate) * up`, element by element.

@@ -162,6 +162,10 @@ pub struct MoeConfig {
     /// The width of a shared expert, a SwiGLU MLP every token runs beside its routed experts,
     /// its output added to theirs (Granite MoE's `shared_mlp`); 0: none.
     pub shared_expert_size: usize,
+    /// The shared expert's output is scaled per token by sigmoid(x · g) of a one-row gate g
+    /// before it joins the experts' (Qwen3.5-MoE's `shared_expert_gate`, llama.cpp's
+    /// `ffn_gate_inp_shexp`); false: added as it is.
+    pub shared_expert_gated: bool,
     /// The first layers keep a dense MLP of `ModelConfig::intermediate_size` (LFM2-MoE's
     /// `num_dense_layers`); every later layer routes.
     pub leading_dense_layers: usize,
@@ -347,6 +351,9 @@ impl LayerState {
 
 /// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
 const MOE_SUPPORTED: &[&str] = &[
+    "qwen35moe",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
     "qwen3moe",
     "qwen3_moe",
     "gpt-oss",
@@ -364,7 +371,7 @@ const MOE_SUPPORTED: &[&str] = &[
 fn moe_refusal(architecture: &str, experts: &str) -> String {
     format!(
         "mixture-of-experts is not supported: {architecture} has {experts} per layer (weft runs the experts of \
-         qwen3moe, gpt-oss, Granite MoE, Granite 4.0-H and LFM2-MoE; the other MoE architectures not yet)"
+         qwen3moe, Qwen3.5-MoE, gpt-oss, Granite MoE, Granite 4.0-H and LFM2-MoE; the other MoE architectures not yet)"
     )
 }
 
@@ -410,6 +417,7 @@ fn granite_moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::TopKSoftmax,
         gate: ExpertGate::Silu,
         shared_expert_size: v["shared_intermediate_size"].as_u64().unwrap_or(0) as usize,
+        shared_expert_gated: false,
         leading_dense_layers: 0,
     })
 }
@@ -440,6 +448,7 @@ fn qwen3moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::Softmax { normalize: v["norm_topk_prob"].as_bool().unwrap_or(false) },
         gate: ExpertGate::Silu,
         shared_expert_size: 0,
+        shared_expert_gated: false,
         leading_dense_layers: 0,
     })
 }
@@ -480,6 +489,7 @@ fn gpt_oss_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         routing: Routing::TopKSoftmax,
         gate: ExpertGate::SwigluOai,
         shared_expert_size: 0,
+        shared_expert_gated: false,
         leading_dense_layers: 0,
     })
 }
@@ -548,8 +558,10 @@ impl ModelConfig {
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
         };
         let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
+        // Qwen3.5, dense or with experts: Gated DeltaNet layers among gated attention.
+        let qwen35 = arch == "qwen35" || arch == "qwen35moe";
         // Qwen3.5 writes its Gated DeltaNet's shape under the same ssm.* keys as Mamba2.
-        let ssm = if arch != "qwen35" && gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
+        let ssm = if !qwen35 && gguf.get_u64(&format!("{arch}.ssm.state_size")).is_some() {
             // llama.cpp's time_step_rank of a Mamba2 is its head count.
             let num_heads = int("ssm.time_step_rank")?;
             Some(SsmConfig {
@@ -591,7 +603,7 @@ impl ModelConfig {
             }
             // Qwen3.5: recurrent_layers marks the Gated DeltaNet layers; without it, llama.cpp
             // makes every full_attention_interval-th layer (default 4) attend.
-            (_, "qwen35") => {
+            (_, "qwen35" | "qwen35moe") => {
                 let num_layers = int("block_count")?.saturating_sub(int("nextn_predict_layers").unwrap_or(0));
                 let attention_layers = match gguf.get_bool_array(&format!("{arch}.attention.recurrent_layers")) {
                     Some(recurrent) => (0..num_layers).filter(|&i| recurrent.get(i) == Some(&false)).collect(),
@@ -604,7 +616,7 @@ impl ModelConfig {
             }
             _ => None,
         };
-        let delta_net = if arch == "qwen35" {
+        let delta_net = if qwen35 {
             let num_v_heads = int("ssm.time_step_rank")?;
             Some(DeltaNetConfig {
                 conv_kernel: int("ssm.conv_kernel")?,
@@ -694,7 +706,16 @@ impl ModelConfig {
                         }
                     },
                     gate: if gpt_oss { ExpertGate::SwigluOai } else { ExpertGate::Silu },
-                    shared_expert_size: if granite { int("expert_shared_feed_forward_length").unwrap_or(0) } else { 0 },
+                    // llama.cpp's qwen35moe reads its shared expert's width as feed_forward_length
+                    // where the converter wrote no width of its own.
+                    shared_expert_size: match arch.as_str() {
+                        "qwen35moe" => {
+                            int("expert_shared_feed_forward_length").or_else(|_| int("feed_forward_length"))?
+                        }
+                        _ if granite => int("expert_shared_feed_forward_length").unwrap_or(0),
+                        _ => 0,
+                    },
+                    shared_expert_gated: arch == "qwen35moe",
                     leading_dense_layers: int("leading_dense_block_count").unwrap_or(0),
                 })
             }
@@ -729,7 +750,7 @@ impl ModelConfig {
             attention_bias: gguf.tensor("blk.0.attn_q.bias").is_some(),
             sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
             // LFM2's layer 0 may be a convolution; its attention always norms q and k.
-            qk_norm: arch.starts_with("lfm2") || arch == "qwen35" || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
+            qk_norm: arch.starts_with("lfm2") || qwen35 || gguf.tensor("blk.0.attn_q_norm.weight").is_some(),
             // llama.cpp's Gemma 3 constants: GGUF has no keys for them. Its query scale is
             // head_dim^-1/2 (query_pre_attn_scalar = head_dim) for every size but 27B.
             sliding_window_pattern: match arch.as_str() {
@@ -854,16 +875,17 @@ impl ModelConfig {
         if arch == "lfm2" || arch == "lfm2_moe" {
             return Self::lfm2_from_hf(file, &v);
         }
-        if arch == "qwen3_5_text" {
-            return Self::qwen35_from_hf(file, &v, "qwen3_5_text", None);
+        if arch == "qwen3_5_text" || arch == "qwen3_5_moe_text" {
+            return Self::qwen35_from_hf(file, &v, &arch, None);
         }
-        if arch == "qwen3_5" {
-            // Qwen3_5ForConditionalGeneration (the published checkpoints): the text model's
-            // config inside, the LM head's tying outside. weft runs the text model alone.
+        if arch == "qwen3_5" || arch == "qwen3_5_moe" {
+            // Qwen3_5ForConditionalGeneration and Qwen3_5MoeForConditionalGeneration (the
+            // published checkpoints): the text model's config inside, the LM head's tying
+            // outside. weft runs the text model alone.
             if !v["text_config"].is_object() {
                 return Err(missing(file, "text_config"));
             }
-            return Self::qwen35_from_hf(file, &v["text_config"], "qwen3_5", v["tie_word_embeddings"].as_bool());
+            return Self::qwen35_from_hf(file, &v["text_config"], &arch, v["tie_word_embeddings"].as_bool());
         }
         let hidden_size = int("hidden_size")?;
         let num_heads = int("num_attention_heads")?;
@@ -1206,6 +1228,7 @@ impl ModelConfig {
                 routing: Routing::Sigmoid { normalize: v["norm_topk_prob"].as_bool().unwrap_or(true) },
                 gate: ExpertGate::Silu,
                 shared_expert_size: 0,
+                shared_expert_gated: false,
                 leading_dense_layers: int("num_dense_layers").unwrap_or(0),
             })
         } else {
@@ -1247,10 +1270,12 @@ impl ModelConfig {
 
     /// transformers' `Qwen3_5TextConfig` (the text model of Qwen3.5, `Qwen3_5ForCausalLM`, or
     /// the `text_config` of `Qwen3_5ForConditionalGeneration`, `architecture` "qwen3_5", whose
-    /// `tie` is its own): Gated DeltaNet layers (`layer_types` "linear_attention", or all but every
-    /// `full_attention_interval`-th) among gated attention layers with partial RoPE. Its
-    /// multimodal RoPE sections rotate text positions as plain RoPE, every section seeing the
-    /// same position.
+    /// `tie` is its own) and `Qwen3_5MoeTextConfig` (`architecture` "qwen3_5_moe_text", or
+    /// "qwen3_5_moe" around it): Gated DeltaNet layers (`layer_types` "linear_attention", or all
+    /// but every `full_attention_interval`-th) among gated attention layers with partial RoPE.
+    /// Its multimodal RoPE sections rotate text positions as plain RoPE, every section seeing
+    /// the same position. The MoE's every layer routes (`Qwen3_5MoeSparseMoeBlock`: softmax,
+    /// top-k, always renormalised) beside a sigmoid-gated shared expert.
     fn qwen35_from_hf(file: &str, v: &Value, architecture: &str, tie: Option<bool>) -> Result<ModelConfig> {
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let refuse = |detail: &str| Err(WeftError::model(file, detail.to_string()));
@@ -1277,11 +1302,29 @@ impl ModelConfig {
         // transformers' default partial_rotary_factor for Qwen3.5 is 0.25.
         let partial = rope["partial_rotary_factor"].as_f64().or_else(|| v["partial_rotary_factor"].as_f64());
         let rotary_dim = Some((head_dim as f64 * partial.unwrap_or(0.25)) as usize).filter(|&d| d != head_dim);
+        let moe = if architecture.starts_with("qwen3_5_moe") {
+            Some(MoeConfig {
+                num_experts: int("num_experts")?,
+                experts_per_token: int("num_experts_per_tok")?,
+                expert_intermediate_size: int("moe_intermediate_size")?,
+                routing: Routing::Softmax { normalize: true },
+                gate: ExpertGate::Silu,
+                shared_expert_size: int("shared_expert_intermediate_size")?,
+                shared_expert_gated: true,
+                leading_dense_layers: 0,
+            })
+        } else {
+            None
+        };
         let config = ModelConfig {
             architecture: architecture.into(),
             vocab_size: int("vocab_size")?,
             hidden_size,
-            intermediate_size: int("intermediate_size")?,
+            // The MoE's only dense MLP is its shared expert.
+            intermediate_size: match moe {
+                Some(m) => m.shared_expert_size,
+                None => int("intermediate_size")?,
+            },
             num_layers,
             num_heads,
             num_kv_heads: int("num_key_value_heads").unwrap_or(num_heads),
@@ -1312,7 +1355,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
-            moe: None,
+            moe,
         };
         config.check(file)?;
         Ok(config)
@@ -1875,5 +1918,41 @@ mod tests {
         assert!(err.contains("v heads a multiple of k heads"), "{err}");
         let err = qwen35(r#", "attention_bias": true"#).unwrap_err().to_string();
         assert!(err.contains("attention_bias is set"), "{err}");
+    }
+
+    /// Qwen3.5-35B-A3B's text config (no `intermediate_size`: its only dense MLP is the
+    /// shared expert), alone and inside `Qwen3_5MoeForConditionalGeneration`'s; a missing
+    /// expert width is named.
+    #[test]
+    fn hf_qwen35moe_config_is_read_as_transformers_reads_it() {
+        let text = |extra: &str| {
+            format!(
+                r#"{{"model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_attention_heads": 16,
+                    "num_key_value_heads": 2, "head_dim": 256, "num_hidden_layers": 40, "vocab_size": 248320,
+                    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                    "linear_num_value_heads": 32, "num_experts": 256, "num_experts_per_tok": 8,
+                    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512{extra}}}"#
+            )
+        };
+        let want = MoeConfig {
+            num_experts: 256,
+            experts_per_token: 8,
+            expert_intermediate_size: 512,
+            routing: Routing::Softmax { normalize: true },
+            gate: ExpertGate::Silu,
+            shared_expert_size: 512,
+            shared_expert_gated: true,
+            leading_dense_layers: 0,
+        };
+        let c = ModelConfig::from_hf_json("config.json", &text("")).unwrap();
+        assert_eq!((c.architecture.as_str(), c.moe, c.intermediate_size), ("qwen3_5_moe_text", Some(want), 512));
+        assert_eq!((c.num_recurrent_layers(), c.num_attention_layers(), c.rope_dim()), (30, 10, 64));
+        let wrapped =
+            format!(r#"{{"model_type": "qwen3_5_moe", "tie_word_embeddings": false, "text_config": {}}}"#, text(""));
+        let c = ModelConfig::from_hf_json("config.json", &wrapped).unwrap();
+        assert_eq!((c.architecture.as_str(), c.moe), ("qwen3_5_moe", Some(want)));
+        let json = text("").replace(r#""moe_intermediate_size": 512, "#, "");
+        let err = ModelConfig::from_hf_json("config.json", &json).unwrap_err().to_string();
+        assert!(err.contains("moe_intermediate_size"), "{err}");
     }
 }

@@ -288,7 +288,8 @@ impl fmt::Display for ModelReport {
                         _ => "",
                     },
                     if m.shared_expert_size > 0 {
-                        format!(" + a shared expert of MLP {}", m.shared_expert_size)
+                        let gated = if m.shared_expert_gated { "sigmoid-gated " } else { "" };
+                        format!(" + a {gated}shared expert of MLP {}", m.shared_expert_size)
                     } else {
                         String::new()
                     }

@@ -19,7 +19,7 @@
 
 use crate::error::Result;
 use crate::gpu::Epilogue;
-use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
+use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, sigmoid_mul, silu_mul};
 use crate::gpu::kernels::matmul::{matmul, matmul_gated, matmul_into, supports_gated};
 use crate::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
@@ -33,7 +33,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
 use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, Routing, SsmConfig};
 use crate::model::lora_pool::LoraStep;
-use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts};
+use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts, upload_matrix};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -143,11 +143,12 @@ pub struct DeltaNetActivations {
 
 /// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
 pub struct MoeActivations {
-    pub logits: GpuTensor,  // (tokens, experts): the router's
-    pub ids: GpuTensor,     // (tokens, experts_per_token) U32: each slot's expert
-    pub weights: GpuTensor, // (tokens, experts_per_token): each slot's weight
-    pub act: GpuTensor,     // (tokens · experts_per_token, expert intermediate): gated
-    pub out: GpuTensor,     // (tokens · experts_per_token, hidden): each slot's expert output
+    pub logits: GpuTensor,      // (tokens, experts): the router's
+    pub ids: GpuTensor,         // (tokens, experts_per_token) U32: each slot's expert
+    pub weights: GpuTensor,     // (tokens, experts_per_token): each slot's weight
+    pub act: GpuTensor,         // (tokens · experts_per_token, expert intermediate): gated
+    pub out: GpuTensor,         // (tokens · experts_per_token, hidden): each slot's expert output
+    pub shared_gate: GpuTensor, // (tokens, 1): a gated shared expert's gate logit
 }
 
 /// The buffers of an LFM2 short convolution.
@@ -204,6 +205,7 @@ impl Activations {
                     weights: factory.zeros(&[num_tokens, k], crate::quant::DType::F32)?,
                     act: factory.zeros(&[slots, m.expert_intermediate_size], crate::quant::DType::F32)?,
                     out: factory.zeros(&[slots, c.hidden_size], crate::quant::DType::F32)?,
+                    shared_gate: t(1)?,
                 })
             }
             None => None,
@@ -310,6 +312,7 @@ impl Activations {
                         weights: t(&m.weights)?,
                         act: m.act.slice_rows(0..slots)?,
                         out: m.out.slice_rows(0..slots)?,
+                        shared_gate: t(&m.shared_gate)?,
                     })
                 }
                 None => None,
@@ -574,14 +577,15 @@ impl FeedForward {
     }
 }
 
-/// A mixture-of-experts MLP (Qwen3-MoE's sparse block, gpt-oss's, Granite MoE's):
+/// A mixture-of-experts MLP (Qwen3-MoE's sparse block, gpt-oss's, Granite MoE's, Qwen3.5-MoE's):
 /// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
 /// and weights w_s, chosen by the config's routing from the router's logits, each expert a
 /// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
-/// (Granite's) where the model has one. Five dispatches, all on the GPU (six with a router
-/// bias), after the shared expert's: the router's matmul, the top-k choice, every slot's gate
-/// and up with the gate, every slot's down, and the weighted sum (added onto the shared
-/// expert's output).
+/// (Granite's, Qwen3.5-MoE's) where the model has one, scaled by sigmoid(a.xn · shared_gate)
+/// where it is gated (Qwen3.5-MoE's). Five dispatches, all on the GPU (six with a router
+/// bias), after the shared expert's (and its gate's two): the router's matmul, the top-k
+/// choice, every slot's gate and up with the gate, every slot's down, and the weighted sum
+/// (added onto the shared expert's output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,               // (experts, hidden)
@@ -592,14 +596,19 @@ pub struct MoeMlp {
     pub down_bias: Option<GpuTensor>,    // (experts, hidden)
     pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
     pub shared: Option<Mlp>,
+    pub shared_gate: Option<GpuTensor>, // (1, hidden): the shared expert's gate
 }
 
 /// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
 #[derive(Clone, Copy, Debug)]
 pub enum HfExperts<'a> {
     /// One matrix per expert and projection (`{prefix}.experts.E.gate_proj.weight`, …), router
-    /// `{prefix}.gate.weight`, prefix `model.layers.N.mlp` (Qwen3-MoE: transformers 5 fuses them
-    /// in memory, but saves this form).
+    /// `{prefix}.gate.weight`, shared expert `{prefix}.shared_expert.{gate,up,down}_proj` and
+    /// its gate `{prefix}.shared_expert_gate`, prefix `model.layers.N.mlp` (Qwen3-MoE,
+    /// Qwen3.5-MoE: transformers 5 stacks the experts in memory, but saves this form); or the
+    /// experts stacked as transformers holds them, `{prefix}.experts.gate_up_proj` (experts,
+    /// 2 · ff, hidden; each expert's gate rows, then its up rows) and `experts.down_proj`
+    /// (experts, hidden, ff) (Qwen3.5-MoE's published checkpoints).
     PerExpert(&'a str),
     /// gpt-oss's fused, input-major tensors: `{prefix}.experts.gate_up_proj` (experts, hidden,
     /// 2 · ff) with gate and up in alternate columns, `down_proj` (experts, ff, hidden), their
@@ -614,6 +623,28 @@ pub enum HfExperts<'a> {
     /// down), router `{prefix}.gate.weight`, choice bias `{prefix}.expert_bias`; prefix
     /// `model.layers.N.feed_forward`.
     Lfm2(&'a str),
+}
+
+/// A layer's experts stacked as weft wants them, from a Hugging Face checkpoint: `gate_up`
+/// (experts, 2 · ff, hidden), each expert's gate rows then its up rows, `down` (experts,
+/// hidden, ff), no biases.
+fn stacked_experts<'w>(
+    w: &'w Loader<'_>,
+    gate_up: &str,
+    down: &str,
+    router: String,
+    [experts, ff, hidden]: [usize; 3],
+) -> Result<HostExperts<'w>> {
+    let gate_up = w.named_host(gate_up, &[experts, 2 * ff, hidden])?;
+    let down = w.named_host(down, &[experts, hidden, ff])?;
+    Ok(HostExperts {
+        router,
+        router_bias: None,
+        gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
+        gate_up_bias: None,
+        down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+        down_bias: None,
+    })
 }
 
 /// A layer's experts on the host, in weft's layout, before upload.
@@ -680,37 +711,24 @@ fn mxfp4_experts<'a>(
 impl MoeMlp {
     /// Layer `layer`'s experts: GGUF stacks each projection's experts in one tensor
     /// (`blk.N.ffn_gate_exps.weight` (experts, ff, hidden), `ffn_up_exps`, `ffn_down_exps`,
-    /// router `ffn_gate_inp`, each with an optional `.bias`); Hugging Face as `hf` says. Gate and
-    /// up must share a format (they run as one matmul).
+    /// router `ffn_gate_inp`, each with an optional `.bias`; or gate and up as one
+    /// `ffn_gate_up_exps` (experts, 2 · ff, hidden)); Hugging Face as `hf` says. Gate and up must
+    /// share a format (they run as one matmul).
     pub fn load(w: &Loader<'_>, shape: MoeConfig, hidden: usize, layer: usize, hf: HfExperts<'_>) -> Result<MoeMlp> {
         let (experts, ff) = (shape.num_experts, shape.expert_intermediate_size);
         let file = w.source.file();
+        // transformers' own layout for Qwen3.5-MoE's published checkpoints: each layer's
+        // experts stacked (the per-expert form is what its save_pretrained writes).
+        let stacked_hf = match (w.source.checkpoint(), hf) {
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                w.source.get(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
+            }
+            _ => false,
+        };
         let host = match (w.source.checkpoint(), hf) {
             (Checkpoint::Gguf, _) => {
                 let name = |part: &str| format!("blk.{layer}.{part}.weight");
                 let bias_name = |part: &str| format!("blk.{layer}.{part}.bias");
-                let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
-                let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
-                if gate.dtype != up.dtype {
-                    return Err(crate::error::WeftError::model(
-                        file,
-                        format!(
-                            "layer {layer}'s experts store gate as {} and up as {}; weft runs them as one matmul, \
-                             which needs one format",
-                            gate.dtype, up.dtype
-                        ),
-                    ));
-                }
-                // Each expert's gate rows, then its up rows.
-                let half = gate.bytes.len() / experts;
-                let gate_up: Vec<u8> = (0..experts)
-                    .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
-                    .flatten()
-                    .copied()
-                    .collect();
-                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
-                let gate_up =
-                    HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
                 let optional = |part: &str, len: usize| -> Result<Option<Vec<f32>>> {
                     let name = bias_name(part);
                     if w.source.get(&name)?.is_none() {
@@ -718,23 +736,54 @@ impl MoeMlp {
                     }
                     w.named_values(&name, len).map(Some)
                 };
-                let gate_up_bias =
-                    match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
-                        (Some(g), Some(u)) => Some(
-                            (0..experts)
-                                .flat_map(|e| [&g[e * ff..][..ff], &u[e * ff..][..ff]])
-                                .flatten()
-                                .copied()
-                                .collect(),
-                        ),
-                        (None, None) => None,
-                        _ => {
-                            return Err(crate::error::WeftError::model(
-                                file,
-                                format!("layer {layer}'s experts have a bias on one of gate and up only"),
-                            ));
-                        }
-                    };
+                let (gate_up, gate_up_bias) = if w.source.get(&name("ffn_gate_up_exps"))?.is_some() {
+                    // The converter's --fuse-gate-up-exps: already each expert's gate rows,
+                    // then its up rows.
+                    let fused = w.named_host(&name("ffn_gate_up_exps"), &[experts, 2 * ff, hidden])?;
+                    let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], ..fused };
+                    (gate_up, optional("ffn_gate_up_exps", experts * 2 * ff)?)
+                } else {
+                    let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
+                    let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
+                    if gate.dtype != up.dtype {
+                        return Err(crate::error::WeftError::model(
+                            file,
+                            format!(
+                                "layer {layer}'s experts store gate as {} and up as {}; weft runs them as one \
+                                 matmul, which needs one format",
+                                gate.dtype, up.dtype
+                            ),
+                        ));
+                    }
+                    // Each expert's gate rows, then its up rows.
+                    let half = gate.bytes.len() / experts;
+                    let gate_up: Vec<u8> = (0..experts)
+                        .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
+                        .flatten()
+                        .copied()
+                        .collect();
+                    let gate_up =
+                        HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
+                    let gate_up_bias =
+                        match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
+                            (Some(g), Some(u)) => Some(
+                                (0..experts)
+                                    .flat_map(|e| [&g[e * ff..][..ff], &u[e * ff..][..ff]])
+                                    .flatten()
+                                    .copied()
+                                    .collect(),
+                            ),
+                            (None, None) => None,
+                            _ => {
+                                return Err(crate::error::WeftError::model(
+                                    file,
+                                    format!("layer {layer}'s experts have a bias on one of gate and up only"),
+                                ));
+                            }
+                        };
+                    (gate_up, gate_up_bias)
+                };
+                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
                 let router_bias = bias_name("ffn_gate_inp");
                 HostExperts {
                     router: name("ffn_gate_inp"),
@@ -747,16 +796,13 @@ impl MoeMlp {
             }
             (Checkpoint::HuggingFace, HfExperts::Granite(prefix)) => {
                 let name = |part: &str| format!("{prefix}.block_sparse_moe.{part}");
-                let gate_up = w.named_host(&name("input_linear.weight"), &[experts, 2 * ff, hidden])?;
-                let down = w.named_host(&name("output_linear.weight"), &[experts, hidden, ff])?;
-                HostExperts {
-                    router: name("router.layer.weight"),
-                    router_bias: None,
-                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
-                    gate_up_bias: None,
-                    down: HostTensor { shape: vec![experts * hidden, ff], ..down },
-                    down_bias: None,
-                }
+                let (gate_up, down) = (name("input_linear.weight"), name("output_linear.weight"));
+                stacked_experts(w, &gate_up, &down, name("router.layer.weight"), [experts, ff, hidden])?
+            }
+            (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) if stacked_hf => {
+                let name = |part: &str| format!("{prefix}.{part}");
+                let (gate_up, down) = (name("experts.gate_up_proj"), name("experts.down_proj"));
+                stacked_experts(w, &gate_up, &down, name("gate.weight"), [experts, ff, hidden])?
             }
             (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix) | HfExperts::Lfm2(prefix)) => {
                 let name = |part: &str| format!("{prefix}.{part}");
@@ -870,9 +916,49 @@ impl MoeMlp {
                     gate: Gate::Silu,
                 })
             }
-            (_, Checkpoint::HuggingFace, _) => {
-                return Err(crate::error::WeftError::model(file, "weft reads shared experts of Granite MoE only"));
+            (sff, Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                let name = |part: &str| format!("{prefix}.shared_expert.{part}.weight");
+                Some(Mlp {
+                    gate_up: w.named_linear(&[(name("gate_proj"), sff), (name("up_proj"), sff)], None, hidden)?,
+                    down: w.named_linear(&[(name("down_proj"), hidden)], None, sff)?,
+                    gate: Gate::Silu,
+                })
             }
+            (_, Checkpoint::HuggingFace, _) => {
+                return Err(crate::error::WeftError::model(
+                    file,
+                    "weft reads shared experts of Granite MoE and Qwen3.5-MoE only",
+                ));
+            }
+        };
+        // GGUF stores the gate as a vector of hidden (or a (1, hidden) matrix), transformers as
+        // a Linear of one output: either way one row of hidden values, kept in its format (a
+        // quantizer may have quantized it).
+        let shared_gate = match (shape.shared_expert_gated && shared.is_some(), w.source.checkpoint(), hf) {
+            (false, ..) => None,
+            (true, Checkpoint::Gguf, _) => Some(format!("blk.{layer}.ffn_gate_inp_shexp.weight")),
+            (true, Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
+                Some(format!("{prefix}.shared_expert_gate.weight"))
+            }
+            (true, Checkpoint::HuggingFace, _) => {
+                return Err(crate::error::WeftError::model(
+                    file,
+                    "weft reads gated shared experts of Qwen3.5-MoE only",
+                ));
+            }
+        };
+        let shared_gate = match shared_gate {
+            Some(name) => {
+                let t = w.source.get(&name)?.ok_or_else(|| w.missing_tensor(&name))?;
+                if t.shape != [hidden] && t.shape != [1, hidden] {
+                    return Err(crate::error::WeftError::model(
+                        file,
+                        format!("tensor {name} has shape {:?}, expected [{hidden}] or [1, {hidden}]", t.shape),
+                    ));
+                }
+                Some(upload_matrix(file, &name, &HostTensor { shape: vec![1, hidden], ..t }, w.factory)?)
+            }
+            None => None,
         };
         let upload_bias = |values: Option<Vec<f32>>, cols: usize| -> Result<Option<GpuTensor>> {
             values.map(|v| w.factory.upload_f32(&[experts, cols], &v)).transpose()
@@ -904,6 +990,7 @@ impl MoeMlp {
             down_bias: upload_bias(host.down_bias, hidden)?,
             choice_bias,
             shared,
+            shared_gate,
         })
     }
 
@@ -913,6 +1000,10 @@ impl MoeMlp {
         let experts = self.shape.num_experts;
         if let Some(shared) = &self.shared {
             shared.forward(ctx, rec, a, None)?;
+        }
+        if let Some(gate) = &self.shared_gate {
+            matmul(ctx, rec, &a.xn, gate, &m.shared_gate)?;
+            sigmoid_mul(ctx, rec, &a.proj, &m.shared_gate)?;
         }
         matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
         if let Some(bias) = &self.router_bias {

@@ -1,5 +1,6 @@
 //! Qwen3.5's kernels against the CPU (`weft::cpu::ssm::gated_delta_rule`,
-//! `gated_rms_norm` with the gate after the norm, `weft::cpu::sigmoid_mul`), in every kernel
+//! `gated_rms_norm` with the gate after the norm, `weft::cpu::sigmoid_mul` element by element
+//! and one gate a row), in every kernel
 //! family: the Gated DeltaNet recurrence over sequences of different lengths sharing a
 //! dispatch (a decode continuing its slot, a prefill from position 0 over a slot's stale
 //! contents, a chunk restoring a snapshot and saving another), in both v-head orders; the same
@@ -220,24 +221,43 @@ fn gated_rms_norm_with_the_gate_after_matches_cpu() {
 }
 
 /// Tolerance: exp to 19 ULP for |gate| <= 8, then an add, a divide and a multiply: 24·u
-/// relative. Lengths straddle the 256-invocation workgroup.
+/// relative. Element by element (x and gate (len)) and one gate a row (x (rows, cols), gate
+/// (rows, 1): Qwen3.5-MoE's shared expert); lengths straddle the 256-invocation workgroup.
 #[test]
 fn sigmoid_mul_matches_cpu() {
     for family in FAMILIES {
         let Some(f) = gpu_with_family(family) else { return };
-        for len in [1, 255, 1000] {
-            let x = random(len, 95, 2.0);
-            let gate = random(len, 96, 8.0);
-            let xt = f.upload_f32(&[len], &x).unwrap();
-            let gt = f.upload_f32(&[len], &gate).unwrap();
+        for (x_shape, gate_shape) in [
+            (vec![1], vec![1]),
+            (vec![255], vec![255]),
+            (vec![1000], vec![1000]),
+            (vec![1, 64], vec![1, 1]),
+            (vec![7, 100], vec![7, 1]),
+            (vec![300, 3], vec![300, 1]),
+        ] {
+            let x = random(x_shape.iter().product(), 95, 2.0);
+            let gate = random(gate_shape.iter().product(), 96, 8.0);
+            let xt = f.upload_f32(&x_shape, &x).unwrap();
+            let gt = f.upload_f32(&gate_shape, &gate).unwrap();
             let mut rec = Recording::new();
             sigmoid_mul(ctx(f), &mut rec, &xt, &gt).unwrap();
             run(f, &rec);
             let want = weft::cpu::sigmoid_mul(&x, &gate);
-            assert_close(&format!("sigmoid_mul {family:?} {len}"), &read_f32(f, &xt), &want, |i| {
+            assert_close(&format!("sigmoid_mul {family:?} {x_shape:?}"), &read_f32(f, &xt), &want, |i| {
                 24.0 * U * f64::from(want[i].abs()) + 1e-30
             });
         }
+    }
+}
+
+/// A gate of neither x's shape nor one column of x's rows is refused, naming the operands.
+#[test]
+fn bad_sigmoid_mul_shapes_are_errors() {
+    let Some(f) = gpu() else { return };
+    let t = |shape: &[usize]| f.zeros(shape, DType::F32).unwrap();
+    for (x, gate) in [(&[4, 8][..], &[4, 2][..]), (&[4, 8], &[3, 1]), (&[32], &[4, 1])] {
+        let err = sigmoid_mul(ctx(f), &mut Recording::new(), &t(x), &t(gate)).unwrap_err().to_string();
+        assert!(err.contains("sigmoid_mul") && err.contains("gate must be F32 of shape"), "{x:?} {gate:?}: {err}");
     }
 }
 

@@ -1,5 +1,6 @@
 //! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the exact GELU, the sigmoid
-//! gate of Qwen3.5's attention, the residual add, bias add and scaling.
+//! gates of Qwen3.5's attention and Qwen3.5-MoE's shared expert, the residual add, bias add and
+//! scaling.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -11,6 +12,7 @@ shader_params!(Params { len: u32, delta_len: u32 });
 shader_params!(SiluMulParams { len: u32, cols: u32 });
 shader_params!(ScaleParams { len: u32, factor: f32 });
 shader_params!(GeluParams { len: u32 });
+shader_params!(SigmoidMulParams { len: u32, group: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -54,12 +56,22 @@ pub fn gelu(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor) -> Result<()> 
     Ok(())
 }
 
-/// Record `x[i] *= sigmoid(gate[i])` in place: x and gate F32 of one shape (Qwen3.5's
-/// attention output gate).
+/// Record `x *= sigmoid(gate)` in place, x F32 and gate F32 either of x's shape (element by
+/// element: Qwen3.5's attention output gate) or (rows, 1) for x (rows, cols) (one gate a row:
+/// Qwen3.5-MoE's shared-expert gate).
 pub fn sigmoid_mul(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, gate: &GpuTensor) -> Result<()> {
     const OP: &str = "sigmoid_mul";
-    let len = same_f32(OP, &[("x", x), ("gate", gate)])?;
-    let params = GeluParams { len: u32_of(OP, "len", len)? };
+    let per_row = match x.shape() {
+        &[rows, cols] if gate.shape() == [rows, 1] && x.dtype() == DType::F32 && gate.dtype() == DType::F32 => {
+            Some(cols)
+        }
+        _ => None,
+    };
+    let (len, group) = match per_row {
+        Some(cols) => (x.num_elems(), cols),
+        None => (same_f32(OP, &[("x", x), ("gate", gate)])?, 1),
+    };
+    let params = SigmoidMulParams { len: u32_of(OP, "len", len)?, group: u32_of(OP, "group", group.max(1))? };
     let bindings = [x.single_part(OP)?.resource(ctx)?, gate.single_part(OP)?.resource(ctx)?];
     let variant = ShaderVariant::plain("sigmoid_mul");
     ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;

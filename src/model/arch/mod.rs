@@ -64,6 +64,9 @@ pub const SUPPORTED: &[&str] = &[
     "qwen35",
     "qwen3_5",
     "qwen3_5_text",
+    "qwen35moe",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
 ];
 
 /// Whether llama.cpp's converter permutes q and k rows for interleaved RoPE in GGUF files of
@@ -145,7 +148,9 @@ fn load_layers(
             Ok(Box::new(GraniteHybridModel::load(config, source, factory, progress)?))
         }
         "lfm2" | "lfm2moe" => Ok(Box::new(Lfm2Model::load(config, source, factory, progress)?)),
-        "qwen35" | "qwen3_5" | "qwen3_5_text" => Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?)),
+        "qwen35" | "qwen3_5" | "qwen3_5_text" | "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" => {
+            Ok(Box::new(Qwen35Model::load(config, source, factory, progress)?))
+        }
         other => Err(WeftError::model(source.file(), unsupported(other))),
     }
 }

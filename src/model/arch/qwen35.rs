@@ -1,14 +1,15 @@
-//! Qwen3.5 (dense) — Gated DeltaNet linear attention with gated full attention every few
-//! layers — as one forward pass recorded on the GPU.
+//! Qwen3.5, dense and with experts — Gated DeltaNet linear attention with gated full
+//! attention every few layers — as one forward pass recorded on the GPU.
 //!
 //! Reference: transformers' `models/qwen3_5/modeling_qwen3_5.py` (`Qwen3_5ForCausalLM`; the
-//! text model of `Qwen3_5ForConditionalGeneration`, whose vision tower weft does not run), and
-//! llama.cpp's `src/models/qwen35.cpp` and `conversion/qwen.py` (`Qwen3_5TextModel`) for the
-//! GGUF layout. Each layer is
+//! text model of `Qwen3_5ForConditionalGeneration`, whose vision tower weft does not run) and
+//! `models/qwen3_5_moe/modeling_qwen3_5_moe.py` (`Qwen3_5MoeForCausalLM`, likewise), and
+//! llama.cpp's `src/models/qwen35.cpp`, `qwen35moe.cpp` and `conversion/qwen.py`
+//! (`Qwen3_5TextModel`, `Qwen3_5MoeTextModel`) for the GGUF layout. Each layer is
 //!
 //! ```text
 //! h = x + mixer(rms_norm(x))      mixer: gated attention, or the Gated DeltaNet below
-//! x = h + mlp(rms_norm(h))        SwiGLU
+//! x = h + ffn(rms_norm(h))        a SwiGLU MLP, or (MoE) the sparse block below
 //! ```
 //!
 //! with a final RMSNorm and the LM head (tied to the embedding in the small models). Every
@@ -35,6 +36,17 @@
 //! preemption and prefix-state snapshots work as for Granite 4.0-H. The recurrence runs token
 //! by token (no chunked form yet: see `shaders/gated_delta_net.wgsl`). GGUF's v heads are in
 //! llama.cpp's tiled order, transformers' grouped; `DeltaNetConfig::v_heads_tiled` says which.
+//!
+//! The MoE's sparse block (transformers' `Qwen3_5MoeSparseMoeBlock`, run by [`MoeMlp`]):
+//!
+//! ```text
+//! p = softmax(router(h));  e_1 … e_k = the k largest p;  w_s = p[e_s] / Σ p[e_s]
+//! ffn(h) = Σ_s w_s · expert_{e_s}(h) + sigmoid(h · shared_expert_gate) · shared_expert(h)
+//! ```
+//!
+//! every expert and the shared expert a SwiGLU MLP (GGUF `ffn_{gate,up,down}_exps`, router
+//! `ffn_gate_inp`, `ffn_{gate,up,down}_shexp`, the gate `ffn_gate_inp_shexp`; transformers
+//! `mlp.experts.E.*_proj`, `mlp.gate`, `mlp.shared_expert.*_proj`, `mlp.shared_expert_gate`).
 
 use std::borrow::Cow;
 
@@ -50,7 +62,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::{DeltaNetConfig, ModelConfig};
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Gate, Linear, Mlp, StepInputs};
+use crate::model::layers::{Activations, FeedForward, Gate, HfExperts, Linear, Mlp, MoeMlp, StepInputs};
 use crate::model::weights::{Checkpoint, HostTensor, Loader, Part, Renamed, WeightSource, upload_matrix};
 use crate::tensor::TensorFactory;
 
@@ -266,7 +278,7 @@ struct Layer {
     input_norm: GpuTensor, // (hidden): 1 + w
     mixer: Mixer,
     post_norm: GpuTensor, // (hidden): 1 + w
-    mlp: Mlp,
+    ffn: FeedForward,
 }
 
 pub struct Qwen35Model {
@@ -295,9 +307,10 @@ impl Qwen35Model {
             return Err(WeftError::model(source.file(), "a Qwen3.5 model needs its Gated DeltaNet shape"));
         };
         let (hidden, inter) = (c.hidden_size, c.intermediate_size);
-        // Qwen3_5ForConditionalGeneration keeps the text model under model.language_model.
+        // Qwen3_5(Moe)ForConditionalGeneration keeps the text model under model.language_model.
         let renamed = Renamed { source, rename: language_model_name };
-        let source: &dyn WeightSource = if c.architecture == "qwen3_5" { &renamed } else { source };
+        let wrapped = c.architecture == "qwen3_5" || c.architecture == "qwen3_5_moe";
+        let source: &dyn WeightSource = if wrapped { &renamed } else { source };
         let w = Loader { source, factory };
         let checkpoint = source.checkpoint();
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -317,10 +330,16 @@ impl Qwen35Model {
                     &name("post_attention_norm.weight", "post_attention_layernorm.weight"),
                     hidden,
                 )?,
-                mlp: Mlp {
-                    gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
-                    down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
-                    gate: Gate::Silu,
+                ffn: match c.moe {
+                    Some(moe) => {
+                        let prefix = format!("model.layers.{i}.mlp");
+                        FeedForward::Experts(Box::new(MoeMlp::load(&w, moe, hidden, i, HfExperts::PerExpert(&prefix))?))
+                    }
+                    None => FeedForward::Dense(Mlp {
+                        gate_up: w.linear(i, &[(Part::Gate, inter), (Part::Up, inter)], None, hidden)?,
+                        down: w.linear(i, &[(Part::Down, hidden)], None, inter)?,
+                        gate: Gate::Silu,
+                    }),
                 },
             });
             progress(i + 1, c.num_layers);
@@ -375,7 +394,7 @@ impl Architecture for Qwen35Model {
                 Mixer::DeltaNet(delta) => delta.forward(ctx, rec, a, inputs, kv.states()?.layer(i)?, eps)?,
             }
             add_rms_norm(ctx, rec, &a.x, &a.proj, &layer.post_norm, &a.xn, eps)?;
-            layer.mlp.forward(ctx, rec, a, None)?;
+            layer.ffn.forward(ctx, rec, a, None)?;
         }
         add_rms_norm(ctx, rec, &a.x, &a.proj, &self.norm, &a.xn, eps)?;
         // Only the sampled rows need logits: gather those rows, then the LM head.
