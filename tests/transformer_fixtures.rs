@@ -678,6 +678,33 @@ fn gemma4_prompts() -> Vec<Value> {
 }
 
 #[test]
+fn gemma4_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts(), "gemma4/model.gguf");
+}
+
+/// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
+/// widths, `*_swa`, `rope_freqs`' 1e30s, `shared_kv_layers`); both checkpoints read the same.
+#[test]
+fn gemma4_checkpoints_read_the_same_config() {
+    let gguf = ModelFiles::open(&fixture("gemma4/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma4/hf")).unwrap().config;
+    let g = gguf.gemma4.as_ref().unwrap();
+    assert_eq!(g.sliding, [true, true, true, false, true, false]);
+    assert_eq!((g.global_head_dim, g.global_kv_heads, g.global_rope_angles, g.k_eq_v), (32, 1, 4, true));
+    assert_eq!(
+        (g.kv_sources.as_slice(), g.intermediate_sizes.as_slice()),
+        (&[0, 1, 2, 3, 2, 3][..], &[96, 96, 96, 96, 192, 192][..])
+    );
+    assert_eq!((g.per_layer_input_size, g.per_layer_vocab_size, g.final_logit_softcapping), (32, 304, Some(5.0)));
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    let shape = |c: &weft::model::config::ModelConfig| {
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.rope_theta, c.rope_local_theta, c.sliding_window, c.rms_norm_eps)
+    };
+    assert_eq!(shape(&gguf), shape(&hf));
+}
+
+#[test]
 fn gemma4_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
     fidelity(&f, "gemma4/hf", None, &gemma4_prompts(), "gemma4/hf");
@@ -753,4 +780,29 @@ fn gemma4_batch_and_chunk_invariance() {
     for chunk in [1, 3, 8] {
         assert!(run(chunk, false) == alone, "prompt 2 prefilled in chunks of {chunk} differs from one pass");
     }
+}
+
+/// What weft cannot run of Gemma 4 is refused by name: its mixture-of-experts layers (26B A4B),
+/// full-attention heads past attention's 256 dimensions (the published checkpoints' 512), and
+/// an MLP activation other than the tanh GELU.
+#[test]
+fn gemma4_refusals_name_the_feature() {
+    use weft::model::config::ModelConfig;
+    let text = std::fs::read_to_string(fixture("gemma4/hf/config.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    let refusal = |change: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        change(&mut v);
+        ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
+    };
+    let experts = refusal(&|v| {
+        v["enable_moe_block"] = true.into();
+        v["num_experts"] = 128.into();
+    });
+    assert!(experts.contains("mixture-of-experts") && experts.contains("128 experts"), "{experts}");
+    let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 512.into());
+    assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
+    let act = refusal(&|v| v["hidden_activation"] = "silu".into());
+    assert!(act.contains("hidden_activation \"silu\""), "{act}");
+    assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
 }

@@ -3,7 +3,7 @@
 ``Gemma4ForCausalLM`` (text) saved as a Hugging Face directory and converted to GGUF by llama.cpp's
 own ``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens (``expected.json`` as
 ``tools/make_recurrent_fixtures.py`` writes it, whose prompts, tokenizer, weight randomizer and
-conversion this reuses: 4 prompts, 32 greedy tokens).
+conversion this reuses: 4 prompts, 32 greedy tokens; its tokenizer is Gemma's kind, below).
 
 Writes ``tests/fixtures/gemma4/`` (``hf/``, ``model.gguf``, ``expected.json``).
 
@@ -44,6 +44,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_recurrent_fixtures as recurrent  # noqa: E402
 
 
+def gemma_tokenizer(out: Path) -> int:
+    """A SentencePiece-style BPE as Gemma's (spaces written ``▁``, unknown characters as
+    ``<0xXX>`` byte tokens, ranked merges): what llama.cpp's Gemma 4 converter reads
+    (``LlamaHfVocab``) and writes as a ``gemma4`` vocabulary. Trained here on a few sentences;
+    the tests feed token ids."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok = Tokenizer(models.BPE(byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(vocab_size=recurrent.VOCAB, special_tokens=specials, initial_alphabet=[])
+    text = [
+        "per layer embeddings feed every layer a slice of a second table",
+        "layers that share keys and values read an earlier layer's cache",
+    ] * 8
+    tok.train_from_iterator(text, trainer)
+    tok.save(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() == recurrent.VOCAB, f"the tokenizer has {tok.get_vocab_size()} tokens"
+    return recurrent.VOCAB
+
+
 def gemma4(vocab: int):
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
@@ -71,6 +93,8 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
+    # Gemma 4's converter reads a SentencePiece-style BPE, not the other fixtures' byte-level one.
+    recurrent.tokenizer = gemma_tokenizer
     recurrent.make("gemma4", gemma4, args.llama_cpp, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32)
     expected = recurrent.FIXTURES / "gemma4" / "expected.json"
     data = json.loads(expected.read_text())

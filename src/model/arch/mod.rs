@@ -55,6 +55,8 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoeshared",
     "olmo2",
     "gemma3",
+    "gemma4",
+    "gemma4_text",
     "phi3",
     "mamba2",
     "granitehybrid",
