@@ -4,8 +4,11 @@
 // Gemma 3's q_norm / k_norm per head; OLMo 2's over the whole q and k projections). For token t
 // and group g < q_groups + k_groups, over its n columns from `base`,
 // x[t, base .. base + n] = x / sqrt(mean(x²) + eps) * weight, with q_weight (n wide) for the
-// query groups (n = params.n, base = g·n) and k_weight (params.k_n wide) for the key groups
-// (base = q_groups·params.n + (g - q_groups)·k_n). The value heads after them are left alone.
+// query groups (n = params.n, base = col0 + g·n) and k_weight (params.k_n wide) for the key
+// groups (base = col0 + q_groups·params.n + (g - q_groups)·k_n). col0 is 0 for q and k; one
+// part's heads alone (Gemma 4's q_norm where a layer shares another's KV, its weightless v_norm)
+// are "query" groups from that part's column, with no key groups. Columns outside the groups
+// are left alone.
 //
 // Bindings (group 0)
 //   0 params    uniform     Params    mirrors gpu::kernels::reduce::HeadNormParams
@@ -21,6 +24,7 @@ struct Params {
     n: u32,
     k_n: u32,
     row_stride: u32,
+    col0: u32,
     eps: f32,
 }
 
@@ -39,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let is_q = group < params.q_groups;
     let n = select(params.k_n, params.n, is_q);
     let offset = select(params.q_groups * params.n + (group - params.q_groups) * params.k_n, group * params.n, is_q);
-    let base = wid.y * params.row_stride + offset;
+    let base = wid.y * params.row_stride + params.col0 + offset;
     var s = 0.0;
     for (var i = lid; i < n; i += WG) {
         let v = x[base + i];

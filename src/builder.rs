@@ -152,13 +152,8 @@ impl EngineBuilder {
     /// for a model without attention layers.
     pub fn kv_memory_for(&self, num_seqs: usize, tokens: usize) -> usize {
         let c = &self.files.config;
-        let block = KvCacheConfig::block_bytes(
-            self.block_size,
-            c.num_attention_layers(),
-            c.num_kv_heads,
-            c.head_dim,
-            self.kv_dtype.unwrap_or(DType::F32),
-        );
+        let block =
+            KvCacheConfig::block_bytes(self.block_size, c.kv_token_values(), self.kv_dtype.unwrap_or(DType::F32));
         num_seqs * tokens.div_ceil(self.block_size) * block
     }
 
@@ -271,9 +266,7 @@ impl EngineBuilder {
         let draft =
             self.draft.as_ref().filter(|_| self.speculation.as_ref().is_some_and(|s| s.drafter == Drafter::DraftModel));
         let shapes: Vec<&ModelConfig> = std::iter::once(c).chain(draft.map(|d| &d.config)).collect();
-        let block_bytes = |m: &ModelConfig| {
-            KvCacheConfig::block_bytes(block_size, m.num_attention_layers(), m.num_kv_heads, m.head_dim, dtype) as u64
-        };
+        let block_bytes = |m: &ModelConfig| KvCacheConfig::block_bytes(block_size, m.kv_token_values(), dtype) as u64;
         let target_block = block_bytes(c);
         let all_blocks: u64 = shapes.iter().map(|m| block_bytes(m)).sum();
         let (max_tokens, max_seqs) = (self.config.max_num_batched_tokens, self.config.max_num_seqs);
@@ -292,8 +285,11 @@ impl EngineBuilder {
                 // Each model's K (or V) of a layer in one binding.
                 let max_blocks = shapes
                     .iter()
-                    .filter(|m| m.num_attention_layers() > 0)
-                    .map(|m| ctx.max_binding_bytes() / (block_bytes(m) / (2 * m.num_attention_layers() as u64)).max(1))
+                    .filter(|m| m.kv_layer_values_max() > 0)
+                    .map(|m| {
+                        let layer_block = KvCacheConfig::block_bytes(block_size, m.kv_layer_values_max(), dtype) / 2;
+                        ctx.max_binding_bytes() / (layer_block as u64).max(1)
+                    })
                     .min()
                     .unwrap_or(u64::MAX);
                 let demand = KvDemand {
@@ -323,16 +319,9 @@ impl EngineBuilder {
             }
         };
         let config = match memory_bytes {
-            Some(bytes) => KvCacheConfig::for_memory(
-                bytes as usize,
-                block_size,
-                c.num_attention_layers(),
-                c.num_kv_heads,
-                c.head_dim,
-                dtype,
-            )?,
+            Some(bytes) => KvCacheConfig::for_memory(bytes as usize, block_size, c.kv_token_values(), dtype)?,
             // No attention layers: blocks only count positions.
-            None => KvCacheConfig::for_memory(0, block_size, 0, c.num_kv_heads, c.head_dim, dtype)?,
+            None => KvCacheConfig::for_memory(0, block_size, 0, dtype)?,
         };
         let plan = KvPlan {
             config,
@@ -347,7 +336,7 @@ impl EngineBuilder {
             return Ok(plan);
         }
         // One layer's K (or V) must fit one binding.
-        let per_layer = config.layer_bytes(c.num_kv_heads, c.head_dim);
+        let per_layer = config.layer_bytes(c.kv_layer_values_max());
         if per_layer as u64 > ctx.max_binding_bytes() {
             return Err(WeftError::Unsupported(format!(
                 "{} bytes of KV memory need {per_layer}-byte layers, more than this device binds at once ({}); use less KV memory",
@@ -464,7 +453,7 @@ impl EngineBuilder {
             Some(files) if spec.drafter == Drafter::DraftModel => {
                 same_vocabulary(self.files.tokenizer.as_ref(), files.tokenizer.as_ref())?;
                 let d = &files.config;
-                let per_layer = kv.layer_bytes(d.num_kv_heads, d.head_dim);
+                let per_layer = kv.layer_bytes(d.kv_layer_values_max());
                 if per_layer as u64 > factory.context().max_binding_bytes() {
                     return Err(WeftError::Unsupported(format!(
                         "the draft model's KV pool (the target's {} blocks) needs {per_layer}-byte layers, more than this \

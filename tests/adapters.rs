@@ -146,7 +146,7 @@ fn a_default_kv_pool_takes_the_share_of_a_gpu_that_reports_its_memory() {
     let budget = plan.budget.expect("sized from the device");
     assert_eq!((budget.limit, budget.usable_bytes), (KvLimit::Utilization, memory * 9 / 10));
     assert_eq!(budget.pool_bytes, budget.usable_bytes - plan.weights_bytes - plan.other_bytes);
-    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.num_layers, c.num_kv_heads, c.head_dim, DType::F16);
+    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.kv_token_values(), DType::F16);
     assert_eq!(plan.config.num_blocks, budget.pool_bytes as usize / block_bytes);
     let engine = builder().build_on(ctx.clone()).unwrap();
     let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());

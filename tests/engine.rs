@@ -868,7 +868,7 @@ fn a_default_kv_pool_follows_the_device() {
     let dtype = if plan.features.shader_f16 { DType::F16 } else { DType::F32 };
     assert_eq!(kv.dtype, dtype);
     let c = tiny::tiny_config();
-    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.num_layers, c.num_kv_heads, c.head_dim, dtype);
+    let block_bytes = weft::kv::KvCacheConfig::block_bytes(16, c.kv_token_values(), dtype);
     if plan.cpu_adapter() {
         assert_eq!(kv.num_blocks, weft::gpu::CPU_DRIVER_KV_BYTES as usize / block_bytes);
     }

@@ -104,4 +104,5 @@ goldens! {
     llama_spm => "llama-spm",
     phi_3 => "phi-3",
     bert_bge => "bert-bge",
+    gemma_4 => "gemma-4",
 }

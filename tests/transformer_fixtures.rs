@@ -676,3 +676,144 @@ fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
         }
     }
 }
+
+/// Gemma 4's prompts: all four, or the first alone in the GPU families' runs
+/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
+fn gemma4_prompts() -> Vec<Value> {
+    let mut prompts = expected_of("gemma4")["prompts"].as_array().unwrap().clone();
+    let env = |name: &str| std::env::var(name).as_deref() == Ok("1");
+    if env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") {
+        prompts.truncate(1);
+    }
+    prompts
+}
+
+#[test]
+fn gemma4_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts(), "gemma4/model.gguf");
+}
+
+/// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
+/// widths, `*_swa`, `rope_freqs`' 1e30s, `shared_kv_layers`); both checkpoints read the same.
+#[test]
+fn gemma4_checkpoints_read_the_same_config() {
+    let gguf = ModelFiles::open(&fixture("gemma4/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma4/hf")).unwrap().config;
+    let g = gguf.gemma4.as_ref().unwrap();
+    assert_eq!(g.sliding, [true, true, true, false, true, false]);
+    assert_eq!((g.global_head_dim, g.global_kv_heads, g.global_rope_angles, g.k_eq_v), (32, 1, 4, true));
+    assert_eq!(
+        (g.kv_sources.as_slice(), g.intermediate_sizes.as_slice()),
+        (&[0, 1, 2, 3, 2, 3][..], &[96, 96, 96, 96, 192, 192][..])
+    );
+    assert_eq!((g.per_layer_input_size, g.per_layer_vocab_size, g.final_logit_softcapping), (32, 304, Some(5.0)));
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    let shape = |c: &weft::model::config::ModelConfig| {
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.rope_theta, c.rope_local_theta, c.sliding_window, c.rms_norm_eps)
+    };
+    assert_eq!(shape(&gguf), shape(&hf));
+}
+
+#[test]
+fn gemma4_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4/hf", None, &gemma4_prompts(), "gemma4/hf");
+}
+
+/// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
+/// logits (33 tokens: past the sliding window of 8) ten times the fidelity tolerance or more.
+/// Reading another sliding layer's cache in layer 4 shows that the KV-sharing layers attend
+/// over the cache they are given (and that their source's cache holds this step's keys).
+#[test]
+fn gemma4_features_are_visible() {
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut weft::model::config::Gemma4Config);
+    let changes: [(&str, Change); 4] = [
+        ("no per-layer embeddings", |g| g.per_layer_input_size = 0),
+        ("layer 4 reading layer 0's cache instead of layer 2's", |g| g.kv_sources[4] = 0),
+        ("no final soft-cap", |g| g.final_logit_softcapping = None),
+        ("whole heads rotated in the full layers", |g| g.global_rope_angles = g.global_head_dim / 2),
+    ];
+    for (what, change) in changes {
+        let mut files = ModelFiles::open(&fixture("gemma4/hf")).unwrap();
+        change(files.config.gemma4.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma4", 2);
+        eprintln!("gemma4 with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
+/// The KV-sharing layers own no cache: the pool holds K and V for 4 of the 6 layers, each of its
+/// own shape (2 KV heads of 16 in the sliding layers, 1 of 32 in the full one).
+#[test]
+fn gemma4_shared_layers_take_no_kv_memory() {
+    let config = ModelFiles::open(&fixture("gemma4/hf")).unwrap().config;
+    let shapes: Vec<Option<(usize, usize)>> = (0..config.num_layers).map(|i| config.kv_shape(i)).collect();
+    assert_eq!(shapes, [Some((2, 16)), Some((2, 16)), Some((2, 16)), Some((1, 32)), None, None]);
+    assert_eq!((config.kv_source(4), config.kv_source(5)), (2, 3));
+    assert_eq!(config.kv_token_values(), 3 * 32 + 32);
+}
+
+/// The 33-token prompt alone in one pass, in chunks of 1, 3 and 8 tokens, and beside the other
+/// prompts, then three greedy decode steps: the same bits every way.
+#[test]
+fn gemma4_batch_and_chunk_invariance() {
+    let Some(f) = factory() else { return };
+    let exec = ModelFiles::open(&fixture("gemma4/hf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        expected_of("gemma4")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+    // Prompt 2 prefilled `chunk` tokens a step (beside the other prompts' whole prefills
+    // when `others`), then three decode steps; prompt 2's logits after each.
+    let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
+        let mut tokens = prompts[2].clone();
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < tokens.len() {
+            let end = pos.saturating_add(chunk).min(tokens.len());
+            let mut seqs = vec![step(2, &tokens[pos..end], pos)];
+            if others && pos == 0 {
+                seqs.extend([0, 1, 3].iter().map(|&i| step(i, &prompts[i], 0)));
+            }
+            let last = logits(&exec, seqs).swap_remove(0);
+            pos = end;
+            if pos == tokens.len() && out.len() < 4 {
+                tokens.push(argmax(&last));
+                out.push(last);
+            }
+        }
+        out
+    };
+    let alone = run(usize::MAX, false);
+    assert_eq!(alone.len(), 4);
+    assert!(run(usize::MAX, true) == alone, "prompt 2 beside the others differs from alone");
+    for chunk in [1, 3, 8] {
+        assert!(run(chunk, false) == alone, "prompt 2 prefilled in chunks of {chunk} differs from one pass");
+    }
+}
+
+/// What weft cannot run of Gemma 4 is refused by name: its mixture-of-experts layers (26B A4B),
+/// full-attention heads past attention's 256 dimensions (the published checkpoints' 512), and
+/// an MLP activation other than the tanh GELU.
+#[test]
+fn gemma4_refusals_name_the_feature() {
+    use weft::model::config::ModelConfig;
+    let text = std::fs::read_to_string(fixture("gemma4/hf/config.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    let refusal = |change: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        change(&mut v);
+        ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
+    };
+    let experts = refusal(&|v| {
+        v["enable_moe_block"] = true.into();
+        v["num_experts"] = 128.into();
+    });
+    assert!(experts.contains("mixture-of-experts") && experts.contains("128 experts"), "{experts}");
+    let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 512.into());
+    assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
+    let act = refusal(&|v| v["hidden_activation"] = "silu".into());
+    assert!(act.contains("hidden_activation \"silu\""), "{act}");
+    assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
+}

@@ -177,6 +177,11 @@ pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// cap · tanh(x / cap), element by element (Gemma 4's final logit soft-capping).
+pub fn softcap(x: &[f32], cap: f32) -> Vec<f32> {
+    x.iter().map(|&v| ((f64::from(v) / f64::from(cap)).tanh() * f64::from(cap)) as f32).collect()
+}
+
 /// RMSNorm of each query and key head of fused qkv rows (num_tokens, (num_heads + 2 ·
 /// num_kv_heads) · head_dim), as `gpu::kernels::reduce::head_rms_norm` does in place.
 pub fn head_rms_norm(

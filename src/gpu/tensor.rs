@@ -212,6 +212,22 @@ impl GpuTensor {
         Ok(GpuTensor { row_bytes, parts, ..candidate })
     }
 
+    /// The first elements of this single-buffer tensor seen with `shape` (no copy): a step's
+    /// activations made for the widest layer, viewed at a narrower layer's width.
+    pub fn prefix(&self, shape: &[usize]) -> Result<GpuTensor> {
+        let candidate = GpuTensor { shape: shape.to_vec(), ..self.clone() };
+        let row_bytes = self.dtype.size_bytes(candidate.row_elems())?;
+        if self.parts.len() != 1 || candidate.num_elems() > self.num_elems() {
+            return Err(WeftError::shape(
+                "prefix",
+                format!("shape {:?} does not fit the first elements of a tensor of shape {:?}", shape, self.shape),
+            ));
+        }
+        let mut parts = self.parts.clone();
+        parts[0].rows = 0..candidate.num_rows();
+        Ok(GpuTensor { row_bytes, parts, ..candidate })
+    }
+
     /// This tensor's rows followed by `next`'s, as one view over both tensors' buffers (no
     /// copy), so that a single readback copies both. Rows must be equally long; the view keeps
     /// this tensor's dtype, so a reader reinterprets `next`'s bytes itself.

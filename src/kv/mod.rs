@@ -45,36 +45,26 @@ impl KvCacheConfig {
         if dtype == DType::F16 { 2 } else { 4 }
     }
 
-    /// Bytes one block takes over all layers, K and V, holding `dtype` values.
-    pub fn block_bytes(
-        block_size: usize,
-        num_layers: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-        dtype: DType,
-    ) -> usize {
-        2 * num_layers * block_size * num_kv_heads * head_dim * Self::value_bytes(dtype)
+    /// Bytes one block takes over all layers, K and V, holding `dtype` values, where a token
+    /// keeps `token_values` K values over all layers (`ModelConfig::kv_token_values`: layers ·
+    /// KV heads · head_dim, summed per layer where layers differ) and as many V values.
+    pub fn block_bytes(block_size: usize, token_values: usize, dtype: DType) -> usize {
+        2 * block_size * token_values * Self::value_bytes(dtype)
     }
 
-    /// Bytes of one layer's K (or V) tensor: every slot of the pool, `num_kv_heads` heads of
-    /// `head_dim` values.
-    pub fn layer_bytes(&self, num_kv_heads: usize, head_dim: usize) -> usize {
-        self.num_blocks * self.block_size * num_kv_heads * head_dim * Self::value_bytes(self.dtype)
+    /// Bytes of one layer's K (or V) tensor: every slot of the pool, `layer_values` values a
+    /// slot (KV heads · head_dim).
+    pub fn layer_bytes(&self, layer_values: usize) -> usize {
+        self.num_blocks * self.block_size * layer_values * Self::value_bytes(self.dtype)
     }
 
-    /// As many blocks of `dtype` values as fit in `memory_bytes`.
-    pub fn for_memory(
-        memory_bytes: usize,
-        block_size: usize,
-        num_layers: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-        dtype: DType,
-    ) -> Result<Self> {
+    /// As many blocks of `dtype` values as fit in `memory_bytes` (`token_values` as in
+    /// [`block_bytes`](Self::block_bytes)).
+    pub fn for_memory(memory_bytes: usize, block_size: usize, token_values: usize, dtype: DType) -> Result<Self> {
         if dtype != DType::F32 && dtype != DType::F16 {
             return Err(WeftError::Unsupported(format!("a KV cache holds f32 or f16 values, not {dtype}")));
         }
-        let per_block = Self::block_bytes(block_size, num_layers, num_kv_heads, head_dim, dtype);
+        let per_block = Self::block_bytes(block_size, token_values, dtype);
         if per_block == 0 {
             // No attention layers (a pure state-space model): blocks hold no memory, and only
             // count positions. Enough for 2^20 of them.
@@ -96,12 +86,14 @@ mod tests {
 
     #[test]
     fn sizing_from_memory() {
-        let c = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::F32).unwrap();
+        // 30 layers of 3 KV heads of 64.
+        let values = 30 * 3 * 64;
+        let c = KvCacheConfig::for_memory(64 << 20, 16, values, DType::F32).unwrap();
         assert_eq!(c.num_blocks, (64 << 20) / (2 * 30 * 16 * 192 * 4));
-        let half = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::F16).unwrap();
+        let half = KvCacheConfig::for_memory(64 << 20, 16, values, DType::F16).unwrap();
         assert_eq!((half.num_blocks, half.dtype), ((64 << 20) / (2 * 30 * 16 * 192 * 2), DType::F16));
-        assert!(KvCacheConfig::for_memory(1000, 16, 30, 3, 64, DType::F32).is_err());
-        let err = KvCacheConfig::for_memory(64 << 20, 16, 30, 3, 64, DType::Q8_0).unwrap_err().to_string();
+        assert!(KvCacheConfig::for_memory(1000, 16, values, DType::F32).is_err());
+        let err = KvCacheConfig::for_memory(64 << 20, 16, values, DType::Q8_0).unwrap_err().to_string();
         assert!(err.contains("f32 or f16"), "{err}");
     }
 }

@@ -143,6 +143,38 @@ pub struct ModelConfig {
     /// The routed experts of a mixture-of-experts model (qwen3moe), in every layer; `None`: a
     /// dense model.
     pub moe: Option<MoeConfig>,
+    /// What Gemma 4 adds (per-layer embeddings, KV sharing, full layers of their own shape);
+    /// `None` for every other architecture.
+    pub gemma4: Option<Gemma4Config>,
+}
+
+/// Gemma 4's text model beyond Gemma 3's shape (transformers' `Gemma4TextConfig`, llama.cpp's
+/// `gemma4`): `ModelConfig::head_dim`, `num_kv_heads`, `rope_local_theta` describe its
+/// sliding-window layers; its full-attention layers have their own head size and KV heads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma4Config {
+    /// Per layer: whether it attends within the sliding window (else over the whole context).
+    pub sliding: Vec<bool>,
+    /// The full-attention layers' head size (`global_head_dim`) and KV heads.
+    pub global_head_dim: usize,
+    pub global_kv_heads: usize,
+    /// Full layers' values are their keys' projection (`attention_k_eq_v`: no v_proj).
+    pub k_eq_v: bool,
+    /// Angle pairs of a full layer's head that rotate (proportional RoPE: the first
+    /// partial_rotary_factor · global_head_dim / 2); the rest keep angle 0.
+    pub global_rope_angles: usize,
+    /// Per layer, the layer whose KV cache it attends over: itself, or for the last
+    /// `num_kv_shared_layers` (which have no k/v projections) the last earlier layer of their
+    /// kind ([`gemma4_kv_sources`]).
+    pub kv_sources: Vec<usize>,
+    /// Each layer's MLP width (`use_double_wide_mlp` doubles the KV-sharing layers').
+    pub intermediate_sizes: Vec<usize>,
+    /// Per-layer embeddings: each layer's width (`hidden_size_per_layer_input`, 0: none) and
+    /// the rows of their token table.
+    pub per_layer_input_size: usize,
+    pub per_layer_vocab_size: usize,
+    /// Logits become cap · tanh(logits / cap).
+    pub final_logit_softcapping: Option<f32>,
 }
 
 /// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
@@ -349,6 +381,18 @@ impl LayerState {
     }
 }
 
+/// Gemma 4's KV sharing (transformers' `kv_sharing_modes`, llama.cpp's `n_layer_kv_from_start`):
+/// each of the layers from `first_shared` on reads the cache of the last layer before
+/// `first_shared` that is of its kind (sliding or full); every other layer its own.
+pub fn gemma4_kv_sources(sliding: &[bool], first_shared: usize) -> Vec<usize> {
+    (0..sliding.len())
+        .map(|i| match i < first_shared {
+            true => i,
+            false => (0..first_shared).rev().find(|&j| sliding[j] == sliding[i]).unwrap_or(i),
+        })
+        .collect()
+}
+
 /// Mixture-of-experts architectures weft runs (GGUF and Hugging Face names).
 const MOE_SUPPORTED: &[&str] = &[
     "qwen35moe",
@@ -552,6 +596,9 @@ impl ModelConfig {
         }
         if !SUPPORTED.contains(&arch.as_str()) {
             return Err(WeftError::model(file, unsupported(&arch)));
+        }
+        if arch == "gemma4" {
+            return Self::gemma4_from_gguf(gguf);
         }
         let int = |key: &str| -> Result<usize> {
             let full = format!("{arch}.{key}");
@@ -771,7 +818,107 @@ impl ModelConfig {
                 None => None,
             },
             moe,
+            gemma4: None,
             architecture: arch,
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// llama.cpp's `gemma4` keys: the sliding layers' head size and RoPE under `*_swa`, the
+    /// full layers' under the plain keys; per-layer KV heads and MLP widths as arrays; which
+    /// layers slide (`attention.sliding_window_pattern`); `attention.shared_kv_layers`; the
+    /// full layers' proportional RoPE as `rope_freqs.weight` (1 for a rotating angle, 1e30 for
+    /// one that stays 0).
+    fn gemma4_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
+        let file = gguf.name();
+        let key = |k: &str| format!("gemma4.{k}");
+        let int = |k: &str| gguf.get_u64(&key(k)).map(|v| v as usize).ok_or_else(|| missing(file, &key(k)));
+        let float = |k: &str| gguf.get_f64(&key(k)).map(|v| v as f32);
+        let num_layers = int("block_count")?;
+        // A key written per layer or once for all.
+        let per_layer = |k: &str| -> Result<Vec<usize>> {
+            match gguf.get_i64_array(&key(k)) {
+                Some(values) if values.len() == num_layers => Ok(values.iter().map(|&x| x.max(0) as usize).collect()),
+                Some(values) => Err(WeftError::model(
+                    file,
+                    format!("{} has {} entries; the model has {num_layers} layers", key(k), values.len()),
+                )),
+                None => Ok(vec![int(k)?; num_layers]),
+            }
+        };
+        let sliding = gguf
+            .get_bool_array(&key("attention.sliding_window_pattern"))
+            .filter(|s| s.len() == num_layers)
+            .ok_or_else(|| missing(file, &key("attention.sliding_window_pattern")))?;
+        let kv_heads = per_layer("attention.head_count_kv")?;
+        let kv_of = |want_sliding: bool| {
+            (0..num_layers).find(|&i| sliding[i] == want_sliding).map_or(kv_heads[0], |i| kv_heads[i])
+        };
+        let global_head_dim = int("attention.key_length")?;
+        let head_dim = int("attention.key_length_swa")?;
+        // The full layers' rotating angles: rope_freqs' factors of 1 (the rest are 1e30).
+        let global_rope_angles = match gguf.tensor("rope_freqs.weight") {
+            Some(t) => gguf
+                .tensor_bytes(t)
+                .chunks_exact(4)
+                .filter(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) < 1e20)
+                .count(),
+            None => global_head_dim / 2,
+        };
+        let intermediate_sizes = per_layer("feed_forward_length")?;
+        let per_layer_input_size = int("embedding_length_per_layer_input").unwrap_or(0);
+        let per_layer_vocab_size = match gguf.tensor("per_layer_token_embd.weight") {
+            Some(t) if per_layer_input_size > 0 => t.shape()[0],
+            _ => 0,
+        };
+        let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
+        let config = ModelConfig {
+            architecture: "gemma4".into(),
+            vocab_size: int("vocab_size").unwrap_or_else(|_| embed.shape()[0]),
+            hidden_size: int("embedding_length")?,
+            intermediate_size: intermediate_sizes[0],
+            num_layers,
+            num_heads: int("attention.head_count")?,
+            num_kv_heads: kv_of(true),
+            head_dim,
+            rotary_dim: None,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+            rope_theta: float("rope.freq_base").unwrap_or(1e6),
+            rope_scaling: None,
+            max_position_embeddings: int("context_length")?,
+            tie_word_embeddings: gguf.tensor("output.weight").is_none(),
+            attention_bias: false,
+            sliding_window: int("attention.sliding_window").ok().filter(|&w| w > 0),
+            qk_norm: true,
+            sliding_window_pattern: None,
+            rope_local_theta: Some(float("rope.freq_base_swa").unwrap_or(10000.0)),
+            query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: None,
+            short_conv: None,
+            delta_net: None,
+            multipliers: None,
+            no_rope_layers: Vec::new(),
+            pooling: None,
+            moe: None,
+            gemma4: Some(Gemma4Config {
+                global_head_dim,
+                global_kv_heads: kv_of(false),
+                // llama.cpp's converter drops v_proj where keys serve as values.
+                k_eq_v: (0..num_layers)
+                    .any(|i| !sliding[i] && gguf.tensor(&format!("blk.{i}.attn_v.weight")).is_none()),
+                global_rope_angles,
+                kv_sources: gemma4_kv_sources(
+                    &sliding,
+                    num_layers.saturating_sub(int("attention.shared_kv_layers").unwrap_or(0)),
+                ),
+                sliding,
+                intermediate_sizes,
+                per_layer_input_size,
+                per_layer_vocab_size,
+                final_logit_softcapping: float("final_logit_softcapping").filter(|&c| c > 0.0),
+            }),
         };
         config.check(file)?;
         Ok(config)
@@ -852,12 +999,15 @@ impl ModelConfig {
         if arch == "gemma3_text" {
             return Self::gemma3_from_hf(file, &v);
         }
+        if arch == "gemma4_text" {
+            return Self::gemma4_from_hf(file, &v);
+        }
         if arch.starts_with("gemma") {
             return Err(WeftError::model(
                 file,
                 format!(
-                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's text model \
-                     (model_type gemma3_text) there, and Gemma 3 GGUF files"
+                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's and Gemma 4's text \
+                     models (model_type gemma3_text, gemma4_text) there, and Gemma 3 and Gemma 4 GGUF files"
                 ),
             ));
         }
@@ -1029,6 +1179,7 @@ impl ModelConfig {
             no_rope_layers,
             pooling: None,
             moe,
+            gemma4: None,
             architecture: arch,
         };
         config.check(file)?;
@@ -1099,10 +1250,111 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe: None,
+            gemma4: None,
         };
         if config.attention_bias {
             return refuse("attention_bias is set; Gemma 3 has no projection biases".into());
         }
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// transformers' `Gemma4TextConfig` (`Gemma4ForCausalLM`): per-layer `layer_types`, the
+    /// full layers' head size and KV heads in `per_layer_config` (or `global_head_dim` and
+    /// `num_global_key_value_heads`), proportional RoPE on them, KV sharing, per-layer
+    /// embeddings. Experts (`enable_moe_block`) are refused before this, by `hf_moe_refusal`.
+    fn gemma4_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
+        let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
+        let refuse = |detail: String| Err(WeftError::model(file, detail));
+        if v["enable_moe_block"].as_bool() == Some(true) {
+            return refuse("enable_moe_block is set: Gemma 4's mixture-of-experts layers are not supported".into());
+        }
+        if let Some(act) = v["hidden_activation"].as_str().filter(|a| *a != "gelu_pytorch_tanh") {
+            return refuse(format!("hidden_activation {act:?}; weft runs Gemma 4's gelu_pytorch_tanh"));
+        }
+        if v["attention_bias"].as_bool() == Some(true) {
+            return refuse("attention_bias is set; Gemma 4 has no projection biases".into());
+        }
+        if v["use_bidirectional_attention"].as_str() == Some("all") {
+            return refuse("use_bidirectional_attention is \"all\"; weft runs Gemma 4 causally".into());
+        }
+        let num_layers = int("num_hidden_layers")?;
+        let types = v["layer_types"].as_array().ok_or_else(|| missing(file, "layer_types"))?;
+        if types.len() != num_layers {
+            return refuse(format!("layer_types has {} entries; the model has {num_layers} layers", types.len()));
+        }
+        let sliding: Vec<bool> = types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect();
+        let head_dim = int("head_dim")?;
+        let num_kv_heads = int("num_key_value_heads")?;
+        // transformers writes the full layers' overrides per layer; older configs the two keys.
+        let full = (0..num_layers).find(|&i| !sliding[i]).map(|i| &v["per_layer_config"][i.to_string()]);
+        let global = |key: &str, override_key: &str, default: usize| {
+            full.and_then(|c| c[override_key].as_u64()).or_else(|| v[key].as_u64()).map_or(default, |x| x as usize)
+        };
+        let global_head_dim = global("global_head_dim", "head_dim", head_dim);
+        let global_kv_heads = global("num_global_key_value_heads", "num_key_value_heads", num_kv_heads);
+        let rope = |kind: &str| &v["rope_parameters"][kind];
+        for (kind, allowed) in [("sliding_attention", "default"), ("full_attention", "proportional")] {
+            let t = rope(kind)["rope_type"].as_str().unwrap_or("default");
+            if t != allowed && t != "default" {
+                return refuse(format!("rope_parameters.{kind}.rope_type {t:?} is not supported for Gemma 4"));
+            }
+        }
+        let theta = |kind: &str, default: f64| rope(kind)["rope_theta"].as_f64().unwrap_or(default) as f32;
+        let full_fraction = match rope("full_attention")["rope_type"].as_str() {
+            Some("proportional") => rope("full_attention")["partial_rotary_factor"].as_f64().unwrap_or(1.0),
+            _ => 1.0,
+        };
+        let shared = v["num_kv_shared_layers"].as_u64().unwrap_or(0) as usize;
+        let intermediate_size = int("intermediate_size")?;
+        let first_shared_layer = num_layers.saturating_sub(shared);
+        let double = v["use_double_wide_mlp"].as_bool() == Some(true);
+        let per_layer_input_size = v["hidden_size_per_layer_input"].as_u64().unwrap_or(0) as usize;
+        let hidden_size = int("hidden_size")?;
+        let config = ModelConfig {
+            architecture: "gemma4".into(),
+            vocab_size: int("vocab_size")?,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads: int("num_attention_heads")?,
+            num_kv_heads,
+            head_dim,
+            rotary_dim: None,
+            rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_theta: theta("full_attention", 1e6),
+            rope_scaling: None,
+            max_position_embeddings: int("max_position_embeddings").unwrap_or(131072),
+            tie_word_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(true),
+            attention_bias: false,
+            sliding_window: v["sliding_window"].as_u64().map(|w| w as usize),
+            qk_norm: true,
+            sliding_window_pattern: None,
+            rope_local_theta: Some(theta("sliding_attention", 10000.0)),
+            query_pre_attn_scalar: None,
+            ssm: None,
+            hybrid: None,
+            short_conv: None,
+            delta_net: None,
+            multipliers: None,
+            no_rope_layers: Vec::new(),
+            pooling: None,
+            moe: None,
+            gemma4: Some(Gemma4Config {
+                kv_sources: gemma4_kv_sources(&sliding, first_shared_layer),
+                sliding,
+                global_head_dim,
+                global_kv_heads,
+                k_eq_v: v["attention_k_eq_v"].as_bool() == Some(true),
+                global_rope_angles: (full_fraction * global_head_dim as f64 / 2.0) as usize,
+                intermediate_sizes: (0..num_layers)
+                    .map(|i| if double && i >= first_shared_layer { 2 * intermediate_size } else { intermediate_size })
+                    .collect(),
+                per_layer_input_size,
+                per_layer_vocab_size: if per_layer_input_size > 0 { int("vocab_size_per_layer_input")? } else { 0 },
+                final_logit_softcapping: v["final_logit_softcapping"].as_f64().map(|c| c as f32),
+            }),
+        };
         config.check(file)?;
         Ok(config)
     }
@@ -1175,6 +1427,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe,
+            gemma4: None,
         };
         config.check(file)?;
         Ok(config)
@@ -1263,6 +1516,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe,
+            gemma4: None,
         };
         config.check(file)?;
         Ok(config)
@@ -1356,6 +1610,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe,
+            gemma4: None,
         };
         config.check(file)?;
         Ok(config)
@@ -1405,6 +1660,7 @@ impl ModelConfig {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe: None,
+            gemma4: None,
             ssm: Some(SsmConfig {
                 conv_kernel: int("conv_kernel")?,
                 state_size: int("state_size")?,
@@ -1558,6 +1814,33 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(g) = &self.gemma4 {
+            let layers = self.num_layers;
+            let ok = g.sliding.len() == layers
+                && g.kv_sources.len() == layers
+                && g.kv_sources.iter().all(|&source| g.kv_sources.get(source) == Some(&source))
+                && g.intermediate_sizes.len() == layers
+                && g.global_kv_heads > 0
+                && self.num_heads.is_multiple_of(g.global_kv_heads)
+                && g.global_head_dim.is_multiple_of(4)
+                && g.global_rope_angles <= g.global_head_dim / 2
+                && (0..layers)
+                    .all(|i| self.kv_source(i) <= i && self.is_sliding(self.kv_source(i)) == self.is_sliding(i));
+            if !ok {
+                return Err(WeftError::model(file, format!("unsupported Gemma 4 layout: {g:?}")));
+            }
+            if g.global_head_dim > crate::gpu::kernels::paged::MAX_HEAD_DIM {
+                return Err(WeftError::model(
+                    file,
+                    format!(
+                        "Gemma 4's full-attention layers have heads of {} dimensions; weft's attention runs heads of at \
+                         most {}",
+                        g.global_head_dim,
+                        crate::gpu::kernels::paged::MAX_HEAD_DIM
+                    ),
+                ));
+            }
+        }
         let ok = self.num_heads > 0
             && self.num_kv_heads > 0
             && self.num_heads.is_multiple_of(self.num_kv_heads)
@@ -1584,7 +1867,59 @@ impl ModelConfig {
 
     /// Whether layer `layer` attends within the sliding window (if there is one).
     pub fn is_sliding(&self, layer: usize) -> bool {
+        if let Some(g) = &self.gemma4 {
+            return self.sliding_window.is_some() && g.sliding.get(layer) == Some(&true);
+        }
         self.sliding_window.is_some() && self.sliding_window_pattern.is_none_or(|n| !(layer + 1).is_multiple_of(n))
+    }
+
+    /// The layer whose KV cache layer `layer` attends over: itself, or for a Gemma 4
+    /// KV-sharing layer its `Gemma4Config::kv_sources` entry.
+    pub fn kv_source(&self, layer: usize) -> usize {
+        self.gemma4.as_ref().map_or(layer, |g| g.kv_sources[layer])
+    }
+
+    /// The (KV heads, head size) layer `layer` attends with (a KV-sharing layer: its source's).
+    pub fn attention_shape(&self, layer: usize) -> (usize, usize) {
+        match &self.gemma4 {
+            Some(g) if !g.sliding[layer] => (g.global_kv_heads, g.global_head_dim),
+            _ => (self.num_kv_heads, self.head_dim),
+        }
+    }
+
+    /// The (KV heads, head size) of layer `layer`'s own KV cache; `None` for a layer without
+    /// one (a recurrent layer, or one that attends over an earlier layer's cache).
+    pub fn kv_shape(&self, layer: usize) -> Option<(usize, usize)> {
+        (!self.is_recurrent(layer) && self.kv_source(layer) == layer).then(|| self.attention_shape(layer))
+    }
+
+    /// The K values one token keeps over every layer's own cache (as many V values): what a
+    /// KV block's size is counted in.
+    pub fn kv_token_values(&self) -> usize {
+        (0..self.num_layers).filter_map(|i| self.kv_shape(i)).map(|(heads, dim)| heads * dim).sum()
+    }
+
+    /// The most K values one token keeps in one layer's cache (a layer's K tensor must fit
+    /// one binding).
+    pub fn kv_layer_values_max(&self) -> usize {
+        (0..self.num_layers).filter_map(|i| self.kv_shape(i)).map(|(heads, dim)| heads * dim).max().unwrap_or(0)
+    }
+
+    /// Layer `layer`'s MLP width.
+    pub fn layer_intermediate_size(&self, layer: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) => g.intermediate_sizes[layer],
+            None => self.intermediate_size,
+        }
+    }
+
+    /// The widest layer's attention activations: the (q/k/v row, attention output) widths
+    /// `((heads + 2 · kv_heads) · head_dim, heads · head_dim)` and its head size.
+    pub fn widest_attention(&self) -> (usize, usize, usize) {
+        let shapes = (0..self.num_layers).map(|i| self.attention_shape(i)).chain([(self.num_kv_heads, self.head_dim)]);
+        shapes.fold((0, 0, 0), |(qkv, attn, hd), (kv_heads, head_dim)| {
+            (qkv.max((self.num_heads + 2 * kv_heads) * head_dim), attn.max(self.num_heads * head_dim), hd.max(head_dim))
+        })
     }
 
     /// RoPE inverse frequencies after scaling, computed in f32 as transformers does, for a
@@ -1735,6 +2070,7 @@ mod tests {
             no_rope_layers: Vec::new(),
             pooling: None,
             moe: None,
+            gemma4: None,
         };
         let got = config.inv_freq();
         let want = [

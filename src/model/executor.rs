@@ -311,11 +311,14 @@ impl GpuExecutor {
         split_attention: bool,
     ) -> u64 {
         use crate::gpu::kernels::paged::attention_partials_cols;
+        let (qkv_cols, attn_cols, head_dim) = c.widest_attention();
+        let widest_mlp = (0..c.num_layers).map(|i| c.layer_intermediate_size(i)).max().unwrap_or(0);
         let token_cols = 4 * c.hidden_size
-            + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-            + c.num_heads * c.head_dim
-            + attention_partials_cols(split_attention, c.num_heads, c.head_dim)
-            + 3 * c.intermediate_size
+            + qkv_cols
+            + attn_cols
+            + attention_partials_cols(split_attention, c.num_heads, head_dim)
+            + 3 * c.intermediate_size.max(widest_mlp)
+            + c.gemma4.as_ref().map_or(0, |g| (2 * c.num_layers + 1) * g.per_layer_input_size)
             + c.ssm.map_or(0, |s| s.in_proj_size() + s.conv_channels() + 2 * s.inner_size())
             + c.short_conv.map_or(0, |_| 4 * c.hidden_size)
             + c.delta_net.map_or(0, |d| d.in_proj_size() + d.conv_channels() + 2 * d.value_size())

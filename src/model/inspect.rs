@@ -309,9 +309,7 @@ impl fmt::Display for ModelReport {
             )?;
             if c.num_attention_layers() > 0 {
                 // What --kv-memory buys: bytes a token takes over every attention layer, K and V.
-                let per_token = |dtype| {
-                    KvCacheConfig::block_bytes(1, c.num_attention_layers(), c.num_kv_heads, c.head_dim, dtype) as u64
-                };
+                let per_token = |dtype| KvCacheConfig::block_bytes(1, c.kv_token_values(), dtype) as u64;
                 let (full, half) = (per_token(DType::F32), per_token(DType::F16));
                 let context = c.max_position_embeddings as u64;
                 writeln!(

@@ -11,12 +11,13 @@ use crate::model::config::ModelConfig;
 use crate::quant::DType;
 use crate::tensor::TensorFactory;
 
-/// The K and V caches of every layer: one (num_blocks · block_size, num_kv_heads, head_dim)
-/// tensor of the config's dtype (F32 or F16) per layer and side, so no binding grows with the
+/// The K and V caches of every layer that keeps its own: one (num_blocks · block_size,
+/// num_kv_heads, head_dim) tensor of the config's dtype (F32 or F16) per layer and side (the
+/// layer's own KV heads and head size: `ModelConfig::kv_shape`), so no binding grows with the
 /// layer count (buffers, or rgba32float / rgba16float textures on CPU drivers).
 pub struct KvPool {
     config: KvCacheConfig,
-    /// Per model layer; `None` for a recurrent layer.
+    /// Per model layer; `None` for a recurrent layer or one that reads an earlier layer's.
     k: Vec<Option<GpuTensor>>,
     v: Vec<Option<GpuTensor>>,
     /// The state slots, for a model with recurrent layers.
@@ -60,13 +61,15 @@ impl KvPool {
         num_state_slots: usize,
         num_snapshot_slots: usize,
     ) -> Result<KvPool> {
-        let shape = [config.num_blocks * config.block_size, model.num_kv_heads, model.head_dim];
+        let slots = config.num_blocks * config.block_size;
         let mut k = Vec::with_capacity(model.num_layers);
         let mut v = Vec::with_capacity(model.num_layers);
         for layer in 0..model.num_layers {
-            let attends = !model.is_recurrent(layer);
-            k.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
-            v.push(attends.then(|| factory.kv_cache(&shape, config.dtype, None)).transpose()?);
+            // Only layers with a cache of their own: a recurrent layer has none, and a layer
+            // that attends over an earlier layer's (Gemma 4's KV sharing) reads that one.
+            let cache = |&(heads, dim): &(usize, usize)| factory.kv_cache(&[slots, heads, dim], config.dtype, None);
+            k.push(model.kv_shape(layer).as_ref().map(cache).transpose()?);
+            v.push(model.kv_shape(layer).as_ref().map(cache).transpose()?);
         }
         let states = match model.layer_state() {
             Some(shape) => {

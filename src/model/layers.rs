@@ -130,6 +130,16 @@ pub struct Activations {
     pub short_conv: Option<ShortConvActivations>,
     /// Qwen3.5's Gated DeltaNet layers' and gated attention's buffers.
     pub delta_net: Option<DeltaNetActivations>,
+    /// Gemma 4's per-layer embeddings' buffers.
+    pub per_layer: Option<PerLayerActivations>,
+}
+
+/// The buffers of Gemma 4's per-layer embeddings.
+#[derive(Clone)]
+pub struct PerLayerActivations {
+    pub inputs: GpuTensor,  // (tokens, layers · per_layer): every layer's input, made before the first
+    pub scratch: GpuTensor, // (tokens, layers · per_layer): the token table's rows, the projection
+    pub gate: GpuTensor,    // (tokens, per_layer): a layer's gated input
 }
 
 /// The buffers of Qwen3.5's layers.
@@ -233,12 +243,23 @@ impl Activations {
             }),
             None => None,
         };
+        let per_layer = match &c.gemma4 {
+            Some(g) if g.per_layer_input_size > 0 => {
+                let all = c.num_layers * g.per_layer_input_size;
+                Some(PerLayerActivations { inputs: t(all)?, scratch: t(all)?, gate: t(g.per_layer_input_size)? })
+            }
+            _ => None,
+        };
+        // Layers may differ (Gemma 4's full layers, its double-wide MLPs): sized for the widest,
+        // viewed narrower by `Activations::for_layer`.
+        let (qkv_cols, attn_cols, head_dim) = c.widest_attention();
+        let dense_mlp = (0..c.num_layers).fold(dense_mlp, |m, i| m.max(c.layer_intermediate_size(i)));
         Ok(Activations {
             x: t(c.hidden_size)?,
             xn: t(c.hidden_size)?,
-            qkv: t((c.num_heads + 2 * c.num_kv_heads) * c.head_dim)?,
-            attn: t(c.num_heads * c.head_dim)?,
-            attn_partials: t(attention_partials_cols(split_attention, c.num_heads, c.head_dim))?,
+            qkv: t(qkv_cols)?,
+            attn: t(attn_cols)?,
+            attn_partials: t(attention_partials_cols(split_attention, c.num_heads, head_dim))?,
             proj: t(c.hidden_size)?,
             gate_up: t(2 * dense_mlp)?,
             act: t(dense_mlp)?,
@@ -248,6 +269,33 @@ impl Activations {
             moe,
             short_conv,
             delta_net,
+            per_layer,
+        })
+    }
+
+    /// A view of these activations at one layer's widths, where layers differ (Gemma 4): q/k/v
+    /// rows of `layout`, its attention output and split-K partials, an MLP of `intermediate`.
+    pub fn for_layer(&self, layout: QkvLayout, intermediate: usize) -> Result<Activations> {
+        let tokens = self.x.shape()[0];
+        let split = self.attn_partials.shape()[1] != attention_partials_cols(false, 0, 0);
+        let attn_cols = layout.num_heads * layout.head_dim;
+        let partials = attention_partials_cols(split, layout.num_heads, layout.head_dim);
+        Ok(Activations {
+            qkv: self.qkv.prefix(&[tokens, layout.row_stride()])?,
+            attn: self.attn.prefix(&[tokens, attn_cols])?,
+            attn_partials: self.attn_partials.prefix(&[tokens, partials])?,
+            gate_up: self.gate_up.prefix(&[tokens, 2 * intermediate])?,
+            act: self.act.prefix(&[tokens, intermediate])?,
+            x: self.x.clone(),
+            xn: self.xn.clone(),
+            proj: self.proj.clone(),
+            rows: self.rows.clone(),
+            normed: self.normed.clone(),
+            ssm: None,
+            moe: None,
+            short_conv: None,
+            delta_net: None,
+            per_layer: self.per_layer.clone(),
         })
     }
 
@@ -329,6 +377,12 @@ impl Activations {
                     normed: t(&d.normed)?,
                     attn_gate: t(&d.attn_gate)?,
                 }),
+                None => None,
+            },
+            per_layer: match &self.per_layer {
+                Some(p) => {
+                    Some(PerLayerActivations { inputs: t(&p.inputs)?, scratch: t(&p.scratch)?, gate: t(&p.gate)? })
+                }
                 None => None,
             },
         })

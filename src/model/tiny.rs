@@ -40,6 +40,7 @@ pub fn tiny_config() -> ModelConfig {
         no_rope_layers: Vec::new(),
         pooling: None,
         moe: None,
+        gemma4: None,
     }
 }
 

@@ -2,7 +2,7 @@
 //! its metadata (`tokenizer.ggml.*`), built on the `tokenizers` crate so that it splits and merges
 //! text the way llama.cpp does for the same file.
 //!
-//! Three vocabulary kinds (`tokenizer.ggml.model`):
+//! Four vocabulary kinds (`tokenizer.ggml.model`):
 //! - `"gpt2"`: byte-level BPE. Tokens are spelled in GPT-2's byte alphabet and ranked merges
 //!   come with them; text is first cut by the regexes llama.cpp uses for the file's
 //!   `tokenizer.ggml.pre` (each one splits every piece the previous ones left, keeping both the
@@ -13,6 +13,9 @@
 //!   vocabulary falls back to its UTF-8 bytes as `<0xXX>` tokens. llama.cpp merges the adjacent
 //!   pair whose union is the best-scoring token first; BPE with merges ranked by that score is
 //!   the same procedure.
+//! - `"gemma4"`: the same spelling as `"llama"` without the space in front, but with ranked
+//!   merges in the file, applied to each line and each run of newlines apart (llama.cpp's
+//!   `gemma4` pre-tokenizer); BOS always added, as llama.cpp does.
 //! - `"bert"`: WordPiece (BERT encoders such as bge). llama.cpp's converter writes a word's first
 //!   piece with a leading `▁` and a continuation without the `##` Hugging Face gives it; the
 //!   vocabulary is turned back into WordPiece's spelling and run as transformers'
@@ -272,10 +275,11 @@ impl HfTokenizer {
                  load the model's tokenizer.json instead",
             )
         })?;
-        if !["gpt2", "llama", "bert"].contains(&model) {
+        if !["gpt2", "llama", "bert", "gemma4"].contains(&model) {
             return Err(m.err(format!(
                 "tokenizer.ggml.model is {model:?}; weft reads gpt2 (byte-level BPE), llama \
-                 (SentencePiece) and bert (WordPiece) vocabularies; load the model's tokenizer.json instead"
+                 (SentencePiece), gemma4 (SentencePiece-style BPE) and bert (WordPiece) vocabularies; load the \
+                 model's tokenizer.json instead"
             )));
         }
 
@@ -310,6 +314,9 @@ impl HfTokenizer {
             (byte_level_bpe(&m, &vocab, &kind)?, kind.add_bos, false)
         } else if model == "bert" {
             (wordpiece(&m, &vocab)?, true, false)
+        } else if model == "gemma4" {
+            // llama.cpp adds BOS to Gemma 4's prompts whatever the file says.
+            (gemma4_bpe(&m, &vocab)?, true, false)
         } else {
             let add_space_prefix = m.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
             (sentencepiece_bpe(&m, &vocab, add_space_prefix)?, true, add_space_prefix)
@@ -376,7 +383,8 @@ impl HfTokenizer {
             }
         }
 
-        let add_bos = wordpiece || m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
+        let add_bos =
+            wordpiece || model == "gemma4" || m.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
         let add_eos = wordpiece || m.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         if add_bos && bos.is_none() {
             return Err(m.err("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is not set"));
@@ -438,11 +446,13 @@ fn first_ids<'t>(texts: impl Iterator<Item = (usize, std::borrow::Cow<'t, str>)>
     map
 }
 
-fn byte_level_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, kind: &PreTokenizerKind) -> Result<tokenizers::Tokenizer> {
-    let merges_list = m.str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
-        m.err("tokenizer.ggml.merges is missing: a gpt2 (byte-level BPE) vocabulary needs its merges")
-    })?;
-    let merges = merges_list
+/// `tokenizer.ggml.merges`, ranked, as (left, right) pairs; `kind` names the vocabulary that
+/// needs them when they are missing.
+fn file_merges(m: &Meta<'_>, kind: &str) -> Result<Vec<(String, String)>> {
+    let merges_list = m
+        .str_array("tokenizer.ggml.merges")?
+        .ok_or_else(|| m.err(format!("tokenizer.ggml.merges is missing: a {kind} vocabulary needs its merges")))?;
+    merges_list
         .iter()
         .enumerate()
         .map(|(i, line)| {
@@ -451,7 +461,11 @@ fn byte_level_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, kind: &PreTokenizerKind) -> R
             })?;
             Ok((a.to_owned(), b.to_owned()))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+fn byte_level_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, kind: &PreTokenizerKind) -> Result<tokenizers::Tokenizer> {
+    let merges = file_merges(m, "gpt2 (byte-level BPE)")?;
 
     // Ordinary tokens are spelled in the byte alphabet; one that is not (a converter's slip) is
     // respelled, as transformers does. Special and user-defined tokens keep their raw text: that
@@ -535,7 +549,31 @@ fn sentencepiece_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, add_space_prefix: bool) ->
         .into_iter()
         .map(|(_, _, _, l, r)| (vocab.tokens[l as usize].to_owned(), vocab.tokens[r as usize].to_owned()))
         .collect();
+    spm_style_bpe(m, vocab, ids, merges, add_space_prefix, None)
+}
 
+/// Gemma 4's vocabulary (`tokenizer.ggml.model` "gemma4", llama.cpp's pre-tokenizer of the same
+/// name): SentencePiece's spelling (spaces written `▁`, no space put in front, unknown
+/// characters as `<0xXX>` byte tokens) with ranked merges from the file, run over each line and
+/// each run of newlines apart, as llama.cpp splits the text before merging. A run of newlines
+/// that is a token of its own is that token (llama.cpp's lookup before merging).
+fn gemma4_bpe(m: &Meta<'_>, vocab: &Vocab<'_>) -> Result<tokenizers::Tokenizer> {
+    let ids = first_ids(vocab.tokens.iter().enumerate().map(|(id, &t)| (id, t.into())));
+    let merges = file_merges(m, "gemma4")?;
+    spm_style_bpe(m, vocab, ids, merges, false, Some(regex_split(m, "[^\\n]+|[\\n]+")?))
+}
+
+/// A BPE over SentencePiece's spelling: `▁` for spaces (and in front of the text with
+/// `add_space_prefix`), byte fallback where the vocabulary has byte tokens, `merges` ranked,
+/// the text first cut by `split` if given.
+fn spm_style_bpe(
+    m: &Meta<'_>,
+    vocab: &Vocab<'_>,
+    ids: HashMap<String, u32>,
+    merges: Vec<(String, String)>,
+    add_space_prefix: bool,
+    split: Option<PreTokenizerWrapper>,
+) -> Result<tokenizers::Tokenizer> {
     let has_byte_tokens = vocab.types.contains(&TOKEN_BYTE);
     let unk = m
         .token_id("tokenizer.ggml.unknown_token_id", vocab.tokens.len())?
@@ -569,6 +607,7 @@ fn sentencepiece_bpe(m: &Meta<'_>, vocab: &Vocab<'_>, add_space_prefix: bool) ->
     tokenizer
         .with_normalizer(Some(normalizer))
         .map_err(|e| m.err(format!("normalizer: {e}")))?
+        .with_pre_tokenizer(split)
         .with_decoder(Some(DecoderWrapper::Sequence(decoder)));
     Ok(tokenizer)
 }

@@ -1,9 +1,9 @@
-//! silu_mul, gelu_mul, scale and add against the CPU. Lengths straddle the 256-invocation
+//! silu_mul, gelu_mul, gelu_mul_at, softcap, scale and add against the CPU. Lengths straddle the 256-invocation
 //! workgroup and, for add and scale, the 65535-workgroup fold into a second grid dimension.
 
 use weft::DType;
 use weft::gpu::Recording;
-use weft::gpu::kernels::elementwise::{add, add_bias, gelu, gelu_mul, scale, silu_mul};
+use weft::gpu::kernels::elementwise::{add, add_bias, gelu, gelu_mul, gelu_mul_at, scale, silu_mul, softcap};
 use weft::tensor::TensorFactory;
 
 use crate::common::*;
@@ -64,6 +64,59 @@ fn gelu_mul_matches_cpu() {
     gelu_mul(ctx(f), &mut rec, &gu, &o).unwrap();
     run(f, &rec);
     assert_eq!(read_f32(f, &o), vec![1e20]);
+}
+
+/// Gemma 4's per-layer input gate, gelu_tanh(x) times a slice of wider rows, in place: the
+/// tolerance of gelu_mul (the same shared formula); a slice past the rows is refused.
+#[test]
+fn gelu_mul_at_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for &(rows, cols, up_cols, up_col) in &[(1, 32, 96, 64), (3, 257, 600, 300), (5, 32, 32, 0)] {
+        let gate = random(rows * cols, 13, 8.0);
+        let up = random(rows * up_cols, 14, 2.0);
+        let slice: Vec<f32> = (0..rows).flat_map(|r| up[r * up_cols + up_col..][..cols].iter().copied()).collect();
+        let x = f.upload_f32(&[rows, cols], &gate).unwrap();
+        let u = f.upload_f32(&[rows, up_cols], &up).unwrap();
+        let mut rec = Recording::new();
+        gelu_mul_at(ctx(f), &mut rec, &x, &u, up_col).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::gelu_tanh_mul(&gate, &slice);
+        assert_close(&format!("gelu_mul_at {rows}x{cols} at {up_col}"), &read_f32(f, &x), &want, |i| {
+            0.5 * f64::from((gate[i] * slice[i]).abs()) / f64::from(1u32 << 18)
+                + 16.0 * U * f64::from(want[i].abs())
+                + 1e-30
+        });
+    }
+    let x = f.zeros(&[2, 32], DType::F32).unwrap();
+    let u = f.zeros(&[2, 64], DType::F32).unwrap();
+    let err = gelu_mul_at(ctx(f), &mut Recording::new(), &x, &u, 40).unwrap_err();
+    assert!(err.to_string().contains("columns 40..72"), "{err}");
+}
+
+/// cap · tanh(x / cap): tanh within 2⁻¹⁸ absolute (as gelu_mul allows, through exp), times
+/// the cap, plus a few roundings; inputs far past the cap (and a huge one, which must not
+/// become NaN) saturate at ±cap. A cap that is not positive is refused.
+#[test]
+fn softcap_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for (len, cap) in [(1, 30.0f32), (257, 5.0), (70000, 30.0)] {
+        let x = random(len, len as u64 + 5, 4.0 * cap);
+        let t = f.upload_f32(&[len], &x).unwrap();
+        let mut rec = Recording::new();
+        softcap(ctx(f), &mut rec, &t, cap).unwrap();
+        run(f, &rec);
+        let want = weft::cpu::softcap(&x, cap);
+        assert_close(&format!("softcap {len} at {cap}"), &read_f32(f, &t), &want, |i| {
+            f64::from(cap) / f64::from(1u32 << 18) + 8.0 * U * f64::from(want[i].abs()) + 1e-30
+        });
+    }
+    let t = f.upload_f32(&[2], &[1e30, -1e30]).unwrap();
+    let mut rec = Recording::new();
+    softcap(ctx(f), &mut rec, &t, 30.0).unwrap();
+    run(f, &rec);
+    assert_eq!(read_f32(f, &t), vec![30.0, -30.0]);
+    let err = softcap(ctx(f), &mut Recording::new(), &t, 0.0).unwrap_err();
+    assert!(err.to_string().contains("must be positive"), "{err}");
 }
 
 /// The exact GELU from erf's 7.1.26 approximation (at most 1.5e-7 off), whose exp may err by a

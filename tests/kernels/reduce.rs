@@ -255,3 +255,47 @@ fn argmax_matches_cpu_and_breaks_ties_low() {
         assert_eq!(read_u32(f, &out), weft::cpu::argmax(&x, n), "argmax {rows}x{n}");
     }
 }
+
+/// RMSNorm of one part's heads of fused qkv rows, in place (Gemma 4's q_norm alone, its
+/// weightless v_norm as a weight of ones): each head as `cpu::rms_norm` over head_dim, within
+/// rms_norm's tolerance; every other column comes back bit for bit.
+#[test]
+fn qkv_part_rms_norm_matches_cpu() {
+    use weft::gpu::kernels::paged::QkvLayout;
+    use weft::gpu::kernels::reduce::{QkvPart, qkv_part_rms_norm};
+    let Some(f) = gpu() else { return };
+    for (tokens, heads, kv_heads, hd) in [(1, 4, 1, 256), (5, 4, 2, 16), (3, 8, 1, 32)] {
+        let layout = QkvLayout { num_heads: heads, num_kv_heads: kv_heads, head_dim: hd };
+        let stride = layout.row_stride();
+        let x = random(tokens * stride, hd as u64 + 3, 3.0);
+        let w = random(hd, 25, 1.5);
+        for (part, first, count) in
+            [(QkvPart::Query, 0, heads), (QkvPart::Key, heads, kv_heads), (QkvPart::Value, heads + kv_heads, kv_heads)]
+        {
+            let xt = f.upload_f32(&[tokens, stride], &x).unwrap();
+            let wt = f.upload_f32(&[hd], &w).unwrap();
+            let mut rec = Recording::new();
+            qkv_part_rms_norm(ctx(f), &mut rec, &xt, layout, part, &wt, 1e-6).unwrap();
+            run(f, &rec);
+            let got = read_f32(f, &xt);
+            let mut want = x.clone();
+            for t in 0..tokens {
+                let cols = t * stride + first * hd..t * stride + (first + count) * hd;
+                want[cols.clone()].copy_from_slice(&weft::cpu::rms_norm(&x[cols], &w, 1e-6));
+            }
+            let rel = 2.0 * (hd as f64 / 64.0 + 12.0) * U;
+            let name = format!("{part:?} heads of {tokens}x{heads}+{kv_heads}x{hd}");
+            assert_close(&name, &got, &want, |i| rel * f64::from(want[i].abs()) + 1e-30);
+            let untouched = (0..got.len()).filter(|&i| {
+                let c = i % stride;
+                c < first * hd || c >= (first + count) * hd
+            });
+            assert!(untouched.into_iter().all(|i| got[i].to_bits() == x[i].to_bits()), "{name}: other columns changed");
+        }
+    }
+    let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 32 };
+    let xt = f.zeros(&[2, 128], DType::F32).unwrap();
+    let w = f.zeros(&[48], DType::F32).unwrap();
+    let err = qkv_part_rms_norm(ctx(f), &mut Recording::new(), &xt, layout, QkvPart::Value, &w, 1e-6).unwrap_err();
+    assert!(err.to_string().contains("weight must be F32 of shape [32]"), "{err}");
+}

@@ -32,6 +32,7 @@ pub const VOCABS: &[&str] = &[
     "llama-spm",
     "phi-3",
     "bert-bge",
+    "gemma-4",
 ];
 
 pub fn vocab_dir() -> PathBuf {

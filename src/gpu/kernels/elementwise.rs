@@ -1,6 +1,6 @@
-//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates, the exact GELU, the sigmoid
-//! gates of Qwen3.5's attention and Qwen3.5-MoE's shared expert, the residual add, bias add and
-//! scaling.
+//! One-element-per-invocation kernels: the SwiGLU and GeGLU gates (and Gemma 4's per-layer
+//! input gate), the exact GELU, the sigmoid gates of Qwen3.5's attention and Qwen3.5-MoE's
+//! shared expert, the residual add, bias add, scaling and logit soft-capping.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
@@ -13,6 +13,7 @@ shader_params!(SiluMulParams { len: u32, cols: u32 });
 shader_params!(ScaleParams { len: u32, factor: f32 });
 shader_params!(GeluParams { len: u32 });
 shader_params!(SigmoidMulParams { len: u32, group: u32 });
+shader_params!(GeluMulAtParams { len: u32, cols: u32, up_stride: u32, up_col: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -39,6 +40,48 @@ pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out:
 /// approximation), shaped as [`silu_mul`].
 pub fn gelu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
     gated(ctx, rec, "gelu_mul", gate_up, out)
+}
+
+/// Record x[r, c] = gelu_tanh(x[r, c]) · up[r, up_col + c] in place: x (rows, cols) F32, up
+/// (rows, up_cols) F32 with up_col + cols <= up_cols (Gemma 4's per-layer input gate, `up` a
+/// row of every layer's inputs side by side).
+pub fn gelu_mul_at(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, up: &GpuTensor, up_col: usize) -> Result<()> {
+    const OP: &str = "gelu_mul_at";
+    expect(OP, "x", x, DType::F32, &[None, None])?;
+    let (rows, cols) = (x.shape()[0], x.shape()[1]);
+    expect(OP, "up", up, DType::F32, &[Some(rows), None])?;
+    let up_stride = up.shape()[1];
+    if up_col + cols > up_stride {
+        return Err(WeftError::shape(OP, format!("columns {up_col}..{} of up, which has {up_stride}", up_col + cols)));
+    }
+    let params = GeluMulAtParams {
+        len: u32_of(OP, "len", rows * cols)?,
+        cols: u32_of(OP, "cols", cols)?,
+        up_stride: u32_of(OP, "up columns", up_stride)?,
+        up_col: u32_of(OP, "up_col", up_col)?,
+    };
+    let bindings = [up.single_part(OP)?.resource(ctx)?, x.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("gelu_mul_at");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(rows * cols, WORKGROUP))?;
+    Ok(())
+}
+
+/// Record `x = cap · tanh(x / cap)` in place over an F32 tensor (Gemma 4's final logit
+/// soft-capping); `cap` must be positive.
+pub fn softcap(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, cap: f32) -> Result<()> {
+    const OP: &str = "softcap";
+    if x.dtype() != DType::F32 {
+        return Err(WeftError::shape(OP, format!("x must be F32, got {}", x.dtype())));
+    }
+    if cap.is_nan() || cap <= 0.0 {
+        return Err(WeftError::shape(OP, format!("the cap must be positive, got {cap}")));
+    }
+    let len = x.num_elems();
+    let params = ScaleParams { len: u32_of(OP, "len", len)?, factor: cap };
+    let bindings = [x.single_part(OP)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("softcap");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
+    Ok(())
 }
 
 /// Record `x = gelu(x)` in place over an F32 tensor: the exact (erf) GELU of BERT's MLP

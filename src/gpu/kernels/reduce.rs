@@ -13,7 +13,7 @@ shader_params!(AddRmsNormParams { rows: u32, n: u32, eps: f32, delta_scale: f32 
 shader_params!(RowParams { rows: u32, n: u32 });
 shader_params!(LayerNormParams { rows: u32, n: u32, eps: f32 });
 shader_params!(PoolParams { outputs: u32, cols: u32 });
-shader_params!(HeadNormParams { q_groups: u32, n: u32, k_n: u32, row_stride: u32, eps: f32 });
+shader_params!(HeadNormParams { q_groups: u32, n: u32, k_n: u32, row_stride: u32, col0: u32, eps: f32 });
 
 fn rows_of(op: &'static str, x: &GpuTensor) -> Result<(usize, usize)> {
     expect(op, "x", x, DType::F32, &[None, None])?;
@@ -56,14 +56,71 @@ pub fn head_rms_norm(
         n: u32_of(OP, "q_weight length", q_weight.shape()[0])?,
         k_n: u32_of(OP, "k_weight length", k_weight.shape()[0])?,
         row_stride: u32_of(OP, "row stride", layout.row_stride())?,
+        col0: 0,
         eps,
     };
+    record_head_norm(ctx, rec, OP, qkv, params, q_weight, k_weight, q_groups + k_groups)
+}
+
+/// Which heads of a fused qkv row: `QkvLayout`'s query, key or value heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvPart {
+    Query,
+    Key,
+    Value,
+}
+
+/// Record RMSNorm of each head of one part of the fused qkv rows, in place, times `weight`
+/// (head_dim) F32: Gemma 4's q_norm in a layer that reads another layer's keys and values, and
+/// its v_norm, which has no weight (a weight of ones multiplies by exactly 1). qkv (num_tokens,
+/// layout.row_stride()) F32; the other parts are left as they are.
+pub fn qkv_part_rms_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    qkv: &GpuTensor,
+    layout: QkvLayout,
+    part: QkvPart,
+    weight: &GpuTensor,
+    eps: f32,
+) -> Result<()> {
+    const OP: &str = "qkv_part_rms_norm";
+    let hd = layout.head_dim;
+    expect(OP, "qkv", qkv, DType::F32, &[None, Some(layout.row_stride())])?;
+    expect(OP, "weight", weight, DType::F32, &[Some(hd)])?;
+    let (col0, heads) = match part {
+        QkvPart::Query => (0, layout.num_heads),
+        QkvPart::Key => (layout.num_heads * hd, layout.num_kv_heads),
+        QkvPart::Value => ((layout.num_heads + layout.num_kv_heads) * hd, layout.num_kv_heads),
+    };
+    let params = HeadNormParams {
+        q_groups: u32_of(OP, "heads", heads)?,
+        n: u32_of(OP, "head_dim", hd)?,
+        k_n: u32_of(OP, "head_dim", hd)?,
+        row_stride: u32_of(OP, "row stride", layout.row_stride())?,
+        col0: u32_of(OP, "first column", col0)?,
+        eps,
+    };
+    record_head_norm(ctx, rec, OP, qkv, params, weight, weight, heads)
+}
+
+/// One dispatch of shaders/head_rms_norm.wgsl over `groups` groups of every token.
+#[allow(clippy::too_many_arguments)]
+fn record_head_norm(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    op: &'static str,
+    qkv: &GpuTensor,
+    params: HeadNormParams,
+    q_weight: &GpuTensor,
+    k_weight: &GpuTensor,
+    groups: usize,
+) -> Result<()> {
     let bindings = [
-        q_weight.single_part(OP)?.resource(ctx)?,
-        k_weight.single_part(OP)?.resource(ctx)?,
-        qkv.single_part(OP)?.resource(ctx)?,
+        q_weight.single_part(op)?.resource(ctx)?,
+        k_weight.single_part(op)?.resource(ctx)?,
+        qkv.single_part(op)?.resource(ctx)?,
     ];
-    let grid = [u32_of(OP, "groups", q_groups + k_groups)?, u32_of(OP, "num_tokens", qkv.shape()[0])?, 1];
+    let grid = [u32_of(op, "groups", groups)?, u32_of(op, "num_tokens", qkv.shape()[0])?, 1];
     ctx.dispatch(rec, ShaderVariant::plain("head_rms_norm"), bytemuck::bytes_of(&params), bindings.into(), None, grid)?;
     Ok(())
 }

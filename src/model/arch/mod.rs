@@ -7,6 +7,7 @@
 
 mod bert;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod granite_hybrid;
 mod lfm2;
@@ -19,6 +20,7 @@ mod qwen3moe;
 
 pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
+pub use gemma4::Gemma4Model;
 pub use gpt_oss::GptOssModel;
 pub use granite_hybrid::GraniteHybridModel;
 pub use lfm2::Lfm2Model;
@@ -53,6 +55,8 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoeshared",
     "olmo2",
     "gemma3",
+    "gemma4",
+    "gemma4_text",
     "phi3",
     "mamba2",
     "granitehybrid",
@@ -138,6 +142,7 @@ fn load_layers(
             Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
         }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "gemma4" => Ok(Box::new(Gemma4Model::load(config, source, factory, progress)?)),
         "bert" => Ok(Box::new(BertModel::load(config, source, factory, progress)?)),
         "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),
         "qwen3moe" | "qwen3_moe" => Ok(Box::new(Qwen3MoeModel::load(config, source, factory, progress)?)),
