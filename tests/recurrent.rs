@@ -252,9 +252,9 @@ fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
     let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
     w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
     for t in &gguf.tensors {
-        w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        w.tensor(&t.name, &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
         if let Some(rest) = t.name.strip_prefix("blk.3.") {
-            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
         }
     }
     let path = std::env::temp_dir().join(format!("weft-qwen35-mtp-{}.gguf", std::process::id()));
