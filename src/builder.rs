@@ -58,10 +58,16 @@ impl EngineBuilder {
         Ok(Self::from_files(ModelFiles::open(path.as_ref())?))
     }
 
-    /// A GGUF file's bytes (the browser's way: a download or a picked file); `name` appears in
-    /// errors.
+    /// A GGUF file's bytes; `name` appears in errors.
     pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
         Ok(Self::from_files(ModelFiles::from_gguf_bytes(name, bytes)?))
+    }
+
+    /// A GGUF file read in slices through `reader`, one tensor at a time as it is uploaded (the
+    /// browser's way: a stored or downloaded model is never whole in WebAssembly memory);
+    /// `name` appears in errors.
+    pub fn from_gguf_reader(name: &str, reader: Box<dyn crate::model::gguf::ReadAt>) -> Result<Self> {
+        Ok(Self::from_files(ModelFiles::from_gguf_reader(name, reader)?))
     }
 
     fn from_files(files: ModelFiles) -> Self {

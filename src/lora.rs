@@ -277,8 +277,8 @@ impl LoraAdapter {
                     info.name, target.name
                 )));
             }
-            let bytes = gguf.tensor_bytes(info);
-            let values = crate::quant::dequantize(info.dtype()?, bytes)?;
+            let bytes = gguf.tensor_bytes(info)?;
+            let values = crate::quant::dequantize(info.dtype()?, &bytes)?;
             put(&mut found, layer, target, which, r, values, shape).map_err(bad)?;
         }
         let rank = rank.ok_or_else(|| bad("no LoRA tensors".into()))?;

@@ -126,6 +126,16 @@ pub trait MaybeSend {}
 #[cfg(target_arch = "wasm32")]
 impl<T> MaybeSend for T {}
 
+/// `Sync` natively, nothing in the browser (see [`MaybeSend`]).
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSync: Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Sync> MaybeSync for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T> MaybeSync for T {}
+
 /// A boxed progress callback, `Send` natively (see [`MaybeSend`]).
 #[cfg(not(target_arch = "wasm32"))]
 pub type BoxProgress = Box<dyn FnMut(usize, usize) + Send>;

@@ -116,6 +116,63 @@ fn loading_holds_bounded_host_memory() {
     );
 }
 
+/// A GGUF file in memory read as the browser reads one (`GgufFile::from_reader`), logging each
+/// read's length.
+struct LoggedReader {
+    bytes: Vec<u8>,
+    reads: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl weft::model::gguf::ReadAt for LoggedReader {
+    fn len_bytes(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        self.reads.lock().unwrap().push(buf.len());
+        let start = offset as usize;
+        buf.copy_from_slice(&self.bytes[start..start + buf.len()]);
+        Ok(())
+    }
+}
+
+/// The browser's loading path: a model read in slices, each read at most a parsing window or
+/// one tensor, serves the same greedy tokens as the same file held in memory.
+#[test]
+fn a_model_read_in_slices_serves_the_same_tokens_as_one_in_memory() {
+    use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+    let Some(ctx) = weft::gpu::open_or_skip(GpuOptions::default()).unwrap() else { return };
+    let c = weft::model::tiny::tiny_config();
+    let bytes = weft::model::tiny::gguf_bytes(&c, &weft::model::tiny::random_weights(&c, 21, DType::Q8_0), DType::Q8_0);
+    let largest = ModelFiles::from_gguf_bytes("tiny.gguf", bytes.clone()).unwrap().largest_tensor_bytes();
+    let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = Box::new(LoggedReader { bytes: bytes.clone(), reads: reads.clone() });
+    let request = || {
+        let params = GenerationParams {
+            sampling: weft::sampling::SamplingParams::greedy(),
+            max_tokens: Some(12),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        InferenceRequest::new(Prompt::Text("slices of a file".into()), params)
+    };
+    let tokens = |builder: weft::EngineBuilder| {
+        let engine = builder.kv_memory_bytes(1 << 20).build_on(ctx.clone()).unwrap();
+        let tokens = weft::rt::block_on(engine.infer(request())).unwrap().token_ids;
+        engine.shutdown();
+        tokens
+    };
+    let in_memory = tokens(weft::EngineBuilder::from_gguf_bytes("tiny.gguf", bytes.clone()).unwrap());
+    let read = tokens(weft::EngineBuilder::from_gguf_reader("tiny.gguf", reader).unwrap());
+    assert_eq!(read, in_memory);
+    assert_eq!(read.len(), 12);
+    let reads = reads.lock().unwrap();
+    let most = reads.iter().copied().max().unwrap();
+    let allowed = (largest as usize).max(weft::model::gguf::WINDOW_BYTES.min(bytes.len()));
+    assert!(most <= allowed, "a read of {most} bytes; the largest tensor has {largest}");
+    eprintln!("{} reads of a {}-byte file, the largest {most} bytes", reads.len(), bytes.len());
+}
+
 /// A directory removed when the test ends, passed or not (the full model's file is 4.5 GB).
 struct TempDir(std::path::PathBuf);
 

@@ -204,7 +204,7 @@ fn with_metadata(gguf: Vec<u8>, metadata: &[(&str, MetaValue)], tensors: &[(&str
         writer.metadata(k, v.clone());
     }
     for t in &gguf.tensors {
-        writer.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        writer.tensor(&t.name, &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
     }
     for (name, dims) in tensors {
         let bytes = vec![0u8; 4 * dims.iter().product::<u64>() as usize];
@@ -248,7 +248,7 @@ fn mixture_of_experts_models_are_refused_by_name() {
         }
         for t in &renamed.tensors {
             if !t.name.contains("ffn_") {
-                writer.tensor(&t.name, &t.dims, t.ggml_type, renamed.tensor_bytes(t));
+                writer.tensor(&t.name, &t.dims, t.ggml_type, &renamed.tensor_bytes(t).unwrap());
             }
         }
         let bytes = with_metadata(writer.to_bytes(), &[], &tensors);
@@ -409,7 +409,7 @@ fn sliding_window_matches_cpu() {
     }
     writer.metadata("mistral.attention.sliding_window", weft::model::gguf::MetaValue::U32(4));
     for t in &gguf.tensors {
-        writer.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+        writer.tensor(&t.name, &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
     }
     let gguf = GgufFile::from_bytes("tiny.gguf", writer.to_bytes()).unwrap();
     let exec = executor(&f, &config, &gguf);

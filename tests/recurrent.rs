@@ -302,9 +302,9 @@ fn qwen35_gguf_with_a_prediction_layer_runs_the_trunk_only() {
         let recurrent = [true, true, true, false, false].map(MetaValue::Bool).to_vec();
         w.metadata("qwen35.attention.recurrent_layers", MetaValue::Array(recurrent));
         for t in &gguf.tensors {
-            w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+            w.tensor(&t.name, &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
             if let Some(rest) = t.name.strip_prefix("blk.3.") {
-                w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+                w.tensor(&format!("blk.4.{rest}"), &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
             }
         }
     });
@@ -351,15 +351,15 @@ fn qwen35moe_gguf_with_fused_gate_up_experts_runs_the_same() {
                 continue;
             }
             if t.name.ends_with(".ffn_gate_inp_shexp.weight") {
-                w.tensor(&t.name, &t.dims[..1], t.ggml_type, gguf.tensor_bytes(t));
+                w.tensor(&t.name, &t.dims[..1], t.ggml_type, &gguf.tensor_bytes(t).unwrap());
                 continue;
             }
             let Some(prefix) = t.name.strip_suffix(".ffn_gate_exps.weight") else {
-                w.tensor(&t.name, &t.dims, t.ggml_type, gguf.tensor_bytes(t));
+                w.tensor(&t.name, &t.dims, t.ggml_type, &gguf.tensor_bytes(t).unwrap());
                 continue;
             };
             let up = gguf.tensor(&format!("{prefix}.ffn_up_exps.weight")).unwrap();
-            let (gate, up) = (gguf.tensor_bytes(t), gguf.tensor_bytes(up));
+            let (gate, up) = (gguf.tensor_bytes(t).unwrap(), gguf.tensor_bytes(up).unwrap());
             let experts = t.dims[2] as usize;
             let per_expert = gate.len() / experts;
             let bytes: Vec<u8> = (0..experts)
@@ -386,10 +386,10 @@ fn qwen35moe_shared_gate_of_the_wrong_width_is_refused() {
     let Some(f) = factory() else { return };
     let bytes = rewritten_gguf("qwen35moe", |gguf, w| {
         for t in &gguf.tensors {
-            let bytes = gguf.tensor_bytes(t);
+            let bytes = gguf.tensor_bytes(t).unwrap();
             match t.name.as_str() {
                 "blk.0.ffn_gate_inp_shexp.weight" => w.tensor(&t.name, &[32], t.ggml_type, &bytes[..128]),
-                _ => w.tensor(&t.name, &t.dims, t.ggml_type, bytes),
+                _ => w.tensor(&t.name, &t.dims, t.ggml_type, &bytes),
             };
         }
     });

@@ -122,10 +122,11 @@ fn loading_drops_the_file_pages_it_uploaded() {
     let factory = weft::gpu::GpuTensorFactory::new(ctx);
     let gguf = GgufFile::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL)).unwrap();
     let config = weft::model::config::ModelConfig::from_gguf(&gguf).unwrap();
-    let data: usize = gguf.tensors.iter().map(|t| gguf.tensor_bytes(t).len()).sum();
-    let inside = gguf.tensor_bytes(&gguf.tensors[0]).as_ptr() as usize;
+    let data: usize = gguf.tensors.iter().map(|t| t.size_bytes() as usize).sum();
+    let inside = gguf.tensor_bytes(&gguf.tensors[0]).unwrap().as_ptr() as usize;
     // The measure sees the mapping: reading every tensor makes it resident.
-    let checksum: u64 = gguf.tensors.iter().flat_map(|t| gguf.tensor_bytes(t)).map(|&b| u64::from(b)).sum();
+    let checksum: u64 =
+        gguf.tensors.iter().map(|t| gguf.tensor_bytes(t).unwrap().iter().map(|&b| u64::from(b)).sum::<u64>()).sum();
     assert!(resident_bytes(inside) >= data * 9 / 10, "{} of {data} bytes resident", resident_bytes(inside));
     let mut most = 0;
     let model = weft::model::arch::load(config, &GgufWeights { gguf: &gguf }, &factory, &mut |_, _| {
@@ -137,7 +138,8 @@ fn loading_drops_the_file_pages_it_uploaded() {
     assert!(most <= SLACK, "{most} bytes of the file resident between layers");
     assert!(resident_bytes(inside) <= SLACK, "{} bytes of the file resident after loading", resident_bytes(inside));
     // Dropped pages read back unchanged.
-    let again: u64 = gguf.tensors.iter().flat_map(|t| gguf.tensor_bytes(t)).map(|&b| u64::from(b)).sum();
+    let again: u64 =
+        gguf.tensors.iter().map(|t| gguf.tensor_bytes(t).unwrap().iter().map(|&b| u64::from(b)).sum::<u64>()).sum();
     assert_eq!(again, checksum);
 }
 

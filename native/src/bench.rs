@@ -352,13 +352,7 @@ fn decode_read_bytes(opts: &Options) -> Result<Option<u64>> {
     }
     let gguf = weft::model::gguf::GgufFile::open(&path)?;
     let tied = gguf.tensor("output.weight").is_none();
-    Ok(Some(
-        gguf.tensors
-            .iter()
-            .filter(|t| tied || t.name != "token_embd.weight")
-            .map(|t| gguf.tensor_bytes(t).len() as u64)
-            .sum(),
-    ))
+    Ok(Some(gguf.tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(|t| t.size_bytes()).sum()))
 }
 
 fn run_json(r: &Run) -> Value {

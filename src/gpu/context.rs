@@ -219,7 +219,7 @@ pub struct GpuContext {
     /// The IQ codebooks ([`super::pipelines::codebook_words`]), made for the first dispatch
     /// whose decoder reads them.
     codebooks: std::sync::OnceLock<wgpu::Buffer>,
-    /// Bytes queued through the browser's staging memory (texture uploads) since the last flush.
+    /// Bytes queued through the browser's staging memory (every upload) since the last flush.
     #[cfg(target_arch = "wasm32")]
     staged: AtomicU64,
     /// Natively, the staging ring uploads go through (`staging.rs`), while a load lasts.

@@ -18,8 +18,8 @@
 //! the whole ring streams through it. [`GpuContext::finish_uploads`](crate::gpu::GpuContext::finish_uploads) waits for the copies and
 //! frees the ring (the next upload makes it again).
 //!
-//! In the browser, where nothing may block for a map, buffers are mapped at creation and
-//! textures written through the queue: the browser's own staging (outside WebAssembly memory).
+//! In the browser, where nothing may block for a map, buffers and textures are written through
+//! the queue: the browser's own staging (outside WebAssembly memory).
 //!
 //! **Invariant:** a slot is written only while mapped, and mapped again only after its copy's
 //! submission; the ring's bytes are not counted in [`GpuContext::creations`]'s bytes (they are

@@ -443,13 +443,11 @@ impl GpuTensorFactory {
                     }
                     self.ctx.creations.buffers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.ctx.creations.bytes.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
-                    // In the browser, mapped at creation: the bytes go from WebAssembly memory
-                    // into the browser's mapping. Natively through the staging ring.
                     let buffer = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("tensor"),
                         size,
                         usage,
-                        mapped_at_creation: cfg!(target_arch = "wasm32") && src.is_some(),
+                        mapped_at_creation: false,
                     });
                     if let Some(src) = src {
                         self.fill_buffer(&buffer, src)?;
@@ -499,20 +497,26 @@ impl GpuTensorFactory {
         Ok(PartStorage::Texture(texture, view))
     }
 
-    /// `src` into a new buffer: natively through the staging ring; in the browser into the
-    /// buffer's mapping at creation.
+    /// `src` into a new buffer: natively through the staging ring; in the browser through the
+    /// queue, straight from WebAssembly memory into the browser's staging. (Not a mapping at
+    /// creation: wgpu's web backend copies a written mapping whole into WebAssembly memory
+    /// first, which doubled the heap's peak by the largest tensor while a model loaded.)
     fn fill_buffer(&self, buffer: &wgpu::Buffer, src: &[u8]) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         self.ctx.upload_bytes(super::staging::Destination::Buffer(buffer), 0, src)?;
         #[cfg(target_arch = "wasm32")]
         {
-            let mut view = buffer
-                .slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| WeftError::Gpu { context: "upload".into(), reason: e.to_string() })?;
-            view.slice(..src.len()).copy_from_slice(src);
-            drop(view);
-            buffer.unmap();
+            // Queue writes move whole 4-byte words; the buffer is sized up to one.
+            let whole = src.len() - src.len() % 4;
+            if whole > 0 {
+                self.ctx.queue.write_buffer(buffer, 0, &src[..whole]);
+            }
+            if whole < src.len() {
+                let mut last = [0u8; 4];
+                last[..src.len() - whole].copy_from_slice(&src[whole..]);
+                self.ctx.queue.write_buffer(buffer, whole as u64, &last);
+            }
+            self.ctx.staged_upload(src.len() as u64)?;
         }
         Ok(())
     }

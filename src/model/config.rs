@@ -934,11 +934,11 @@ impl ModelConfig {
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
         };
         let float = |key: &str| gguf.get_f64(&format!("{arch}.{key}")).map(|v| v as f32);
-        let values = |t| -> Vec<f32> {
-            gguf.tensor_bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+        let values = |t| -> Result<Vec<f32>> {
+            Ok(gguf.tensor_bytes(t)?.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
         };
         if let Some(factors) = gguf.tensor("rope_freqs.weight") {
-            return Ok(Some(RopeScaling::FreqFactors(values(factors))));
+            return Ok(Some(RopeScaling::FreqFactors(values(factors)?)));
         }
         if let (Some(short), Some(long)) =
             (gguf.tensor("rope_factors_short.weight"), gguf.tensor("rope_factors_long.weight"))
@@ -946,8 +946,8 @@ impl ModelConfig {
             let original = int("rope.scaling.original_context_length")?;
             let context = int("context_length")?;
             return Ok(Some(RopeScaling::LongRope {
-                short: values(short),
-                long: values(long),
+                short: values(short)?,
+                long: values(long)?,
                 original_max_position_embeddings: original,
                 attention_factor: float("rope.scaling.attn_factor")
                     .unwrap_or_else(|| longrope_attention_factor(context, original)),

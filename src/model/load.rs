@@ -24,8 +24,8 @@ impl WeightSource for GgufWeights<'_> {
 
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>> {
         let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
-        let bytes = self.gguf.tensor_bytes(info);
-        Ok(Some(HostTensor { shape: info.shape(), dtype: info.dtype()?, bytes: Cow::Borrowed(bytes) }))
+        let dtype = info.dtype()?;
+        Ok(Some(HostTensor { shape: info.shape(), dtype, bytes: self.gguf.tensor_bytes(info)? }))
     }
 
     fn release_pages(&self) {
@@ -185,9 +185,15 @@ impl ModelFiles {
         Self::from_gguf(GgufFile::open(path)?)
     }
 
-    /// GGUF bytes (the browser's path: a download or a picked file).
+    /// GGUF bytes held in memory (tests, tools).
     pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>) -> Result<ModelFiles> {
         Self::from_gguf(GgufFile::from_bytes(name, bytes)?)
+    }
+
+    /// A GGUF file read in slices through `reader` (the browser's path: a stored or downloaded
+    /// model is never whole in WebAssembly memory; each tensor is read as it is uploaded).
+    pub fn from_gguf_reader(name: &str, reader: Box<dyn crate::model::gguf::ReadAt>) -> Result<ModelFiles> {
+        Self::from_gguf(GgufFile::from_reader(name, reader)?)
     }
 
     fn from_gguf(gguf: GgufFile) -> Result<ModelFiles> {

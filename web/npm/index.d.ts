@@ -4,10 +4,10 @@
 
 // ---- createEngine ---------------------------------------------------------------------------
 
-/** Where loading is: downloading, reading the browser cache or a local file, or uploading to the GPU. */
+/** Where loading is: downloading (or reading what an interrupted download kept), or uploading to the GPU (the file read a tensor at a time). */
 export interface LoadProgress {
-  stage: 'download' | 'cache' | 'read' | 'upload';
-  /** Bytes for download/cache/read; the engine's own units for upload. */
+  stage: 'download' | 'cache' | 'upload';
+  /** Bytes for download/cache; the engine's own units for upload. */
   loaded: number;
   /** 0 when unknown. */
   total: number;
@@ -279,6 +279,8 @@ export declare class WeftEngine {
   readonly cached: boolean;
   /** Size of the model file in bytes. */
   readonly modelBytes: number;
+  /** The engine's WebAssembly memory in bytes after the load (its peak; the model is never whole in it). */
+  readonly wasmMemoryBytes: number | null;
   /** Every warning so far. */
   readonly warnings: string[];
   /** For a model named hf:…, which file was loaded and why; otherwise null. */

@@ -24,6 +24,7 @@ use weft::EngineBuilder;
 use weft::engine::{ContinuousBatchEngine, Drafter, EngineConfig, SpeculationConfig};
 use weft::gpu::{GpuContext, GpuOptions, KernelFamily};
 use weft::lora::LoraAdapter;
+use weft::model::gguf::ReadAt;
 use weft::openai::{ChunkShaper, Endpoint, OpenAiError, ReasoningParser};
 
 #[wasm_bindgen(start)]
@@ -32,56 +33,130 @@ fn start() {
     console_error_panic_hook::set_once();
 }
 
-/// A model file gathered in WebAssembly memory chunk by chunk as it downloads (or is read from
-/// the cache or a picked file), so the page never holds a second copy of it.
+/// A model file that loading reads in slices, never whole in WebAssembly memory: the GGUF
+/// reader takes its header, metadata and tensor infos in windows of a MiB, then each tensor as
+/// it is uploaded (so the heap holds about the largest tensor at most).
 #[wasm_bindgen]
-pub struct ModelBytes {
-    bytes: Vec<u8>,
+pub struct ModelFile {
+    reader: Box<dyn ReadAt>,
 }
 
 #[wasm_bindgen]
-impl ModelBytes {
-    /// An empty buffer with room for `expected_len` bytes (0 when the size is unknown).
+impl ModelFile {
+    /// A file of `size` bytes that `read(offset, length)` reads synchronously, returning a
+    /// Uint8Array of exactly those bytes: in a worker, `FileReaderSync` over a Blob (a picked
+    /// file, an OPFS file, a Cache API entry, a download gathered as a Blob).
     #[wasm_bindgen(constructor)]
-    pub fn new(expected_len: f64) -> Result<ModelBytes, JsError> {
-        let mut bytes = Vec::new();
-        bytes.try_reserve_exact(expected_len.max(0.0) as usize).map_err(|_| too_big(expected_len))?;
-        Ok(ModelBytes { bytes })
+    pub fn new(size: f64, read: Function) -> Result<ModelFile, JsError> {
+        if !(size.is_finite() && size >= 0.0 && size.fract() == 0.0) {
+            return Err(JsError::new(&format!("a model file's size must be a whole number of bytes, not {size}")));
+        }
+        Ok(ModelFile { reader: Box::new(JsReader { size_bytes: size as u64, read }) })
     }
 
-    /// Append one chunk.
-    pub fn push(&mut self, chunk: &[u8]) -> Result<(), JsError> {
-        self.bytes.try_reserve(chunk.len()).map_err(|_| too_big((self.bytes.len() + chunk.len()) as f64))?;
-        self.bytes.extend_from_slice(chunk);
-        Ok(())
-    }
-
-    /// Bytes gathered so far.
+    /// The file's size in bytes.
     #[wasm_bindgen(getter)]
     pub fn length(&self) -> f64 {
-        self.bytes.len() as f64
+        self.reader.len_bytes() as f64
+    }
+}
+
+impl ModelFile {
+    /// Bytes already in Rust (tests, tools), read through the same reader interface.
+    pub fn from_vec(bytes: Vec<u8>) -> ModelFile {
+        ModelFile { reader: Box::new(Bytes(bytes)) }
+    }
+}
+
+/// The most bytes one call of a [`JsReader`]'s function reads: each call makes a JavaScript
+/// buffer of that size besides the tensor's own memory.
+const JS_READ_BYTES: usize = 16 << 20;
+
+/// A file JavaScript reads (see [`ModelFile::new`]).
+struct JsReader {
+    size_bytes: u64,
+    read: Function,
+}
+
+impl ReadAt for JsReader {
+    fn len_bytes(&self) -> u64 {
+        self.size_bytes
     }
 
-    /// The sha256 of the bytes gathered, in lowercase hex: the browser's own digest
-    /// (`crypto.subtle`) takes one buffer, and a model is gathered here, not in JavaScript.
-    pub fn sha256(&self) -> String {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        for (i, part) in buf.chunks_mut(JS_READ_BYTES).enumerate() {
+            let at = offset + (i * JS_READ_BYTES) as u64;
+            let got = self
+                .read
+                .call2(&JsValue::NULL, &(at as f64).into(), &(part.len() as f64).into())
+                .map_err(|e| format!("the reader threw: {}", js_text(&e)))?;
+            let bytes =
+                got.dyn_into::<js_sys::Uint8Array>().map_err(|_| "the reader returned no Uint8Array".to_string())?;
+            if bytes.length() as usize != part.len() {
+                return Err(format!("the reader returned {} bytes at byte {at}, not {}", bytes.length(), part.len()));
+            }
+            bytes.copy_to(part);
+        }
+        Ok(())
+    }
+}
+
+/// A file held in memory (tests).
+struct Bytes(Vec<u8>);
+
+impl ReadAt for Bytes {
+    fn len_bytes(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        let start = offset as usize;
+        buf.copy_from_slice(&self.0[start..start + buf.len()]);
+        Ok(())
+    }
+}
+
+/// The text of a thrown JavaScript value (an Error's message, a string, anything else).
+fn js_text(e: &JsValue) -> String {
+    match e.dyn_ref::<js_sys::Error>() {
+        Some(error) => String::from(error.message()),
+        None => e.as_string().unwrap_or_else(|| format!("{e:?}")),
+    }
+}
+
+/// A running sha256 of a download, fed chunk by chunk as it arrives (the browser's own digest,
+/// `crypto.subtle`, takes one whole buffer); a chunk is in WebAssembly memory only while hashed.
+#[wasm_bindgen]
+pub struct Sha256 {
+    hasher: sha2::Sha256,
+}
+
+#[wasm_bindgen]
+impl Sha256 {
+    #[wasm_bindgen(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Sha256 {
         use sha2::Digest;
-        sha2::Sha256::digest(&self.bytes).iter().map(|b| format!("{b:02x}")).collect()
+        Sha256 { hasher: sha2::Sha256::new() }
+    }
+
+    pub fn update(&mut self, chunk: &[u8]) {
+        use sha2::Digest;
+        self.hasher.update(chunk);
+    }
+
+    /// The digest of the bytes so far, in lowercase hex.
+    pub fn hex(&self) -> String {
+        use sha2::Digest;
+        self.hasher.clone().finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 
-impl ModelBytes {
-    /// Bytes already in Rust (tests, tools).
-    pub fn from_vec(bytes: Vec<u8>) -> ModelBytes {
-        ModelBytes { bytes }
-    }
-}
-
-fn too_big(bytes: f64) -> JsError {
-    JsError::new(&format!(
-        "the model ({:.0} MB) does not fit in this tab's WebAssembly memory (4 GiB at most, shared with the engine); use a smaller model",
-        bytes / 1e6
-    ))
+/// Bytes of this instance's WebAssembly memory: what the engine's heap has grown to. A memory
+/// never shrinks, so after a load this is the load's peak.
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    (std::arch::wasm32::memory_size::<0>() * 65536) as f64
 }
 
 /// The engine and what the page asks about it.
@@ -230,13 +305,13 @@ impl WebEngine {
     /// serving dispatches, calling `on_progress("upload", layers done, layers in all)` on the way; then
     /// start the loop.
     pub async fn load(
-        model: ModelBytes,
+        model: ModelFile,
         name: String,
         options: JsValue,
         on_progress: Option<Function>,
     ) -> Result<WebEngine, JsError> {
         let options = LoadOptions::from_js(&options)?;
-        let builder = EngineBuilder::from_gguf_bytes(&name, model.bytes).map_err(js)?;
+        let builder = EngineBuilder::from_gguf_reader(&name, model.reader).map_err(js)?;
         let c = builder.model_config();
         let mut model = json!({
             "name": name,

@@ -13,7 +13,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_test::*;
 use weft::model::tiny::{gguf_bytes, random_weights, tiny_config};
 use weft::quant::DType;
-use weft_web::{ModelBytes, WebEngine};
+use weft_web::{ModelFile, WebEngine};
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
@@ -23,7 +23,7 @@ fn tiny_model() -> Vec<u8> {
 }
 
 async fn load_tiny() -> WebEngine {
-    WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), JsValue::UNDEFINED, None)
+    WebEngine::load(ModelFile::from_vec(tiny_model()), "tiny.gguf".into(), JsValue::UNDEFINED, None)
         .await
         .map_err(JsValue::from)
         .expect("the tiny model loads")
@@ -118,7 +118,7 @@ async fn the_kernels_option_forces_a_family() {
     // The baseline kernels over an f16 KV cache (halves in storage buffers).
     let both = options("kernels", "baseline");
     js_sys::Reflect::set(&both, &"kvCacheDtype".into(), &"f16".into()).unwrap();
-    let engine = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), both, None)
+    let engine = WebEngine::load(ModelFile::from_vec(tiny_model()), "tiny.gguf".into(), both, None)
         .await
         .map_err(JsValue::from)
         .expect("the tiny model loads on the baseline kernels with an f16 KV cache");
@@ -131,21 +131,21 @@ async fn the_kernels_option_forces_a_family() {
     // The adapter's own family over an f16 cache: on a CPU adapter (SwiftShader) the cpu
     // family's rgba16float storage textures.
     let engine =
-        WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "f16"), None)
+        WebEngine::load(ModelFile::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "f16"), None)
             .await
             .map_err(JsValue::from)
             .expect("the tiny model loads with an f16 KV cache");
     let text = Run::start(&engine, "chat", &chat("Hello", 3, false), "k2").unwrap().finish().await;
     assert_eq!(text[0]["usage"]["completion_tokens"], 3, "{text:?}");
     engine.dispose();
-    let err = WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kernels", "fast"), None)
+    let err = WebEngine::load(ModelFile::from_vec(tiny_model()), "tiny.gguf".into(), options("kernels", "fast"), None)
         .await
         .err()
         .expect("an unknown family is refused");
     let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
     assert!(message.contains("invalid option kernels") && message.contains("baseline, cpu or subgroup"), "{message}");
     let err =
-        WebEngine::load(ModelBytes::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "q8"), None)
+        WebEngine::load(ModelFile::from_vec(tiny_model()), "tiny.gguf".into(), options("kvCacheDtype", "q8"), None)
             .await
             .err()
             .expect("an unknown KV cache type is refused");
@@ -192,10 +192,47 @@ async fn concurrent_streams_equal_solo_runs() {
     engine.dispose();
 }
 
+/// The load's error message for a model read through the JavaScript function `read`.
+async fn load_error_through(read: &Closure<dyn Fn(f64, f64) -> JsValue>, size: usize) -> String {
+    let file = ModelFile::new(size as f64, read.as_ref().unchecked_ref::<js_sys::Function>().clone())
+        .map_err(JsValue::from)
+        .expect("a whole size");
+    let err = WebEngine::load(file, "read.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("refused");
+    js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap()
+}
+
+/// A model read in slices by JavaScript: a reader that throws, or answers with the wrong bytes,
+/// fails the load with a message naming the file and saying what the reader did.
+#[wasm_bindgen_test]
+async fn a_failing_javascript_reader_fails_the_load_saying_why() {
+    let bytes = tiny_model();
+    let len = bytes.len();
+    let not_bytes = Closure::<dyn Fn(f64, f64) -> JsValue>::new(|_: f64, _: f64| JsValue::from_str("bytes"));
+    let thrower = js_sys::Function::new_with_args("o, n", "throw new Error('the file went away')");
+    let file = ModelFile::new(len as f64, thrower).map_err(JsValue::from).unwrap();
+    let err = WebEngine::load(file, "read.gguf".into(), JsValue::UNDEFINED, None).await.err().expect("refused");
+    let message = js_sys::Error::from(JsValue::from(err)).message().as_string().unwrap();
+    assert!(message.starts_with("read.gguf: cannot read"), "{message}");
+    assert!(message.contains("the reader threw: the file went away"), "{message}");
+    // Not a Uint8Array.
+    let message = load_error_through(&not_bytes, len).await;
+    assert!(message.contains("the reader returned no Uint8Array"), "{message}");
+    // One byte short of what was asked.
+    let short = Closure::<dyn Fn(f64, f64) -> JsValue>::new(move |offset: f64, length: f64| -> JsValue {
+        let start = offset as usize;
+        js_sys::Uint8Array::from(&bytes[start..start + length as usize - 1]).into()
+    });
+    let message = load_error_through(&short, len).await;
+    assert!(message.contains("the reader returned") && message.contains("bytes at byte 0, not"), "{message}");
+    // A size that is no byte count.
+    assert!(ModelFile::new(-1.0, js_sys::Function::new_no_args("")).is_err());
+    assert!(ModelFile::new(0.5, js_sys::Function::new_no_args("")).is_err());
+}
+
 #[wasm_bindgen_test]
 async fn malformed_models_are_refused_with_a_readable_error() {
     let junk = vec![0x42u8; 1024];
-    let err = WebEngine::load(ModelBytes::from_vec(junk), "junk.gguf".into(), JsValue::UNDEFINED, None)
+    let err = WebEngine::load(ModelFile::from_vec(junk), "junk.gguf".into(), JsValue::UNDEFINED, None)
         .await
         .err()
         .expect("junk is refused");
@@ -204,7 +241,7 @@ async fn malformed_models_are_refused_with_a_readable_error() {
 
     let mut cut = tiny_model();
     cut.truncate(cut.len() / 2);
-    let err = WebEngine::load(ModelBytes::from_vec(cut), "cut.gguf".into(), JsValue::UNDEFINED, None)
+    let err = WebEngine::load(ModelFile::from_vec(cut), "cut.gguf".into(), JsValue::UNDEFINED, None)
         .await
         .err()
         .expect("a truncated model is refused");

@@ -14,7 +14,7 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_test::*;
 use weft::tokenizer::Tokenizer;
-use weft_web::{ModelBytes, WebEngine};
+use weft_web::{ModelFile, WebEngine};
 
 wasm_bindgen_test_configure!(run_in_dedicated_worker);
 
@@ -61,7 +61,7 @@ async fn finish(run: Run) -> (String, String) {
 #[wasm_bindgen_test]
 async fn the_base_model_and_two_adapters_stream_at_once() {
     let options = js_sys::JSON::parse(r#"{"maxLoras": 2, "maxLoraRank": 8}"#).unwrap();
-    let engine = WebEngine::load(ModelBytes::from_vec(MODEL.to_vec()), "tiny-llama".into(), options, None)
+    let engine = WebEngine::load(ModelFile::from_vec(MODEL.to_vec()), "tiny-llama".into(), options, None)
         .await
         .map_err(JsValue::from)
         .expect("the model loads");

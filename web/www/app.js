@@ -199,8 +199,7 @@ function renderModel(m, bytes) {
 
 const STAGES = {
   download: 'Downloading the model',
-  cache: 'Reading the model from the browser cache',
-  read: 'Reading the local file',
+  cache: 'Reading the part of the model downloaded before',
   upload: 'Uploading to the GPU',
 };
 

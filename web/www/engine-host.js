@@ -5,7 +5,9 @@
 // It starts ./pkg/weft_web.js (wasm-bindgen output, `--target web`) on the first load, fetches the model
 // (from the browser's stores first, model-cache.js, keyed by the absolute model URL; a model
 // named hf:OWNER/REPO[:QUANT] is keyed by its sha256, hub.js, and its listing is kept for offline
-// loads), builds a WebEngine and relays requests and their streamed events.
+// loads), builds a WebEngine and relays requests and their streamed events. The model is never
+// whole in WebAssembly memory: a download is gathered into a Blob, and loading reads the Blob (or
+// the stored file, or the picked one) in slices as each tensor is uploaded (modelFile).
 //
 // Messages in (from weft.js, on a connection):
 //   {type: 'load', modelUrl?, file?, hf?, storage?, options?}
@@ -19,9 +21,10 @@
 //   {type: 'health', hid}
 //   {type: 'dispose'}                 ends the connection's requests; the last one frees the engine
 // Messages out (to that connection):
-//   {type: 'progress', stage: 'download'|'cache'|'read'|'upload', loaded, total}
+//   {type: 'progress', stage: 'download'|'cache'|'upload', loaded, total}
+//                                    'cache': the part of a download an earlier load kept
 //   {type: 'warning', message}
-//   {type: 'ready', adapter, model, fromCache, cached, bytes, name, hub, shared}
+//   {type: 'ready', adapter, model, fromCache, cached, bytes, wasmMemoryBytes, name, hub, shared}
 //                                    hub: {repo, file, commit, why} for hf:; shared: the model was
 //                                    loaded for another connection already
 //   {type: 'error', message}                      loading failed
@@ -102,30 +105,90 @@ function throttled(fn, ms = 100) {
   };
 }
 
+/** Bytes a Gathered holds in JavaScript before it moves them into its Blob. */
+const GATHER_BYTES = 16 << 20;
+
 /**
- * Reads a ReadableStream of bytes chunk by chunk into `wasm`'s ModelBytes (WebAssembly memory),
- * reporting progress; the page never holds the whole model itself.
+ * A download (or the part of one an earlier load kept) gathered as it arrives into a Blob, which
+ * the browser keeps outside WebAssembly memory (on disk when it is large), hashed on the way
+ * when `hash` (a wasm Sha256, fed chunk by chunk). Loading then reads the Blob in slices.
  */
-async function readInto(wasm, stream, total, report) {
+class Gathered {
+  constructor(wasm, hash) {
+    this.blob = new Blob([]);
+    this.parts = [];
+    this.pending = 0;
+    this.length = 0;
+    this.hasher = hash ? new wasm.Sha256() : null;
+  }
+
+  push(chunk) {
+    this.parts.push(chunk);
+    this.pending += chunk.byteLength;
+    this.length += chunk.byteLength;
+    this.hasher?.update(chunk);
+    if (this.pending >= GATHER_BYTES) this.#seal();
+  }
+
+  #seal() {
+    if (this.parts.length === 0) return;
+    this.blob = new Blob([this.blob, ...this.parts]);
+    this.parts = [];
+    this.pending = 0;
+  }
+
+  /** The bytes so far, as one Blob. */
+  file() {
+    this.#seal();
+    return this.blob;
+  }
+
+  /** The sha256 of the bytes so far, lowercase hex. */
+  sha256() {
+    return this.hasher.hex();
+  }
+
+  free() {
+    this.hasher?.free();
+    this.hasher = null;
+  }
+}
+
+/** Reads a ReadableStream of bytes into a new Gathered, reporting progress. */
+async function gather(wasm, stream, total, hash, report) {
   const reader = stream.getReader();
-  const model = new wasm.ModelBytes(total > 0 ? total : 0);
-  let loaded = 0;
+  const model = new Gathered(wasm, hash);
   report(true, 0, total);
   try {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
       model.push(value);
-      loaded += value.byteLength;
-      report(false, loaded, Math.max(total, loaded));
+      report(false, model.length, Math.max(total, model.length));
     }
   } catch (e) {
     model.free();
     reader.cancel().catch(() => {});
     throw e;
   }
-  report(true, loaded, loaded);
+  report(true, model.length, model.length);
   return model;
+}
+
+/**
+ * The wasm ModelFile that loading reads `blob` through, a slice at a time, so the model is never
+ * whole in WebAssembly memory. A worker reads slices synchronously (FileReaderSync); a Service
+ * Worker has no synchronous reads, so there the file is first read whole into a JavaScript
+ * ArrayBuffer (outside WebAssembly memory still, but in the worker's).
+ */
+async function modelFile(wasm, blob) {
+  if (typeof FileReaderSync !== 'undefined') {
+    const reader = new FileReaderSync();
+    return new wasm.ModelFile(blob.size, (offset, length) =>
+      new Uint8Array(reader.readAsArrayBuffer(blob.slice(offset, offset + length))));
+  }
+  const whole = new Uint8Array(await blob.arrayBuffer());
+  return new wasm.ModelFile(whole.byteLength, (offset, length) => whole.subarray(offset, offset + length));
 }
 
 function storageWarning(e, bytes) {
@@ -244,23 +307,20 @@ async function* resumingBody(url, headers, { from, size, validator }, fail) {
 async function obtain(wasm, stores, key, src) {
   for (const store of stores.read) {
     const hit = await store.read(key).catch(() => null);
-    if (!hit || (src.size != null && hit.size != null && hit.size !== src.size)) continue;
-    try {
-      const model = await readInto(wasm, hit.stream, hit.size ?? 0, throttled((loaded, t) =>
-        post({ type: 'progress', stage: 'cache', loaded, total: t })));
-      if (model.length > 0 && (hit.size == null || model.length === hit.size)) return { model, fromCache: true, cached: true };
-      model.free();
-    } catch { /* a broken entry: dropped below, then downloaded again */ }
+    if (!hit || (src.size != null && hit.blob.size !== src.size)) continue;
+    if (hit.blob.size > 0 && (hit.size == null || hit.blob.size === hit.size)) return { blob: hit.blob, fromCache: true, cached: true };
+    // A broken entry: dropped, then downloaded again.
     await store.remove(key).catch(() => {});
   }
 
   if (stores.note) post({ type: 'warning', message: `${stores.note}.` });
-  let model = new wasm.ModelBytes(src.size ?? 0);
+  const hash = Boolean(src.sha256);
+  let model = new Gathered(wasm, hash);
   let writer = null;
   let noStore = stores.why;
   if (stores.write) {
     const takePartial = async (stream, bytes) => {
-      const kept = await readInto(wasm, stream, src.size ?? bytes, throttled((loaded, t) =>
+      const kept = await gather(wasm, stream, src.size ?? bytes, hash, throttled((loaded, t) =>
         post({ type: 'progress', stage: 'cache', loaded, total: t })));
       model.free();
       model = kept;
@@ -271,7 +331,7 @@ async function obtain(wasm, stores, key, src) {
       noStore = e;
       if (model.length > 0) {
         model.free();
-        model = new wasm.ModelBytes(src.size ?? 0);
+        model = new Gathered(wasm, hash);
       }
     }
   }
@@ -290,7 +350,7 @@ async function obtain(wasm, stores, key, src) {
         if (start.restart) {
           post({ type: 'warning', message: `${src.name} changed on the server since the interrupted download; downloading it from the start.` });
           model.free();
-          model = new wasm.ModelBytes(size ?? 0);
+          model = new Gathered(wasm, hash);
         }
         // A resumed answer continues what the writer has; only the first or a restart begins it.
         if (!begun || start.restart) await writer?.begin(start);
@@ -317,9 +377,10 @@ async function obtain(wasm, stores, key, src) {
       throw new Refused(`the downloaded ${src.name} has sha256 ${got}, but the hub lists ${src.sha256}: it was corrupted on the way and is discarded (nothing was cached); load it again to download it anew`);
     }
   }
+  model.free();
   const failure = writer ? await writer.finish() : noStore;
   if (failure) post({ type: 'warning', message: storageWarning(failure, model.length) });
-  return { model, fromCache: false, cached: !failure };
+  return { blob: model.file(), fromCache: false, cached: !failure };
 }
 
 /** A model by URL. */
@@ -383,11 +444,6 @@ async function fetchHubModel(wasm, { name, endpoint, token }, stores) {
   }
 }
 
-async function readFile(wasm, file) {
-  return readInto(wasm, file.stream(), file.size || 0, throttled((loaded, t) =>
-    post({ type: 'progress', stage: 'read', loaded, total: t })));
-}
-
 /** Loads the model; the ready message. */
 async function load({ modelUrl, file, hf, storage, options }) {
   if (!self.navigator || !self.navigator.gpu) {
@@ -410,7 +466,7 @@ async function load({ modelUrl, file, hf, storage, options }) {
   let name;
   if (file) {
     name = file.name || 'model.gguf';
-    src = { model: await readFile(wasm, file), fromCache: false, cached: false };
+    src = { blob: file, fromCache: false, cached: false };
   } else if (hf) {
     src = await fetchHubModel(wasm, hf, stores);
     name = src.name;
@@ -423,10 +479,11 @@ async function load({ modelUrl, file, hf, storage, options }) {
 
   const upload = throttled((done, total) =>
     post({ type: 'progress', stage: 'upload', loaded: Number(done), total: Number(total) }));
-  const bytes = src.model.length;
+  const model = await modelFile(wasm, src.blob);
+  const bytes = model.length;
   upload(true, 0, bytes);
-  // load() takes the ModelBytes over (and frees it).
-  const eng = await wasm.WebEngine.load(src.model, name, options ?? undefined,
+  // load() takes the ModelFile over (and frees it).
+  const eng = await wasm.WebEngine.load(model, name, options ?? undefined,
     (stage, done, total) => upload(Number(done) >= Number(total), done, total));
   engine = eng;
   return {
@@ -436,6 +493,8 @@ async function load({ modelUrl, file, hf, storage, options }) {
     fromCache: src.fromCache,
     cached: src.cached,
     bytes,
+    // WebAssembly memory never shrinks: after the load this is the load's peak.
+    wasmMemoryBytes: wasm.wasmMemoryBytes(),
     name,
     hub: src.hub ?? null,
   };

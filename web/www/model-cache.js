@@ -63,7 +63,8 @@ class CacheApiStore {
   async read(key) {
     const hit = await this.cache.match(key);
     if (!hit || !hit.ok || !hit.body) return null;
-    return { stream: hit.body, size: Number(hit.headers.get('content-length')) || null };
+    // The entry's body as a Blob: the browser hands over its stored bytes, read in slices later.
+    return { blob: await hit.blob(), size: Number(hit.headers.get('content-length')) || null };
   }
 
   async remove(key) {
@@ -190,7 +191,7 @@ class OpfsStore {
     if (!meta?.complete) return null;
     const file = await (await this.dir.getFileHandle(`${id}.gguf`)).getFile();
     if (file.size !== meta.size) return null;
-    return { stream: file.stream(), size: file.size };
+    return { blob: file, size: file.size };
   }
 
   async remove(key) {

@@ -52,10 +52,11 @@
  *     hfToken: a token sent to it (not to its storage) for private or gated repositories.
  *   - modelFile: a File/Blob of a .gguf (e.g. from <input type=file>); takes precedence over model
  *     and modelUrl.
- *   - onProgress({stage, loaded, total, fraction}): stage is 'download', 'cache' (read from the
- *     browser cache), 'read' (local file) or 'upload' (to the GPU); loaded/total in bytes for the
- *     first three, in the engine's own units for 'upload'; total may be 0 (unknown) and then
- *     fraction is null.
+ *   - onProgress({stage, loaded, total, fraction}): stage is 'download', 'cache' (the part of an
+ *     interrupted download an earlier load kept) or 'upload' (read from the file, the browser's
+ *     store or the download, a tensor at a time, to the GPU); loaded/total in bytes for the first
+ *     two, in the engine's own units for 'upload'; total may be 0 (unknown) and then fraction is
+ *     null.
  *   - onWarning(message): non-fatal problems, e.g. the model could not be cached because storage is
  *     full or refused (default: console.warn). They are also kept in `engine.warnings`.
  *   - options: engine options {gpuMemoryUtilization, kvMemoryMiB, maxNumSeqs, maxModelLen,
@@ -118,7 +119,9 @@
  *     maxModelLen, kernels}: `kernels` counts the GPU kernels loading compiled (on a CPU adapter
  *     such as SwiftShader each takes seconds, most of the load).
  *   - `fromCache`: true if the model came from the browser cache; `cached`: true if it is in the
- *     cache now; `modelBytes`: size of the model file; `warnings`: array of warning messages;
+ *     cache now; `modelBytes`: size of the model file; `wasmMemoryBytes`: the engine's
+ *     WebAssembly memory after the load (its peak: the model is read a tensor at a time, never
+ *     whole, so this stays far below a large model's size); `warnings`: array of warning messages;
  *     `hub`: for a model named hf:…, {repo, file, commit, why} (why that file), else null.
  *   - `loadLora({name, url | file | files})` → Promise: serve a LoRA adapter as `name` (needs the
  *     `maxLoras` option, and `maxLoraRank` above 16); a request whose `model` is `name` then runs
@@ -343,6 +346,7 @@ export class WeftEngine {
     this.fromCache = Boolean(ready.fromCache);
     this.cached = Boolean(ready.cached);
     this.modelBytes = ready.bytes ?? 0;
+    this.wasmMemoryBytes = ready.wasmMemoryBytes ?? null;
     this.hub = ready.hub ?? null;
     this.shared = Boolean(ready.shared);
     this.warnings = warnings;

@@ -279,6 +279,7 @@ pub fn test_web() -> Result {
     let mut example = cargo();
     example.args(["run", "--release", "--quiet", "--example", "tiny_model", "--"]).arg(&tiny);
     run(example)?;
+    let big = big_model(&out_dir)?;
     let mut native = cargo();
     native.args(["build", "--release", "-p", "weft-native"]);
     run(native)?;
@@ -327,6 +328,7 @@ pub fn test_web() -> Result {
         .env("WEFT_E2E", &e2e)
         .env("WEFT_EXPECTED", &expected_path)
         .env("WEFT_TINY_MODEL", &tiny)
+        .env("WEFT_BIG_MODEL", &big)
         .env("CHROMIUM", &chromium)
         .env("WEFT_SHOTS", &out_dir);
     if let Ok((app, built)) = &apps {
@@ -350,6 +352,27 @@ pub fn test_web() -> Result {
     lap("wasm-bindgen tests");
     println!("xtask: test-web took {:.1} s in all", started.elapsed().as_secs_f64());
     types_result.and(apps.map(drop)).and(node_result).and(wasm_result)
+}
+
+/// The model the bounded-loading case loads (web/e2e/run.mjs, "a model larger than WebAssembly
+/// memory holds"): random weights in Llama 3.2 1B's shape, Q4_1, 775 MB; with `WEFT_FULL=1`
+/// Llama 3.1 8B's, 4.5 GB, more than a wasm32 heap can hold at all. Written once (the same
+/// command writes the same file).
+fn big_model(out_dir: &Path) -> Result<PathBuf> {
+    let shape = if std::env::var("WEFT_FULL").as_deref() == Ok("1") { "llama-3.1-8b" } else { "llama-3.2-1b" };
+    let path = out_dir.join(format!("big-{shape}.q4_1.gguf"));
+    if !path.exists() {
+        let partial = path.with_extension("partial");
+        let mut cmd = cargo();
+        cmd.args(["run", "--release", "--quiet", "-p", "weft", "--example", "make_model", "--"])
+            .args(["--shape", shape, "--quant", "q4_1", "--tokenizer-from"])
+            .arg(root().join(MODEL_FILE))
+            .arg("--out")
+            .arg(&partial);
+        run(cmd)?;
+        std::fs::rename(&partial, &path).map_err(|e| format!("renaming {}: {e}", partial.display()))?;
+    }
+    Ok(path)
 }
 
 /// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must

@@ -15,12 +15,14 @@
 //! - it never allocates more than the file's length justifies: every count and length is checked
 //!   against the bytes still unread *before* anything is allocated for it, so what it holds is at
 //!   most a small constant factor of the file's length (an in-memory [`MetaValue`] is 32 bytes,
-//!   and every value takes at least one byte of the file); a mapped file is never copied;
+//!   and every value takes at least one byte of the file); a mapped file is never copied, and a
+//!   file read through a [`ReadAt`] (the browser's) is read in windows of [`WINDOW_BYTES`] while
+//!   parsing and one tensor at a time after;
 //! - array nesting is capped at [`MAX_ARRAY_DEPTH`], which bounds the recursion;
 //! - a [`GgufFile`] that opened holds only tensors of a ggml type with a known block layout,
 //!   whose element count does not overflow, whose rows are whole blocks, whose offset is a
 //!   multiple of the alignment, whose data lies inside the file and overlaps no other tensor's.
-//!   So [`GgufFile::tensor_bytes`] is always exactly a tensor's data.
+//!   So [`GgufFile::tensor_bytes`] of one of its tensors is always exactly that tensor's data.
 
 mod metadata;
 mod reader;
@@ -29,7 +31,7 @@ mod tests;
 mod types;
 mod writer;
 
-pub use reader::GgufFile;
+pub use reader::{GgufFile, ReadAt, WINDOW_BYTES};
 pub use types::{GgmlType, MetaValue, Metadata, TensorInfo, decoded_types};
 pub use writer::{GgufStream, GgufWriter, TensorDecl};
 

@@ -2,23 +2,59 @@
 //! against the bytes left before anything is allocated, then the tensor data's placement. See
 //! the module docs of `model::gguf` for the invariants.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use super::metadata::as_u64;
 use super::*;
 use crate::{Result, WeftError};
 
-/// The file's bytes: mapped from disk natively, owned where there is no file system (the browser).
+/// Random access to a file's bytes, for [`GgufFile::from_reader`]: where there is no file to map
+/// and the whole file must not be held in memory (the browser reads a stored or downloaded model
+/// in slices through one).
+pub trait ReadAt: crate::rt::MaybeSend + crate::rt::MaybeSync {
+    /// The file's length in bytes.
+    fn len_bytes(&self) -> u64;
+    /// Fill `buf` with the file's bytes from `offset` on; the caller keeps the range inside the
+    /// file. The error says why the read failed, for the message that names the file.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String>;
+}
+
+/// The file's bytes: mapped from disk natively, owned (tests, tools), or read in slices on demand.
 enum FileBytes {
     Mapped(crate::rt::MappedFile),
     Owned(Vec<u8>),
+    Read(Box<dyn ReadAt>),
 }
 
 impl FileBytes {
-    fn as_slice(&self) -> &[u8] {
+    /// The whole file, where it is in memory (mapped or owned): tensors are then borrowed.
+    fn in_memory(&self) -> Option<&[u8]> {
         match self {
-            FileBytes::Mapped(map) => map,
-            FileBytes::Owned(bytes) => bytes,
+            FileBytes::Mapped(map) => Some(map),
+            FileBytes::Owned(bytes) => Some(bytes),
+            FileBytes::Read(_) => None,
+        }
+    }
+
+    fn len_bytes(&self) -> u64 {
+        match self {
+            FileBytes::Read(reader) => reader.len_bytes(),
+            memory => memory.in_memory().map_or(0, |b| b.len() as u64),
+        }
+    }
+
+    /// `buf.len()` bytes from `offset`, which the caller has checked lie inside the file.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+        match self {
+            FileBytes::Read(reader) => reader.read_at(offset, buf),
+            memory => {
+                let bytes = memory.in_memory().unwrap_or(&[]);
+                // Inside the file, so inside a slice: fits in usize.
+                let start = offset as usize;
+                buf.copy_from_slice(&bytes[start..start + buf.len()]);
+                Ok(())
+            }
         }
     }
 }
@@ -44,13 +80,21 @@ impl GgufFile {
         Self::parse(name, FileBytes::Mapped(map))
     }
 
-    /// Parses a GGUF file held in memory (the browser has no file to map); `name` is for errors.
+    /// Parses a GGUF file held in memory; `name` is for errors.
     pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<GgufFile> {
         Self::parse(name.to_string(), FileBytes::Owned(bytes))
     }
 
+    /// Parses a GGUF file read through `reader`: the header, metadata and tensor infos now (in
+    /// windows of [`WINDOW_BYTES`]), each tensor's data when [`tensor_bytes`](Self::tensor_bytes)
+    /// asks for it. So the file is never whole in memory (the browser's way: its WebAssembly
+    /// memory holds one tensor at a time while a model loads). `name` is for errors.
+    pub fn from_reader(name: &str, reader: Box<dyn ReadAt>) -> Result<GgufFile> {
+        Self::parse(name.to_string(), FileBytes::Read(reader))
+    }
+
     fn parse(name: String, bytes: FileBytes) -> Result<GgufFile> {
-        let layout = parse_layout(bytes.as_slice()).map_err(|detail| WeftError::model(&name, detail))?;
+        let layout = parse_layout(&bytes).map_err(|detail| WeftError::model(&name, detail))?;
         Ok(GgufFile {
             version: layout.version,
             alignment: layout.alignment,
@@ -62,7 +106,8 @@ impl GgufFile {
         })
     }
 
-    /// The file's name as given to [`GgufFile::open`] or [`GgufFile::from_bytes`].
+    /// The file's name as given to [`GgufFile::open`], [`GgufFile::from_bytes`] or
+    /// [`GgufFile::from_reader`].
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -73,22 +118,37 @@ impl GgufFile {
 
     /// Take the mapped file's pages out of resident memory (see
     /// [`MappedFile::release_pages`](crate::rt::MappedFile::release_pages)); bytes held in memory
-    /// (the browser's) stay.
+    /// stay, and a reader's tensors were never kept.
     pub fn release_pages(&self) {
         if let FileBytes::Mapped(map) = &self.bytes {
             map.release_pages();
         }
     }
 
-    /// The data of `info`, one of this file's `tensors`. An info from elsewhere gets its bytes
-    /// only where they lie inside this file, and an empty slice otherwise.
-    pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        let bytes = self.bytes.as_slice();
-        let range = self.data_offset.checked_add(info.offset).and_then(|start| {
-            let end = start.checked_add(info.size_bytes())?;
-            Some(usize::try_from(start).ok()?..usize::try_from(end).ok()?)
-        });
-        range.and_then(|r| bytes.get(r)).unwrap_or(&[])
+    /// The data of `info`, one of this file's `tensors`: borrowed from a file in memory, read
+    /// into a buffer of its own through a reader. An info whose data lies outside this file, or
+    /// a read that fails, is an error naming the tensor.
+    pub fn tensor_bytes(&self, info: &TensorInfo) -> Result<Cow<'_, [u8]>> {
+        let outside = || WeftError::model(&self.name, format!("tensor {} lies outside the file", shown(&info.name)));
+        let start = self.data_offset.checked_add(info.offset).ok_or_else(outside)?;
+        let end =
+            start.checked_add(info.size_bytes()).filter(|&end| end <= self.bytes.len_bytes()).ok_or_else(outside)?;
+        if let Some(bytes) = self.bytes.in_memory() {
+            // Inside the file, so inside a slice.
+            return Ok(Cow::Borrowed(&bytes[start as usize..end as usize]));
+        }
+        let len_bytes = end - start;
+        let mut data = Vec::new();
+        reserve(&mut data, len_bytes, || format!("tensor {}", shown(&info.name)))
+            .map_err(|detail| WeftError::model(&self.name, detail))?;
+        data.resize(len_bytes as usize, 0);
+        self.bytes.read_at(start, &mut data).map_err(|e| {
+            WeftError::model(
+                &self.name,
+                format!("cannot read tensor {} (bytes {start}..{end}): {e}", shown(&info.name)),
+            )
+        })?;
+        Ok(Cow::Owned(data))
     }
 
     /// Fails on the first tensor whose type weft cannot compute with, naming it and its type.
@@ -112,7 +172,7 @@ impl fmt::Debug for GgufFile {
             .field("metadata_entries", &self.metadata.len())
             .field("tensors", &self.tensors.len())
             .field("data_offset", &self.data_offset)
-            .field("file_bytes", &self.bytes.as_slice().len())
+            .field("file_bytes", &self.bytes.len_bytes())
             .finish()
     }
 }
@@ -146,31 +206,66 @@ impl ReadError {
 
 type ReadResult<T> = std::result::Result<T, ReadError>;
 
-/// A read position in the file's bytes; every read checks the bytes left first.
+/// Bytes a reader's cursor reads at once: the header, metadata and tensor infos (a
+/// vocabulary's strings, often megabytes) go through a window of this size, not the whole file.
+pub const WINDOW_BYTES: usize = 1 << 20;
+
+/// A read position in the file; every read checks the bytes left first. A file in memory is read
+/// in place; a reader's through a window of [`WINDOW_BYTES`].
 struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
+    file: &'a FileBytes,
+    len_bytes: u64,
+    pos: u64,
+    /// A reader's bytes from `window_start` on.
+    window: Vec<u8>,
+    window_start: u64,
 }
 
 impl<'a> Cursor<'a> {
-    fn remaining_bytes(&self) -> u64 {
-        (self.bytes.len() - self.pos) as u64
+    fn new(file: &'a FileBytes, pos: u64) -> Cursor<'a> {
+        Cursor { file, len_bytes: file.len_bytes(), pos, window: Vec::new(), window_start: 0 }
     }
 
-    fn take(&mut self, len_bytes: u64) -> ReadResult<&'a [u8]> {
-        if len_bytes > self.remaining_bytes() {
+    fn remaining_bytes(&self) -> u64 {
+        self.len_bytes - self.pos
+    }
+
+    /// Fill `out` from the position on, and move past it.
+    fn read(&mut self, out: &mut [u8]) -> ReadResult<()> {
+        if out.len() as u64 > self.remaining_bytes() {
             return Err(ReadError::Truncated);
         }
-        // Fits in usize: it is at most the bytes left in a slice.
-        let end = self.pos + len_bytes as usize;
-        let taken = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(taken)
+        if let Some(bytes) = self.file.in_memory() {
+            // Fits in usize: it is inside a slice.
+            let start = self.pos as usize;
+            out.copy_from_slice(&bytes[start..start + out.len()]);
+            self.pos += out.len() as u64;
+            return Ok(());
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let window_end = self.window_start + self.window.len() as u64;
+            if self.pos < self.window_start || self.pos >= window_end {
+                // Fits in usize: at most WINDOW_BYTES.
+                let len = self.remaining_bytes().min(WINDOW_BYTES as u64) as usize;
+                self.window.resize(len, 0);
+                self.window_start = self.pos;
+                self.file
+                    .read_at(self.pos, &mut self.window)
+                    .map_err(|e| ReadError::Invalid(format!("cannot read {len} bytes at byte {}: {e}", self.pos)))?;
+            }
+            let at = (self.pos - self.window_start) as usize;
+            let n = (out.len() - done).min(self.window.len() - at);
+            out[done..done + n].copy_from_slice(&self.window[at..at + n]);
+            done += n;
+            self.pos += n as u64;
+        }
+        Ok(())
     }
 
     fn array<const N: usize>(&mut self) -> ReadResult<[u8; N]> {
         let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N as u64)?);
+        self.read(&mut out)?;
         Ok(out)
     }
 
@@ -190,10 +285,18 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> ReadResult<String> {
         let start = self.pos;
         let len_bytes = self.u64()?;
-        let raw = self.take(len_bytes)?;
-        std::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|e| ReadError::Invalid(format!("the string at byte {start} is not valid UTF-8 ({e})")))
+        if len_bytes > self.remaining_bytes() {
+            return Err(ReadError::Truncated);
+        }
+        // Fits in usize: at most the bytes left in the file, which is in memory or was sized
+        // by `ReadAt::len_bytes`; and reserved fallibly.
+        let mut raw = Vec::new();
+        reserve(&mut raw, len_bytes, || format!("the string at byte {start}")).map_err(ReadError::Invalid)?;
+        raw.resize(len_bytes as usize, 0);
+        self.read(&mut raw)?;
+        String::from_utf8(raw).map_err(|e| {
+            ReadError::Invalid(format!("the string at byte {start} is not valid UTF-8 ({})", e.utf8_error()))
+        })
     }
 }
 
@@ -276,17 +379,20 @@ fn read_value(cur: &mut Cursor<'_>, type_id: u32, key: &str, depth: usize) -> Re
     })
 }
 
-fn parse_layout(bytes: &[u8]) -> std::result::Result<Layout, String> {
-    let file_bytes = bytes.len() as u64;
-    match bytes.get(..MAGIC.len()) {
-        None => return Err(format!("not a GGUF file ({file_bytes} bytes, too short for the magic)")),
-        Some(magic) if magic != MAGIC => {
-            let hex: String = magic.iter().map(|b| format!("{b:02x}")).collect();
-            return Err(format!("not a GGUF file (bad magic 0x{hex})"));
+fn parse_layout(file: &FileBytes) -> std::result::Result<Layout, String> {
+    let file_bytes = file.len_bytes();
+    let mut cur = Cursor::new(file, 0);
+    let magic: [u8; 4] = match cur.array() {
+        Err(ReadError::Truncated) => {
+            return Err(format!("not a GGUF file ({file_bytes} bytes, too short for the magic)"));
         }
-        Some(_) => {}
+        Err(ReadError::Invalid(why)) => return Err(why),
+        Ok(magic) => magic,
+    };
+    if magic != MAGIC {
+        let hex: String = magic.iter().map(|b| format!("{b:02x}")).collect();
+        return Err(format!("not a GGUF file (bad magic 0x{hex})"));
     }
-    let mut cur = Cursor { bytes, pos: MAGIC.len() };
     let header = |e: ReadError| e.describe(&format!("the {HEADER_BYTES}-byte header"));
     let version = cur.u32().map_err(header)?;
     if version != 2 && version != 3 {
@@ -351,7 +457,8 @@ fn parse_layout(bytes: &[u8]) -> std::result::Result<Layout, String> {
         tensors.push(info);
     }
 
-    let data_offset = (cur.pos as u64)
+    let data_offset = cur
+        .pos
         .checked_next_multiple_of(alignment)
         .ok_or_else(|| format!("an alignment of {alignment} bytes puts the data section past any file's end"))?;
     check_tensor_data(&tensors, data_offset, alignment, file_bytes)?;

@@ -11,8 +11,57 @@ fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
+/// Every read a [`LoggedReader`] was asked for: (offset, length).
+type ReadLog = std::sync::Arc<std::sync::Mutex<Vec<(u64, usize)>>>;
+
+/// A file read through [`ReadAt`] as the browser reads one: every read is logged, and a read
+/// that touches byte `fail_at` fails.
+struct LoggedReader {
+    bytes: Vec<u8>,
+    reads: ReadLog,
+    fail_at: Option<u64>,
+}
+
+impl LoggedReader {
+    fn boxed(bytes: Vec<u8>, fail_at: Option<u64>) -> (Box<dyn ReadAt>, ReadLog) {
+        let reads = std::sync::Arc::default();
+        (Box::new(LoggedReader { bytes, reads: std::sync::Arc::clone(&reads), fail_at }), reads)
+    }
+}
+
+impl ReadAt for LoggedReader {
+    fn len_bytes(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), String> {
+        self.reads.lock().unwrap().push((offset, buf.len()));
+        let range = offset as usize..offset as usize + buf.len();
+        if self.fail_at.is_some_and(|at| range.contains(&(at as usize))) {
+            return Err("the disk is on fire".into());
+        }
+        buf.copy_from_slice(&self.bytes[range]);
+        Ok(())
+    }
+}
+
+/// Parses `bytes` held in memory, and checks that reading them in slices through a [`ReadAt`]
+/// comes to the same: the same error text, or the same layout and every tensor's bytes.
 fn parse(bytes: Vec<u8>) -> Result<GgufFile> {
-    GgufFile::from_bytes("test.gguf", bytes)
+    let read = GgufFile::from_reader("test.gguf", LoggedReader::boxed(bytes.clone(), None).0);
+    let owned = GgufFile::from_bytes("test.gguf", bytes);
+    match (&owned, &read) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!((a.version, a.alignment, a.data_offset), (b.version, b.alignment, b.data_offset));
+            assert_eq!((&a.metadata, &a.tensors), (&b.metadata, &b.tensors));
+            for info in &a.tensors {
+                assert_eq!(a.tensor_bytes(info).unwrap(), b.tensor_bytes(info).unwrap(), "{}", info.name);
+            }
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+        _ => panic!("in memory: {owned:?}; through a reader: {read:?}"),
+    }
+    owned
 }
 
 /// The one-line detail of a parse that must fail.
@@ -89,7 +138,7 @@ fn small_file() -> Vec<u8> {
 fn check_parsed(bytes: Vec<u8>) {
     if let Ok(file) = parse(bytes) {
         for info in &file.tensors {
-            assert_eq!(file.tensor_bytes(info).len() as u64, info.size_bytes(), "{}", info.name);
+            assert_eq!(file.tensor_bytes(info).unwrap().len() as u64, info.size_bytes(), "{}", info.name);
         }
     }
 }
@@ -301,7 +350,7 @@ fn tensors_of_several_types_round_trip() {
             assert_eq!((&info.name, &info.dims, info.ggml_type), (&name.to_string(), dims, *ggml_type));
             assert_eq!(info.offset % alignment, 0);
             assert_eq!(file.tensor(name), Some(info));
-            assert_eq!(file.tensor_bytes(info), data.as_slice(), "{name}");
+            assert_eq!(&*file.tensor_bytes(info).unwrap(), data.as_slice(), "{name}");
         }
         assert_eq!(file.tensor("q4_0").unwrap().shape(), vec![2, 2, 32]);
         assert_eq!(file.tensor("bf16").unwrap().dtype().unwrap(), DType::BF16);
@@ -527,7 +576,7 @@ fn bad_tensor_infos_are_rejected() {
     assert!(detail.contains("whose product overflows"), "{detail}");
     // Empty tensors are fine.
     let file = parse(raw_file(&[], &[("t", &[0, 1 << 40], 0, 0)], 0)).unwrap();
-    assert_eq!(file.tensor_bytes(&file.tensors[0]), &[] as &[u8]);
+    assert_eq!(&*file.tensor_bytes(&file.tensors[0]).unwrap(), &[] as &[u8]);
 }
 
 #[test]
@@ -538,7 +587,7 @@ fn overlapping_tensors_are_rejected() {
     assert!(detail.ends_with("overlap"), "{detail}");
     // Touching is not overlapping, and the order in the file need not be the order of the data.
     let file = parse(raw_file(&[], &[("b", &[8], 0, 32), ("a", &[8], 0, 0)], 64)).unwrap();
-    assert_eq!(file.tensor_bytes(file.tensor("b").unwrap()).len(), 32);
+    assert_eq!(file.tensor_bytes(file.tensor("b").unwrap()).unwrap().len(), 32);
 }
 
 #[test]
@@ -616,6 +665,73 @@ fn fuzz_single_byte_corruptions_never_panic() {
     }
 }
 
+/// A file with metadata longer than a reader's window and a tensor longer than one: (the file,
+/// the big tensor's name).
+fn file_past_a_window() -> (Vec<u8>, &'static str) {
+    // About two windows of strings, so the metadata is read across window boundaries.
+    let tokens: Vec<MetaValue> = (0..120_000).map(|i| MetaValue::String(format!("token{i}"))).collect();
+    let big: Vec<f32> = (0..(WINDOW_BYTES * 2 / 4)).map(|i| i as f32).collect();
+    let bytes = GgufWriter::new()
+        .metadata("general.architecture", MetaValue::String("llama".into()))
+        .metadata("tokenizer.ggml.tokens", MetaValue::Array(tokens))
+        .tensor("small", &[32], GgmlType::F32, &f32_bytes(&[0.5; 32]))
+        .tensor("big", &[big.len() as u64], GgmlType::F32, &f32_bytes(&big))
+        .to_bytes();
+    (bytes, "big")
+}
+
+#[test]
+fn a_reader_is_read_in_windows_then_a_tensor_at_a_time() {
+    let (bytes, big) = file_past_a_window();
+    // The same layout and bytes as in memory (`parse` compares them).
+    parse(bytes.clone()).unwrap();
+    let (reader, reads) = LoggedReader::boxed(bytes.clone(), None);
+    let file = GgufFile::from_reader("test.gguf", reader).unwrap();
+    let parsing: Vec<(u64, usize)> = std::mem::take(&mut *reads.lock().unwrap());
+    assert!(parsing.len() >= 2, "the metadata spans windows: {parsing:?}");
+    assert!(parsing.iter().all(|&(_, len)| len <= WINDOW_BYTES), "{parsing:?}");
+    // Only up to the window holding the data section's start, not the tensors after it.
+    let read_bytes: usize = parsing.iter().map(|&(_, len)| len).sum();
+    assert!((read_bytes as u64) < file.data_offset + WINDOW_BYTES as u64, "{read_bytes} bytes read to parse");
+    assert!(read_bytes < bytes.len(), "parsing read the whole file");
+
+    // A tensor is one read of exactly its data, into memory of its own.
+    let info = file.tensor(big).unwrap();
+    let data = file.tensor_bytes(info).unwrap();
+    assert!(matches!(data, std::borrow::Cow::Owned(_)));
+    assert_eq!(*reads.lock().unwrap(), [(file.data_offset + info.offset, info.size_bytes() as usize)]);
+    let start = (file.data_offset + info.offset) as usize;
+    assert_eq!(&*data, &bytes[start..start + data.len()]);
+}
+
+#[test]
+fn reader_failures_name_the_file_the_bytes_and_the_reason() {
+    let (bytes, big) = file_past_a_window();
+    let data_offset = parse(bytes.clone()).unwrap().data_offset;
+    // In the metadata's second window: parsing fails, saying where and why.
+    let at = WINDOW_BYTES as u64 + 10;
+    let err = GgufFile::from_reader("test.gguf", LoggedReader::boxed(bytes.clone(), Some(at)).0).unwrap_err();
+    let text = err.to_string();
+    assert!(text.starts_with("test.gguf: cannot read "), "{text}");
+    assert!(text.contains("the disk is on fire"), "{text}");
+    // In the big tensor's data: the file opens, and reading that tensor fails, naming it.
+    let file =
+        GgufFile::from_reader("test.gguf", LoggedReader::boxed(bytes.clone(), Some(bytes.len() as u64 - 1)).0).unwrap();
+    assert!(file.data_offset == data_offset);
+    let info = file.tensor(big).unwrap();
+    let start = file.data_offset + info.offset;
+    let end = start + info.size_bytes();
+    let err = file.tensor_bytes(info).unwrap_err().to_string();
+    assert_eq!(err, format!("test.gguf: cannot read tensor big (bytes {start}..{end}): the disk is on fire"));
+    assert!(file.tensor_bytes(file.tensor("small").unwrap()).is_ok());
+    // An info from another file, whose data lies past this one's end.
+    let foreign = TensorInfo { offset: 1 << 40, ..info.clone() };
+    for f in [&file, &parse(bytes).unwrap()] {
+        let err = f.tensor_bytes(&foreign).unwrap_err().to_string();
+        assert_eq!(err, "test.gguf: tensor big lies outside the file");
+    }
+}
+
 #[test]
 fn open_maps_the_same_file_from_bytes_reads() {
     let dir = std::env::temp_dir().join(format!("weft-gguf-test-{}", std::process::id()));
@@ -627,7 +743,7 @@ fn open_maps_the_same_file_from_bytes_reads() {
     assert_eq!(mapped.name(), path.display().to_string());
     assert_eq!((&mapped.metadata, &mapped.tensors), (&owned.metadata, &owned.tensors));
     for info in &mapped.tensors {
-        assert_eq!(mapped.tensor_bytes(info), owned.tensor_bytes(info));
+        assert_eq!(mapped.tensor_bytes(info).unwrap(), owned.tensor_bytes(info).unwrap());
     }
 
     let empty = dir.join("empty.gguf");
@@ -666,7 +782,7 @@ fn reads_the_real_model_file() {
     assert_eq!(embd.ggml_type, GgmlType::Q8_0);
     assert_eq!(embd.shape(), vec![49152, 576]);
     assert_eq!(embd.dtype().unwrap(), DType::Q8_0);
-    assert_eq!(file.tensor_bytes(embd).len() as u64, 49152 * 576 / 32 * 34);
+    assert_eq!(file.tensor_bytes(embd).unwrap().len() as u64, 49152 * 576 / 32 * 34);
     let down = file.tensor("blk.0.ffn_down.weight").unwrap();
     assert_eq!((down.ggml_type, down.shape()), (GgmlType::Q4_1, vec![576, 1536]));
 
@@ -674,5 +790,5 @@ fn reads_the_real_model_file() {
     let last = file.tensors.iter().max_by_key(|t| t.offset).unwrap();
     let last_end = file.data_offset + last.offset + last.size_bytes();
     assert!(last_end <= file_bytes, "{} ends at {last_end}, past {file_bytes}", last.name);
-    assert_eq!(file.tensor_bytes(last).len() as u64, last.size_bytes());
+    assert_eq!(file.tensor_bytes(last).unwrap().len() as u64, last.size_bytes());
 }
