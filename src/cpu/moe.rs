@@ -1,5 +1,5 @@
 //! A mixture-of-experts layer: the router's top-k choice and the experts' SwiGLU MLPs, the
-//! oracles of `moe_route`, `moe_matmul` and `moe_combine` (transformers'
+//! oracles of `moe_route`, `moe_group`, `moe_matmul` and `moe_combine` (transformers'
 //! `Qwen3MoeTopKRouter` and `Qwen3MoeExperts`; gpt-oss's `GptOssTopKRouter` and
 //! `GptOssExperts`; LFM2-MoE's `Lfm2MoeTopKRouter`).
 
@@ -49,6 +49,19 @@ pub fn moe_route(
         }
     }
     (ids, weights)
+}
+
+/// The tiles `moe_group` makes of each (token, slot) row's expert `ids`: in expert order, each
+/// expert's rows in ascending order, `tile_rows` a tile (its last tile holding the rest), as
+/// (expert, rows); rows whose id is not below `num_experts` are in no tile. (The GPU places an
+/// expert's rows in its tiles in any order.)
+pub fn moe_group(ids: &[u32], num_experts: usize, tile_rows: usize) -> Vec<(u32, Vec<u32>)> {
+    let mut tiles = Vec::new();
+    for e in 0..num_experts as u32 {
+        let rows: Vec<u32> = (0..ids.len() as u32).filter(|&r| ids[r as usize] == e).collect();
+        tiles.extend(rows.chunks(tile_rows).map(|c| (e, c.to_vec())));
+    }
+    tiles
 }
 
 /// The experts' output of each token: `Σ_s weights[t, s] · down_e(silu(gate_e(x_t)) · up_e(x_t))`

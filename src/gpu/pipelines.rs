@@ -39,6 +39,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("matmul_subgroup.wgsl", include_str!("../../shaders/matmul_subgroup.wgsl")),
     ("matmul_tiled.wgsl", include_str!("../../shaders/matmul_tiled.wgsl")),
     ("moe_combine.wgsl", include_str!("../../shaders/moe_combine.wgsl")),
+    ("moe_group.wgsl", include_str!("../../shaders/moe_group.wgsl")),
     ("moe_matmul.wgsl", include_str!("../../shaders/moe_matmul.wgsl")),
     ("moe_route.wgsl", include_str!("../../shaders/moe_route.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),

@@ -7,7 +7,9 @@
 //! same bits as in one.
 
 use weft::DType;
-use weft::gpu::kernels::moe::{Routing, moe_combine, moe_matmul, moe_route};
+use weft::gpu::kernels::moe::{
+    MAX_EXPERTS, Routing, TILE_ROWS, TILE_WORDS, max_tiles, moe_combine, moe_group, moe_matmul, moe_route,
+};
 use weft::gpu::{Epilogue, GpuTensorFactory, Recording};
 use weft::tensor::TensorFactory;
 
@@ -85,6 +87,90 @@ fn sigmoid_route_with_a_bias_matches_cpu() {
         let (unbiased, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None);
         assert_ne!(ids, unbiased, "the bias changed no choice");
     }
+}
+
+/// Each token's `top_k` distinct experts of `experts`, from random router logits.
+fn random_ids(tokens: usize, experts: usize, top_k: usize, seed: u64) -> Vec<u32> {
+    let logits = random(tokens * experts, seed, 3.0);
+    weft::cpu::moe::moe_route(&logits, experts, top_k, Routing::Softmax { normalize: false }, None).0
+}
+
+/// `moe_group`'s tile table for `ids` (tokens, top_k), read back as (expert, rows) per tile.
+fn group_on_gpu(f: &GpuTensorFactory, ids: &[u32], top_k: usize, experts: usize) -> Vec<(u32, Vec<u32>)> {
+    let rows = ids.len();
+    let idt = f.upload_u32(&[rows / top_k, top_k], ids).unwrap();
+    // Filled with a pattern, so a tile the kernel forgot to write shows.
+    let capacity = 1 + max_tiles(rows, experts);
+    let tiles = f.upload_u32(&[capacity, TILE_WORDS], &vec![0xDEAD; capacity * TILE_WORDS]).unwrap();
+    let mut rec = Recording::new();
+    moe_group(ctx(f), &mut rec, &idt, experts, &tiles).unwrap();
+    run(f, &rec);
+    let words = read_u32(f, &tiles);
+    let count = words[0] as usize;
+    assert!(count < capacity, "{count} tiles overflow the table's {}", capacity - 1);
+    (1..=count)
+        .map(|t| {
+            let tile = &words[t * TILE_WORDS..][..TILE_WORDS];
+            let n = tile[1] as usize;
+            assert!((1..=TILE_ROWS).contains(&n), "tile {t} holds {n} rows");
+            (tile[0], tile[2..2 + n].to_vec())
+        })
+        .collect()
+}
+
+/// The tile table against `cpu::moe::moe_group`: the same tiles (expert and row count) in the
+/// same order, and each expert's rows the same set (the GPU places them in any order).
+fn check_grouping(got: &[(u32, Vec<u32>)], want: &[(u32, Vec<u32>)], what: &str) {
+    let shape = |t: &[(u32, Vec<u32>)]| t.iter().map(|(e, r)| (*e, r.len())).collect::<Vec<_>>();
+    assert_eq!(shape(got), shape(want), "{what}: tiles (expert, rows)");
+    let by_expert = |t: &[(u32, Vec<u32>)]| {
+        let mut m = std::collections::BTreeMap::<u32, Vec<u32>>::new();
+        t.iter().for_each(|(e, r)| m.entry(*e).or_default().extend(r));
+        m.values_mut().for_each(|r| r.sort_unstable());
+        m
+    };
+    assert_eq!(by_expert(got), by_expert(want), "{what}: each expert's rows");
+}
+
+/// Rows grouped by expert on the GPU as the CPU groups them: 8 experts, top 2 (one partial
+/// tile per expert or none), and Qwen3-30B-A3B's 128 experts, top 8, over more rows than the
+/// kernel's 256 invocations (each places several); a row whose id names no expert is left out.
+#[test]
+fn group_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    for (experts, top_k, tokens) in [(8, 2, 1), (8, 2, 7), (8, 2, 64), (128, 8, 1), (128, 8, 300)] {
+        let mut ids = random_ids(tokens, experts, top_k, tokens as u64);
+        let what = format!("{tokens} tokens, top {top_k} of {experts}");
+        check_grouping(
+            &group_on_gpu(f, &ids, top_k, experts),
+            &weft::cpu::moe::moe_group(&ids, experts, TILE_ROWS),
+            &what,
+        );
+        ids[0] = experts as u32;
+        let got = group_on_gpu(f, &ids, top_k, experts);
+        check_grouping(
+            &got,
+            &weft::cpu::moe::moe_group(&ids, experts, TILE_ROWS),
+            &format!("{what}, row 0 out of range"),
+        );
+        assert!(got.iter().all(|(_, rows)| !rows.contains(&0)), "{what}: the row naming no expert was placed");
+    }
+}
+
+/// The grouping refuses more experts than its workgroup tables hold, and a tile table too short
+/// for the rows' worst case.
+#[test]
+fn group_refuses_what_it_cannot_hold() {
+    let Some(f) = gpu() else { return };
+    let ids = f.upload_u32(&[4, 2], &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    let tiles = f.zeros(&[1 + max_tiles(8, 8), TILE_WORDS], DType::U32).unwrap();
+    let mut rec = Recording::new();
+    let err = moe_group(ctx(f), &mut rec, &ids, MAX_EXPERTS + 1, &tiles).unwrap_err().to_string();
+    assert!(err.contains("experts"), "{err}");
+    let short = f.zeros(&[max_tiles(8, 8), TILE_WORDS], DType::U32).unwrap();
+    let err = moe_group(ctx(f), &mut rec, &ids, 8, &short).unwrap_err().to_string();
+    assert!(err.contains("tiles has"), "{err}");
+    assert!(rec.is_empty(), "a refused grouping recorded a dispatch");
 }
 
 /// Stacked experts of a format: gate_up (EXPERTS · 2 · FF, HIDDEN), each expert's gate rows then

@@ -28,10 +28,31 @@ shader_params!(MatmulParams {
     has_bias: u32,
 });
 shader_params!(CombineParams { len: u32, cols: u32, top_k: u32, accumulate: u32 });
+shader_params!(GroupParams { rows: u32, experts: u32, tile_rows: u32 });
 
 const ROUTE_WORKGROUP: usize = 64;
 const MATMUL_WORKGROUP: usize = 64;
 const COMBINE_WORKGROUP: usize = 256;
+
+/// The most experts [`moe_group`] sorts rows over (its tables live in workgroup memory:
+/// shaders/moe_group.wgsl's MAX_EXPERTS).
+pub const MAX_EXPERTS: usize = 1024;
+
+/// Rows of one expert a tile of [`moe_group`]'s table holds, and [`moe_matmul_grouped`] sums
+/// together: 8, the rows of x the CPU family's matmul shares each decoded block between.
+pub const TILE_ROWS: usize = 8;
+
+/// Words of one row of the tile table: a tile's expert, its row count and its rows.
+pub const TILE_WORDS: usize = 2 + TILE_ROWS;
+
+/// The most tiles `rows` (token, slot) rows over `experts` experts make: each expert's rows
+/// fill ⌈c / TILE_ROWS⌉ tiles, at most (rows + used · (TILE_ROWS - 1)) / TILE_ROWS over the
+/// `used` ≤ min(experts, rows) experts that have any, and never more tiles than rows. A tile
+/// table of [`moe_group`] has this many rows plus its header.
+pub fn max_tiles(rows: usize, experts: usize) -> usize {
+    let used = experts.min(rows);
+    ((rows + used * (TILE_ROWS - 1)) / TILE_ROWS).min(rows)
+}
 
 /// How a router's logits become each token's experts and weights (`moe_route`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +118,45 @@ pub fn moe_route(
     let bindings = vec![res(logits)?, res(ids)?, res(weights)?, res(bias.unwrap_or(logits))?];
     let grid = flat_grid(tokens, ROUTE_WORKGROUP);
     ctx.dispatch(rec, ShaderVariant::plain("moe_route"), bytemuck::bytes_of(&params), bindings, None, grid)
+}
+
+/// Record the grouping of each (token, slot) row by its expert: `ids` (tokens, top_k) U32 from
+/// [`moe_route`] → `tiles` (at least 1 + [`max_tiles`] rows, [`TILE_WORDS`]) U32: row 0 holds
+/// the number of tiles, row 1 + i tile i (in expert order): its expert, its row count c
+/// (1 to [`TILE_ROWS`]), then its c rows (r = token · top_k + slot), in no particular order.
+/// Every tile of an expert is full but its last. At most [`MAX_EXPERTS`] experts.
+pub fn moe_group(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    ids: &GpuTensor,
+    num_experts: usize,
+    tiles: &GpuTensor,
+) -> Result<()> {
+    const OP: &str = "moe_group";
+    expect(OP, "ids", ids, DType::U32, &[None, None])?;
+    let rows = ids.shape()[0] * ids.shape()[1];
+    if num_experts == 0 || num_experts > MAX_EXPERTS {
+        return Err(WeftError::shape(
+            OP,
+            format!("{num_experts} experts: the grouping sorts rows over 1 to {MAX_EXPERTS} experts"),
+        ));
+    }
+    expect(OP, "tiles", tiles, DType::U32, &[None, Some(TILE_WORDS)])?;
+    let need = 1 + max_tiles(rows, num_experts);
+    if tiles.shape()[0] < need {
+        return Err(WeftError::shape(
+            OP,
+            format!("tiles has {} rows; {rows} rows over {num_experts} experts need {need}", tiles.shape()[0]),
+        ));
+    }
+    let params = GroupParams {
+        rows: u32_of(OP, "rows", rows)?,
+        experts: u32_of(OP, "experts", num_experts)?,
+        tile_rows: TILE_ROWS as u32,
+    };
+    let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
+    let bindings = vec![res(ids)?, res(tiles)?];
+    ctx.dispatch(rec, ShaderVariant::plain("moe_group"), bytemuck::bytes_of(&params), bindings, None, [1, 1, 1])
 }
 
 /// Record `y[r, :] = x[r / x_div, :] · experts[ids[r]]ᵀ` for each (token, slot) row r:
