@@ -429,6 +429,13 @@ fn missing_pieces_are_clear_errors() {
     m.remove("tokenizer.ggml.merges");
     assert!(err_of(&m).contains("tokenizer.ggml.merges is missing"));
 
+    // Gemma 4's SentencePiece-style BPE reads its merges from the file too.
+    let mut m = tiny_gpt2();
+    m.insert("tokenizer.ggml.model".into(), s("gemma4"));
+    m.remove("tokenizer.ggml.merges");
+    let err = err_of(&m);
+    assert!(err.contains("tokenizer.ggml.merges is missing: a gemma4 vocabulary"), "{err}");
+
     let mut m = tiny_gpt2();
     m.insert("tokenizer.ggml.tokens".into(), MetaValue::U32(3));
     assert!(err_of(&m).contains("tokenizer.ggml.tokens should be an array"));

@@ -76,3 +76,19 @@ fn a_row_larger_than_a_binding_is_refused() {
     let err = f.zeros(&[2, 300_000], DType::F32).unwrap_err();
     assert!(err.to_string().contains("more than the 1048576 bytes"), "{err}");
 }
+
+/// A prefix view (a narrower layer's activations in the widest layer's buffer) reads the
+/// buffer's first elements with the new row width; one past the tensor, or of a tensor split
+/// over several buffers, is refused.
+#[test]
+fn prefix_views_read_the_first_elements_and_refuse_what_does_not_fit() {
+    let Some(f) = gpu_with_tiny_bindings() else { return };
+    let values: Vec<f32> = (0..24).map(|v| v as f32).collect();
+    let t = f.upload_f32(&[4, 6], &values).unwrap();
+    let narrow = t.prefix(&[4, 3]).unwrap();
+    assert_eq!((narrow.shape(), read_f32(f, &narrow)), (&[4, 3][..], values[..12].to_vec()));
+    let err = t.prefix(&[5, 6]).unwrap_err();
+    assert!(err.to_string().contains("does not fit the first elements"), "{err}");
+    let split = f.zeros(&[600, 512], DType::F32).unwrap(); // 1.2 MB: two parts
+    assert!(split.prefix(&[600, 256]).is_err());
+}

@@ -98,6 +98,9 @@ pub struct Gemma4Model {
 /// Positions the RoPE tables cover at most.
 const MAX_TABLE_POSITIONS: usize = 32768;
 
+/// Workgroups one dimension of a dispatch holds (row kernels take one per row).
+const MAX_WORKGROUPS: usize = 65535;
+
 /// A checkpoint's name of a Gemma 4 tensor the `Part` table does not hold: (GGUF, Hugging Face)
 /// suffixes of layer `layer`'s tensor, or of a model-level one.
 fn own_name(checkpoint: Checkpoint, layer: Option<usize>, gguf: &str, hf: &str) -> String {
@@ -241,18 +244,18 @@ impl Gemma4Model {
         let (Some(p), Some(buffers)) = (&self.per_layer, &a.per_layer) else { return Ok(()) };
         let c = &self.config;
         let per_layer = p.proj_norm.shape()[0];
-        let rows = [a.x.shape()[0] * c.num_layers, per_layer];
         matmul(ctx, rec, &a.x, &p.model_proj, &buffers.scratch)?;
         scale(ctx, rec, &buffers.scratch, (c.hidden_size as f64).powf(-0.5) as f32)?;
-        // Each layer's slice normed on its own: rows of per_layer.
-        rms_norm(
-            ctx,
-            rec,
-            &buffers.scratch.reshape(&rows)?,
-            &p.proj_norm,
-            &buffers.inputs.reshape(&rows)?,
-            c.rms_norm_eps,
-        )?;
+        // Each layer's slice normed on its own, as rows of per_layer: tokens · layers rows, a
+        // workgroup each, so a long prefill takes several dispatches of at most 65535.
+        let tokens_per_dispatch = (MAX_WORKGROUPS / c.num_layers).max(1);
+        let tokens = a.x.shape()[0];
+        for first in (0..tokens).step_by(tokens_per_dispatch) {
+            let range = first..(first + tokens_per_dispatch).min(tokens);
+            let rows = [range.len() * c.num_layers, per_layer];
+            let (x, y) = (buffers.scratch.slice_rows(range.clone())?, buffers.inputs.slice_rows(range)?);
+            rms_norm(ctx, rec, &x.reshape(&rows)?, &p.proj_norm, &y.reshape(&rows)?, c.rms_norm_eps)?;
+        }
         let token_scale = (per_layer as f64).sqrt() as f32;
         embedding_scaled(ctx, rec, &p.embed, inputs.token_ids, &buffers.scratch, token_scale)?;
         add(ctx, rec, &buffers.inputs, &buffers.scratch)?;
