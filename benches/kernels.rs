@@ -1,7 +1,8 @@
 //! `cargo xtask bench-kernels`: GFLOP/s and GB/s of matmul for every weight format at decode
 //! (M = 1) and batched (M = 16, 64) shapes, and of the default model's LM head (576 x 49152,
 //! the vocabulary); then the time of one layer's attention in the default model's shape at a
-//! decode of 1 and of 16 sequences and a 128-token prefill; of its residual add and RMSNorm
+//! decode of 1 and of 16 sequences and a 128-token prefill, and at head sizes 64 and 128 at a
+//! decode over 2048 positions and a 512-token prefill; of its residual add and RMSNorm
 //! (`add_rms_norm`) at 1, 16 and 128 rows; and of the sampler over its 49152-token vocabulary,
 //! greedy, at temperature 0.8 alone, with top-k 40, with top-p 0.95, and with both (llama.cpp's
 //! default filters), at 1 and 16 rows; and one layer's LoRA deltas (`lora`) over 1 and 4
@@ -166,40 +167,64 @@ LoRA, one layer's 7 projections at rank {RANK}, {SLOTS} slots, median of {RUNS} 
     Ok(())
 }
 
-/// One layer's attention in the default model's shape (9 query heads over 3 KV heads of 64) over
-/// an f16 cache, as a model's step records it (queries in activations, the cache in the
-/// driver's KV source): one and 16 sequences decoding at position 143, and a 128-token prefill.
+/// One layer's attention over an f16 cache, as a model's step records it (queries in
+/// activations, the cache in the driver's KV source, room for split-K partials where the
+/// family splits): in the default model's shape (9 query heads over 3 KV heads of 64) one and
+/// 16 sequences decoding at position 143 and a 128-token prefill; then at head sizes 64 (9 over
+/// 3) and 128 (32 over 8, Llama 3.1 8B's) one sequence decoding at 2048 (split-K on GPUs) and a
+/// 512-token prefill from position 0.
 fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
-    let layout = QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
-    let (seqs, len, block) = (16, 144, 16);
+    println!("\nattention, f16 cache, median of {RUNS} runs, {}", clock(ctx));
+    let decode16: Vec<(usize, usize)> = (0..16).map(|s| (s, 143)).collect();
+    let prefill = |n: usize| (0..n).map(|p| (0, p)).collect::<Vec<_>>();
+    let small = QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
+    let wide = QkvLayout { num_heads: 32, num_kv_heads: 8, head_dim: 128 };
+    let cases = [
+        ("head 64, decode, 1 sequence at 144", small, 144, vec![(0, 143)]),
+        ("head 64, decode, 16 sequences at 144", small, 144, decode16),
+        ("head 64, prefill, 128 tokens", small, 144, prefill(128)),
+        ("head 64, decode, 1 sequence at 2048", small, 2048, vec![(0, 2047)]),
+        ("head 64, prefill, 512 tokens", small, 2048, prefill(512)),
+        ("head 128, decode, 1 sequence at 2048", wide, 2048, vec![(0, 2047)]),
+        ("head 128, prefill, 512 tokens", wide, 2048, prefill(512)),
+    ];
+    for (label, layout, len, tokens) in cases {
+        let seconds = attention_case(ctx, factory, layout, len, &tokens)?;
+        println!("{label:<40} {:>10.1} us", seconds * 1e6);
+    }
+    Ok(())
+}
+
+/// The median time of one attention over `tokens` (sequence, position) queries, each of 16
+/// sequences holding `len` positions of the cache.
+fn attention_case(
+    ctx: &GpuContext,
+    factory: &GpuTensorFactory,
+    layout: QkvLayout,
+    len: usize,
+    tokens: &[(usize, usize)],
+) -> weft::Result<f64> {
+    let (seqs, block) = (16, 16);
+    let (kv_heads, head_dim) = (layout.num_kv_heads, layout.head_dim);
     let slots = seqs * len;
-    let kv_values: Vec<f32> = (0..slots * 3 * 64).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
-    let k = factory.kv_cache(&[slots, 3, 64], DType::F16, Some(&kv_values))?;
-    let v = factory.kv_cache(&[slots, 3, 64], DType::F16, Some(&kv_values))?;
+    let kv_values: Vec<f32> =
+        (0..slots * kv_heads * head_dim).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let k = factory.kv_cache(&[slots, kv_heads, head_dim], DType::F16, Some(&kv_values))?;
+    let v = factory.kv_cache(&[slots, kv_heads, head_dim], DType::F16, Some(&kv_values))?;
     let cache = PagedKv { k_cache: &k, v_cache: &v, block_size: block, first_slot: 0, num_slots: slots };
     let tables: Vec<u32> = (0..(slots / block) as u32).collect();
     let tables = factory.upload_u32(&[seqs, len / block], &tables)?;
-    println!("\nattention, 9 heads over 3 KV heads of 64, f16 cache, median of {RUNS} runs, {}", clock(ctx));
-    let decode: Vec<(usize, usize)> = (0..seqs).map(|s| (s, len - 1)).collect();
-    let prefill: Vec<(usize, usize)> = (0..128).map(|p| (0, p)).collect();
-    let cases = [
-        ("decode, 1 sequence at 144", vec![(0, len - 1)]),
-        ("decode, 16 sequences at 144", decode),
-        ("prefill, 128 tokens", prefill),
-    ];
-    for (label, tokens) in cases {
-        let n = tokens.len();
-        let info: Vec<u32> = tokens.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
-        let info = factory.upload_u32(&[n, 2], &info)?;
-        let qkv = factory.upload_activations(&[n, layout.row_stride()], &vec![0.01; n * layout.row_stride()])?;
-        let out = factory.zeros(&[n, 9 * 64], DType::F32)?;
-        let partials = factory.zeros(&[n, attention_partials_cols(false, 9, 64)], DType::F32)?;
-        let seconds = median_seconds(ctx, |rec| {
-            paged_attention(ctx, rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, 0.125, None)
-        })?;
-        println!("{label:<28} {:>10.1} us", seconds * 1e6);
-    }
-    Ok(())
+    let n = tokens.len();
+    let info: Vec<u32> = tokens.iter().flat_map(|&(s, p)| [s as u32, p as u32]).collect();
+    let info = factory.upload_u32(&[n, 2], &info)?;
+    let qkv = factory.upload_activations(&[n, layout.row_stride()], &vec![0.01; n * layout.row_stride()])?;
+    let out = factory.zeros(&[n, layout.num_heads * head_dim], DType::F32)?;
+    let split = ctx.kernel_family().splits_attention();
+    let partials = factory.zeros(&[n, attention_partials_cols(split, layout.num_heads, head_dim)], DType::F32)?;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    median_seconds(ctx, |rec| {
+        paged_attention(ctx, rec, &qkv, layout, &cache, &tables, &info, &out, &partials, None, scale, None)
+    })
 }
 
 /// The residual add and RMSNorm between two of the default model's layers (576 wide), as a

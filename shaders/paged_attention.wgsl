@@ -46,36 +46,12 @@
 #include kv_read
 #include x_source
 #include shared/attention_splits.wgsl
-
-struct Params {
-    num_tokens: u32,
-    num_heads: u32,
-    num_kv_heads: u32,
-    head_dim: u32,
-    block_size: u32,
-    max_blocks_per_seq: u32,
-    cache_offset: u32,
-    window: u32,
-    scale: f32,
-    q_stride: u32,
-    split_min: u32,
-    token0: u32,
-    q_row0: u32,
-    has_sinks: u32,
-    rows: u32, // flash_attention's
-}
+#include shared/attention_params.wgsl
 
 const WG: u32 = 8u; // the merges below unroll over its 8 lanes
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
 const QH: u32 = {{QH}}u;
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(4) var<storage, read> block_tables: array<u32>;
-@group(0) @binding(5) var<storage, read> token_info: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read> sinks: array<f32>;
 
 var<workgroup> sh_max: array<f32, WG>;
 var<workgroup> sh_sum: array<f32, WG>;

@@ -84,6 +84,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("formats/q6_k.wgsl", include_str!("../../shaders/formats/q6_k.wgsl")),
     ("formats/q8_0.wgsl", include_str!("../../shaders/formats/q8_0.wgsl")),
     ("formats/q8_k.wgsl", include_str!("../../shaders/formats/q8_k.wgsl")),
+    ("shared/attention_params.wgsl", include_str!("../../shaders/shared/attention_params.wgsl")),
     ("shared/attention_splits.wgsl", include_str!("../../shaders/shared/attention_splits.wgsl")),
     ("shared/epilogue_gelu_mul.wgsl", include_str!("../../shaders/shared/epilogue_gelu_mul.wgsl")),
     ("shared/epilogue_none.wgsl", include_str!("../../shaders/shared/epilogue_none.wgsl")),

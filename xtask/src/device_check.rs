@@ -13,6 +13,8 @@
 //! 3. times each GPU kernel family's row-parallel matmul (GEMV) against its tiled one (GEMM) at
 //!    M = 1 to 512 on the default model's shapes (the kernels bench's `gemm`), and prints the
 //!    batch size from which the GEMM wins, the row of `weft::gpu::GEMM_MIN_ROWS` to record;
+//!    then times each GPU family's attention layer (the kernels bench's `attention`: decodes
+//!    and prefills at head sizes 64 and 128, up to 2048 positions);
 //! 4. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
 //! 5. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
 //!
@@ -365,8 +367,8 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
     }
     let bin = dir.join("bin");
     // Shares of the budget: the gate and the kernel tests two each, each benchmark one (a
-    // GEMV-or-GEMM timing per GPU family, then a model per shape and family).
-    let bench_parts = o.shapes.len() * 2 + 2;
+    // GEMV-or-GEMM and an attention timing per GPU family, then a model per shape and family).
+    let bench_parts = o.shapes.len() * 2 + 4;
     let shares_left = |done: usize| (4 + bench_parts).saturating_sub(done);
 
     let mut verdict = Verdict { ok: true, ..Default::default() };
@@ -387,24 +389,18 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
         verdict.lines.push("the gate opened no kernel family on this driver".into());
     }
 
-    let mut gemm = Vec::new();
+    let (mut gemm, mut attention) = (Vec::new(), Vec::new());
     let mut done = 4;
     for family in verdict.families.iter().filter(|f| *f != "cpu") {
-        let log = out.join(format!("gemm.{family}.log"));
-        let mut cmd = Command::new(bin.join("bench_kernels"));
-        cmd.arg("gemm");
-        let mut env = env.clone();
-        env.push(("WEFT_KERNELS", family.to_string()));
-        let timed = run_logged(cmd, &env, &log, None, share(deadline, 1, shares_left(done)));
-        done += 1;
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
         // The per-shape verdicts and the crossover line, or why there are none.
-        let lines: Vec<String> = text
-            .lines()
-            .filter(|l| l.starts_with("crossover: ") || l.contains(": the GEMM wins"))
-            .map(str::to_string)
-            .collect();
-        gemm.push((family.clone(), timed.map(|()| lines)));
+        let verdicts = |l: &str| l.starts_with("crossover: ") || l.contains(": the GEMM wins");
+        let timeout = share(deadline, 1, shares_left(done));
+        gemm.push((family.clone(), kernel_bench(&bin, "gemm", family, &env, &out, timeout, verdicts)));
+        // Each case's time.
+        let timeout = share(deadline, 1, shares_left(done + 1));
+        let cases = |l: &str| l.starts_with("head ");
+        attention.push((family.clone(), kernel_bench(&bin, "attention", family, &env, &out, timeout, cases)));
+        done += 2;
     }
     let mut parts = Vec::new();
     for shape in &o.shapes {
@@ -425,12 +421,32 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
             parts.push(Part { name, outcome, seconds: began.elapsed().as_secs_f64() });
         }
     }
-    let report = report(&verdict, &gemm, &parts, o, &icd, started.elapsed().as_secs_f64());
+    let report = report(&verdict, [&gemm, &attention], &parts, o, &icd, started.elapsed().as_secs_f64());
     println!("{report}");
     let file = out.join("device-check.md");
     std::fs::write(&file, &report).map_err(|e| format!("writing {}: {e}", file.display()))?;
     eprintln!("device-check: wrote {} and each part's log and JSON beside it", file.display());
     if verdict.ok { Ok(()) } else { Err("correctness failed on this device: see the table's first lines".into()) }
+}
+
+/// The kernels bench's `mode` in `family`, logged to MODE.FAMILY.log: the lines `keep` picks.
+fn kernel_bench(
+    bin: &Path,
+    mode: &str,
+    family: &str,
+    env: &[(&str, String)],
+    out: &Path,
+    timeout: Duration,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let log = out.join(format!("{mode}.{family}.log"));
+    let mut cmd = Command::new(bin.join("bench_kernels"));
+    cmd.arg(mode);
+    let mut env = env.to_vec();
+    env.push(("WEFT_KERNELS", family.to_string()));
+    run_logged(cmd, &env, &log, None, timeout)?;
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    Ok(text.lines().filter(|l| keep(l)).map(str::to_string).collect())
 }
 
 /// `shares` of an equal split of the time left among `shares_left` (at least 10 s).
@@ -529,12 +545,21 @@ fn bench_part(
     serde_json::from_str(&text).map_err(|e| format!("weft bench printed something other than JSON ({e})"))
 }
 
-/// Each GPU family's GEMV-or-GEMM timing: its per-shape verdicts and crossover line, or why not.
-type GemmTimings = [(String, Result<Vec<String>>)];
+/// Each GPU family's lines of one kernels-bench mode (GEMV or GEMM: the per-shape verdicts and
+/// crossover line; attention: each case's time), or why not.
+type KernelTimings = [(String, Result<Vec<String>>)];
 
-/// The report: correctness, then where each GPU family's matmul should start tiling, then a row
-/// per run, then each model's bandwidth bound, then what did not finish.
-fn report(verdict: &Verdict, gemm: &GemmTimings, parts: &[Part], o: &RunOptions, icd: &str, elapsed_s: f64) -> String {
+/// The report: correctness, then where each GPU family's matmul should start tiling and its
+/// attention's times, then a row per run, then each model's bandwidth bound, then what did not
+/// finish.
+fn report(
+    verdict: &Verdict,
+    [gemm, attention]: [&KernelTimings; 2],
+    parts: &[Part],
+    o: &RunOptions,
+    icd: &str,
+    elapsed_s: f64,
+) -> String {
     let mut out = format!(
         "Device check on {} (Vulkan driver {icd}), {}; prompts of {} tokens, {} generated, one repeat.\n\n",
         if verdict.adapter.is_empty() { "an unknown adapter" } else { &verdict.adapter },
@@ -558,6 +583,18 @@ fn report(verdict: &Verdict, gemm: &GemmTimings, parts: &[Part], o: &RunOptions,
                     out.extend(lines.iter().map(|l| format!("- {family}: {l}\n")));
                 }
                 Ok(_) => out.push_str(&format!("- {family}: printed no crossover (see gemm.{family}.log)\n")),
+                Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
+            }
+        }
+        out.push('\n');
+    }
+    if !attention.is_empty() {
+        out.push_str(
+            "Attention, one layer over an f16 cache (the kernels bench's `attention`; attention.FAMILY.log):\n",
+        );
+        for (family, lines) in attention {
+            match lines {
+                Ok(lines) => out.extend(lines.iter().map(|l| format!("- {family}: {l}\n"))),
                 Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
             }
         }
@@ -729,7 +766,13 @@ mod tests {
             ),
             ("baseline".to_string(), Err("ran past its 60 s".to_string())),
         ];
-        let t = report(&verdict, &gemm, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        let attention = [(
+            "subgroup".to_string(),
+            Ok(vec!["head 128, decode, 1 sequence at 2048             41.0 us".to_string()]),
+        )];
+        let icd = "/etc/vulkan/icd.d/nvidia_icd.json";
+        let t = report(&verdict, [&gemm, &attention], &parts, &RunOptions::default(), icd, 80.0);
+        assert!(t.contains("- subgroup: head 128, decode, 1 sequence at 2048             41.0 us\n"), "{t}");
         assert!(
             t.contains(
                 "- subgroup: crossover: GemmMinRows { vendor: 0x10de, family: KernelFamily::Subgroup, min_rows: 8 }"
