@@ -860,7 +860,7 @@ impl ModelConfig {
         // The full layers' rotating angles: rope_freqs' factors of 1 (the rest are 1e30).
         let global_rope_angles = match gguf.tensor("rope_freqs.weight") {
             Some(t) => gguf
-                .tensor_bytes(t)
+                .tensor_bytes(t)?
                 .chunks_exact(4)
                 .filter(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) < 1e20)
                 .count(),
