@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::gpu::Epilogue;
 use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, silu_mul};
 use crate::gpu::kernels::matmul::{matmul, matmul_gated, matmul_into, supports_gated};
-use crate::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
+use crate::gpu::kernels::moe::{TILE_WORDS, max_tiles, moe_combine, moe_group, moe_matmul, moe_route};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
@@ -148,6 +148,9 @@ pub struct MoeActivations {
     pub weights: GpuTensor, // (tokens, experts_per_token): each slot's weight
     pub act: GpuTensor,     // (tokens · experts_per_token, expert intermediate): gated
     pub out: GpuTensor,     // (tokens · experts_per_token, hidden): each slot's expert output
+    /// (1 + max_tiles(tokens · experts_per_token, experts), TILE_WORDS) U32: the slots grouped
+    /// by expert (`moe_group`'s tile table)
+    pub tiles: GpuTensor,
 }
 
 /// The buffers of an LFM2 short convolution.
@@ -204,6 +207,8 @@ impl Activations {
                     weights: factory.zeros(&[num_tokens, k], crate::quant::DType::F32)?,
                     act: factory.zeros(&[slots, m.expert_intermediate_size], crate::quant::DType::F32)?,
                     out: factory.zeros(&[slots, c.hidden_size], crate::quant::DType::F32)?,
+                    tiles: factory
+                        .zeros(&[1 + max_tiles(slots, m.num_experts), TILE_WORDS], crate::quant::DType::U32)?,
                 })
             }
             None => None,
@@ -310,6 +315,7 @@ impl Activations {
                         weights: t(&m.weights)?,
                         act: m.act.slice_rows(0..slots)?,
                         out: m.out.slice_rows(0..slots)?,
+                        tiles: m.tiles.slice_rows(0..1 + max_tiles(slots, m.logits.shape()[1]))?,
                     })
                 }
                 None => None,
@@ -578,10 +584,12 @@ impl FeedForward {
 /// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
 /// and weights w_s, chosen by the config's routing from the router's logits, each expert a
 /// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
-/// (Granite's) where the model has one. Five dispatches, all on the GPU (six with a router
-/// bias), after the shared expert's: the router's matmul, the top-k choice, every slot's gate
-/// and up with the gate, every slot's down, and the weighted sum (added onto the shared
-/// expert's output).
+/// (Granite's) where the model has one. Six dispatches, all on the GPU (seven with a router
+/// bias; a projection split over several bindings takes one per part), after the shared
+/// expert's: the router's matmul, the top-k choice, the slots grouped by expert, every slot's
+/// gate and up with the gate and every slot's down (each weight block decoded once for up to
+/// `TILE_ROWS` slots of its expert), and the weighted sum (added onto the shared expert's
+/// output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,               // (experts, hidden)
@@ -923,8 +931,12 @@ impl MoeMlp {
             ExpertGate::Silu => Epilogue::SiluMul,
             ExpertGate::SwigluOai => Epilogue::SwigluOai,
         };
-        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, gate, self.gate_up_bias.as_ref())?;
-        moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None, self.down_bias.as_ref())?;
+        moe_group(ctx, rec, &m.ids, experts, &m.tiles)?;
+        let (ids, tiles) = (&m.ids, Some(&m.tiles));
+        let gate_up_bias = self.gate_up_bias.as_ref();
+        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, ids, tiles, &m.act, gate, gate_up_bias)?;
+        let down_bias = self.down_bias.as_ref();
+        moe_matmul(ctx, rec, &m.act, &self.down, experts, ids, tiles, &m.out, Epilogue::None, down_bias)?;
         moe_combine(ctx, rec, &m.out, &m.weights, &a.proj, self.shared.is_some())
     }
 }
