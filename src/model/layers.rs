@@ -584,12 +584,12 @@ impl FeedForward {
 /// `a.proj = shared(a.xn) + Σ_s w_s · expert_{e_s}(a.xn)` over each token's top-k experts e_s
 /// and weights w_s, chosen by the config's routing from the router's logits, each expert a
 /// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
-/// (Granite's) where the model has one. Six dispatches, all on the GPU (seven with a router
-/// bias; a projection split over several bindings takes one per part), after the shared
-/// expert's: the router's matmul, the top-k choice, the slots grouped by expert, every slot's
-/// gate and up with the gate and every slot's down (each weight block decoded once for up to
-/// `TILE_ROWS` slots of its expert), and the weighted sum (added onto the shared expert's
-/// output).
+/// (Granite's) where the model has one. Five dispatches, all on the GPU (six with a router
+/// bias, one more from [`GROUPED_MIN_TOKENS`]; a projection split over several bindings takes
+/// one per part), after the shared expert's: the router's matmul, the top-k choice, (the slots
+/// grouped by expert,) every slot's gate and up with the gate and every slot's down (grouped:
+/// each weight block decoded once for up to `TILE_ROWS` slots of its expert), and the weighted
+/// sum (added onto the shared expert's output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,               // (experts, hidden)
@@ -601,6 +601,13 @@ pub struct MoeMlp {
     pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
     pub shared: Option<Mlp>,
 }
+
+/// Tokens from which a step's experts run grouped by expert (`moe_group`, `moe_matmul` by
+/// tiles) rather than row by row. On lavapipe (bench/README.md, "Experts grouped by expert") a
+/// Qwen3-30B-A3B-shaped layer (128 experts, top 8) ran grouped at 0.9x (CPU family) and 0.4x
+/// (subgroup family) the per-row speed at 16 tokens (about one row an expert) and at 3.1x and
+/// 1.4x at 128 (eight). 64: the warm-up's prefill (`GpuExecutor::warm_up`) records both.
+pub const GROUPED_MIN_TOKENS: usize = 64;
 
 /// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
 #[derive(Clone, Copy, Debug)]
@@ -931,8 +938,14 @@ impl MoeMlp {
             ExpertGate::Silu => Epilogue::SiluMul,
             ExpertGate::SwigluOai => Epilogue::SwigluOai,
         };
-        moe_group(ctx, rec, &m.ids, experts, &m.tiles)?;
-        let (ids, tiles) = (&m.ids, Some(&m.tiles));
+        // Grouped by expert from GROUPED_MIN_TOKENS tokens; row by row below, where an expert
+        // rarely has two rows to share its weights. The same bits either way.
+        let tokens = m.ids.shape()[0];
+        let tiles = (tokens >= GROUPED_MIN_TOKENS).then_some(&m.tiles);
+        if let Some(t) = tiles {
+            moe_group(ctx, rec, &m.ids, experts, t)?;
+        }
+        let ids = &m.ids;
         let gate_up_bias = self.gate_up_bias.as_ref();
         moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, ids, tiles, &m.act, gate, gate_up_bias)?;
         let down_bias = self.down_bias.as_ref();

@@ -13,6 +13,8 @@
 //! 3. times each GPU kernel family's row-parallel matmul (GEMV) against its tiled one (GEMM) at
 //!    M = 1 to 512 on the default model's shapes (the kernels bench's `gemm`), and prints the
 //!    batch size from which the GEMM wins, the row of `weft::gpu::GEMM_MIN_ROWS` to record;
+//!    then times each GPU family's experts' matmul row by row against grouped by expert on
+//!    a Qwen3-30B-A3B-shaped layer at 1, 16 and 128 tokens (the kernels bench's `moe`);
 //! 4. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
 //! 5. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
 //!
@@ -366,7 +368,7 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
     let bin = dir.join("bin");
     // Shares of the budget: the gate and the kernel tests two each, each benchmark one (a
     // GEMV-or-GEMM timing per GPU family, then a model per shape and family).
-    let bench_parts = o.shapes.len() * 2 + 2;
+    let bench_parts = o.shapes.len() * 2 + 4;
     let shares_left = |done: usize| (4 + bench_parts).saturating_sub(done);
 
     let mut verdict = Verdict { ok: true, ..Default::default() };
@@ -406,6 +408,20 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
             .collect();
         gemm.push((family.clone(), timed.map(|()| lines)));
     }
+    let mut moe = Vec::new();
+    for family in verdict.families.iter().filter(|f| *f != "cpu") {
+        let log = out.join(format!("moe.{family}.log"));
+        let mut cmd = Command::new(bin.join("bench_kernels"));
+        cmd.arg("moe");
+        let mut env = env.clone();
+        env.push(("WEFT_KERNELS", family.to_string()));
+        let timed = run_logged(cmd, &env, &log, None, share(deadline, 1, shares_left(done)));
+        done += 1;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        // The table's rows: tokens, row by row, grouped, speedup.
+        let rows = text.lines().filter(|l| l.trim_end().ends_with('x')).map(|l| l.trim().to_string()).collect();
+        moe.push((family.clone(), timed.map(|()| rows)));
+    }
     let mut parts = Vec::new();
     for shape in &o.shapes {
         let model = out.join("models").join(format!("{shape}.q4_1.gguf"));
@@ -425,7 +441,7 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
             parts.push(Part { name, outcome, seconds: began.elapsed().as_secs_f64() });
         }
     }
-    let report = report(&verdict, &gemm, &parts, o, &icd, started.elapsed().as_secs_f64());
+    let report = report(&verdict, &gemm, &moe, &parts, o, &icd, started.elapsed().as_secs_f64());
     println!("{report}");
     let file = out.join("device-check.md");
     std::fs::write(&file, &report).map_err(|e| format!("writing {}: {e}", file.display()))?;
@@ -530,11 +546,21 @@ fn bench_part(
 }
 
 /// Each GPU family's GEMV-or-GEMM timing: its per-shape verdicts and crossover line, or why not.
+/// Per GPU family, the lines of a kernels-bench mode the report keeps, or why it did not finish.
 type GemmTimings = [(String, Result<Vec<String>>)];
 
-/// The report: correctness, then where each GPU family's matmul should start tiling, then a row
+/// The report: correctness, then where each GPU family's matmul should start tiling and its
+/// experts' matmul row by row against grouped, then a row
 /// per run, then each model's bandwidth bound, then what did not finish.
-fn report(verdict: &Verdict, gemm: &GemmTimings, parts: &[Part], o: &RunOptions, icd: &str, elapsed_s: f64) -> String {
+fn report(
+    verdict: &Verdict,
+    gemm: &GemmTimings,
+    moe: &GemmTimings,
+    parts: &[Part],
+    o: &RunOptions,
+    icd: &str,
+    elapsed_s: f64,
+) -> String {
     let mut out = format!(
         "Device check on {} (Vulkan driver {icd}), {}; prompts of {} tokens, {} generated, one repeat.\n\n",
         if verdict.adapter.is_empty() { "an unknown adapter" } else { &verdict.adapter },
@@ -558,6 +584,19 @@ fn report(verdict: &Verdict, gemm: &GemmTimings, parts: &[Part], o: &RunOptions,
                     out.extend(lines.iter().map(|l| format!("- {family}: {l}\n")));
                 }
                 Ok(_) => out.push_str(&format!("- {family}: printed no crossover (see gemm.{family}.log)\n")),
+                Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
+            }
+        }
+        out.push('\n');
+    }
+    if !moe.is_empty() {
+        out.push_str(
+            "Experts row by row or grouped (the kernels bench's `moe`: tokens, per row us, grouped us, speedup; \
+             moe.FAMILY.log):\n",
+        );
+        for (family, lines) in moe {
+            match lines {
+                Ok(lines) => out.extend(lines.iter().map(|l| format!("- {family}: {l}\n"))),
                 Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
             }
         }
@@ -729,7 +768,10 @@ mod tests {
             ),
             ("baseline".to_string(), Err("ran past its 60 s".to_string())),
         ];
-        let t = report(&verdict, &gemm, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        let moe = [("subgroup".to_string(), Ok(vec!["16  900.0  300.0  3.00x".to_string()]))];
+        let t =
+            report(&verdict, &gemm, &moe, &parts, &RunOptions::default(), "/etc/vulkan/icd.d/nvidia_icd.json", 80.0);
+        assert!(t.contains("- subgroup: 16  900.0  300.0  3.00x"), "{t}");
         assert!(
             t.contains(
                 "- subgroup: crossover: GemmMinRows { vendor: 0x10de, family: KernelFamily::Subgroup, min_rows: 8 }"
