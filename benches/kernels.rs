@@ -13,6 +13,11 @@
 //! see every row of a step, and the batch size from which the GEMM wins: the row of
 //! `weft::gpu::GEMM_MIN_ROWS` for this adapter, which the device check prints.
 //!
+//! `moe` (only when named): one mixture-of-experts layer's experts in Qwen3-30B-A3B's shape
+//! (hidden 2048, 128 experts of width 768, top 8; Q4_0 weights, random routing) at 1, 16 and
+//! 128 tokens: gate and up with the SwiGLU, then down, row by row (`moe_matmul` without tiles)
+//! and grouped by expert (`moe_group`, then `moe_matmul` by tiles), in the adapter's family.
+//!
 //! Weights and activations are uploaded as a model's are (`upload_weight`, `upload_activations`:
 //! textures and uniform windows on CPU drivers). Each cell records the same matmul `reps` times
 //! in one submission (reps chosen so one run takes about 50 ms), times the pass with GPU
@@ -25,11 +30,12 @@ use std::time::Instant;
 use weft::DType;
 use weft::gpu::kernels::lora::{LoraMatrices, LoraRows, lora};
 use weft::gpu::kernels::matmul::matmul;
+use weft::gpu::kernels::moe::{Routing, TILE_WORDS, max_tiles, moe_group, moe_matmul};
 use weft::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention};
 use weft::gpu::kernels::reduce::add_rms_norm;
 use weft::gpu::kernels::sample::{OUT_PER_ROW, SETTINGS_PER_ROW, sample};
 use weft::gpu::kernels::spec_sample::{SPEC_PER_ROW, spec_sample};
-use weft::gpu::{GpuContext, GpuOptions, GpuTensorFactory, KernelFamily, Recording};
+use weft::gpu::{Epilogue, GpuContext, GpuOptions, GpuTensorFactory, KernelFamily, Recording};
 use weft::lora::LoraShape;
 use weft::model::sampler::{settings_row, spec_row};
 use weft::sampling::{DraftRow, SamplingParams};
@@ -55,6 +61,9 @@ fn main() -> weft::Result<()> {
     println!("{}", ctx.describe());
     if filter.as_deref() == Some("GEMM") {
         return gemv_or_gemm(&ctx);
+    }
+    if filter.as_deref() == Some("MOE") {
+        return moe_layer(&ctx, &factory);
     }
     println!("matmul y = x·Wᵀ, median of {RUNS} runs, {}\n", clock(&ctx));
     println!("{:<6} {:>4} {:>11} {:>9} {:>9} {:>10}", "format", "M", "K x N", "GFLOP/s", "GB/s", "us/matmul");
@@ -299,6 +308,69 @@ fn sampler(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
             let seconds = median_seconds(ctx, |rec| spec_sample(ctx, rec, &logits, &spec, &probs, &out))?;
             println!("{:<52} {:>10.1} us", format!("{label}, {rows} rows"), seconds * 1e6);
         }
+    }
+    Ok(())
+}
+
+/// One layer's experts in Qwen3-30B-A3B's shape, row by row and grouped by expert (see the
+/// module's doc). The weights are random Q4_0 blocks made in place (quantizing 600M values
+/// would take longer than the bench), each projection uploaded in parts of whole experts as a
+/// model's are.
+fn moe_layer(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
+    const HIDDEN: usize = 2048;
+    const EXPERTS: usize = 128;
+    const FF: usize = 768;
+    const TOP_K: usize = 8;
+    let q4_0 = |rows: usize, cols: usize| -> Vec<u8> {
+        let blocks = rows * cols / 32;
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut bytes = Vec::with_capacity(blocks * 18);
+        for _ in 0..blocks {
+            // Scale 1/64 (f16), then 16 bytes of random nibbles.
+            bytes.extend_from_slice(&0x2400u16.to_le_bytes());
+            for _ in 0..2 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                bytes.extend_from_slice(&state.to_le_bytes());
+            }
+        }
+        bytes
+    };
+    let upload = |name: &str, rows: usize, cols: usize| {
+        let bytes = q4_0(rows, cols);
+        weft::model::weights::upload_experts("bench", name, [rows, cols], DType::Q4_0, &bytes, EXPERTS, factory)
+    };
+    let gate_up = upload("gate_up", EXPERTS * 2 * FF, HIDDEN)?;
+    let down = upload("down", EXPERTS * HIDDEN, FF)?;
+    println!(
+        "\nMoE experts, hidden {HIDDEN}, {EXPERTS} experts of {FF}, top {TOP_K}, Q4_0 ({} + {} parts), {} family, \
+         median of {RUNS} runs, {}\n",
+        gate_up.parts().len(),
+        down.parts().len(),
+        ctx.kernel_family().name(),
+        clock(ctx)
+    );
+    println!("{:>6} {:>12} {:>12} {:>9}", "tokens", "per row us", "grouped us", "speedup");
+    for tokens in [1, 16, 128] {
+        let rows = tokens * TOP_K;
+        let logits: Vec<f32> = (0..tokens * EXPERTS).map(|i| ((i * 7919 + 13) % 1009) as f32 / 100.0).collect();
+        let (ids, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, Routing::Softmax { normalize: false }, None);
+        let ids = factory.upload_u32(&[tokens, TOP_K], &ids)?;
+        let x = factory.upload_f32(&[tokens, HIDDEN], &vec![0.5; tokens * HIDDEN])?;
+        let act = factory.zeros(&[rows, FF], DType::F32)?;
+        let out = factory.zeros(&[rows, HIDDEN], DType::F32)?;
+        let tiles = factory.zeros(&[1 + max_tiles(rows, EXPERTS), TILE_WORDS], DType::U32)?;
+        let layer = |rec: &mut Recording, tiles: Option<&weft::gpu::GpuTensor>| -> weft::Result<()> {
+            if let Some(t) = tiles {
+                moe_group(ctx, rec, &ids, EXPERTS, t)?;
+            }
+            moe_matmul(ctx, rec, &x, &gate_up, EXPERTS, &ids, tiles, &act, Epilogue::SiluMul, None)?;
+            moe_matmul(ctx, rec, &act, &down, EXPERTS, &ids, tiles, &out, Epilogue::None, None)
+        };
+        let per_row = median_seconds(ctx, |rec| layer(rec, None))?;
+        let grouped = median_seconds(ctx, |rec| layer(rec, Some(&tiles)))?;
+        println!("{tokens:>6} {:>12.1} {:>12.1} {:>8.2}x", per_row * 1e6, grouped * 1e6, per_row / grouped);
     }
     Ok(())
 }

@@ -9,6 +9,7 @@
 //
 // Bindings (group 0)
 //   0 params   uniform        Params                     mirrors gpu::kernels::moe::MatmulParams
+//                                                        (shared/moe_matmul_io.wgsl)
 //   1 x        storage, read  f32 (rows / x_div, k)      x_div = top_k: a token's row serves
 //                                                        each of its slots (gate and up);
 //                                                        1: each slot has its own row (down)
@@ -33,36 +34,16 @@
 
 #include shared/block_recipe.wgsl
 #include shared/x_storage.wgsl
+#include shared/x_block.wgsl
 #include weight_source
 #include weight_format
 #include epilogue
+#include shared/moe_matmul_io.wgsl
 
-struct Params {
-    rows: u32,
-    k: u32,
-    n: u32,
-    x_div: u32,
-    row_bytes: u32,
-    first_expert: u32,
-    part_experts: u32,
-    w_base: u32,
-    has_bias: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> ids: array<u32>;
-@group(0) @binding(5) var<storage, read> bias: array<f32>;
 
 const WG: u32 = 64u;
 const G: u32 = {{G}}u;
-
-// Block b of x's row `row`, as eight vec4s.
-fn x_block(row: u32, b: u32) -> array<vec4<f32>, 8> {
-    let i = row * (params.k / 4u) + b * 8u;
-    return array<vec4<f32>, 8>(xload(i), xload(i + 1u), xload(i + 2u), xload(i + 3u),
-                               xload(i + 4u), xload(i + 5u), xload(i + 6u), xload(i + 7u));
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,

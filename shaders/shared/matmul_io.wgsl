@@ -16,9 +16,4 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-// Block b of x's row `row`, as eight vec4s (xload comes from the x source).
-fn x_block(row: u32, b: u32) -> array<vec4<f32>, 8> {
-    let i = row * (params.k / 4u) + b * 8u;
-    return array<vec4<f32>, 8>(xload(i), xload(i + 1u), xload(i + 2u), xload(i + 3u),
-                               xload(i + 4u), xload(i + 5u), xload(i + 6u), xload(i + 7u));
-}
+#include shared/x_block.wgsl

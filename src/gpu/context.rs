@@ -545,12 +545,14 @@ impl GpuContext {
                 // every family runs the one experts' matmul.
                 let shared = v.kernel == "embedding" || v.kernel == "moe_matmul";
                 let gpu_buffers = v.weights_in == WeightSource::Storage && v.x_in == XSource::Storage;
+                // The experts' grouped matmul comes in each family's tile.
+                let grouped = v.kernel == "moe_matmul_grouped" && v.tile == self.plan.moe_tile(v.epilogue);
                 return match self.plan.family {
-                    KernelFamily::Cpu => shared || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
+                    KernelFamily::Cpu => shared || grouped || (v.kernel == "matmul" && v.tile[0] == self.cpu_lanes()),
                     KernelFamily::Baseline => {
-                        gpu_buffers && (shared || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
+                        gpu_buffers && (shared || grouped || v.kernel == "matmul_rows" || v.kernel == "matmul_tiled")
                     }
-                    KernelFamily::Subgroup => gpu_buffers && (shared || v.kernel == "matmul_subgroup"),
+                    KernelFamily::Subgroup => gpu_buffers && (shared || grouped || v.kernel == "matmul_subgroup"),
                 };
             }
             let kv_kernel = matches!(v.kernel, "flash_attention" | "paged_attention" | "rope_kv_write");

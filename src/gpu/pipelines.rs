@@ -41,6 +41,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("moe_combine.wgsl", include_str!("../../shaders/moe_combine.wgsl")),
     ("moe_group.wgsl", include_str!("../../shaders/moe_group.wgsl")),
     ("moe_matmul.wgsl", include_str!("../../shaders/moe_matmul.wgsl")),
+    ("moe_matmul_grouped.wgsl", include_str!("../../shaders/moe_matmul_grouped.wgsl")),
     ("moe_route.wgsl", include_str!("../../shaders/moe_route.wgsl")),
     ("penalize.wgsl", include_str!("../../shaders/penalize.wgsl")),
     ("pool_rows.wgsl", include_str!("../../shaders/pool_rows.wgsl")),
@@ -99,6 +100,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/iq4_grid.wgsl", include_str!("../../shaders/shared/iq4_grid.wgsl")),
     ("shared/iq_codebook.wgsl", include_str!("../../shaders/shared/iq_codebook.wgsl")),
     ("shared/matmul_io.wgsl", include_str!("../../shaders/shared/matmul_io.wgsl")),
+    ("shared/moe_matmul_io.wgsl", include_str!("../../shaders/shared/moe_matmul_io.wgsl")),
     ("shared/kv_read_storage.wgsl", include_str!("../../shaders/shared/kv_read_storage.wgsl")),
     ("shared/kv_read_storage_f16.wgsl", include_str!("../../shaders/shared/kv_read_storage_f16.wgsl")),
     ("shared/kv_read_texture.wgsl", include_str!("../../shaders/shared/kv_read_texture.wgsl")),
@@ -110,13 +112,14 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/ssd_params.wgsl", include_str!("../../shaders/shared/ssd_params.wgsl")),
     ("shared/weight_storage.wgsl", include_str!("../../shaders/shared/weight_storage.wgsl")),
     ("shared/weight_texture.wgsl", include_str!("../../shaders/shared/weight_texture.wgsl")),
+    ("shared/x_block.wgsl", include_str!("../../shaders/shared/x_block.wgsl")),
     ("shared/x_storage.wgsl", include_str!("../../shaders/shared/x_storage.wgsl")),
     ("shared/x_uniform.wgsl", include_str!("../../shaders/shared/x_uniform.wgsl")),
 ];
 
 /// Kernels that read weights (compiled once per weight format and weight source).
 const WEIGHT_KERNELS: &[&str] =
-    &["matmul", "matmul_rows", "matmul_subgroup", "matmul_tiled", "moe_matmul", "embedding"];
+    &["matmul", "matmul_rows", "matmul_subgroup", "matmul_tiled", "moe_matmul", "moe_matmul_grouped", "embedding"];
 
 /// Kernels that use subgroup operations: only the subgroup family dispatches (and compiles) them.
 pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
@@ -241,6 +244,11 @@ impl Epilogue {
         }
     }
 }
+
+/// What the experts' matmuls do with their sums: an expert's down projection writes them, its
+/// gate and up projections gate them (Qwen3-MoE's and most experts' SwiGLU, a GeGLU, gpt-oss's
+/// clamped SwiGLU).
+const MOE_EPILOGUES: [Epilogue; 4] = [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul, Epilogue::SwigluOai];
 
 /// Bytes of one uniform activation window (the core WebGPU uniform binding limit).
 pub const X_WINDOW_BYTES: u64 = 65536;
@@ -442,6 +450,25 @@ pub(crate) fn subgroup_tile(m: usize) -> [u16; 3] {
 /// (a quarter of the GEMV's weight reads); the device check times it against the GEMV.
 pub const SUBGROUP_GEMM_TILE: [u16; 3] = [64, 16, 16];
 
+/// Rows of one expert a tile of `moe_matmul_grouped` sums together, sharing each decoded weight
+/// block (its TM; the rows of `moe_group`'s tiles): 8, as the CPU family's matmul shares a block
+/// between 8 rows of x from 8 rows.
+pub const MOE_TILE_ROWS: u16 = 8;
+
+/// Weight rows (TN · G) a lane of `moe_matmul_grouped` owns in the CPU family: one SIMD group
+/// of the driver holds 8 decoded blocks a lane while it walks the tile's rows.
+pub(crate) const MOE_CPU_ROWS_PER_LANE: u16 = 8;
+
+/// Weight rows a lane of `moe_matmul_grouped` owns in the GPU families, whose 64 invocations
+/// keep each lane's decoded blocks and sums in registers: 2 blocks and 16 sums.
+pub(crate) const MOE_GPU_ROWS_PER_LANE: u16 = 2;
+
+/// The tile of `moe_matmul_grouped`, (WG, TN, TM): `lanes` invocations, `rows_per_lane`
+/// weight rows each (over `epilogue`'s G rows an output), [`MOE_TILE_ROWS`] rows.
+pub(crate) fn moe_tile(lanes: u16, rows_per_lane: u16, epilogue: Epilogue) -> [u16; 3] {
+    [lanes, rows_per_lane / epilogue.rows_per_output() as u16, MOE_TILE_ROWS]
+}
+
 /// Every shader variant the library can compile.
 pub fn shader_variants() -> Vec<ShaderVariant> {
     let mut out = Vec::new();
@@ -486,12 +513,22 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                     out.push(base);
                     continue;
                 }
+                // The CPU family's tile at each width, from either weight source; the GPU
+                // families' from buffers.
+                if kernel == "moe_matmul_grouped" {
+                    for epilogue in MOE_EPILOGUES {
+                        let tile =
+                            |lanes, rows| ShaderVariant { tile: moe_tile(lanes, rows, epilogue), epilogue, ..base };
+                        out.extend(CPU_LANES.map(|lanes| tile(lanes, MOE_CPU_ROWS_PER_LANE)));
+                        if source == WeightSource::Storage {
+                            out.push(tile(64, MOE_GPU_ROWS_PER_LANE));
+                        }
+                    }
+                    continue;
+                }
                 // One kernel for every family, from either weight source.
                 if kernel == "moe_matmul" {
-                    out.extend(
-                        [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul, Epilogue::SwigluOai]
-                            .map(|epilogue| ShaderVariant { epilogue, ..base }),
-                    );
+                    out.extend(MOE_EPILOGUES.map(|epilogue| ShaderVariant { epilogue, ..base }));
                     continue;
                 }
                 if kernel == "matmul_subgroup" || kernel == "matmul_rows" {

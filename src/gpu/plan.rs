@@ -13,7 +13,8 @@ use crate::error::{Result, WeftError};
 use crate::gpu::context::{GpuFeatures, GpuOptions, KernelFamily};
 use crate::gpu::memory::DeviceMemory;
 use crate::gpu::pipelines::{
-    CpuDriver, Epilogue, SUBGROUP_GEMM_TILE, TILED_TILE, X_WINDOW_BYTES, matmul_tile, rows_tile, subgroup_tile,
+    CpuDriver, Epilogue, MOE_CPU_ROWS_PER_LANE, MOE_GPU_ROWS_PER_LANE, SUBGROUP_GEMM_TILE, TILED_TILE, X_WINDOW_BYTES,
+    matmul_tile, moe_tile, rows_tile, subgroup_tile,
 };
 
 /// What an adapter says of itself, and what the host can tell about it.
@@ -250,6 +251,15 @@ impl DevicePlan {
             KernelFamily::Baseline => ("matmul_rows", rows_tile(m)),
             KernelFamily::Subgroup if m >= self.gemm_min_rows => ("matmul_subgroup", SUBGROUP_GEMM_TILE),
             KernelFamily::Subgroup => ("matmul_subgroup", subgroup_tile(m)),
+        }
+    }
+
+    /// The tile (WG, TN, TM) of the experts' grouped matmul (`moe_matmul_grouped`) with
+    /// `epilogue`: a SIMD group of the CPU driver, or 64 invocations on a GPU.
+    pub fn moe_tile(&self, epilogue: Epilogue) -> [u16; 3] {
+        match self.family {
+            KernelFamily::Cpu => moe_tile(self.cpu_lanes(), MOE_CPU_ROWS_PER_LANE, epilogue),
+            KernelFamily::Baseline | KernelFamily::Subgroup => moe_tile(64, MOE_GPU_ROWS_PER_LANE, epilogue),
         }
     }
 

@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::gpu::Epilogue;
 use crate::gpu::kernels::elementwise::{add_bias, gelu_mul, sigmoid_mul, silu_mul};
 use crate::gpu::kernels::matmul::{matmul, matmul_gated, matmul_into, supports_gated};
-use crate::gpu::kernels::moe::{moe_combine, moe_matmul, moe_route};
+use crate::gpu::kernels::moe::{TILE_WORDS, max_tiles, moe_combine, moe_group, moe_matmul, moe_route};
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, attention_partials_cols, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::head_rms_norm;
 use crate::gpu::kernels::rope::RopePairing;
@@ -159,6 +159,9 @@ pub struct MoeActivations {
     pub act: GpuTensor,         // (tokens · experts_per_token, expert intermediate): gated
     pub out: GpuTensor,         // (tokens · experts_per_token, hidden): each slot's expert output
     pub shared_gate: GpuTensor, // (tokens, 1): a gated shared expert's gate logit
+    /// (1 + max_tiles(tokens · experts_per_token, experts), TILE_WORDS) U32: the slots grouped
+    /// by expert (`moe_group`'s tile table)
+    pub tiles: GpuTensor,
 }
 
 /// The buffers of an LFM2 short convolution.
@@ -216,6 +219,8 @@ impl Activations {
                     act: factory.zeros(&[slots, m.expert_intermediate_size], crate::quant::DType::F32)?,
                     out: factory.zeros(&[slots, c.hidden_size], crate::quant::DType::F32)?,
                     shared_gate: t(1)?,
+                    tiles: factory
+                        .zeros(&[1 + max_tiles(slots, m.num_experts), TILE_WORDS], crate::quant::DType::U32)?,
                 })
             }
             None => None,
@@ -361,6 +366,7 @@ impl Activations {
                         act: m.act.slice_rows(0..slots)?,
                         out: m.out.slice_rows(0..slots)?,
                         shared_gate: t(&m.shared_gate)?,
+                        tiles: m.tiles.slice_rows(0..1 + max_tiles(slots, m.logits.shape()[1]))?,
                     })
                 }
                 None => None,
@@ -637,9 +643,11 @@ impl FeedForward {
 /// gated MLP (SwiGLU, or gpt-oss's clamped SwiGLU with biased projections), the shared expert
 /// (Granite's, Qwen3.5-MoE's) where the model has one, scaled by sigmoid(a.xn · shared_gate)
 /// where it is gated (Qwen3.5-MoE's). Five dispatches, all on the GPU (six with a router
-/// bias), after the shared expert's (and its gate's two): the router's matmul, the top-k
-/// choice, every slot's gate and up with the gate, every slot's down, and the weighted sum
-/// (added onto the shared expert's output).
+/// bias, one more from [`GROUPED_MIN_TOKENS`]; a projection split over several bindings takes
+/// one per part), after the shared expert's (and its gate's two): the router's matmul, the
+/// top-k choice, (the slots grouped by expert,) every slot's gate and up with the gate and
+/// every slot's down (grouped: each weight block decoded once for up to `TILE_ROWS` slots of
+/// its expert), and the weighted sum (added onto the shared expert's output).
 pub struct MoeMlp {
     pub shape: MoeConfig,
     pub router: GpuTensor,               // (experts, hidden)
@@ -652,6 +660,13 @@ pub struct MoeMlp {
     pub shared: Option<Mlp>,
     pub shared_gate: Option<GpuTensor>, // (1, hidden): the shared expert's gate
 }
+
+/// Tokens from which a step's experts run grouped by expert (`moe_group`, `moe_matmul` by
+/// tiles) rather than row by row. On lavapipe (bench/README.md, "Experts grouped by expert") a
+/// Qwen3-30B-A3B-shaped layer (128 experts, top 8) ran grouped at 0.9x (CPU family) and 0.4x
+/// (subgroup family) the per-row speed at 16 tokens (about one row an expert) and at 3.1x and
+/// 1.4x at 128 (eight). 64: the warm-up's prefill (`GpuExecutor::warm_up`) records both.
+pub const GROUPED_MIN_TOKENS: usize = 64;
 
 /// How a Hugging Face checkpoint stores a layer's experts, under `prefix`.
 #[derive(Clone, Copy, Debug)]
@@ -1068,8 +1083,18 @@ impl MoeMlp {
             ExpertGate::Silu => Epilogue::SiluMul,
             ExpertGate::SwigluOai => Epilogue::SwigluOai,
         };
-        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, &m.ids, &m.act, gate, self.gate_up_bias.as_ref())?;
-        moe_matmul(ctx, rec, &m.act, &self.down, experts, &m.ids, &m.out, Epilogue::None, self.down_bias.as_ref())?;
+        // Grouped by expert from GROUPED_MIN_TOKENS tokens; row by row below, where an expert
+        // rarely has two rows to share its weights. The same bits either way.
+        let tokens = m.ids.shape()[0];
+        let tiles = (tokens >= GROUPED_MIN_TOKENS).then_some(&m.tiles);
+        if let Some(t) = tiles {
+            moe_group(ctx, rec, &m.ids, experts, t)?;
+        }
+        let ids = &m.ids;
+        let gate_up_bias = self.gate_up_bias.as_ref();
+        moe_matmul(ctx, rec, &a.xn, &self.gate_up, experts, ids, tiles, &m.act, gate, gate_up_bias)?;
+        let down_bias = self.down_bias.as_ref();
+        moe_matmul(ctx, rec, &m.act, &self.down, experts, ids, tiles, &m.out, Epilogue::None, down_bias)?;
         moe_combine(ctx, rec, &m.out, &m.weights, &a.proj, self.shared.is_some())
     }
 }

@@ -1,10 +1,12 @@
 //! The mixture-of-experts kernels against `cpu::moe`: `moe_route` (softmax top-k, with and
 //! without renormalisation, and gpt-oss's softmax over the top-k logits; ties to the lower
-//! expert), and the experts' MLP (`moe_matmul` gated, `moe_matmul`, `moe_combine`) over stacked
+//! expert), the grouping of rows by expert (`moe_group`), and the experts' MLP as a layer
+//! records it (`moe_group`, `moe_matmul` by tiles, gated and plain, `moe_combine`) over stacked
 //! experts in F32, Q8_0 and Q4_0 (and gpt-oss's biased experts with the clamped SwiGLU in F32
-//! and MXFP4), in every kernel setup, for 1, 7 and 64 tokens. Every setup runs the same kernel, so all give the same bits;
-//! a token's bits are the same alone as in a batch; experts split over several bindings give the
-//! same bits as in one.
+//! and MXFP4), in every kernel setup, for 1, 7 and 64 tokens. Every setup sums in the same
+//! order, so all give the same bits; a token's bits are the same alone as in a batch; experts
+//! split over several bindings give the same bits as in one; the grouped kernel gives the
+//! per-row kernel's bits in every weight format.
 
 use weft::DType;
 use weft::gpu::kernels::moe::{
@@ -157,8 +159,8 @@ fn group_matches_cpu() {
     }
 }
 
-/// The grouping refuses more experts than its workgroup tables hold, and a tile table too short
-/// for the rows' worst case.
+/// The grouping refuses more experts than its workgroup tables hold, and it and the grouped
+/// matmul a tile table too short for the rows' worst case.
 #[test]
 fn group_refuses_what_it_cannot_hold() {
     let Some(f) = gpu() else { return };
@@ -170,7 +172,114 @@ fn group_refuses_what_it_cannot_hold() {
     let short = f.zeros(&[max_tiles(8, 8), TILE_WORDS], DType::U32).unwrap();
     let err = moe_group(ctx(f), &mut rec, &ids, 8, &short).unwrap_err().to_string();
     assert!(err.contains("tiles has"), "{err}");
+    // The matmul by tiles refuses it too: its grid covers the rows' worst case.
+    let (x, w) = (f.zeros(&[4, 32], DType::F32).unwrap(), f.zeros(&[8 * 16, 32], DType::F32).unwrap());
+    let y = f.zeros(&[8, 16], DType::F32).unwrap();
+    let err = moe_matmul(ctx(f), &mut rec, &x, &w, 8, &ids, Some(&short), &y, Epilogue::None, None).unwrap_err();
+    assert!(err.to_string().contains("tiles has"), "{err}");
     assert!(rec.is_empty(), "a refused grouping recorded a dispatch");
+}
+
+/// One projection of the experts for (token, slot) rows by `kernel`: the per-row kernel, or the
+/// grouping and the grouped kernel. y starts as a NaN pattern, so a row left unwritten shows.
+#[allow(clippy::too_many_arguments)]
+fn projection(
+    f: &GpuTensorFactory,
+    grouped: bool,
+    x: &weft::gpu::GpuTensor,
+    w: &weft::gpu::GpuTensor,
+    ids: &weft::gpu::GpuTensor,
+    n: usize,
+    epilogue: Epilogue,
+    bias: Option<&weft::gpu::GpuTensor>,
+) -> Vec<f32> {
+    let rows = ids.shape()[0] * ids.shape()[1];
+    let y = f.upload_f32(&[rows, n], &vec![f32::from_bits(UNWRITTEN); rows * n]).unwrap();
+    let mut rec = Recording::new();
+    if grouped {
+        let tiles = f.zeros(&[1 + max_tiles(rows, EXPERTS), TILE_WORDS], DType::U32).unwrap();
+        moe_group(ctx(f), &mut rec, ids, EXPERTS, &tiles).unwrap();
+        moe_matmul(ctx(f), &mut rec, x, w, EXPERTS, ids, Some(&tiles), &y, epilogue, bias).unwrap();
+    } else {
+        moe_matmul(ctx(f), &mut rec, x, w, EXPERTS, ids, None, &y, epilogue, bias).unwrap();
+    }
+    run(f, &rec);
+    read_f32(f, &y)
+}
+
+/// A NaN no kernel writes.
+const UNWRITTEN: u32 = 0x7FC0_DEAD;
+
+/// The grouped kernel gives the per-row kernel's bits for `dtype`'s experts: gate and up with
+/// the SwiGLU (a row of x per token) and down (a row per slot), and with `biased`, gpt-oss's
+/// biases and clamped SwiGLU, over random routings of 1, 7 and 64 tokens (top 2 of 8: from one
+/// row an expert to 16, partial and full tiles), in `setups`.
+fn check_grouped(dtype: DType, setups: &[Setup], biased: bool) {
+    // Rows of whole super-blocks for the 256-element formats.
+    let (hidden, ff) = if dtype.block_elems() == 256 { (256, 256) } else { (64, 32) };
+    let gate_up_bytes = weights(dtype, EXPERTS * 2 * ff * hidden, 50).0;
+    let down_bytes = weights(dtype, EXPERTS * hidden * ff, 51).0;
+    for tokens in [1, 7, 64] {
+        let ids = random_ids(tokens, EXPERTS, TOP_K, 60 + tokens as u64);
+        let x = random(tokens * hidden, 61, 1.0);
+        let act = random(tokens * TOP_K * ff, 62, 1.0);
+        let (gate_up_bias, down_bias) = (random(EXPERTS * 2 * ff, 63, 1.0), random(EXPERTS * hidden, 64, 1.0));
+        for setup in setups {
+            let Some(f) = setup.factory() else { continue };
+            let gate_up = setup.weights(f, &[EXPERTS * 2 * ff, hidden], dtype, &gate_up_bytes);
+            let down = setup.weights(f, &[EXPERTS * hidden, ff], dtype, &down_bytes);
+            let idt = f.upload_u32(&[tokens, TOP_K], &ids).unwrap();
+            let xt = f.upload_f32(&[tokens, hidden], &x).unwrap();
+            let actt = f.upload_f32(&[tokens * TOP_K, ff], &act).unwrap();
+            let gu_bias = f.upload_f32(&[EXPERTS, 2 * ff], &gate_up_bias).unwrap();
+            let d_bias = f.upload_f32(&[EXPERTS, hidden], &down_bias).unwrap();
+            let cases = [
+                ("gate and up", &xt, &gate_up, ff, Epilogue::SiluMul, None),
+                ("down", &actt, &down, hidden, Epilogue::None, None),
+                ("gpt-oss's gate and up", &xt, &gate_up, ff, Epilogue::SwigluOai, Some(&gu_bias)),
+                ("biased down", &actt, &down, hidden, Epilogue::None, Some(&d_bias)),
+            ];
+            for (name, x, w, n, epilogue, bias) in cases.into_iter().filter(|c| biased || c.5.is_none()) {
+                let what = format!("{dtype} {name}, {tokens} tokens, {}", setup.name());
+                let per_row = projection(f, false, x, w, &idt, n, epilogue, bias);
+                let grouped = projection(f, true, x, w, &idt, n, epilogue, bias);
+                assert!(per_row.iter().all(|v| v.to_bits() != UNWRITTEN), "{what}: the per-row kernel left a row");
+                if let Some(i) = per_row.iter().zip(&grouped).position(|(a, b)| a.to_bits() != b.to_bits()) {
+                    panic!("{what}: element {i} is {} grouped, {} row by row", grouped[i], per_row[i]);
+                }
+            }
+        }
+    }
+}
+
+/// `formats` through [`check_grouped`]. Compiling both kernels for a format, a setup and an
+/// epilogue takes lavapipe about a second, so CI checks four formats (a float, a 32-element
+/// block, a super-block with mins, and gpt-oss's MXFP4 with its biases) in the CPU family's
+/// setup (weights in a texture, as lavapipe runs models) and the GPU families' tile (the
+/// subgroup family's setup; the baseline's runs the same kernels); `WEFT_FULL=1` checks every
+/// format, biased too, in every setup.
+fn check_grouped_formats(formats: impl Iterator<Item = DType>) {
+    let full = std::env::var("WEFT_FULL").as_deref() == Ok("1");
+    let every: Vec<Setup> = setups().into_iter().filter(|s| !s.window_x).collect();
+    let some: Vec<Setup> =
+        every.iter().filter(|s| s.texture_weights || s.family == weft::gpu::KernelFamily::Subgroup).copied().collect();
+    for dtype in formats {
+        if full {
+            check_grouped(dtype, &every, true);
+        } else if [DType::F32, DType::Q4_0, DType::Q4_K, DType::MXFP4].contains(&dtype) {
+            check_grouped(dtype, &some, dtype == DType::MXFP4);
+        }
+    }
+}
+
+#[test]
+fn grouped_experts_give_the_per_row_bits_in_32_element_formats() {
+    check_grouped_formats(DType::WEIGHTS.into_iter().filter(|d| d.block_elems() != 256));
+}
+
+#[test]
+fn grouped_experts_give_the_per_row_bits_in_super_block_formats() {
+    check_grouped_formats(DType::WEIGHTS.into_iter().filter(|d| d.block_elems() == 256));
 }
 
 /// Stacked experts of a format: gate_up (EXPERTS · 2 · FF, HIDDEN), each expert's gate rows then
@@ -203,7 +312,8 @@ impl Experts {
     }
 }
 
-/// The MLP's output (tokens, hidden) on the GPU, with `upload` placing each stacked weight.
+/// The MLP's output (tokens, hidden) on the GPU as a layer records it (the rows grouped by
+/// expert, the grouped kernel), with `upload` placing each stacked weight.
 #[allow(clippy::too_many_arguments)]
 fn mlp_on_gpu(
     f: &GpuTensorFactory,
@@ -231,9 +341,12 @@ fn mlp_on_gpu(
         Some((gate_up, down)) => (Epilogue::SwigluOai, Some(gate_up), Some(down)),
         None => (Epilogue::SiluMul, None, None),
     };
+    let tiles = f.zeros(&[1 + max_tiles(tokens * TOP_K, EXPERTS), TILE_WORDS], DType::U32).unwrap();
     let mut rec = Recording::new();
-    moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, &act, gate, gate_up_bias).unwrap();
-    moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, &y, Epilogue::None, down_bias).unwrap();
+    moe_group(ctx(f), &mut rec, &idt, EXPERTS, &tiles).unwrap();
+    let t = Some(&tiles);
+    moe_matmul(ctx(f), &mut rec, &xt, &gate_up, EXPERTS, &idt, t, &act, gate, gate_up_bias).unwrap();
+    moe_matmul(ctx(f), &mut rec, &act, &down, EXPERTS, &idt, t, &y, Epilogue::None, down_bias).unwrap();
     moe_combine(ctx(f), &mut rec, &y, &wt, &out, false).unwrap();
     run(f, &rec);
     read_f32(f, &out)

@@ -181,11 +181,13 @@ fn every_shader_variant_belongs_to_a_family() {
         }
         owned.extend(f.context().own_shader_variants());
     }
-    // The CPU family's matmul comes in the width of the driver's vectors (8 lanes, or 16 with
+    // The CPU family's matmuls come in the width of the driver's vectors (8 lanes, or 16 with
     // lavapipe's 512-bit ones); `cargo xtask test` runs these tests at both widths, so each run
     // compiles every variant but the other width's matmuls.
     let missing: Vec<_> = weft::gpu::shader_variants().into_iter().filter(|v| !owned.contains(v)).collect();
-    let other_width = |v: &weft::gpu::ShaderVariant| v.kernel == "matmul" && v.tile[0] != cpu_lanes;
+    let other_width = |v: &weft::gpu::ShaderVariant| {
+        (v.kernel == "matmul" || v.kernel == "moe_matmul_grouped") && v.tile[0] != cpu_lanes
+    };
     assert!(missing.iter().all(other_width), "some variant belongs to no family: {missing:?}");
 }
 

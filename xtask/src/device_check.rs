@@ -15,6 +15,8 @@
 //!    batch size from which the GEMM wins, the row of `weft::gpu::GEMM_MIN_ROWS` to record;
 //!    then times each GPU family's attention layer (the kernels bench's `attention`: decodes
 //!    and prefills at head sizes 64 and 128, up to 2048 positions);
+//!    then times each GPU family's experts' matmul row by row against grouped by expert on
+//!    a Qwen3-30B-A3B-shaped layer at 1, 16 and 128 tokens (the kernels bench's `moe`);
 //! 4. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;
 //! 5. prints one table and writes it to `OUT/device-check.md`, beside each part's log and JSON.
 //!
@@ -367,8 +369,8 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
     }
     let bin = dir.join("bin");
     // Shares of the budget: the gate and the kernel tests two each, each benchmark one (a
-    // GEMV-or-GEMM and an attention timing per GPU family, then a model per shape and family).
-    let bench_parts = o.shapes.len() * 2 + 4;
+    // GEMV-or-GEMM, an attention and an experts timing per GPU family, then a model per shape and family).
+    let bench_parts = o.shapes.len() * 2 + 6;
     let shares_left = |done: usize| (4 + bench_parts).saturating_sub(done);
 
     let mut verdict = Verdict { ok: true, ..Default::default() };
@@ -389,7 +391,7 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
         verdict.lines.push("the gate opened no kernel family on this driver".into());
     }
 
-    let (mut gemm, mut attention) = (Vec::new(), Vec::new());
+    let (mut gemm, mut attention, mut moe) = (Vec::new(), Vec::new(), Vec::new());
     let mut done = 4;
     for family in verdict.families.iter().filter(|f| *f != "cpu") {
         // The per-shape verdicts and the crossover line, or why there are none.
@@ -400,7 +402,12 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
         let timeout = share(deadline, 1, shares_left(done + 1));
         let cases = |l: &str| l.starts_with("head ");
         attention.push((family.clone(), kernel_bench(&bin, "attention", family, &env, &out, timeout, cases)));
-        done += 2;
+        // The table's rows: tokens, row by row, grouped, speedup.
+        let timeout = share(deadline, 1, shares_left(done + 2));
+        let rows = |l: &str| l.trim_end().ends_with('x');
+        let timed = kernel_bench(&bin, "moe", family, &env, &out, timeout, rows);
+        moe.push((family.clone(), timed.map(|rows| rows.iter().map(|l| l.trim().to_string()).collect())));
+        done += 3;
     }
     let mut parts = Vec::new();
     for shape in &o.shapes {
@@ -421,7 +428,7 @@ fn run_pack(dir: &Path, o: &RunOptions) -> Result {
             parts.push(Part { name, outcome, seconds: began.elapsed().as_secs_f64() });
         }
     }
-    let report = report(&verdict, [&gemm, &attention], &parts, o, &icd, started.elapsed().as_secs_f64());
+    let report = report(&verdict, [&gemm, &attention, &moe], &parts, o, &icd, started.elapsed().as_secs_f64());
     println!("{report}");
     let file = out.join("device-check.md");
     std::fs::write(&file, &report).map_err(|e| format!("writing {}: {e}", file.display()))?;
@@ -546,15 +553,15 @@ fn bench_part(
 }
 
 /// Each GPU family's lines of one kernels-bench mode (GEMV or GEMM: the per-shape verdicts and
-/// crossover line; attention: each case's time), or why not.
+/// crossover line; attention: each case's time; experts: row by row against grouped), or why not.
 type KernelTimings = [(String, Result<Vec<String>>)];
 
-/// The report: correctness, then where each GPU family's matmul should start tiling and its
-/// attention's times, then a row per run, then each model's bandwidth bound, then what did not
-/// finish.
+/// The report: correctness, then where each GPU family's matmul should start tiling, its
+/// attention's times and its experts' matmul row by row against grouped, then a row per run,
+/// then each model's bandwidth bound, then what did not finish.
 fn report(
     verdict: &Verdict,
-    [gemm, attention]: [&KernelTimings; 2],
+    [gemm, attention, moe]: [&KernelTimings; 3],
     parts: &[Part],
     o: &RunOptions,
     icd: &str,
@@ -593,6 +600,19 @@ fn report(
             "Attention, one layer over an f16 cache (the kernels bench's `attention`; attention.FAMILY.log):\n",
         );
         for (family, lines) in attention {
+            match lines {
+                Ok(lines) => out.extend(lines.iter().map(|l| format!("- {family}: {l}\n"))),
+                Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
+            }
+        }
+        out.push('\n');
+    }
+    if !moe.is_empty() {
+        out.push_str(
+            "Experts row by row or grouped (the kernels bench's `moe`: tokens, per row us, grouped us, speedup; \
+             moe.FAMILY.log):\n",
+        );
+        for (family, lines) in moe {
             match lines {
                 Ok(lines) => out.extend(lines.iter().map(|l| format!("- {family}: {l}\n"))),
                 Err(e) => out.push_str(&format!("- {family}: not finished, {e}\n")),
@@ -770,9 +790,11 @@ mod tests {
             "subgroup".to_string(),
             Ok(vec!["head 128, decode, 1 sequence at 2048             41.0 us".to_string()]),
         )];
+        let moe = [("subgroup".to_string(), Ok(vec!["16  900.0  300.0  3.00x".to_string()]))];
         let icd = "/etc/vulkan/icd.d/nvidia_icd.json";
-        let t = report(&verdict, [&gemm, &attention], &parts, &RunOptions::default(), icd, 80.0);
+        let t = report(&verdict, [&gemm, &attention, &moe], &parts, &RunOptions::default(), icd, 80.0);
         assert!(t.contains("- subgroup: head 128, decode, 1 sequence at 2048             41.0 us\n"), "{t}");
+        assert!(t.contains("- subgroup: 16  900.0  300.0  3.00x"), "{t}");
         assert!(
             t.contains(
                 "- subgroup: crossover: GemmMinRows { vendor: 0x10de, family: KernelFamily::Subgroup, min_rows: 8 }"

@@ -40,7 +40,8 @@ commands:
   lint            cargo fmt --check and cargo clippy -D warnings over the workspace (test runs it first)
   check-targets   cargo check the library for wasm32, Windows and macOS targets
   bench-kernels   print the matmul GFLOP/s and GB/s table for every weight format, and the times of
-                  attention, add_rms_norm and the sampler [FORMAT | attention | norm | sample]
+                  attention, add_rms_norm and the sampler [FORMAT | attention | norm | sample | lora];
+                  only when named: gemm (GEMV or GEMM), moe (experts row by row or grouped)
   bench-engine    print the engine's tokens/s with the default model at several concurrencies
                   [--concurrency 1,4,16,32] [--prompt-len 16] [--gen-len 16]
   bench           build weft in release and run the standard benchmark set (default model; concurrency

@@ -87,6 +87,7 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
         entry::<moe::MatmulParams>("moe_matmul", "Params"),
         entry::<moe::CombineParams>("moe_combine", "Params"),
         entry::<moe::GroupParams>("moe_group", "Params"),
+        entry::<moe::MatmulParams>("moe_matmul_grouped", "Params"),
     ]
 }
 

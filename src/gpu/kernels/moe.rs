@@ -1,18 +1,20 @@
 //! A mixture-of-experts layer's kernels: `moe_route` (each token's top-k experts and their
-//! weights, from the router's logits), `moe_matmul` (each (token, slot) row through its
-//! expert's projection, reading the stacked experts of one projection in any weight format;
-//! with a gated epilogue, gate, up and SwiGLU in one pass) and `moe_combine` (the weighted sum
-//! of a token's slots). The routing stays on the GPU: the matmul reads the expert ids the
-//! router wrote, so a layer records its dispatches without a host round trip.
+//! weights, from the router's logits), `moe_group` (the (token, slot) rows sorted by expert
+//! into tiles), `moe_matmul` (each row through its expert's projection, reading the stacked
+//! experts of one projection in any weight format, by tiles of one expert's rows or row by
+//! row; with a gated epilogue, gate, up and SwiGLU in one pass) and `moe_combine` (the weighted
+//! sum of a token's slots). The routing stays on the GPU: the grouping reads the expert ids the
+//! router wrote and the matmul the tiles, so a layer records its dispatches without a host
+//! round trip.
 //!
-//! Every (token, slot) row is computed alone, with sums in an order that depends on the shapes
-//! only, so a token's result never depends on its batch.
+//! Every (token, slot) row is summed alone, in an order that depends on the shapes only, so a
+//! token's result never depends on its batch nor on the rows that share its tile.
 
 use super::{expect, shader_params, u32_of};
 use crate::error::{Result, WeftError};
-use crate::gpu::pipelines::{Epilogue, WeightSource};
+use crate::gpu::pipelines::{Epilogue, MOE_TILE_ROWS, WeightSource};
 use crate::gpu::recording::flat_grid;
-use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
+use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TensorPart};
 use crate::quant::DType;
 
 shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32, has_bias: u32 });
@@ -38,9 +40,9 @@ const COMBINE_WORKGROUP: usize = 256;
 /// shaders/moe_group.wgsl's MAX_EXPERTS).
 pub const MAX_EXPERTS: usize = 1024;
 
-/// Rows of one expert a tile of [`moe_group`]'s table holds, and [`moe_matmul_grouped`] sums
-/// together: 8, the rows of x the CPU family's matmul shares each decoded block between.
-pub const TILE_ROWS: usize = 8;
+/// Rows of one expert a tile of [`moe_group`]'s table holds, and [`moe_matmul`] by tiles sums
+/// together (`MOE_TILE_ROWS`, the TM of its tile).
+pub const TILE_ROWS: usize = MOE_TILE_ROWS as usize;
 
 /// Words of one row of the tile table: a tile's expert, its row count and its rows.
 pub const TILE_WORDS: usize = 2 + TILE_ROWS;
@@ -167,6 +169,13 @@ pub fn moe_group(
 /// slot). `bias` (num_experts, G · n) F32, when given, is added to each sum before the
 /// epilogue (each expert's bias in its rows' order). Each part of `experts` must hold whole
 /// experts; k a multiple of 32.
+///
+/// With `tiles` from [`moe_group`] over the same `ids`, the rows are taken by tiles of one
+/// expert (shaders/moe_matmul_grouped.wgsl): each weight block is decoded once for up to
+/// [`TILE_ROWS`] rows, the grid sized for the most tiles the rows can make (workgroups past
+/// the table's tiles leave at once). Without, each row decodes its expert's weights for itself
+/// (shaders/moe_matmul.wgsl). Both sum every output in one order: the same bits. One dispatch
+/// per part of `experts` (a workgroup whose expert another part holds leaves at once).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_matmul(
     ctx: &GpuContext,
@@ -175,64 +184,136 @@ pub fn moe_matmul(
     experts: &GpuTensor,
     num_experts: usize,
     ids: &GpuTensor,
+    tiles: Option<&GpuTensor>,
     y: &GpuTensor,
     epilogue: Epilogue,
     bias: Option<&GpuTensor>,
 ) -> Result<()> {
     const OP: &str = "moe_matmul";
-    if !DType::WEIGHTS.contains(&experts.dtype()) || experts.shape().len() != 2 {
-        return Err(WeftError::shape(
-            OP,
-            format!("experts must be a 2-D weight matrix, got {} {:?}", experts.dtype(), experts.shape()),
-        ));
-    }
-    let g = epilogue.rows_per_output();
-    let k = experts.shape()[1];
-    if !k.is_multiple_of(32) || num_experts == 0 || !experts.shape()[0].is_multiple_of(num_experts * g) {
-        return Err(WeftError::shape(
-            OP,
-            format!(
-                "experts {:?} must stack {num_experts} experts of {g} · n rows each, with k a multiple of 32",
-                experts.shape()
-            ),
-        ));
-    }
-    let expert_rows = experts.shape()[0] / num_experts;
-    let n = expert_rows / g;
-    expect(OP, "ids", ids, DType::U32, &[None, None])?;
-    let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
-    let rows = tokens * top_k;
-    expect(OP, "y", y, DType::F32, &[Some(rows), Some(n)])?;
-    expect(OP, "x", x, DType::F32, &[None, Some(k)])?;
-    let x_div = match x.shape()[0] {
-        r if r == rows => 1,
-        r if r == tokens => top_k,
-        r => {
+    let s = ExpertShapes::check(OP, x, experts, num_experts, ids, y, epilogue, bias)?;
+    if let Some(t) = tiles {
+        expect(OP, "tiles", t, DType::U32, &[None, Some(TILE_WORDS)])?;
+        let need = 1 + max_tiles(s.rows, num_experts);
+        if t.shape()[0] < need {
             return Err(WeftError::shape(
                 OP,
-                format!("x has {r} rows; it needs one per token ({tokens}) or one per slot ({rows})"),
+                format!("tiles has {} rows; {} rows over {num_experts} experts need {need}", t.shape()[0], s.rows),
             ));
         }
-    };
-    if let Some(b) = bias {
-        expect(OP, "bias", b, DType::F32, &[Some(num_experts), Some(expert_rows)])?;
     }
-    if rows == 0 {
+    if s.rows == 0 {
         return Ok(());
     }
-    let (x_res, y_res, ids_res) =
-        (x.single_part(OP)?.resource(ctx)?, y.single_part(OP)?.resource(ctx)?, ids.single_part(OP)?.resource(ctx)?);
-    // Without a bias the binding is never read: the ids fill it.
-    let bias_res = match bias {
-        Some(b) => b.single_part(OP)?.resource(ctx)?,
-        None => ids_res.clone(),
+    let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
+    let (x_res, y_res) = (res(x)?, res(y)?);
+    // Which rows a workgroup takes: a tile of the table, or row gy + gz · (workgroups in y).
+    let (kernel, tile, rows_res, grid) = match tiles {
+        Some(t) => {
+            let tile = ctx.plan().moe_tile(epilogue);
+            let cols = s.n.div_ceil(usize::from(tile[0] * tile[1]));
+            (
+                "moe_matmul_grouped",
+                tile,
+                res(t)?,
+                [cols as u32, u32_of(OP, "tiles", max_tiles(s.rows, num_experts))?, 1],
+            )
+        }
+        None => {
+            let down = s.rows.min(65535);
+            let cols = s.n.div_ceil(MATMUL_WORKGROUP);
+            ("moe_matmul", [0; 3], res(ids)?, [cols as u32, down as u32, s.rows.div_ceil(down) as u32])
+        }
     };
-    let down = rows.min(65535);
-    let grid = [n.div_ceil(MATMUL_WORKGROUP) as u32, down as u32, rows.div_ceil(down) as u32];
+    // Without a bias the binding is never read: the rows' binding fills it.
+    let bias_res = match bias {
+        Some(b) => res(b)?,
+        None => rows_res.clone(),
+    };
     for part in experts.parts() {
+        let (weights_in, params) = s.part(OP, experts, part, bias.is_some())?;
+        let variant = ShaderVariant { epilogue, tile, ..ShaderVariant::weights(kernel, experts.dtype(), weights_in) };
+        let bindings = vec![x_res.clone(), part.resource(ctx)?, y_res.clone(), rows_res.clone(), bias_res.clone()];
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings, None, grid)?;
+    }
+    Ok(())
+}
+
+/// What the experts' matmuls read from their operands' shapes.
+struct ExpertShapes {
+    k: usize,
+    n: usize,
+    /// (token, slot) rows: tokens · top_k.
+    rows: usize,
+    /// Rows of y a row of x serves: top_k (x a row per token), or 1 (a row per slot).
+    x_div: usize,
+    /// Weight rows of one expert: G · n.
+    expert_rows: usize,
+}
+
+impl ExpertShapes {
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        op: &'static str,
+        x: &GpuTensor,
+        experts: &GpuTensor,
+        num_experts: usize,
+        ids: &GpuTensor,
+        y: &GpuTensor,
+        epilogue: Epilogue,
+        bias: Option<&GpuTensor>,
+    ) -> Result<ExpertShapes> {
+        if !DType::WEIGHTS.contains(&experts.dtype()) || experts.shape().len() != 2 {
+            return Err(WeftError::shape(
+                op,
+                format!("experts must be a 2-D weight matrix, got {} {:?}", experts.dtype(), experts.shape()),
+            ));
+        }
+        let g = epilogue.rows_per_output();
+        let k = experts.shape()[1];
+        if !k.is_multiple_of(32) || num_experts == 0 || !experts.shape()[0].is_multiple_of(num_experts * g) {
+            return Err(WeftError::shape(
+                op,
+                format!(
+                    "experts {:?} must stack {num_experts} experts of {g} · n rows each, with k a multiple of 32",
+                    experts.shape()
+                ),
+            ));
+        }
+        let expert_rows = experts.shape()[0] / num_experts;
+        let n = expert_rows / g;
+        expect(op, "ids", ids, DType::U32, &[None, None])?;
+        let (tokens, top_k) = (ids.shape()[0], ids.shape()[1]);
+        let rows = tokens * top_k;
+        expect(op, "y", y, DType::F32, &[Some(rows), Some(n)])?;
+        expect(op, "x", x, DType::F32, &[None, Some(k)])?;
+        let x_div = match x.shape()[0] {
+            r if r == rows => 1,
+            r if r == tokens => top_k,
+            r => {
+                return Err(WeftError::shape(
+                    op,
+                    format!("x has {r} rows; it needs one per token ({tokens}) or one per slot ({rows})"),
+                ));
+            }
+        };
+        if let Some(b) = bias {
+            expect(op, "bias", b, DType::F32, &[Some(num_experts), Some(expert_rows)])?;
+        }
+        Ok(ExpertShapes { k, n, rows, x_div, expert_rows })
+    }
+
+    /// Where a part of `experts` is read from, and the parameters a dispatch over it takes.
+    fn part(
+        &self,
+        op: &'static str,
+        experts: &GpuTensor,
+        part: &TensorPart,
+        has_bias: bool,
+    ) -> Result<(WeightSource, MatmulParams)> {
+        let expert_rows = self.expert_rows;
         if !part.rows.start.is_multiple_of(expert_rows) || !part.num_rows().is_multiple_of(expert_rows) {
             return Err(WeftError::shape(
-                OP,
+                op,
                 format!(
                     "a part of the experts holds rows {:?}, not whole experts of {expert_rows} rows; upload experts \
                      in groups of whole experts",
@@ -241,22 +322,19 @@ pub fn moe_matmul(
             ));
         }
         let weights_in = if part.in_texture() { WeightSource::Texture } else { WeightSource::Storage };
-        let variant = ShaderVariant { epilogue, ..ShaderVariant::weights("moe_matmul", experts.dtype(), weights_in) };
         let params = MatmulParams {
-            rows: u32_of(OP, "rows", rows)?,
-            k: u32_of(OP, "k", k)?,
-            n: u32_of(OP, "n", n)?,
-            x_div: u32_of(OP, "top_k", x_div)?,
-            row_bytes: u32_of(OP, "row bytes", experts.row_bytes())?,
-            first_expert: u32_of(OP, "expert", part.rows.start / expert_rows)?,
-            part_experts: u32_of(OP, "experts", part.num_rows() / expert_rows)?,
-            w_base: u32_of(OP, "weight offset", part.base_bytes(experts.row_bytes())? as usize)?,
-            has_bias: u32::from(bias.is_some()),
+            rows: u32_of(op, "rows", self.rows)?,
+            k: u32_of(op, "k", self.k)?,
+            n: u32_of(op, "n", self.n)?,
+            x_div: u32_of(op, "top_k", self.x_div)?,
+            row_bytes: u32_of(op, "row bytes", experts.row_bytes())?,
+            first_expert: u32_of(op, "expert", part.rows.start / expert_rows)?,
+            part_experts: u32_of(op, "experts", part.num_rows() / expert_rows)?,
+            w_base: u32_of(op, "weight offset", part.base_bytes(experts.row_bytes())? as usize)?,
+            has_bias: u32::from(has_bias),
         };
-        let bindings = vec![x_res.clone(), part.resource(ctx)?, y_res.clone(), ids_res.clone(), bias_res.clone()];
-        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings, None, grid)?;
+        Ok((weights_in, params))
     }
-    Ok(())
 }
 
 /// Record `out[t, :] = Σ_s weights[t, s] · y[t · top_k + s, :]`, slots in order, plus out's
