@@ -157,27 +157,22 @@ pub fn flash_workgroup_bytes(head_dim: usize) -> usize {
 }
 
 /// The most query heads one workgroup of the CPU family's attention takes (sharing each K and V
-/// load among them); GPU families take one.
+/// load among them); the GPU families run flash attention instead.
 pub const MAX_QUERY_HEADS: u16 = 4;
 
-/// Query heads a workgroup of attention takes, for `heads` query heads in groups of `group` per
-/// KV head over `tokens` query tokens. On CPU drivers the largest divisor of the group up to
-/// [`MAX_QUERY_HEADS`] (each lane gathers its K and V vec4s lane by lane there, and grouped
-/// heads share every gather), unless that leaves fewer than two workgroups per thread of the
-/// driver (a lone sequence's decode): then one, so every thread has heads to take; where the
-/// threads are unknown (a browser), as for one. Elsewhere one.
+/// Query heads a workgroup of the CPU family's attention takes (its cache in textures), for
+/// `heads` query heads in groups of `group` per KV head over `tokens` query tokens: the largest
+/// divisor of the group up to [`MAX_QUERY_HEADS`] (each lane gathers its K and V vec4s lane by
+/// lane there, and grouped heads share every gather), unless that leaves fewer than two
+/// workgroups per thread of the driver (a lone sequence's decode): then one, so every thread has
+/// heads to take; where the threads are unknown (a browser), as for one. The GPU families' flash
+/// kernel takes rows instead (`flash_tile`).
 /// Only those two counts, growing with `tokens`, so the shapes `GpuExecutor::warm_up` records
 /// compile every variant serving dispatches.
-pub fn attention_query_heads(
-    kv_in: KvSource,
-    heads: usize,
-    group: usize,
-    tokens: usize,
-    threads: Option<usize>,
-) -> u16 {
+pub fn attention_query_heads(heads: usize, group: usize, tokens: usize, threads: Option<usize>) -> u16 {
     let grouped = (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1);
     let busy = heads / usize::from(grouped) * tokens >= 2 * threads.unwrap_or(1);
-    if kv_in == KvSource::Texture && busy { grouped } else { 1 }
+    if busy { grouped } else { 1 }
 }
 
 /// Every file under `shaders/` the library embeds (a tidy test checks none is missing).

@@ -268,23 +268,22 @@ fn grouped_heads_and_query_windows_keep_the_bits() {
 }
 
 /// Grouped heads (the largest divisor of the group up to 4) where the dispatch keeps two
-/// workgroups per driver thread, else one; the GPU families' cache in buffers always one.
+/// workgroups per driver thread, else one.
 #[test]
 fn query_heads_group_where_the_threads_stay_busy() {
-    use weft::gpu::{KvSource, attention_query_heads as heads};
+    use weft::gpu::attention_query_heads as heads;
     // SmolLM2: 9 query heads over 3 KV heads.
-    assert_eq!(heads(KvSource::Texture, 9, 3, 1, Some(2)), 1); // a lone decode: 3 workgroups, 2 threads
-    assert_eq!(heads(KvSource::Texture, 9, 3, 2, Some(2)), 3); // 6
-    assert_eq!(heads(KvSource::Texture, 9, 3, 16, Some(16)), 3); // 48 for 16 threads
-    assert_eq!(heads(KvSource::Texture, 9, 3, 8, Some(16)), 1); // 24
+    assert_eq!(heads(9, 3, 1, Some(2)), 1); // a lone decode: 3 workgroups, 2 threads
+    assert_eq!(heads(9, 3, 2, Some(2)), 3); // 6
+    assert_eq!(heads(9, 3, 16, Some(16)), 3); // 48 for 16 threads
+    assert_eq!(heads(9, 3, 8, Some(16)), 1); // 24
     // Groups of 4 (Llama 3.2 1B), 6 (Qwen2.5 1.5B: 3 divides it) and 7 (nothing up to 4 does).
-    assert_eq!(heads(KvSource::Texture, 32, 4, 1, Some(2)), 4);
-    assert_eq!(heads(KvSource::Texture, 12, 6, 4, Some(2)), 3);
-    assert_eq!(heads(KvSource::Texture, 28, 7, 64, Some(2)), 1);
-    assert_eq!(heads(KvSource::Storage, 9, 3, 64, Some(2)), 1);
+    assert_eq!(heads(32, 4, 1, Some(2)), 4);
+    assert_eq!(heads(12, 6, 4, Some(2)), 3);
+    assert_eq!(heads(28, 7, 64, Some(2)), 1);
     // Threads unknown (a browser): as for one thread.
-    assert_eq!(heads(KvSource::Texture, 9, 3, 1, None), 3);
-    assert_eq!(heads(KvSource::Texture, 32, 8, 1, None), 4);
+    assert_eq!(heads(9, 3, 1, None), 3);
+    assert_eq!(heads(32, 8, 1, None), 4);
 }
 
 /// Bidirectional attention (an encoder's mask): every token of a sequence sees all of its
