@@ -1,5 +1,7 @@
 //! `weft generate`: stream one completion of a prompt to stdout, speeds to stderr, through the
-//! engine (the same path the server and the browser take).
+//! engine (the same path the server and the browser take); or, with `--prompts-file`, complete
+//! every line of a file as concurrent requests sharing the engine's steps (offline batch
+//! generation), a JSON line each in the file's order.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,13 +21,52 @@ pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 pub struct Options {
     pub model: Option<PathBuf>,
-    pub prompt: String,
+    pub prompts: Prompts,
     pub chat: bool,
     pub system: Option<String>,
     pub max_tokens: usize,
     pub kv: KvOptions,
     pub sampling: SamplingParams,
     pub speculation: Speculation,
+}
+
+/// What to complete: `--prompt`, or every non-empty line of `--prompts-file` ("-": stdin).
+pub enum Prompts {
+    One(String),
+    File(PathBuf),
+}
+
+impl Prompts {
+    /// From `--prompt` and `--prompts-file`, of which clap lets exactly one through.
+    pub fn from_flags(prompt: Option<String>, file: Option<PathBuf>) -> Result<Self> {
+        match (prompt, file) {
+            (Some(prompt), None) => Ok(Prompts::One(prompt)),
+            (None, Some(path)) => Ok(Prompts::File(path)),
+            _ => Err(WeftError::invalid_request("give --prompt TEXT or --prompts-file PATH, not both")),
+        }
+    }
+
+    /// The prompts, in order (one for `--prompt`).
+    fn read(&self) -> Result<Vec<String>> {
+        let path = match self {
+            Prompts::One(prompt) => return Ok(vec![prompt.clone()]),
+            Prompts::File(path) => path,
+        };
+        let text = if path.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin())
+        } else {
+            std::fs::read_to_string(path)
+        }
+        .map_err(|e| WeftError::invalid_request(format!("--prompts-file {}: {e}", path.display())))?;
+        let prompts: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
+        if prompts.is_empty() {
+            return Err(WeftError::invalid_request(format!(
+                "--prompts-file {} has no prompts: write one prompt a line",
+                path.display()
+            )));
+        }
+        Ok(prompts)
+    }
 }
 
 /// The KV cache as the flags ask for it (`--kv-memory`, `--gpu-memory-utilization`,
@@ -108,31 +149,71 @@ pub fn model_path(given: Option<PathBuf>) -> Result<PathBuf> {
 
 pub fn run(opts: Options) -> Result<()> {
     opts.sampling.validate()?;
+    let prompts = opts.prompts.read()?;
     let path = model_path(opts.model)?;
     let builder = opts
         .kv
         .apply(EngineBuilder::from_model(&path)?)
         .on_progress(crate::progress::loading(path.display().to_string()));
     let engine = weft::rt::block_on(opts.speculation.apply(builder)?.build())?;
-    let prompt = if opts.chat {
-        if engine.tokenizer().chat_template().is_none() {
-            return Err(WeftError::model(
-                path.display().to_string(),
-                "has no chat template; drop --chat to send the prompt as raw text",
-            ));
-        }
-        let mut messages = Vec::new();
-        if let Some(system) = opts.system {
-            messages.push(ChatMessage::system(system));
-        }
-        messages.push(ChatMessage::user(opts.prompt));
-        Prompt::Chat(messages)
-    } else {
-        Prompt::Text(opts.prompt)
+    if opts.chat && engine.tokenizer().chat_template().is_none() {
+        return Err(WeftError::model(
+            path.display().to_string(),
+            "has no chat template; drop --chat to send the prompt as raw text",
+        ));
+    }
+    let request = |text: &str| {
+        let prompt = if opts.chat {
+            let mut messages = Vec::new();
+            if let Some(system) = &opts.system {
+                messages.push(ChatMessage::system(system.clone()));
+            }
+            messages.push(ChatMessage::user(text.to_string()));
+            Prompt::Chat(messages)
+        } else {
+            Prompt::Text(text.to_string())
+        };
+        let params = GenerationParams {
+            sampling: opts.sampling.clone(),
+            max_tokens: Some(opts.max_tokens),
+            ..Default::default()
+        };
+        InferenceRequest::new(prompt, params)
     };
-    let params = GenerationParams { sampling: opts.sampling, max_tokens: Some(opts.max_tokens), ..Default::default() };
-    let streamed = stream_to_stdout(&engine, InferenceRequest::new(prompt, params))?;
-    eprintln!("{}", speeds("generation", streamed.usage, streamed.started, streamed.first_token_at));
+    match opts.prompts {
+        Prompts::One(_) => {
+            let streamed = stream_to_stdout(&engine, request(&prompts[0]))?;
+            eprintln!("{}", speeds("generation", streamed.usage, streamed.started, streamed.first_token_at));
+        }
+        Prompts::File(_) => {
+            let started = Instant::now();
+            let replies =
+                weft::rt::block_on(futures::future::join_all(prompts.iter().map(|p| engine.infer(request(p)))));
+            let mut usage = Usage::default();
+            let mut out = std::io::stdout().lock();
+            for (prompt, reply) in prompts.iter().zip(replies) {
+                let reply = reply?;
+                usage.prompt_tokens += reply.usage.prompt_tokens;
+                usage.completion_tokens += reply.usage.completion_tokens;
+                let line = serde_json::json!({
+                    "prompt": prompt,
+                    "text": reply.text,
+                    "finish_reason": reply.finish_reason.as_str(),
+                    "prompt_tokens": reply.usage.prompt_tokens,
+                    "completion_tokens": reply.usage.completion_tokens,
+                });
+                let _ = writeln!(out, "{line}");
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "{} prompts: {} prompt and {} generated tokens in {seconds:.2} s ({:.1} tokens/s)",
+                prompts.len(),
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                (usage.prompt_tokens + usage.completion_tokens) as f64 / seconds.max(1e-9)
+            );
+        }
+    }
     if let Some(summary) = opts.speculation.summary(&engine.metrics()) {
         eprintln!("{summary}");
     }

@@ -55,7 +55,8 @@ enum Command {
         #[arg(long, default_value_t = 4096)]
         max_model_len: usize,
     },
-    /// Generate a completion of a prompt, streaming the text to stdout (speeds go to stderr).
+    /// Generate a completion of a prompt, streaming the text to stdout (speeds go to stderr); or
+    /// of every line of a --prompts-file as one batch, a JSON line each.
     Generate {
         /// A .gguf file, a Hugging Face model directory, or hf:OWNER/REPO[:QUANT] (a GGUF file
         /// from the Hugging Face hub, see `weft pull`) [default: the model `cargo xtask
@@ -63,8 +64,13 @@ enum Command {
         #[arg(long)]
         model: Option<PathBuf>,
         /// The prompt text.
+        #[arg(long, required_unless_present = "prompts_file", conflicts_with = "prompts_file")]
+        prompt: Option<String>,
+        /// Complete every non-empty line of this file ("-": stdin) as concurrent requests that
+        /// share the engine's steps, and print one JSON line per prompt, in the file's order:
+        /// {"prompt", "text", "finish_reason", "prompt_tokens", "completion_tokens"}.
         #[arg(long)]
-        prompt: String,
+        prompts_file: Option<PathBuf>,
         /// Wrap the prompt as a user message in the model's chat template.
         #[arg(long)]
         chat: bool,
@@ -436,10 +442,21 @@ fn main() -> ExitCode {
                 None => info::run(baseline, &kv),
             }
         }
-        Command::Generate { model, prompt, chat, system, max_tokens, max_model_len, kv, sampling, spec } => {
+        Command::Generate {
+            model,
+            prompt,
+            prompts_file,
+            chat,
+            system,
+            max_tokens,
+            max_model_len,
+            kv,
+            sampling,
+            spec,
+        } => generate::Prompts::from_flags(prompt, prompts_file).and_then(|prompts| {
             generate::run(generate::Options {
                 model,
-                prompt,
+                prompts,
                 chat,
                 system,
                 max_tokens,
@@ -447,7 +464,7 @@ fn main() -> ExitCode {
                 sampling: sampling.params(),
                 speculation: spec.speculation(),
             })
-        }
+        }),
         Command::Chat { model, system, max_tokens, max_model_len, kv, sampling } => chat::run(chat::Options {
             model,
             system,

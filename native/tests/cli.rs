@@ -303,3 +303,50 @@ fn generate_takes_the_max_model_len_its_kv_error_suggests() {
     let (ok, _, stderr) = weft(&[&base[..], &["--max-model-len", "512"]].concat(), &[]);
     assert!(ok, "{stderr}");
 }
+
+/// `--prompts-file` completes every line in one batch: each reply is the one `--prompt` gives
+/// alone (batch invariance, seen from the command line), in the file's order; a file with no
+/// prompt, a missing file and both flags at once are refused, naming what to do.
+#[test]
+fn generate_completes_a_file_of_prompts_as_each_alone() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !std::path::Path::new(model).exists() {
+        assert!(std::env::var("WEFT_REQUIRE_MODEL").as_deref() != Ok("1"), "the default model is missing");
+        return eprintln!("skipping: no default model");
+    }
+    let dir = std::env::temp_dir().join(format!("weft-cli-prompts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompts = ["What is the capital of France?", "Name a prime number.", "List three colors."];
+    let file = dir.join("prompts.txt");
+    std::fs::write(&file, format!("{}\n\n{}\n{}\n", prompts[0], prompts[1], prompts[2])).unwrap();
+    let common = ["generate", "--model", model, "--chat", "--temperature", "0", "--max-tokens", "6"];
+    let (ok, stdout, stderr) = weft(&[&common[..], &["--prompts-file", file.to_str().unwrap()]].concat(), &[]);
+    if !ok && !gpu_required() && stderr.contains("no GPU adapter found") {
+        return eprintln!("skipping: no GPU adapter");
+    }
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("3 prompts:"), "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), prompts.len(), "{stdout}");
+    for (prompt, line) in prompts.iter().zip(&lines) {
+        assert_eq!(line["prompt"], *prompt);
+        assert_eq!(line["completion_tokens"], 6, "{line}");
+        assert_eq!(line["finish_reason"], "length", "{line}");
+        let (ok, alone, stderr) = weft(&[&common[..], &["--prompt", prompt]].concat(), &[]);
+        assert!(ok, "{stderr}");
+        assert_eq!(line["text"].as_str().unwrap(), alone.strip_suffix('\n').unwrap(), "{prompt:?}");
+    }
+
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    let (ok, _, stderr) = weft(&[&common[..], &["--prompts-file", empty.to_str().unwrap()]].concat(), &[]);
+    assert!(!ok && stderr.contains("has no prompts: write one prompt a line"), "{stderr}");
+    let missing = dir.join("missing.txt");
+    let (ok, _, stderr) = weft(&[&common[..], &["--prompts-file", missing.to_str().unwrap()]].concat(), &[]);
+    assert!(!ok && stderr.contains("--prompts-file") && stderr.contains("missing.txt"), "{stderr}");
+    let (ok, _, stderr) =
+        weft(&[&common[..], &["--prompt", "hi", "--prompts-file", file.to_str().unwrap()]].concat(), &[]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

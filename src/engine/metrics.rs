@@ -134,14 +134,7 @@ impl EngineMetrics {
     }
 
     pub(crate) fn finished(&mut self, reason: FinishReason) {
-        let key = match reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Eos => "eos",
-            FinishReason::Cancelled => "cancelled",
-            FinishReason::Error => "error",
-        };
-        *self.requests_finished.entry(key).or_default() += 1;
+        *self.requests_finished.entry(reason.as_str()).or_default() += 1;
     }
 }
 

@@ -127,6 +127,19 @@ pub enum FinishReason {
     Error,
 }
 
+impl FinishReason {
+    /// Its name in metrics and reports: "stop", "length", "eos", "cancelled" or "error".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Eos => "eos",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: usize,

@@ -160,14 +160,10 @@ fn test(args: &[String]) -> Result {
     outcome
 }
 
-/// The kernel tests that check shader text with naga alone, without a device.
-const STATIC_SHADER_CHECKS: &[&str] = &[
-    "wgsl::every_shader_validates_for_the_baseline_profile",
-    "wgsl::binding_declarations_are_read_as_naga_reads_them",
-    "wgsl::wgsl_params_match_rust",
-    "wgsl::nested_vars_are_initialized",
-    "wgsl::every_shader_file_is_embedded_and_has_a_header",
-];
+/// The kernel tests' modules whose kernels take their tile from lavapipe's vector width (the
+/// CPU family's matmul and expert tiles, a workgroup a SIMD group; the subgroup family's
+/// reductions): name filters, one a module.
+const WIDTH_DEPENDENT_TESTS: &[&str] = &["matmul::", "moe::", "invariance::matmul", "lora::", "split::"];
 
 /// The test binaries that run again in each GPU kernel family ([`FAMILY_RUNS`]): the real
 /// models against transformers, the recurrent fixtures, the engine (batching, preemption,
@@ -231,15 +227,12 @@ fn test_stages(full: bool, stages: &mut Stages) -> Result {
         Ok(())
     })?;
     if picks_wide_vectors() {
-        // The kernels of lavapipe's default 256-bit vectors (8-lane matmul workgroups) are what a
-        // CPU without AVX-512 runs: their tests again at that width.
-        stages.time("kernel tests at 256 bits", || {
-            // The static checks (naga's parse and validation of every variant) never open the
-            // device, so their verdict cannot change with its width: they run once, above.
+        // The matmul tiles of lavapipe's default 256-bit vectors (8-lane workgroups, and the
+        // subgroup family's 8-lane reductions) are what a CPU without AVX-512 runs: the kernel
+        // tests of the matmuls again at that width. No other kernel reads the vector width.
+        stages.time("matmul kernel tests at 256 bits", || {
             let mut narrow = cargo_test(&["--workspace", "--test", "kernels", "--"]);
-            for check in STATIC_SHADER_CHECKS {
-                narrow.args(["--skip", check]);
-            }
+            narrow.args(WIDTH_DEPENDENT_TESTS);
             narrow.env("LP_NATIVE_VECTOR_WIDTH", "256");
             run_tests(narrow, nextest)
         })?;

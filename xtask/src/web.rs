@@ -375,27 +375,33 @@ fn big_model(out_dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// `weft generate --temperature 0` (with `--chat` when `chat`) on each prompt: the text the page must
-/// show, as JSON (with `chat`: the page sends chat models' prompts as chat messages).
+/// `weft generate --temperature 0` (with `--chat` when `chat`) on every prompt, in one process
+/// (`--prompts-file`: the prompts share its steps, which changes no token): the text the page
+/// must show, as JSON (with `chat`: the page sends chat models' prompts as chat messages).
 fn references(weft: &Path, model: &Path, url: &str, prompts: &[&str], max_tokens: usize, chat: bool) -> Result<String> {
+    let list_path = target_dir().join("web-test").join("prompts.txt");
+    std::fs::write(&list_path, prompts.join("\n")).map_err(|e| format!("writing {}: {e}", list_path.display()))?;
+    let mut cmd = Command::new(weft);
+    cmd.arg("generate").arg("--model").arg(model).arg("--prompts-file").arg(&list_path).args(["--temperature", "0"]);
+    if chat {
+        cmd.arg("--chat");
+    }
+    cmd.args(["--max-tokens", &max_tokens.to_string()]);
+    let out = with_gpu_env(cmd).output().map_err(|e| format!("running {}: {e}", weft.display()))?;
+    if !out.status.success() {
+        return Err(format!("weft generate failed on {}: {}", model.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
     let mut outputs = Vec::new();
-    for prompt in prompts {
-        let mut cmd = Command::new(weft);
-        cmd.arg("generate").arg("--model").arg(model).args(["--prompt", prompt, "--temperature", "0"]);
-        if chat {
-            cmd.arg("--chat");
-        }
-        cmd.args(["--max-tokens", &max_tokens.to_string()]);
-        let out = with_gpu_env(cmd).output().map_err(|e| format!("running {}: {e}", weft.display()))?;
-        if !out.status.success() {
-            return Err(format!("weft generate failed on {prompt:?}: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        let text =
-            String::from_utf8(out.stdout).map_err(|_| format!("weft generate printed invalid UTF-8 for {prompt:?}"))?;
-        // `weft generate` ends its output with one newline of its own.
-        let text = text.strip_suffix('\n').unwrap_or(&text).to_string();
+    for (prompt, line) in prompts.iter().zip(stdout.lines()) {
+        let reply: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("weft generate printed {line:?}, not a JSON line: {e}"))?;
+        let text = reply["text"].as_str().ok_or_else(|| format!("weft generate's line {line:?} has no text"))?;
         println!("xtask: native {}: {prompt:?} -> {text:?}", model.file_name().unwrap_or_default().to_string_lossy());
-        outputs.push(text);
+        outputs.push(text.to_string());
+    }
+    if outputs.len() != prompts.len() {
+        return Err(format!("weft generate answered {} of {} prompts: {stdout}", outputs.len(), prompts.len()));
     }
     let list = |items: &mut dyn Iterator<Item = String>| items.collect::<Vec<_>>().join(", ");
     Ok(format!(
