@@ -1,5 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// scale: x[i] *= params.factor (Gemma scales its token embeddings by √hidden).
+// scale: in place over x, by mode:
+//   0  x[i] *= factor                    (Gemma scales its token embeddings by √hidden)
+//   1  x[i] = factor * tanh(x[i] / factor)  (soft-capping at factor: Gemma 4's final logits;
+//      transformers divides by the cap, takes tanh, multiplies back, in that order)
+// The tanh argument is clamped to ±15, where tanh is ±1 in f32 anyway, because some drivers
+// compute tanh through exp and overflow to NaN beyond that (as shared/glu.wgsl does).
 //
 // Bindings (group 0)
 //   0 params  uniform     Params    mirrors gpu::kernels::elementwise::ScaleParams
@@ -10,6 +15,7 @@
 struct Params {
     len: u32,
     factor: f32,
+    mode: u32,
 }
 
 const WG: u32 = 256u;
@@ -23,5 +29,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     if (i >= params.len) {
         return;
     }
-    x[i] = x[i] * params.factor;
+    if (params.mode == 0u) {
+        x[i] = x[i] * params.factor;
+    } else {
+        x[i] = tanh(clamp(x[i] / params.factor, -15.0, 15.0)) * params.factor;
+    }
 }

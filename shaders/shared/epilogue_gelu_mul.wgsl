@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Matmul epilogue: GeGLU (tanh approximation). Output column c takes two weight rows, c (gate)
-// and n_part + c (up), G = 2 accumulators, and writes gelu_gate(gate, up) as gelu_mul.wgsl would.
+// and n_part + c (up), G = 2 accumulators, and writes gelu_gate(gate, up) as gate_mul.wgsl would.
 #include shared/glu.wgsl
 
 fn epilogue(gate: f32, up: f32) -> f32 {

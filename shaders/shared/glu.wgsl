@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The gated activations of an MLP, one place for the standalone kernels (silu_mul.wgsl,
-// gelu_mul.wgsl) and the matmul that applies them as it writes (shared/epilogue_*.wgsl), so
-// both give the same bits.
+// The gated activations of an MLP, one place for the standalone kernel (gate_mul.wgsl) and
+// the matmul that applies them as it writes (shared/epilogue_*.wgsl), so both give the same
+// bits.
 //   silu_gate(g, u) = silu(g) · u with silu(v) = v / (1 + e^-v)         (SwiGLU)
 //   gelu_gate(g, u) = gelu_tanh(g) · u, transformers' "gelu_pytorch_tanh":
 //     gelu_tanh(v) = 0.5 v (1 + tanh(√(2/π) (v + 0.044715 v³)))        (GeGLU, Gemma)

@@ -9,11 +9,18 @@ use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant};
 use crate::quant::DType;
 
 shader_params!(Params { len: u32, delta_len: u32 });
-shader_params!(SiluMulParams { len: u32, cols: u32 });
-shader_params!(ScaleParams { len: u32, factor: f32 });
+shader_params!(GateMulParams {
+    len: u32,
+    cols: u32,
+    src_stride: u32,
+    gate_col: u32,
+    up_col: u32,
+    act: u32,
+    gate_in_out: u32,
+});
+shader_params!(ScaleParams { len: u32, factor: f32, mode: u32 });
 shader_params!(GeluParams { len: u32 });
 shader_params!(SigmoidMulParams { len: u32, group: u32 });
-shader_params!(GeluMulAtParams { len: u32, cols: u32, up_stride: u32, up_col: u32 });
 
 const WORKGROUP: usize = 256;
 
@@ -33,13 +40,13 @@ fn same_f32(op: &'static str, tensors: &[(&str, &GpuTensor)]) -> Result<usize> {
 /// Record out[r, c] = silu(gate_up[r, c]) · gate_up[r, cols + c]: gate_up (rows, 2 · cols) F32
 /// holds the gate and up projections side by side, out is (rows, cols) F32.
 pub fn silu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
-    gated(ctx, rec, "silu_mul", gate_up, out)
+    gated(ctx, rec, "silu_mul", Activation::Silu, gate_up, out)
 }
 
 /// Record out[r, c] = gelu_tanh(gate_up[r, c]) · gate_up[r, cols + c] (Gemma's GeGLU, tanh
 /// approximation), shaped as [`silu_mul`].
 pub fn gelu_mul(ctx: &GpuContext, rec: &mut Recording, gate_up: &GpuTensor, out: &GpuTensor) -> Result<()> {
-    gated(ctx, rec, "gelu_mul", gate_up, out)
+    gated(ctx, rec, "gelu_mul", Activation::GeluTanh, gate_up, out)
 }
 
 /// Record x[r, c] = gelu_tanh(x[r, c]) · up[r, up_col + c] in place: x (rows, cols) F32, up
@@ -54,16 +61,16 @@ pub fn gelu_mul_at(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, up: &Gp
     if up_col + cols > up_stride {
         return Err(WeftError::shape(OP, format!("columns {up_col}..{} of up, which has {up_stride}", up_col + cols)));
     }
-    let params = GeluMulAtParams {
+    let params = GateMulParams {
         len: u32_of(OP, "len", rows * cols)?,
         cols: u32_of(OP, "cols", cols)?,
-        up_stride: u32_of(OP, "up columns", up_stride)?,
+        src_stride: u32_of(OP, "up columns", up_stride)?,
+        gate_col: 0,
         up_col: u32_of(OP, "up_col", up_col)?,
+        act: Activation::GeluTanh as u32,
+        gate_in_out: 1,
     };
-    let bindings = [up.single_part(OP)?.resource(ctx)?, x.single_part(OP)?.resource(ctx)?];
-    let variant = ShaderVariant::plain("gelu_mul_at");
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(rows * cols, WORKGROUP))?;
-    Ok(())
+    record_gate_mul(ctx, rec, OP, &params, up, x)
 }
 
 /// Record `x = cap · tanh(x / cap)` in place over an F32 tensor (Gemma 4's final logit
@@ -76,12 +83,7 @@ pub fn softcap(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, cap: f32) -
     if cap.is_nan() || cap <= 0.0 {
         return Err(WeftError::shape(OP, format!("the cap must be positive, got {cap}")));
     }
-    let len = x.num_elems();
-    let params = ScaleParams { len: u32_of(OP, "len", len)?, factor: cap };
-    let bindings = [x.single_part(OP)?.resource(ctx)?];
-    let variant = ShaderVariant::plain("softcap");
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
-    Ok(())
+    record_scale(ctx, rec, OP, x, ScaleMode::SoftCap, cap)
 }
 
 /// Record `x = gelu(x)` in place over an F32 tensor: the exact (erf) GELU of BERT's MLP
@@ -127,36 +129,75 @@ pub fn scale(ctx: &GpuContext, rec: &mut Recording, x: &GpuTensor, factor: f32) 
     if x.dtype() != DType::F32 {
         return Err(WeftError::shape(OP, format!("x must be F32, got {}", x.dtype())));
     }
+    record_scale(ctx, rec, OP, x, ScaleMode::Multiply, factor)
+}
+
+/// What `scale.wgsl` does with its factor.
+#[derive(Clone, Copy)]
+enum ScaleMode {
+    Multiply = 0,
+    SoftCap = 1,
+}
+
+fn record_scale(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    op: &'static str,
+    x: &GpuTensor,
+    mode: ScaleMode,
+    factor: f32,
+) -> Result<()> {
     let len = x.num_elems();
-    let params = ScaleParams { len: u32_of(OP, "len", len)?, factor };
-    let bindings = [x.single_part(OP)?.resource(ctx)?];
-    ctx.dispatch(
-        rec,
-        ShaderVariant::plain("scale"),
-        bytemuck::bytes_of(&params),
-        bindings.into(),
-        None,
-        flat_grid(len, WORKGROUP),
-    )?;
+    let params = ScaleParams { len: u32_of(op, "len", len)?, factor, mode: mode as u32 };
+    let bindings = [x.single_part(op)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("scale");
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(len, WORKGROUP))?;
     Ok(())
+}
+
+/// The activation of `gate_mul.wgsl`'s gate.
+#[derive(Clone, Copy)]
+enum Activation {
+    Silu = 0,
+    GeluTanh = 1,
 }
 
 /// A gated activation over gate and up side by side: `silu_mul` or `gelu_mul`.
 fn gated(
     ctx: &GpuContext,
     rec: &mut Recording,
-    kernel: &'static str,
+    op: &'static str,
+    act: Activation,
     gate_up: &GpuTensor,
     out: &GpuTensor,
 ) -> Result<()> {
-    let op = kernel;
     expect(op, "out", out, DType::F32, &[None, None])?;
     let (rows, cols) = (out.shape()[0], out.shape()[1]);
     expect(op, "gate_up", gate_up, DType::F32, &[Some(rows), Some(2 * cols)])?;
-    let params = SiluMulParams { len: u32_of(op, "len", rows * cols)?, cols: u32_of(op, "cols", cols)? };
-    let bindings = [gate_up.single_part(op)?.resource(ctx)?, out.single_part(op)?.resource(ctx)?];
-    let variant = ShaderVariant::plain(kernel);
-    ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings.into(), None, flat_grid(rows * cols, WORKGROUP))?;
+    let params = GateMulParams {
+        len: u32_of(op, "len", rows * cols)?,
+        cols: u32_of(op, "cols", cols)?,
+        src_stride: u32_of(op, "gate_up columns", 2 * cols)?,
+        gate_col: 0,
+        up_col: u32_of(op, "cols", cols)?,
+        act: act as u32,
+        gate_in_out: 0,
+    };
+    record_gate_mul(ctx, rec, op, &params, gate_up, out)
+}
+
+fn record_gate_mul(
+    ctx: &GpuContext,
+    rec: &mut Recording,
+    op: &'static str,
+    params: &GateMulParams,
+    src: &GpuTensor,
+    out: &GpuTensor,
+) -> Result<()> {
+    let bindings = [src.single_part(op)?.resource(ctx)?, out.single_part(op)?.resource(ctx)?];
+    let variant = ShaderVariant::plain("gate_mul");
+    let grid = flat_grid(params.len as usize, WORKGROUP);
+    ctx.dispatch(rec, variant, bytemuck::bytes_of(params), bindings.into(), None, grid)?;
     Ok(())
 }
 
