@@ -48,6 +48,15 @@
 //!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks and weft repacks
 //!   at load the same way), both checkpoints.
 //!
+//! - `tests/fixtures/gemma4moe/` (`tools/make_gemma4_fixtures.py --only gemma4moe`): Gemma 4's
+//!   mixture-of-experts layers (as the 26B A4B): in each of 6 layers the dense GeGLU MLP beside
+//!   8 GeGLU experts of 32, top 2, routed from the residual stream under the router's own norm
+//!   and scale, weights renormalised then scaled per expert (0.56 to 1.53), each branch with its
+//!   own norms; both checkpoints (transformers' stacked `experts.gate_up_proj`; llama.cpp's
+//!   fused `ffn_gate_up_exps` and `ffn_down_exps.scale`), 32 greedy tokens. All 8 experts are
+//!   reached; the smallest gap between a token's second and third router probability is 9.5e-5.
+//!   The four prompts together are 64 tokens: the experts run grouped by expert.
+//!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
 //! most 29 positions) run on a model opened for a 32-position context (short factors), the
@@ -677,10 +686,10 @@ fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
     }
 }
 
-/// Gemma 4's prompts: all four, or the first alone in the GPU families' runs
-/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
-fn gemma4_prompts() -> Vec<Value> {
-    let mut prompts = expected_of("gemma4")["prompts"].as_array().unwrap().clone();
+/// Gemma 4's prompts (`family` gemma4 or gemma4moe): all four, or the first alone in the GPU
+/// families' runs (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
+fn gemma4_prompts(family: &str) -> Vec<Value> {
+    let mut prompts = expected_of(family)["prompts"].as_array().unwrap().clone();
     let env = |name: &str| std::env::var(name).as_deref() == Ok("1");
     if env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") {
         prompts.truncate(1);
@@ -691,7 +700,7 @@ fn gemma4_prompts() -> Vec<Value> {
 #[test]
 fn gemma4_llama_cpp_gguf_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts(), "gemma4/model.gguf");
+    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts("gemma4"), "gemma4/model.gguf");
 }
 
 /// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
@@ -718,7 +727,7 @@ fn gemma4_checkpoints_read_the_same_config() {
 #[test]
 fn gemma4_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/hf", None, &gemma4_prompts(), "gemma4/hf");
+    fidelity(&f, "gemma4/hf", None, &gemma4_prompts("gemma4"), "gemma4/hf");
 }
 
 /// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
@@ -761,9 +770,18 @@ fn gemma4_shared_layers_take_no_kv_memory() {
 #[test]
 fn gemma4_batch_and_chunk_invariance() {
     let Some(f) = factory() else { return };
-    let exec = ModelFiles::open(&fixture("gemma4/hf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    gemma4_batch_and_chunk_invariance_of(&f, "gemma4");
+}
+
+/// `family`'s 33-token prompt alone in one pass, in chunks, and beside the other prompts, then
+/// three greedy decode steps: the same bits every way.
+fn gemma4_batch_and_chunk_invariance_of(f: &GpuTensorFactory, family: &str) {
+    let exec = ModelFiles::open(&fixture(&format!("{family}/hf")))
+        .unwrap()
+        .executor(f, KvCacheConfig::new(BLOCK, 64))
+        .unwrap();
     let prompts: Vec<Vec<u32>> =
-        expected_of("gemma4")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+        expected_of(family)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
     // Prompt 2 prefilled `chunk` tokens a step (beside the other prompts' whole prefills
     // when `others`), then three decode steps; prompt 2's logits after each.
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
@@ -793,9 +811,9 @@ fn gemma4_batch_and_chunk_invariance() {
     }
 }
 
-/// What weft cannot run of Gemma 4 is refused by name: its mixture-of-experts layers (26B A4B),
-/// full-attention heads past attention's 256 dimensions (the published checkpoints' 512), and
-/// an MLP activation other than the tanh GELU.
+/// What weft cannot run of Gemma 4 is refused by name: experts without their number
+/// (`enable_moe_block` alone), full-attention heads past attention's 256 dimensions (the
+/// published checkpoints' 512), and an MLP activation other than the tanh GELU.
 #[test]
 fn gemma4_refusals_name_the_feature() {
     use weft::model::config::ModelConfig;
@@ -806,14 +824,73 @@ fn gemma4_refusals_name_the_feature() {
         change(&mut v);
         ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
     };
-    let experts = refusal(&|v| {
-        v["enable_moe_block"] = true.into();
-        v["num_experts"] = 128.into();
-    });
-    assert!(experts.contains("mixture-of-experts") && experts.contains("128 experts"), "{experts}");
+    let experts = refusal(&|v| v["enable_moe_block"] = true.into());
+    assert!(experts.contains("missing or malformed metadata num_experts"), "{experts}");
     let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 512.into());
     assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
     let act = refusal(&|v| v["hidden_activation"] = "silu".into());
     assert!(act.contains("hidden_activation \"silu\""), "{act}");
     assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
+}
+
+#[test]
+fn gemma4moe_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4moe/model.gguf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/model.gguf");
+}
+
+#[test]
+fn gemma4moe_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4moe/hf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/hf");
+}
+
+/// llama.cpp's converter writes Gemma 4's experts under the generic `expert_*` keys; both
+/// checkpoints read the same experts, and the layers' shape as the dense Gemma 4's reads.
+#[test]
+fn gemma4moe_checkpoints_read_the_same_config() {
+    use weft::model::config::{ExpertGate, Routing};
+    let gguf = ModelFiles::open(&fixture("gemma4moe/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma4moe/hf")).unwrap().config;
+    let m = gguf.moe.expect("the GGUF's experts");
+    assert_eq!((m.num_experts, m.experts_per_token, m.expert_intermediate_size), (8, 2, 32));
+    assert_eq!(
+        (m.routing, m.gate, m.shared_expert_size),
+        (Routing::Softmax { normalize: true }, ExpertGate::GeluTanh, 0)
+    );
+    assert_eq!(gguf.moe, hf.moe);
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    assert_eq!((gguf.intermediate_size, hf.intermediate_size), (96, 96));
+}
+
+/// The routing is live: one expert a token instead of two, or the top-2 weights left
+/// unnormalised, moves the longest prompt's last logits ten times the tolerance or more.
+#[test]
+fn gemma4moe_routing_is_visible() {
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut weft::model::config::MoeConfig);
+    let changes: [(&str, Change); 2] = [
+        ("one expert a token", |m| m.experts_per_token = 1),
+        ("unnormalised expert weights", |m| m.routing = weft::model::config::Routing::Softmax { normalize: false }),
+    ];
+    for (what, change) in changes {
+        let mut files = ModelFiles::open(&fixture("gemma4moe/hf")).unwrap();
+        change(files.config.moe.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma4moe", 2);
+        eprintln!("gemma4moe with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
+/// Batch invariance with experts, as the dense Gemma 4's: the fixture's prompts reach all 8
+/// experts; the 33-token prompt alone (row by row) and beside the other three (64 tokens: the
+/// experts grouped by expert), prefilled whole and in chunks, gives the same bits.
+#[test]
+fn gemma4moe_batch_and_chunk_invariance() {
+    let Some(f) = factory() else { return };
+    let lengths: usize =
+        expected_of("gemma4moe")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"]).len()).sum();
+    assert!(lengths >= weft::model::layers::GROUPED_MIN_TOKENS, "the batch of all prompts runs the experts row by row");
+    gemma4_batch_and_chunk_invariance_of(&f, "gemma4moe");
 }
