@@ -863,16 +863,17 @@ fn gemma4moe_checkpoints_read_the_same_config() {
     assert_eq!((gguf.intermediate_size, hf.intermediate_size), (96, 96));
 }
 
-/// The routing is live: one expert a token instead of two, or the top-2 weights left
-/// unnormalised, moves the longest prompt's last logits ten times the tolerance or more.
+/// The routing is live: one or three experts a token instead of two move the longest prompt's
+/// last logits ten times the tolerance or more. (Leaving the top-2 weights unnormalised moves
+/// them by only about 1e-3: a factor common to a token's experts cancels in post_ffw_norm_2
+/// but for its epsilon; the per-expert scales, which change the experts' ratio, are held to
+/// transformers by the fidelity tests.)
 #[test]
 fn gemma4moe_routing_is_visible() {
     let Some(f) = factory() else { return };
     type Change = fn(&mut weft::model::config::MoeConfig);
-    let changes: [(&str, Change); 2] = [
-        ("one expert a token", |m| m.experts_per_token = 1),
-        ("unnormalised expert weights", |m| m.routing = weft::model::config::Routing::Softmax { normalize: false }),
-    ];
+    let changes: [(&str, Change); 2] =
+        [("one expert a token", |m| m.experts_per_token = 1), ("three experts a token", |m| m.experts_per_token = 3)];
     for (what, change) in changes {
         let mut files = ModelFiles::open(&fixture("gemma4moe/hf")).unwrap();
         change(files.config.moe.as_mut().unwrap());
