@@ -895,3 +895,17 @@ fn gemma4moe_batch_and_chunk_invariance() {
     assert!(lengths >= weft::model::layers::GROUPED_MIN_TOKENS, "the batch of all prompts runs the experts row by row");
     gemma4_batch_and_chunk_invariance_of(&f, "gemma4moe");
 }
+
+/// `weft info --model` finds nothing lacking in either checkpoint of the Gemma 4 with experts
+/// (once refused as a mixture-of-experts weft did not run), and says what runs.
+#[test]
+fn gemma4moe_checkpoints_inspect_clean() {
+    for (path, arch) in [("gemma4moe/model.gguf", "gemma4"), ("gemma4moe/hf", "gemma4_text")] {
+        let report = weft::model::inspect::inspect(&fixture(path)).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
+        assert!(report.problems.is_empty(), "{report}");
+        let text = report.to_string();
+        let experts = "8 experts of MLP 32 (2 a token, weights renormalised, GeGLU) + a dense MLP 96";
+        assert!(text.contains(experts), "{text}");
+    }
+}
