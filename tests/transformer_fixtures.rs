@@ -993,3 +993,19 @@ fn gemma4moe_router_scales_and_norms_are_visible() {
         assert!(diff > 1e-3, "{what} differs by only {diff}");
     }
 }
+
+/// A Gemma 4 GGUF with experts but without a layer's router input scale is refused at load,
+/// naming the tensor, rather than run with some other scale.
+#[test]
+fn gemma4moe_gguf_without_its_router_scale_is_refused() {
+    let Some(f) = factory() else { return };
+    let path = rewritten_gemma4moe("no-router-scale", |name, dims, bytes, w| {
+        if name != "blk.2.ffn_gate_inp.scale" {
+            w.tensor(name, dims, weft::model::gguf::GgmlType::F32, bytes);
+        }
+    });
+    let err = ModelFiles::open(&path).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).err();
+    std::fs::remove_file(&path).unwrap();
+    let err = err.expect("a Gemma 4 without a router scale loads").to_string();
+    assert!(err.contains("blk.2.ffn_gate_inp.scale"), "{err}");
+}
