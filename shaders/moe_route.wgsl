@@ -9,6 +9,8 @@
 //   3, 4: g = sigmoid(logits[t, :]); the top_k largest g + bias (the bias steers the choice
 //         only; it is 0 without `has_bias`), weighted by their g, divided by (their sum + 1e-6)
 //         when mode is 4 (LFM2-MoE, as transformers' Lfm2MoeTopKRouter).
+// With has_scale, each slot's weight is then multiplied by its expert's scale (Gemma 4's
+// per_expert_scale, llama.cpp's ffn_down_exps.scale), after any renormalisation.
 //
 // Bindings (group 0)
 //   0 params   uniform     Params                  mirrors gpu::kernels::moe::RouteParams
@@ -16,6 +18,7 @@
 //   2 ids      read_write  u32 (tokens, top_k)     each slot's expert
 //   3 weights  read_write  f32 (tokens, top_k)     each slot's weight
 //   4 bias     read        f32 (experts)           the choice's bias (modes 3, 4, with has_bias)
+//   5 scale    read        f32 (experts)           each expert's weight scale (with has_scale)
 // Workgroup: 64 invocations, one token each (experts are a few hundred at most: a serial loop).
 // Grid: (min(g, 65535), ceil(g / 65535), 1) with g = ceil(tokens / 64).
 // Pick s takes the largest score (p, the logit in mode 2, g + bias in modes 3 and 4) among the experts after pick s - 1
@@ -30,6 +33,7 @@ struct Params {
     top_k: u32,
     mode: u32,
     has_bias: u32,
+    has_scale: u32,
 }
 
 const WG: u32 = 64u;
@@ -44,6 +48,7 @@ const NEG_MAX: f32 = -3.4028234663852886e38;
 @group(0) @binding(2) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> weights: array<f32>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> scale: array<f32>;
 
 fn sigmoid_of(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
@@ -122,6 +127,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         }
         for (var s = 0u; s < params.top_k; s++) {
             weights[out + s] = exp(weights[out + s] - m) / z;
+        }
+    }
+    if (params.has_scale != 0u) {
+        for (var s = 0u; s < params.top_k; s++) {
+            weights[out + s] = weights[out + s] * scale[ids[out + s]];
         }
     }
 }

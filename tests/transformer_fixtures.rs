@@ -48,6 +48,15 @@
 //!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks and weft repacks
 //!   at load the same way), both checkpoints.
 //!
+//! - `tests/fixtures/gemma4moe/` (`tools/make_gemma4_fixtures.py --only gemma4moe`): Gemma 4's
+//!   mixture-of-experts layers (as the 26B A4B): in each of 6 layers the dense GeGLU MLP beside
+//!   8 GeGLU experts of 32, top 2, routed from the residual stream under the router's own norm
+//!   and scale, weights renormalised then scaled per expert (0.56 to 1.53), each branch with its
+//!   own norms; both checkpoints (transformers' stacked `experts.gate_up_proj`; llama.cpp's
+//!   fused `ffn_gate_up_exps` and `ffn_down_exps.scale`), 32 greedy tokens. All 8 experts are
+//!   reached; the smallest gap between a token's second and third router probability is 9.5e-5.
+//!   The four prompts together are 64 tokens: the experts run grouped by expert.
+//!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
 //! most 29 positions) run on a model opened for a 32-position context (short factors), the
@@ -677,10 +686,10 @@ fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
     }
 }
 
-/// Gemma 4's prompts: all four, or the first alone in the GPU families' runs
-/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
-fn gemma4_prompts() -> Vec<Value> {
-    let mut prompts = expected_of("gemma4")["prompts"].as_array().unwrap().clone();
+/// Gemma 4's prompts (`family` gemma4 or gemma4moe): all four, or the first alone in the GPU
+/// families' runs (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
+fn gemma4_prompts(family: &str) -> Vec<Value> {
+    let mut prompts = expected_of(family)["prompts"].as_array().unwrap().clone();
     let env = |name: &str| std::env::var(name).as_deref() == Ok("1");
     if env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") {
         prompts.truncate(1);
@@ -691,7 +700,7 @@ fn gemma4_prompts() -> Vec<Value> {
 #[test]
 fn gemma4_llama_cpp_gguf_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts(), "gemma4/model.gguf");
+    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts("gemma4"), "gemma4/model.gguf");
 }
 
 /// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
@@ -718,7 +727,7 @@ fn gemma4_checkpoints_read_the_same_config() {
 #[test]
 fn gemma4_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/hf", None, &gemma4_prompts(), "gemma4/hf");
+    fidelity(&f, "gemma4/hf", None, &gemma4_prompts("gemma4"), "gemma4/hf");
 }
 
 /// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
@@ -761,9 +770,18 @@ fn gemma4_shared_layers_take_no_kv_memory() {
 #[test]
 fn gemma4_batch_and_chunk_invariance() {
     let Some(f) = factory() else { return };
-    let exec = ModelFiles::open(&fixture("gemma4/hf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    gemma4_batch_and_chunk_invariance_of(&f, "gemma4");
+}
+
+/// `family`'s 33-token prompt alone in one pass, in chunks, and beside the other prompts, then
+/// three greedy decode steps: the same bits every way.
+fn gemma4_batch_and_chunk_invariance_of(f: &GpuTensorFactory, family: &str) {
+    let exec = ModelFiles::open(&fixture(&format!("{family}/hf")))
+        .unwrap()
+        .executor(f, KvCacheConfig::new(BLOCK, 64))
+        .unwrap();
     let prompts: Vec<Vec<u32>> =
-        expected_of("gemma4")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+        expected_of(family)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
     // Prompt 2 prefilled `chunk` tokens a step (beside the other prompts' whole prefills
     // when `others`), then three decode steps; prompt 2's logits after each.
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
@@ -793,9 +811,9 @@ fn gemma4_batch_and_chunk_invariance() {
     }
 }
 
-/// What weft cannot run of Gemma 4 is refused by name: its mixture-of-experts layers (26B A4B),
-/// full-attention heads past attention's 256 dimensions (the published checkpoints' 512), and
-/// an MLP activation other than the tanh GELU.
+/// What weft cannot run of Gemma 4 is refused by name: experts without their number
+/// (`enable_moe_block` alone), full-attention heads past attention's 256 dimensions (the
+/// published checkpoints' 512), and an MLP activation other than the tanh GELU.
 #[test]
 fn gemma4_refusals_name_the_feature() {
     use weft::model::config::ModelConfig;
@@ -806,14 +824,188 @@ fn gemma4_refusals_name_the_feature() {
         change(&mut v);
         ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
     };
-    let experts = refusal(&|v| {
-        v["enable_moe_block"] = true.into();
-        v["num_experts"] = 128.into();
-    });
-    assert!(experts.contains("mixture-of-experts") && experts.contains("128 experts"), "{experts}");
+    let experts = refusal(&|v| v["enable_moe_block"] = true.into());
+    assert!(experts.contains("missing or malformed metadata num_experts"), "{experts}");
     let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 512.into());
     assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
     let act = refusal(&|v| v["hidden_activation"] = "silu".into());
     assert!(act.contains("hidden_activation \"silu\""), "{act}");
     assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
+}
+
+#[test]
+fn gemma4moe_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4moe/model.gguf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/model.gguf");
+}
+
+#[test]
+fn gemma4moe_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma4moe/hf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/hf");
+}
+
+/// llama.cpp's converter writes Gemma 4's experts under the generic `expert_*` keys; both
+/// checkpoints read the same experts, and the layers' shape as the dense Gemma 4's reads.
+#[test]
+fn gemma4moe_checkpoints_read_the_same_config() {
+    use weft::model::config::{ExpertGate, Routing};
+    let gguf = ModelFiles::open(&fixture("gemma4moe/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma4moe/hf")).unwrap().config;
+    let m = gguf.moe.expect("the GGUF's experts");
+    assert_eq!((m.num_experts, m.experts_per_token, m.expert_intermediate_size), (8, 2, 32));
+    assert_eq!(
+        (m.routing, m.gate, m.shared_expert_size),
+        (Routing::Softmax { normalize: true }, ExpertGate::GeluTanh, 0)
+    );
+    assert_eq!(gguf.moe, hf.moe);
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    assert_eq!((gguf.intermediate_size, hf.intermediate_size), (96, 96));
+}
+
+/// The routing is live: one or three experts a token instead of two move the longest prompt's
+/// last logits ten times the tolerance or more. (Leaving the top-2 weights unnormalised moves
+/// them by only about 1e-3: a factor common to a token's experts cancels in post_ffw_norm_2
+/// but for its epsilon; the per-expert scales, which change the experts' ratio, are held to
+/// transformers by the fidelity tests.)
+#[test]
+fn gemma4moe_routing_is_visible() {
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut weft::model::config::MoeConfig);
+    let changes: [(&str, Change); 2] =
+        [("one expert a token", |m| m.experts_per_token = 1), ("three experts a token", |m| m.experts_per_token = 3)];
+    for (what, change) in changes {
+        let mut files = ModelFiles::open(&fixture("gemma4moe/hf")).unwrap();
+        change(files.config.moe.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma4moe", 2);
+        eprintln!("gemma4moe with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
+/// Batch invariance with experts, as the dense Gemma 4's: the fixture's prompts reach all 8
+/// experts; the 33-token prompt alone (row by row) and beside the other three (64 tokens: the
+/// experts grouped by expert), prefilled whole and in chunks, gives the same bits.
+#[test]
+fn gemma4moe_batch_and_chunk_invariance() {
+    let Some(f) = factory() else { return };
+    let lengths: usize =
+        expected_of("gemma4moe")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"]).len()).sum();
+    assert!(lengths >= weft::model::layers::GROUPED_MIN_TOKENS, "the batch of all prompts runs the experts row by row");
+    gemma4_batch_and_chunk_invariance_of(&f, "gemma4moe");
+}
+
+/// `weft info --model` finds nothing lacking in either checkpoint of the Gemma 4 with experts
+/// (once refused as a mixture-of-experts weft did not run), and says what runs.
+#[test]
+fn gemma4moe_checkpoints_inspect_clean() {
+    for (path, arch) in [("gemma4moe/model.gguf", "gemma4"), ("gemma4moe/hf", "gemma4_text")] {
+        let report = weft::model::inspect::inspect(&fixture(path)).unwrap();
+        assert_eq!(report.architecture.as_deref(), Some(arch), "{report}");
+        assert!(report.problems.is_empty(), "{report}");
+        let text = report.to_string();
+        let experts = "8 experts of MLP 32 (2 a token, weights renormalised, GeGLU) + a dense MLP 96";
+        assert!(text.contains(experts), "{text}");
+    }
+}
+
+/// The Gemma 4 with experts' GGUF rewritten by `rewrite` (each tensor given with its bytes; it
+/// writes what it keeps), in a temporary file.
+fn rewritten_gemma4moe(
+    what: &str,
+    rewrite: impl Fn(&str, &[u64], &[u8], &mut weft::model::gguf::GgufWriter),
+) -> PathBuf {
+    let gguf = weft::model::gguf::GgufFile::open(&fixture("gemma4moe/model.gguf")).unwrap();
+    let mut w = weft::model::gguf::GgufWriter::new();
+    for (key, value) in &gguf.metadata {
+        w.metadata(key, value.clone());
+    }
+    for t in &gguf.tensors {
+        assert_eq!(t.ggml_type, weft::model::gguf::GgmlType::F32, "{}", t.name);
+        rewrite(&t.name, &t.dims, &gguf.tensor_bytes(t).unwrap(), &mut w);
+    }
+    let path = std::env::temp_dir().join(format!("weft-gemma4moe-{what}-{}.gguf", std::process::id()));
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+/// llama.cpp reads a Gemma 4 layer's gate and up experts fused (`ffn_gate_up_exps`, what this
+/// converter writes) or split (`ffn_gate_exps`, `ffn_up_exps`); the fixture rewritten split
+/// holds to transformers the same.
+#[test]
+fn gemma4moe_gguf_with_split_gate_up_experts_matches_transformers() {
+    let Some(f) = factory() else { return };
+    let path = rewritten_gemma4moe("split", |name, dims, bytes, w| {
+        let f32 = weft::model::gguf::GgmlType::F32;
+        let Some(prefix) = name.strip_suffix(".ffn_gate_up_exps.weight") else {
+            w.tensor(name, dims, f32, bytes);
+            return;
+        };
+        // (experts, 2 · ff, hidden): each expert's gate rows, then its up rows.
+        let (experts, half) = (dims[2] as usize, bytes.len() / dims[2] as usize / 2);
+        let part = |which: usize| -> Vec<u8> {
+            (0..experts).flat_map(|e| bytes[(2 * e + which) * half..][..half].iter().copied()).collect()
+        };
+        let split = [dims[0], dims[1] / 2, dims[2]];
+        w.tensor(&format!("{prefix}.ffn_gate_exps.weight"), &split, f32, &part(0));
+        w.tensor(&format!("{prefix}.ffn_up_exps.weight"), &split, f32, &part(1));
+    });
+    let prompts = gemma4_prompts("gemma4moe");
+    fidelity(&f, path.to_str().unwrap(), None, &prompts, "gemma4moe split");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// What Gemma 4 adds to its routing and experts shows: each changed alone in the GGUF moves the
+/// longest prompt's last logits ten times the fidelity tolerance or more. The per-expert scales
+/// left out (llama.cpp then scales by 1), the router's input scale set to 1, and the experts'
+/// and the MLP's post-norms swapped.
+#[test]
+fn gemma4moe_router_scales_and_norms_are_visible() {
+    let Some(f) = factory() else { return };
+    type Rewrite = fn(&str, &[u64], &[u8], &mut weft::model::gguf::GgufWriter);
+    let changes: [(&str, Rewrite); 3] = [
+        ("no-expert-scales", |name, dims, bytes, w| {
+            if !name.ends_with(".ffn_down_exps.scale") {
+                w.tensor(name, dims, weft::model::gguf::GgmlType::F32, bytes);
+            }
+        }),
+        ("router-scale-1", |name, dims, bytes, w| {
+            let ones: Vec<u8> = std::iter::repeat_n(1f32.to_le_bytes(), bytes.len() / 4).flatten().collect();
+            let bytes = if name.ends_with(".ffn_gate_inp.scale") { &ones[..] } else { bytes };
+            w.tensor(name, dims, weft::model::gguf::GgmlType::F32, bytes);
+        }),
+        ("post-norms-swapped", |name, dims, bytes, w| {
+            let name = match name.rsplit_once(".post_ffw_norm_") {
+                Some((layer, "1.weight")) => format!("{layer}.post_ffw_norm_2.weight"),
+                Some((layer, "2.weight")) => format!("{layer}.post_ffw_norm_1.weight"),
+                _ => name.to_string(),
+            };
+            w.tensor(&name, dims, weft::model::gguf::GgmlType::F32, bytes);
+        }),
+    ];
+    for (what, rewrite) in changes {
+        let path = rewritten_gemma4moe(what, rewrite);
+        let exec = ModelFiles::open(&path).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma4moe", 2);
+        std::fs::remove_file(&path).unwrap();
+        eprintln!("gemma4moe with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
+/// A Gemma 4 GGUF with experts but without a layer's router input scale is refused at load,
+/// naming the tensor, rather than run with some other scale.
+#[test]
+fn gemma4moe_gguf_without_its_router_scale_is_refused() {
+    let Some(f) = factory() else { return };
+    let path = rewritten_gemma4moe("no-router-scale", |name, dims, bytes, w| {
+        if name != "blk.2.ffn_gate_inp.scale" {
+            w.tensor(name, dims, weft::model::gguf::GgmlType::F32, bytes);
+        }
+    });
+    let err = ModelFiles::open(&path).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).err();
+    std::fs::remove_file(&path).unwrap();
+    let err = err.expect("a Gemma 4 without a router scale loads").to_string();
+    assert!(err.contains("blk.2.ffn_gate_inp.scale"), "{err}");
 }

@@ -5,7 +5,8 @@ own ``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens (``ex
 ``tools/make_recurrent_fixtures.py`` writes it, whose prompts, tokenizer, weight randomizer and
 conversion this reuses: 4 prompts, 32 greedy tokens; its tokenizer is Gemma's kind, below).
 
-Writes ``tests/fixtures/gemma4/`` (``hf/``, ``model.gguf``, ``expected.json``).
+Writes ``tests/fixtures/gemma4/`` (``hf/``, ``model.gguf``, ``expected.json``), and
+``tests/fixtures/gemma4moe/`` (below); ``--only NAME`` makes one.
 
 The model has the small "E" models' features, each made to show if weft got it wrong:
 
@@ -28,9 +29,27 @@ The model has the small "E" models' features, each made to show if weft got it w
 
 Norm weights are random around 1, as Gemma 4 uses them (no 1 + w).
 
+``tests/fixtures/gemma4moe/`` (``--only gemma4moe``)
+    Gemma 4's mixture-of-experts layers (``enable_moe_block``, as the 26B A4B): the same
+    attention layers without per-layer embeddings or KV sharing (the 26B A4B has neither), and
+    in every layer the dense GeGLU MLP of 96 beside a router over 8 experts, top 2, each expert a
+    GeGLU MLP of 32 (``moe_intermediate_size``). What Gemma 4 adds to a plain MoE, each drawn so
+    that it shows: the router reads the residual stream RMS-normed without a weight, times its
+    own ``router.scale`` (random around 1) and hidden^-0.5; its top-2 softmax weights are
+    renormalised, then multiplied by ``router.per_expert_scale`` (random around 1; llama.cpp's
+    ``ffn_down_exps.scale``); the experts read their own pre-norm (``pre_feedforward_layernorm_2``)
+    and the MLP's and the experts' outputs have their own post-norms (``_1``, ``_2``) before they
+    are summed and post-normed as the dense layer's MLP is. transformers stores each layer's
+    experts stacked (``experts.gate_up_proj`` (8, 64, 64), each expert's gate rows then its up
+    rows; ``experts.down_proj`` (8, 64, 32)); llama.cpp's converter writes them as it does (fused
+    ``ffn_gate_up_exps`` or split). The routers are drawn wide (std 2: logits of std about 2 on
+    their unit-length input) so that no token's 2nd and 3rd experts nearly tie; the script prints
+    the smallest gap and the experts reached. Its four prompts add up to 64 tokens, so a batch of
+    all of them runs the experts grouped by expert (weft's ``GROUPED_MIN_TOKENS``).
+
 Usage::
 
-    python tools/make_gemma4_fixtures.py --llama-cpp /path/to/llama-cpp-python-x.y.z/vendor/llama.cpp
+    python tools/make_gemma4_fixtures.py --llama-cpp /path/to/llama-cpp-python-x.y.z/vendor/llama.cpp [--only NAME]
 """
 
 import argparse
@@ -87,19 +106,94 @@ def gemma4(vocab: int):
     return model
 
 
+# The routers' spread (see the module's docstring).
+ROUTER_STD = 2.0
+
+
+def gemma4moe(vocab: int):
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"],
+        num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}},
+        final_logit_softcapping=5.0, max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    model = Gemma4ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.copy_(0.6 + 0.8 * torch.rand(1))
+    MODELS.append(model)
+    return model
+
+
+MODELS = []
+DENSE_RANDOMIZE = recurrent.randomize
+
+
+def randomize_moe(model) -> None:
+    """``recurrent.randomize``, then the experts (3-D) drawn like matrices of their input width
+    and the routers wide (see above)."""
+    DENSE_RANDOMIZE(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 3:
+                p.copy_(torch.randn_like(p) * 0.5 / p.shape[-1] ** 0.5)
+            elif name.endswith("router.proj.weight"):
+                p.copy_(torch.randn_like(p) * ROUTER_STD)
+
+
+def routing_report(model, sequences) -> None:
+    """Print the smallest gap between a token's k-th and (k+1)-th router probability at any
+    layer over ``sequences`` (each prompt and its greedy tokens: what a decode reads), the
+    experts chosen and the per-expert scales' range."""
+    k = model.config.top_k_experts
+    gaps, chosen = [], set()
+
+    def hook(_module, _inputs, output):
+        probs = output[0]
+        top = probs.topk(k + 1, dim=-1)
+        gaps.append(float((top.values[:, k - 1] - top.values[:, k]).min()))
+        chosen.update(top.indices[:, :k].flatten().tolist())
+
+    hooks = [layer.router.register_forward_hook(hook) for layer in model.model.layers]
+    with torch.no_grad():
+        for ids in sequences:
+            model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    scales = torch.cat([layer.router.per_expert_scale for layer in model.model.layers])
+    print(f"smallest top-{k} gap in router probabilities: {min(gaps):.3e}; experts reached: {sorted(chosen)}; "
+          f"per-expert scales {float(scales.min()):.3f} to {float(scales.max()):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
+    parser.add_argument("--only", choices=["gemma4", "gemma4moe"], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
     # Gemma 4's converter reads a SentencePiece-style BPE, not the other fixtures' byte-level one.
     recurrent.tokenizer = gemma_tokenizer
-    recurrent.make("gemma4", gemma4, args.llama_cpp, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32)
-    expected = recurrent.FIXTURES / "gemma4" / "expected.json"
-    data = json.loads(expected.read_text())
-    data["meta"]["generator"] = "tools/make_gemma4_fixtures.py"
-    expected.write_text(json.dumps(data) + "\n")
+    for name, build in [("gemma4", gemma4), ("gemma4moe", gemma4moe)]:
+        if args.only not in (None, name):
+            continue
+        recurrent.randomize = randomize_moe if name == "gemma4moe" else DENSE_RANDOMIZE
+        recurrent.make(name, build, args.llama_cpp, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32)
+        expected = recurrent.FIXTURES / name / "expected.json"
+        data = json.loads(expected.read_text())
+        data["meta"]["generator"] = "tools/make_gemma4_fixtures.py"
+        expected.write_text(json.dumps(data) + "\n")
+        if name == "gemma4moe":
+            sequences = [p["prompt_ids"] + p["greedy_ids"] for p in data["prompts"]]
+            routing_report(MODELS[-1], sequences)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ pub use crate::gpu::kernels::moe::Routing;
 /// lower expert), weighted by them, divided by their sum when normalised; the experts of the
 /// `k` largest logits, weighted by a softmax over those k (gpt-oss's `GptOssTopKRouter`); or
 /// the experts of the `k` largest sigmoid(logit) + `bias`, weighted by their sigmoid, divided
-/// by (their sum + 1e-6) when normalised (LFM2-MoE's `Lfm2MoeTopKRouter`). Returns (ids,
+/// by (their sum + 1e-6) when normalised (LFM2-MoE's `Lfm2MoeTopKRouter`); each weight then
+/// times its expert's `scale` where there is one (Gemma 4's `Gemma4TextRouter`). Returns (ids,
 /// weights), each (tokens, k).
 pub fn moe_route(
     logits: &[f32],
@@ -18,6 +19,7 @@ pub fn moe_route(
     k: usize,
     routing: Routing,
     bias: Option<&[f32]>,
+    scale: Option<&[f32]>,
 ) -> (Vec<u32>, Vec<f32>) {
     let sigmoid = |x: f32| 1.0 / (1.0 + (-x).exp());
     let scores = match routing {
@@ -39,13 +41,14 @@ pub fn moe_route(
         };
         for &e in top {
             ids.push(e as u32);
-            weights.push(match routing {
+            let weight = match routing {
                 Routing::Softmax { normalize: true } => (f64::from(row[e]) / sum) as f32,
                 Routing::Softmax { normalize: false } => row[e],
                 Routing::TopKSoftmax => ((f64::from(row[e]) - max).exp() / sum) as f32,
                 Routing::Sigmoid { normalize: true } => (f64::from(row[e]) / (sum + 1e-6)) as f32,
                 Routing::Sigmoid { normalize: false } => row[e],
-            });
+            };
+            weights.push(weight * scale.map_or(1.0, |s| s[e]));
         }
     }
     (ids, weights)

@@ -238,10 +238,10 @@ impl Epilogue {
 }
 
 /// What the experts' matmuls do with their sums: an expert's down projection writes them, its
-/// gate and up projections gate them (Qwen3-MoE's and most experts' SwiGLU, gpt-oss's clamped
-/// SwiGLU: `layers::ExpertGate`'s two; no MoE weft runs has GeGLU experts, and each epilogue
-/// costs every weight format's variants in each family).
-const MOE_EPILOGUES: [Epilogue; 3] = [Epilogue::None, Epilogue::SiluMul, Epilogue::SwigluOai];
+/// gate and up projections gate them (`config::ExpertGate`'s three: Qwen3-MoE's and most
+/// experts' SwiGLU, Gemma 4's GeGLU, gpt-oss's clamped SwiGLU; each epilogue costs every weight
+/// format's variants in each family).
+const MOE_EPILOGUES: [Epilogue; 4] = [Epilogue::None, Epilogue::SiluMul, Epilogue::GeluMul, Epilogue::SwigluOai];
 
 /// Bytes of one uniform activation window (the core WebGPU uniform binding limit).
 pub const X_WINDOW_BYTES: u64 = 65536;

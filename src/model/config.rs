@@ -210,6 +210,8 @@ pub enum ExpertGate {
     Silu,
     /// gpt-oss's clamped SwiGLU, `cpu::moe::swiglu_oai` (alpha 1.702, limit 7).
     SwigluOai,
+    /// gelu_tanh(gate) · up (Gemma 4's experts, as its dense MLP).
+    GeluTanh,
 }
 
 /// How the final hidden states of a prompt become one embedding (llama.cpp's
@@ -408,6 +410,8 @@ const MOE_SUPPORTED: &[&str] = &[
     "granitemoehybrid",
     "lfm2moe",
     "lfm2_moe",
+    "gemma4",
+    "gemma4_text",
 ];
 
 /// Why weft refuses a mixture-of-experts model: `architecture` routes each token through
@@ -464,6 +468,23 @@ fn granite_moe_from_hf(file: &str, v: &Value) -> Result<MoeConfig> {
         shared_expert_gated: false,
         leading_dense_layers: 0,
     })
+}
+
+/// Gemma 4's experts (transformers' `Gemma4TextRouter` and `Gemma4TextExperts`, llama.cpp's
+/// `gemma4` MoE layers): `experts` GeGLU experts of `ff`, `top_k` a token by softmax,
+/// renormalised (then scaled per expert, `MoeMlp::expert_scale`). The layer's dense MLP runs
+/// beside them where Gemma 4's architecture places it, so no shared expert is counted here.
+fn gemma4_moe(experts: usize, top_k: usize, ff: usize) -> MoeConfig {
+    MoeConfig {
+        num_experts: experts,
+        experts_per_token: top_k,
+        expert_intermediate_size: ff,
+        routing: Routing::Softmax { normalize: true },
+        gate: ExpertGate::GeluTanh,
+        shared_expert_size: 0,
+        shared_expert_gated: false,
+        leading_dense_layers: 0,
+    }
 }
 
 /// Qwen3-MoE's experts from `config.json` (transformers' `Qwen3MoeConfig`): every layer sparse,
@@ -873,6 +894,10 @@ impl ModelConfig {
             _ => 0,
         };
         let embed = gguf.tensor("token_embd.weight").ok_or_else(|| missing(file, "tensor token_embd.weight"))?;
+        let moe = match int("expert_count").ok().filter(|&n| n > 0) {
+            Some(n) => Some(gemma4_moe(n, int("expert_used_count")?, int("expert_feed_forward_length")?)),
+            None => None,
+        };
         let config = ModelConfig {
             architecture: "gemma4".into(),
             vocab_size: int("vocab_size").unwrap_or_else(|_| embed.shape()[0]),
@@ -901,7 +926,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
-            moe: None,
+            moe,
             gemma4: Some(Gemma4Config {
                 global_head_dim,
                 global_kv_heads: kv_of(false),
@@ -1262,13 +1287,15 @@ impl ModelConfig {
     /// transformers' `Gemma4TextConfig` (`Gemma4ForCausalLM`): per-layer `layer_types`, the
     /// full layers' head size and KV heads in `per_layer_config` (or `global_head_dim` and
     /// `num_global_key_value_heads`), proportional RoPE on them, KV sharing, per-layer
-    /// embeddings. Experts (`enable_moe_block`) are refused before this, by `hf_moe_refusal`.
+    /// embeddings, and with `enable_moe_block` routed experts in every layer beside its MLP
+    /// ([`gemma4_moe`]).
     fn gemma4_from_hf(file: &str, v: &Value) -> Result<ModelConfig> {
         let int = |key: &str| v[key].as_u64().map(|x| x as usize).ok_or_else(|| missing(file, key));
         let refuse = |detail: String| Err(WeftError::model(file, detail));
-        if v["enable_moe_block"].as_bool() == Some(true) {
-            return refuse("enable_moe_block is set: Gemma 4's mixture-of-experts layers are not supported".into());
-        }
+        let moe = match v["enable_moe_block"].as_bool() {
+            Some(true) => Some(gemma4_moe(int("num_experts")?, int("top_k_experts")?, int("moe_intermediate_size")?)),
+            _ => None,
+        };
         if let Some(act) = v["hidden_activation"].as_str().filter(|a| *a != "gelu_pytorch_tanh") {
             return refuse(format!("hidden_activation {act:?}; weft runs Gemma 4's gelu_pytorch_tanh"));
         }
@@ -1339,7 +1366,7 @@ impl ModelConfig {
             multipliers: None,
             no_rope_layers: Vec::new(),
             pooling: None,
-            moe: None,
+            moe,
             gemma4: Some(Gemma4Config {
                 kv_sources: gemma4_kv_sources(&sliding, first_shared_layer),
                 sliding,

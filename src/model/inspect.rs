@@ -283,6 +283,7 @@ impl fmt::Display for ModelReport {
                     m.experts_per_token,
                     match (m.routing, m.gate) {
                         (_, crate::model::config::ExpertGate::SwigluOai) => ", top-k logits softmaxed, clamped SwiGLU",
+                        (_, crate::model::config::ExpertGate::GeluTanh) => ", weights renormalised, GeGLU",
                         (crate::model::config::Routing::Softmax { normalize: true }, _) => ", weights renormalised",
                         (crate::model::config::Routing::TopKSoftmax, _) => ", top-k logits softmaxed",
                         _ => "",
@@ -290,6 +291,9 @@ impl fmt::Display for ModelReport {
                     if m.shared_expert_size > 0 {
                         let gated = if m.shared_expert_gated { "sigmoid-gated " } else { "" };
                         format!(" + a {gated}shared expert of MLP {}", m.shared_expert_size)
+                    } else if c.gemma4.is_some() {
+                        // Gemma 4's dense MLP runs beside its experts in every layer.
+                        format!(" + a dense MLP {}", c.intermediate_size)
                     } else {
                         String::new()
                     }

@@ -152,6 +152,7 @@ pub struct DeltaNetActivations {
 }
 
 /// The buffers of a mixture-of-experts MLP: the routing, then a row per (token, slot).
+#[derive(Clone)]
 pub struct MoeActivations {
     pub logits: GpuTensor,      // (tokens, experts): the router's
     pub ids: GpuTensor,         // (tokens, experts_per_token) U32: each slot's expert
@@ -297,7 +298,7 @@ impl Activations {
             rows: self.rows.clone(),
             normed: self.normed.clone(),
             ssm: None,
-            moe: None,
+            moe: self.moe.clone(),
             short_conv: None,
             delta_net: None,
             per_layer: self.per_layer.clone(),
@@ -657,6 +658,7 @@ pub struct MoeMlp {
     pub down: GpuTensor,                 // (experts · hidden, ff)
     pub down_bias: Option<GpuTensor>,    // (experts, hidden)
     pub choice_bias: Option<GpuTensor>,  // (experts): steers a sigmoid routing's choice (LFM2-MoE)
+    pub expert_scale: Option<GpuTensor>, // (experts): multiplies each chosen expert's weight (Gemma 4)
     pub shared: Option<Mlp>,
     pub shared_gate: Option<GpuTensor>, // (1, hidden): the shared expert's gate
 }
@@ -692,6 +694,10 @@ pub enum HfExperts<'a> {
     /// down), router `{prefix}.gate.weight`, choice bias `{prefix}.expert_bias`; prefix
     /// `model.layers.N.feed_forward`.
     Lfm2(&'a str),
+    /// Gemma 4, under the layer's prefix (`model.layers.N`): `experts.gate_up_proj` (experts,
+    /// 2 · ff, hidden), each expert's gate rows then its up rows, `experts.down_proj` (experts,
+    /// hidden, ff), router `router.proj`, each expert's weight scale `router.per_expert_scale`.
+    Gemma4(&'a str),
 }
 
 /// A layer's experts stacked as weft wants them, from a Hugging Face checkpoint: `gate_up`
@@ -867,6 +873,11 @@ impl MoeMlp {
                 let name = |part: &str| format!("{prefix}.block_sparse_moe.{part}");
                 let (gate_up, down) = (name("input_linear.weight"), name("output_linear.weight"));
                 stacked_experts(w, &gate_up, &down, name("router.layer.weight"), [experts, ff, hidden])?
+            }
+            (Checkpoint::HuggingFace, HfExperts::Gemma4(prefix)) => {
+                let name = |part: &str| format!("{prefix}.{part}");
+                let (gate_up, down) = (name("experts.gate_up_proj"), name("experts.down_proj"));
+                stacked_experts(w, &gate_up, &down, name("router.proj.weight"), [experts, ff, hidden])?
             }
             (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) if stacked_hf => {
                 let name = |part: &str| format!("{prefix}.{part}");
@@ -1049,6 +1060,19 @@ impl MoeMlp {
             }
             _ => None,
         };
+        // Gemma 4's per-expert scales; llama.cpp reads `ffn_down_exps.scale` of any
+        // architecture's GGUF (1 where absent), and so does weft.
+        let expert_scale = match (w.source.checkpoint(), hf) {
+            (Checkpoint::Gguf, _) => Some(format!("blk.{layer}.ffn_down_exps.scale")),
+            (Checkpoint::HuggingFace, HfExperts::Gemma4(prefix)) => Some(format!("{prefix}.router.per_expert_scale")),
+            _ => None,
+        };
+        let expert_scale = match expert_scale {
+            Some(name) if w.source.get(&name)?.is_some() => {
+                Some(w.factory.upload_f32(&[experts], &w.named_values(&name, experts)?)?)
+            }
+            _ => None,
+        };
         Ok(MoeMlp {
             shape,
             router: w.named_matrix(&host.router, &[experts, hidden])?,
@@ -1058,6 +1082,7 @@ impl MoeMlp {
             down: upload("down", &host.down, experts * hidden, ff)?,
             down_bias: upload_bias(host.down_bias, hidden)?,
             choice_bias,
+            expert_scale,
             shared,
             shared_gate,
         })
@@ -1065,6 +1090,19 @@ impl MoeMlp {
 
     /// `a.proj = moe(a.xn)`.
     pub fn forward(&self, ctx: &GpuContext, rec: &mut Recording, a: &Activations) -> Result<()> {
+        self.forward_routed_by(ctx, rec, a, &a.xn)
+    }
+
+    /// `a.proj = moe(a.xn)` with the experts chosen from `router_input` (tokens, hidden) rather
+    /// than a.xn (Gemma 4's router normalises the residual stream its own way). The router's
+    /// matmul reads it before the experts' sum is written, so it may be `a.proj`.
+    pub fn forward_routed_by(
+        &self,
+        ctx: &GpuContext,
+        rec: &mut Recording,
+        a: &Activations,
+        router_input: &GpuTensor,
+    ) -> Result<()> {
         let m = a.moe()?;
         let experts = self.shape.num_experts;
         if let Some(shared) = &self.shared {
@@ -1074,14 +1112,16 @@ impl MoeMlp {
             matmul(ctx, rec, &a.xn, gate, &m.shared_gate)?;
             sigmoid_mul(ctx, rec, &a.proj, &m.shared_gate)?;
         }
-        matmul(ctx, rec, &a.xn, &self.router, &m.logits)?;
+        matmul(ctx, rec, router_input, &self.router, &m.logits)?;
         if let Some(bias) = &self.router_bias {
             add_bias(ctx, rec, &m.logits, bias)?;
         }
-        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, self.shape.routing, self.choice_bias.as_ref())?;
+        let (routing, choice_bias, scale) = (self.shape.routing, self.choice_bias.as_ref(), self.expert_scale.as_ref());
+        moe_route(ctx, rec, &m.logits, &m.ids, &m.weights, routing, choice_bias, scale)?;
         let gate = match self.shape.gate {
             ExpertGate::Silu => Epilogue::SiluMul,
             ExpertGate::SwigluOai => Epilogue::SwigluOai,
+            ExpertGate::GeluTanh => Epilogue::GeluMul,
         };
         // Grouped by expert from GROUPED_MIN_TOKENS tokens; row by row below, where an expert
         // rarely has two rows to share its weights. The same bits either way.

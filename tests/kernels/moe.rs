@@ -1,6 +1,6 @@
 //! The mixture-of-experts kernels against `cpu::moe`: `moe_route` (softmax top-k, with and
 //! without renormalisation, and gpt-oss's softmax over the top-k logits; ties to the lower
-//! expert), the grouping of rows by expert (`moe_group`), and the experts' MLP as a layer
+//! expert; Gemma 4's per-expert weight scales), the grouping of rows by expert (`moe_group`), and the experts' MLP as a layer
 //! records it (`moe_group`, `moe_matmul` by tiles, gated and plain, `moe_combine`) over stacked
 //! experts in F32, Q8_0 and Q4_0 (and gpt-oss's biased experts with the clamped SwiGLU in F32
 //! and MXFP4), in every kernel setup, for 1, 7 and 64 tokens. Every setup sums in the same
@@ -22,14 +22,21 @@ const TOP_K: usize = 2;
 const HIDDEN: usize = 64;
 const FF: usize = 32;
 
-fn route_on_gpu(f: &GpuTensorFactory, logits: &[f32], routing: Routing, bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
+fn route_on_gpu(
+    f: &GpuTensorFactory,
+    logits: &[f32],
+    routing: Routing,
+    bias: Option<&[f32]>,
+    scale: Option<&[f32]>,
+) -> (Vec<u32>, Vec<f32>) {
     let tokens = logits.len() / EXPERTS;
     let lt = f.upload_f32(&[tokens, EXPERTS], logits).unwrap();
     let ids = f.zeros(&[tokens, TOP_K], DType::U32).unwrap();
     let weights = f.zeros(&[tokens, TOP_K], DType::F32).unwrap();
     let bias = bias.map(|b| f.upload_f32(&[EXPERTS], b).unwrap());
+    let scale = scale.map(|s| f.upload_f32(&[EXPERTS], s).unwrap());
     let mut rec = Recording::new();
-    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, routing, bias.as_ref()).unwrap();
+    moe_route(ctx(f), &mut rec, &lt, &ids, &weights, routing, bias.as_ref(), scale.as_ref()).unwrap();
     run(f, &rec);
     (read_u32(f, &ids), read_f32(f, &weights))
 }
@@ -55,8 +62,8 @@ fn route_matches_cpu() {
             Routing::Sigmoid { normalize: false },
             Routing::Sigmoid { normalize: true },
         ] {
-            let (ids, weights) = route_on_gpu(f, &logits, routing, None);
-            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None);
+            let (ids, weights) = route_on_gpu(f, &logits, routing, None, None);
+            let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None, None);
             assert_eq!(ids, want_ids, "{tokens} tokens, {routing:?}");
             assert_close(&format!("route weights, {tokens} tokens"), &weights, &want_weights, |i| {
                 (2 * EXPERTS + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
@@ -80,21 +87,44 @@ fn sigmoid_route_with_a_bias_matches_cpu() {
     let bias: Vec<f32> = (0..EXPERTS).map(|e| if e % 3 == 0 { 1.5 } else { -0.25 * e as f32 }).collect();
     for normalize in [false, true] {
         let routing = Routing::Sigmoid { normalize };
-        let (ids, weights) = route_on_gpu(f, &logits, routing, Some(&bias));
-        let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, Some(&bias));
+        let (ids, weights) = route_on_gpu(f, &logits, routing, Some(&bias), None);
+        let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, Some(&bias), None);
         assert_eq!(ids, want_ids, "{routing:?}");
         assert_close(&format!("sigmoid route weights, {routing:?}"), &weights, &want_weights, |i| {
             (2 * TOP_K + 8) as f64 * U * f64::from(want_weights[i]) + 1e-30
         });
-        let (unbiased, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None);
+        let (unbiased, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None, None);
         assert_ne!(ids, unbiased, "the bias changed no choice");
+    }
+}
+
+/// Gemma 4's routing: softmax, top k, renormalised, then each weight times its expert's scale.
+/// The scales change the weights only, never the choice; the weights are within the
+/// renormalised route's tolerance plus one rounding (the product) of the f64 reference.
+#[test]
+fn route_with_per_expert_scales_matches_cpu() {
+    let Some(f) = gpu() else { return };
+    let tokens = 7;
+    let logits = random(tokens * EXPERTS, 9, 3.0);
+    let scale: Vec<f32> = (0..EXPERTS).map(|e| 0.5 + 0.125 * e as f32).collect();
+    let routing = Routing::Softmax { normalize: true };
+    let (ids, weights) = route_on_gpu(f, &logits, routing, None, Some(&scale));
+    let (want_ids, want_weights) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, routing, None, Some(&scale));
+    assert_eq!(ids, want_ids);
+    assert_close("scaled route weights", &weights, &want_weights, |i| {
+        (2 * EXPERTS + 9) as f64 * U * f64::from(want_weights[i]) + 1e-30
+    });
+    let (plain_ids, plain) = route_on_gpu(f, &logits, routing, None, None);
+    assert_eq!(ids, plain_ids, "the scales changed a choice");
+    for (i, (w, p)) in weights.iter().zip(&plain).enumerate() {
+        assert_eq!(*w, p * scale[ids[i] as usize], "slot {i}: not the unscaled weight times its expert's scale");
     }
 }
 
 /// Each token's `top_k` distinct experts of `experts`, from random router logits.
 fn random_ids(tokens: usize, experts: usize, top_k: usize, seed: u64) -> Vec<u32> {
     let logits = random(tokens * experts, seed, 3.0);
-    weft::cpu::moe::moe_route(&logits, experts, top_k, Routing::Softmax { normalize: false }, None).0
+    weft::cpu::moe::moe_route(&logits, experts, top_k, Routing::Softmax { normalize: false }, None, None).0
 }
 
 /// `moe_group`'s tile table for `ids` (tokens, top_k), read back as (expert, rows) per tile.
@@ -211,7 +241,7 @@ fn projection(
 const UNWRITTEN: u32 = 0x7FC0_DEAD;
 
 /// The grouped kernel gives the per-row kernel's bits for `dtype`'s experts: gate and up with
-/// the SwiGLU (a row of x per token) and down (a row per slot), and with `biased`, gpt-oss's
+/// the SwiGLU and with the GeGLU (a row of x per token) and down (a row per slot), and with `biased`, gpt-oss's
 /// biases and clamped SwiGLU, over random routings of 1, 7 and 64 tokens (top 2 of 8: from one
 /// row an expert to 16, partial and full tiles), in `setups`.
 fn check_grouped(dtype: DType, setups: &[Setup], biased: bool) {
@@ -235,6 +265,7 @@ fn check_grouped(dtype: DType, setups: &[Setup], biased: bool) {
             let d_bias = f.upload_f32(&[EXPERTS, hidden], &down_bias).unwrap();
             let cases = [
                 ("gate and up", &xt, &gate_up, ff, Epilogue::SiluMul, None),
+                ("Gemma 4's GeGLU gate and up", &xt, &gate_up, ff, Epilogue::GeluMul, None),
                 ("down", &actt, &down, hidden, Epilogue::None, None),
                 ("gpt-oss's gate and up", &xt, &gate_up, ff, Epilogue::SwigluOai, Some(&gu_bias)),
                 ("biased down", &actt, &down, hidden, Epilogue::None, Some(&d_bias)),
@@ -359,6 +390,7 @@ fn routing(tokens: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
         EXPERTS,
         TOP_K,
         Routing::Softmax { normalize: true },
+        None,
         None,
     )
 }

@@ -17,7 +17,7 @@ use crate::gpu::recording::flat_grid;
 use crate::gpu::{GpuContext, GpuTensor, Recording, ShaderVariant, TensorPart};
 use crate::quant::DType;
 
-shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32, has_bias: u32 });
+shader_params!(RouteParams { tokens: u32, experts: u32, top_k: u32, mode: u32, has_bias: u32, has_scale: u32 });
 shader_params!(MatmulParams {
     rows: u32,
     k: u32,
@@ -83,7 +83,10 @@ impl Routing {
 
 /// Record each token's routing: `logits` (tokens, experts) F32 → `ids` (tokens, top_k) U32,
 /// the top_k experts by `routing`, largest first (ties to the lower expert), and `weights`
-/// (tokens, top_k) F32, their weights. `bias` (experts) F32 steers a sigmoid routing's choice.
+/// (tokens, top_k) F32, their weights. `bias` (experts) F32 steers a sigmoid routing's choice;
+/// `scale` (experts) F32 multiplies each chosen expert's weight last (Gemma 4's
+/// `per_expert_scale`).
+#[allow(clippy::too_many_arguments)]
 pub fn moe_route(
     ctx: &GpuContext,
     rec: &mut Recording,
@@ -92,6 +95,7 @@ pub fn moe_route(
     weights: &GpuTensor,
     routing: Routing,
     bias: Option<&GpuTensor>,
+    scale: Option<&GpuTensor>,
 ) -> Result<()> {
     const OP: &str = "moe_route";
     expect(OP, "logits", logits, DType::F32, &[None, None])?;
@@ -108,6 +112,7 @@ pub fn moe_route(
         top_k: u32_of(OP, "top_k", top_k)?,
         mode: routing.mode(),
         has_bias: u32::from(bias.is_some()),
+        has_scale: u32::from(scale.is_some()),
     };
     if let Some(b) = bias {
         if !matches!(routing, Routing::Sigmoid { .. }) {
@@ -115,9 +120,13 @@ pub fn moe_route(
         }
         expect(OP, "bias", b, DType::F32, &[Some(experts)])?;
     }
+    if let Some(s) = scale {
+        expect(OP, "scale", s, DType::F32, &[Some(experts)])?;
+    }
     let res = |t: &GpuTensor| t.single_part(OP)?.resource(ctx);
-    // Without a bias the kernel reads none: the logits stand in for the binding.
-    let bindings = vec![res(logits)?, res(ids)?, res(weights)?, res(bias.unwrap_or(logits))?];
+    // Without a bias or scale the kernel reads none: the logits stand in for the binding.
+    let (bias, scale) = (bias.unwrap_or(logits), scale.unwrap_or(logits));
+    let bindings = vec![res(logits)?, res(ids)?, res(weights)?, res(bias)?, res(scale)?];
     let grid = flat_grid(tokens, ROUTE_WORKGROUP);
     ctx.dispatch(rec, ShaderVariant::plain("moe_route"), bytemuck::bytes_of(&params), bindings, None, grid)
 }

@@ -1,6 +1,6 @@
 //! Gemma 4 (text) as one forward pass recorded on the GPU, from llama.cpp's GGUF layout or a
 //! Hugging Face directory (`gemma4_text`), with the small "E" models' per-layer embeddings and
-//! KV sharing.
+//! KV sharing, and the 26B A4B's mixture-of-experts layers.
 //!
 //! Reference: transformers' `models/gemma4/modeling_gemma4.py` (`Gemma4ForCausalLM`) and
 //! llama.cpp's `src/models/gemma4.cpp`. Before the layers, from the token embeddings scaled by
@@ -20,6 +20,17 @@
 //! x = h · layer_scalar
 //! ```
 //!
+//! In a mixture-of-experts layer (`enable_moe_block`) the dense MLP is one of two branches,
+//! each with its own norms, that meet before `post_ffw_norm`:
+//!
+//! ```text
+//! m = post_ffw_norm_1(down(gelu_tanh(gate(ffn_norm(h))) · up(ffn_norm(h))))
+//! p = softmax(router(rms_norm(h) · router_scale / √hidden));  e_1 … e_k = the k largest p
+//! w_s = p[e_s] / Σ p[e_s] · per_expert_scale[e_s]
+//! r = post_ffw_norm_2(Σ_s w_s · down_{e_s}(gelu_tanh(gate_{e_s}(n)) · up_{e_s}(n))),  n = pre_ffw_norm_2(h)
+//! h = h + post_ffw_norm(m + r)
+//! ```
+//!
 //! and the logits are cap · tanh(lm_head(norm(x)) / cap) with the final soft-cap. Unlike Gemma 3
 //! every norm multiplies by w itself (both checkpoints store w), v_norm has no weight, and
 //! attention is unscaled (q_norm does it). Sliding-window layers and full-attention layers have
@@ -31,7 +42,9 @@
 //! attends over the KV cache of the last earlier layer of its kind (`Gemma4Config::kv_sources`), so it neither writes a cache
 //! nor owns one (`ModelConfig::kv_source`, `kv_shape`); those layers' MLPs may be twice as wide
 //! (`use_double_wide_mlp`). RoPE pairs (i, i + head_dim/2), as Gemma's checkpoints keep them.
-//! Gemma 4's mixture-of-experts layers are refused when the config is read.
+//! The experts run as every MoE model's do ([`MoeMlp`]): the router's own input norm is an
+//! RMSNorm whose weight is router_scale / √hidden, and the per-expert scales (llama.cpp's
+//! `ffn_down_exps.scale`) multiply the routing weights.
 
 use crate::error::{Result, WeftError};
 use crate::gpu::kernels::elementwise::{add, gelu_mul_at, scale, softcap};
@@ -44,7 +57,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::config::{Gemma4Config, ModelConfig};
 use crate::model::kv_pool::KvPool;
-use crate::model::layers::{Activations, Gate, Linear, Mlp, StepInputs};
+use crate::model::layers::{Activations, Gate, HfExperts, Linear, Mlp, MoeMlp, StepInputs};
 use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
@@ -63,6 +76,15 @@ struct PerLayerBranch {
     norm: GpuTensor, // (hidden): post_norm
 }
 
+/// A mixture-of-experts layer's routed experts and the norms around them and the dense MLP.
+struct Experts {
+    router_norm: GpuTensor,   // (hidden): router_scale / √hidden, the router's input norm weight
+    pre_norm: GpuTensor,      // (hidden): pre_ffw_norm_2, the experts' input norm
+    moe: MoeMlp,              // router, experts, per-expert scales
+    mlp_post_norm: GpuTensor, // (hidden): post_ffw_norm_1, the dense MLP's output norm
+    post_norm: GpuTensor,     // (hidden): post_ffw_norm_2, the experts' output norm
+}
+
 struct Layer {
     attn_norm: GpuTensor, // (hidden)
     attention: Attention,
@@ -70,6 +92,7 @@ struct Layer {
     ffn_norm: GpuTensor,       // (hidden)
     mlp: Mlp,
     post_ffn_norm: GpuTensor, // (hidden)
+    experts: Option<Experts>,
     per_layer: Option<PerLayerBranch>,
     /// The layer's output scale (`layer_scalar`; 1 skips the dispatch).
     scalar: f32,
@@ -162,6 +185,24 @@ impl Gemma4Model {
             } else {
                 None
             };
+            let experts = match c.moe {
+                Some(moe) => {
+                    let vector = |gguf, hf| -> Result<GpuTensor> {
+                        factory.upload_f32(&[hidden], &w.named_values(&named(Some(i), gguf, hf), hidden)?)
+                    };
+                    let root = (hidden as f64).powf(-0.5) as f32;
+                    let router_scale = w.named_values(&named(Some(i), "ffn_gate_inp.scale", "router.scale"), hidden)?;
+                    let router_norm: Vec<f32> = router_scale.iter().map(|s| s * root).collect();
+                    Some(Experts {
+                        router_norm: factory.upload_f32(&[hidden], &router_norm)?,
+                        pre_norm: vector("pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight")?,
+                        moe: MoeMlp::load(&w, moe, hidden, i, HfExperts::Gemma4(&format!("model.layers.{i}")))?,
+                        mlp_post_norm: vector("post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight")?,
+                        post_norm: vector("post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight")?,
+                    })
+                }
+                None => None,
+            };
             let scalar = named(Some(i), "layer_output_scale.weight", "layer_scalar");
             let scalar = if source.get(&scalar)?.is_some() { w.named_values(&scalar, 1)?[0] } else { 1.0 };
             layers.push(Layer {
@@ -180,6 +221,7 @@ impl Gemma4Model {
                     gate: Gate::GeluTanh,
                 },
                 post_ffn_norm: norm(Part::PostFfnNorm)?,
+                experts,
                 per_layer,
                 scalar,
             });
@@ -319,11 +361,27 @@ impl Architecture for Gemma4Model {
             attn.o.forward(ctx, rec, &la.attn, &la.proj)?;
             rms_norm(ctx, rec, &la.proj, &layer.post_attn_norm, &la.normed, eps)?;
 
-            // The MLP.
+            // The MLP (beside the experts in a mixture-of-experts layer).
             add_rms_norm(ctx, rec, &la.x, &la.normed, &layer.ffn_norm, &la.xn, eps)?;
             layer.mlp.forward(ctx, rec, &la, None)?;
-            rms_norm(ctx, rec, &la.proj, &layer.post_ffn_norm, &la.normed, eps)?;
-            add(ctx, rec, &la.x, &la.normed)?;
+            let ffn_out = match &layer.experts {
+                None => {
+                    rms_norm(ctx, rec, &la.proj, &layer.post_ffn_norm, &la.normed, eps)?;
+                    &la.normed
+                }
+                Some(e) => {
+                    rms_norm(ctx, rec, &la.proj, &e.mlp_post_norm, &la.normed, eps)?;
+                    // a.proj is free until the experts' sum: it holds the router's input.
+                    rms_norm(ctx, rec, &la.x, &e.router_norm, &la.proj, eps)?;
+                    rms_norm(ctx, rec, &la.x, &e.pre_norm, &la.xn, eps)?;
+                    e.moe.forward_routed_by(ctx, rec, &la, &la.proj)?;
+                    rms_norm(ctx, rec, &la.proj, &e.post_norm, &la.xn, eps)?;
+                    // The two branches summed, then the layer's post-norm.
+                    add_rms_norm(ctx, rec, &la.normed, &la.xn, &layer.post_ffn_norm, &la.proj, eps)?;
+                    &la.proj
+                }
+            };
+            add(ctx, rec, &la.x, ffn_out)?;
 
             // The per-layer embedding's branch.
             if let (Some(branch), Some(buffers)) = (&layer.per_layer, &la.per_layer) {
