@@ -48,6 +48,13 @@
 //!   experts (transformers' `*_blocks` / `*_scales`, which llama.cpp repacks and weft repacks
 //!   at load the same way), both checkpoints.
 //!
+//! - `tests/fixtures/gemma3n/` (`tools/make_gemma3n_fixtures.py`): a `Gemma3nForCausalLM`:
+//!   AltUp over 4 streams, Laurel of rank 32, activation sparsity 0.95 in the first two layers,
+//!   per-layer embeddings, KV sharing in the last two layers, MLP widths differing by layer,
+//!   both checkpoints, 4 prompts and 32 greedy tokens. Its logits are held to the same 1e-4: the
+//!   same f32 arithmetic in another order, a few more norms deep (AltUp's streams are f32 sums of
+//!   4 terms; printed differences are about 1e-6).
+//!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
 //! most 29 positions) run on a model opened for a 32-position context (short factors), the
@@ -677,10 +684,10 @@ fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
     }
 }
 
-/// Gemma 4's prompts: all four, or the first alone in the GPU families' runs
-/// (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
-fn gemma4_prompts() -> Vec<Value> {
-    let mut prompts = expected_of("gemma4")["prompts"].as_array().unwrap().clone();
+/// A Gemma fixture's prompts (`gemma4`, `gemma3n`): all four, or the first alone in the GPU
+/// families' runs (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
+fn gemma_prompts(name: &str) -> Vec<Value> {
+    let mut prompts = expected_of(name)["prompts"].as_array().unwrap().clone();
     let env = |name: &str| std::env::var(name).as_deref() == Ok("1");
     if env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") {
         prompts.truncate(1);
@@ -691,7 +698,7 @@ fn gemma4_prompts() -> Vec<Value> {
 #[test]
 fn gemma4_llama_cpp_gguf_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts(), "gemma4/model.gguf");
+    fidelity(&f, "gemma4/model.gguf", None, &gemma_prompts("gemma4"), "gemma4/model.gguf");
 }
 
 /// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
@@ -718,7 +725,7 @@ fn gemma4_checkpoints_read_the_same_config() {
 #[test]
 fn gemma4_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/hf", None, &gemma4_prompts(), "gemma4/hf");
+    fidelity(&f, "gemma4/hf", None, &gemma_prompts("gemma4"), "gemma4/hf");
 }
 
 /// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
@@ -761,9 +768,15 @@ fn gemma4_shared_layers_take_no_kv_memory() {
 #[test]
 fn gemma4_batch_and_chunk_invariance() {
     let Some(f) = factory() else { return };
-    let exec = ModelFiles::open(&fixture("gemma4/hf")).unwrap().executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+    batch_and_chunk_invariance(&f, "gemma4");
+}
+
+/// [`gemma4_batch_and_chunk_invariance`] for the fixture `name` (its `hf/`, four prompts).
+fn batch_and_chunk_invariance(f: &GpuTensorFactory, name: &str) {
+    let hf = format!("{name}/hf");
+    let exec = ModelFiles::open(&fixture(&hf)).unwrap().executor(f, KvCacheConfig::new(BLOCK, 64)).unwrap();
     let prompts: Vec<Vec<u32>> =
-        expected_of("gemma4")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+        expected_of(name)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
     // Prompt 2 prefilled `chunk` tokens a step (beside the other prompts' whole prefills
     // when `others`), then three decode steps; prompt 2's logits after each.
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
@@ -815,5 +828,121 @@ fn gemma4_refusals_name_the_feature() {
     assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
     let act = refusal(&|v| v["hidden_activation"] = "silu".into());
     assert!(act.contains("hidden_activation \"silu\""), "{act}");
+    assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
+}
+
+#[test]
+fn gemma3n_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma3n/hf", None, &gemma_prompts("gemma3n"), "gemma3n/hf");
+}
+
+#[test]
+fn gemma3n_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma3n/model.gguf", None, &gemma_prompts("gemma3n"), "gemma3n/model.gguf");
+}
+
+/// Both checkpoints read the same model. The sparsity's cutoff is the outside truth for weft's
+/// normal quantile: the GGUF carries torch's `icdf(0.95)` (f32) as llama.cpp's converter wrote
+/// it, the Hugging Face config only 0.95, which weft turns into the same f32.
+#[test]
+fn gemma3n_checkpoints_read_the_same_config() {
+    let gguf = ModelFiles::open(&fixture("gemma3n/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma3n/hf")).unwrap().config;
+    let g = gguf.gemma4.as_ref().unwrap();
+    let x = g.gemma3n.as_ref().unwrap();
+    assert_eq!(g.sliding, [true, true, true, false, true, false]);
+    assert_eq!(
+        (g.kv_sources.as_slice(), g.intermediate_sizes.as_slice()),
+        (&[0, 1, 2, 3, 2, 3][..], &[96, 64, 96, 96, 64, 96][..])
+    );
+    assert_eq!((g.per_layer_input_size, g.per_layer_vocab_size, g.final_logit_softcapping), (32, 304, Some(5.0)));
+    assert_eq!((x.altup_num_inputs, x.altup_active_idx, x.altup_correct_scale, x.laurel_rank), (4, 0, true, 32));
+    let cut = Some(1.644_853_6f32);
+    assert_eq!(x.sparsity_std_multipliers, [cut, cut, None, None, None, None]);
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    let shape = |c: &weft::model::config::ModelConfig| {
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.rope_theta, c.rope_local_theta, c.sliding_window, c.rms_norm_eps)
+    };
+    assert_eq!(shape(&gguf), shape(&hf));
+    assert_eq!((gguf.architecture.as_str(), hf.architecture.as_str()), ("gemma3n", "gemma3n_text"));
+}
+
+/// A multimodal Gemma 3n's `config.json` (model_type "gemma3n") is read through its
+/// `text_config`, the towers' configs ignored; its weights are looked up under
+/// `model.language_model.` (`Gemma3nForConditionalGeneration`'s names).
+#[test]
+fn gemma3n_multimodal_config_reads_its_text_config() {
+    use weft::model::config::ModelConfig;
+    let text: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("gemma3n/hf/config.json")).unwrap()).unwrap();
+    let outer = serde_json::json!({
+        "model_type": "gemma3n",
+        "architectures": ["Gemma3nForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"model_type": "gemma3n_vision"},
+        "audio_config": {"model_type": "gemma3n_audio"},
+    });
+    let wrapped = ModelConfig::from_hf_json("config.json", &outer.to_string()).unwrap();
+    let plain = ModelConfig::from_hf_json("config.json", &text.to_string()).unwrap();
+    assert_eq!(wrapped.architecture, "gemma3n");
+    assert_eq!(wrapped.gemma4, plain.gemma4);
+    let bare = serde_json::json!({"model_type": "gemma3n"});
+    let err = ModelConfig::from_hf_json("config.json", &bare.to_string()).unwrap_err().to_string();
+    assert!(err.contains("text_config"), "{err}");
+}
+
+/// The fixture exercises what Gemma 3n adds: each changed alone moves the longest prompt's
+/// last logits (33 tokens: past the window of 8) ten times the fidelity tolerance or more.
+#[test]
+fn gemma3n_features_are_visible() {
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut weft::model::config::Gemma4Config);
+    let changes: [(&str, Change); 4] = [
+        ("no activation sparsity", |g| g.gemma3n.as_mut().unwrap().sparsity_std_multipliers.fill(None)),
+        ("no correct_output_scale", |g| g.gemma3n.as_mut().unwrap().altup_correct_scale = false),
+        ("layer 4 reading layer 0's cache instead of layer 2's", |g| g.kv_sources[4] = 0),
+        ("no final soft-cap", |g| g.final_logit_softcapping = None),
+    ];
+    for (what, change) in changes {
+        let mut files = ModelFiles::open(&fixture("gemma3n/hf")).unwrap();
+        change(files.config.gemma4.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma3n", 2);
+        eprintln!("gemma3n with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
+/// The 33-token prompt alone, in chunks and beside the others: the same bits every way (the
+/// AltUp streams and the sparsity's row statistics are per token).
+#[test]
+fn gemma3n_batch_and_chunk_invariance() {
+    let Some(f) = factory() else { return };
+    batch_and_chunk_invariance(&f, "gemma3n");
+}
+
+/// What weft cannot run of a Gemma 3n config is refused by name.
+#[test]
+fn gemma3n_refusals_name_the_feature() {
+    use weft::model::config::ModelConfig;
+    let text = std::fs::read_to_string(fixture("gemma3n/hf/config.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    let refusal = |change: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        change(&mut v);
+        ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
+    };
+    let act = refusal(&|v| v["hidden_activation"] = "silu".into());
+    assert!(act.contains("hidden_activation \"silu\""), "{act}");
+    let streams = refusal(&|v| v["altup_num_inputs"] = 9.into());
+    assert!(streams.contains("altup_num_inputs is 9") && streams.contains("2 to 8"), "{streams}");
+    let active = refusal(&|v| v["altup_active_idx"] = 4.into());
+    assert!(active.contains("altup_active_idx 4 of 4"), "{active}");
+    let rope = refusal(&|v| v["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into());
+    assert!(rope.contains("rope_type \"yarn\""), "{rope}");
+    let sparsity = refusal(&|v| v["activation_sparsity_pattern"] = serde_json::json!([0.95]));
+    assert!(sparsity.contains("do not cover the model's 6 layers"), "{sparsity}");
     assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
 }
