@@ -946,3 +946,42 @@ fn gemma3n_refusals_name_the_feature() {
     assert!(sparsity.contains("do not cover the model's 6 layers"), "{sparsity}");
     assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
 }
+
+/// A multimodal Gemma 3n directory (`Gemma3nForConditionalGeneration`: model_type "gemma3n",
+/// the text model's weights under `model.language_model.`) runs its text model: the fixture's
+/// directory rewritten so (same tensor bytes, renamed; the config wrapped as `text_config`)
+/// matches transformers as the plain one does.
+#[test]
+fn gemma3n_multimodal_directory_runs_its_text_model() {
+    let Some(f) = factory() else { return };
+    let src = fixture("gemma3n/hf");
+    let dir = std::env::temp_dir().join(format!("weft-gemma3n-multimodal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let text: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let config =
+        serde_json::json!({"model_type": "gemma3n", "text_config": text, "vision_config": {}, "audio_config": {}});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    // safetensors: an 8-byte little-endian header length, the JSON header, then the data, which
+    // the header's offsets index from its end, so renaming keys leaves the data as it is.
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let renamed: serde_json::Map<String, Value> = header
+        .into_iter()
+        .map(|(k, v)| match k.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), v),
+            None => (k, v),
+        })
+        .collect();
+    let mut header = serde_json::to_vec(&renamed).unwrap();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&bytes[8 + header_len..]);
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    let prompts = &gemma_prompts("gemma3n")[..1];
+    fidelity(&f, dir.to_str().unwrap(), None, prompts, "gemma3n multimodal directory");
+    assert_eq!(ModelFiles::open(&dir).unwrap().config.architecture, "gemma3n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
