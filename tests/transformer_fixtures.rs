@@ -985,3 +985,59 @@ fn gemma3n_multimodal_directory_runs_its_text_model() {
     assert_eq!(ModelFiles::open(&dir).unwrap().config.architecture, "gemma3n");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A Gemma 3n GGUF's metadata is read as llama.cpp's converter writes it, and what is missing
+/// or beyond weft is refused naming the key: a small file of metadata and the three tensors the
+/// config reads its sizes from (the token tables' rows, Laurel's rank).
+#[test]
+fn gemma3n_gguf_config_names_what_is_wrong() {
+    use weft::model::config::ModelConfig;
+    use weft::model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+    let gguf = |change: &dyn Fn(&mut Vec<(&'static str, MetaValue)>)| {
+        let mut meta = vec![
+            ("general.architecture", MetaValue::String("gemma3n".into())),
+            ("gemma3n.block_count", MetaValue::U32(2)),
+            ("gemma3n.context_length", MetaValue::U32(128)),
+            ("gemma3n.embedding_length", MetaValue::U32(64)),
+            ("gemma3n.feed_forward_length", MetaValue::Array(vec![MetaValue::I32(96), MetaValue::I32(64)])),
+            ("gemma3n.attention.head_count", MetaValue::U32(4)),
+            ("gemma3n.attention.head_count_kv", MetaValue::U32(2)),
+            ("gemma3n.attention.key_length", MetaValue::U32(16)),
+            ("gemma3n.attention.sliding_window", MetaValue::U32(8)),
+            (
+                "gemma3n.attention.sliding_window_pattern",
+                MetaValue::Array(vec![MetaValue::Bool(true), MetaValue::Bool(false)]),
+            ),
+            ("gemma3n.altup.num_inputs", MetaValue::U32(4)),
+            ("gemma3n.embedding_length_per_layer_input", MetaValue::U32(32)),
+            (
+                "gemma3n.activation_sparsity_scale",
+                MetaValue::Array(vec![MetaValue::F32(1.5), MetaValue::F32(f32::NEG_INFINITY)]),
+            ),
+        ];
+        change(&mut meta);
+        let mut w = GgufWriter::new();
+        for (key, value) in meta {
+            w.metadata(key, value);
+        }
+        w.tensor("token_embd.weight", &[64, 8], GgmlType::F32, &[0; 64 * 8 * 4])
+            .tensor("per_layer_token_embd.weight", &[64, 8], GgmlType::F32, &[0; 64 * 8 * 4])
+            .tensor("blk.0.laurel_l.weight", &[64, 16], GgmlType::F32, &[0; 64 * 16 * 4]);
+        ModelConfig::from_gguf(&GgufFile::from_bytes("gemma3n.gguf", w.to_bytes()).unwrap())
+    };
+    let c = gguf(&|_| {}).unwrap();
+    let x = c.gemma4.as_ref().unwrap().gemma3n.as_ref().unwrap();
+    assert_eq!((x.altup_num_inputs, x.laurel_rank, x.altup_correct_scale), (4, 16, false));
+    assert_eq!(x.sparsity_std_multipliers, [Some(1.5), None]);
+    assert_eq!(c.gemma4.as_ref().unwrap().intermediate_sizes, [96, 64]);
+    let err = |change: &dyn Fn(&mut Vec<(&'static str, MetaValue)>)| gguf(change).unwrap_err().to_string();
+    let missing = err(&|m| m.retain(|(k, _)| *k != "gemma3n.altup.num_inputs"));
+    assert!(missing.contains("gemma3n.altup.num_inputs"), "{missing}");
+    let many = err(&|m| m.push(("gemma3n.altup.num_inputs", MetaValue::U32(9))));
+    assert!(many.contains("altup_num_inputs is 9"), "{many}");
+    let pattern = err(&|m| {
+        m.retain(|(k, _)| *k != "gemma3n.attention.sliding_window_pattern");
+        m.push(("gemma3n.attention.sliding_window_pattern", MetaValue::Array(vec![MetaValue::Bool(true)])));
+    });
+    assert!(pattern.contains("sliding_window_pattern has 1 entries; the model has 2 layers"), "{pattern}");
+}

@@ -310,6 +310,16 @@ pub fn config_from_gguf(gguf: &GgufFile) -> Result<ModelConfig> {
     let sliding = gguf
         .get_bool_array(&key("attention.sliding_window_pattern"))
         .ok_or_else(|| missing(file, &key("attention.sliding_window_pattern")))?;
+    if sliding.len() != num_layers {
+        return Err(WeftError::model(
+            file,
+            format!(
+                "{} has {} entries; the model has {num_layers} layers",
+                key("attention.sliding_window_pattern"),
+                sliding.len()
+            ),
+        ));
+    }
     let sparsity = gguf.get_f32_array(&key("activation_sparsity_scale")).unwrap_or_else(|| vec![0.0; num_layers]);
     let tensor_rows =
         |name: &str| gguf.tensor(name).map(|t| t.shape()[0]).ok_or_else(|| missing(file, &format!("tensor {name}")));
