@@ -993,7 +993,8 @@ fn gemma3n_multimodal_directory_runs_its_text_model() {
 fn gemma3n_gguf_config_names_what_is_wrong() {
     use weft::model::config::ModelConfig;
     use weft::model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
-    let gguf = |change: &dyn Fn(&mut Vec<(&'static str, MetaValue)>)| {
+    type Meta = Vec<(&'static str, MetaValue)>;
+    let gguf = |change: &dyn Fn(&mut Meta)| {
         let mut meta = vec![
             ("general.architecture", MetaValue::String("gemma3n".into())),
             ("gemma3n.block_count", MetaValue::U32(2)),
@@ -1030,7 +1031,7 @@ fn gemma3n_gguf_config_names_what_is_wrong() {
     assert_eq!((x.altup_num_inputs, x.laurel_rank, x.altup_correct_scale), (4, 16, false));
     assert_eq!(x.sparsity_std_multipliers, [Some(1.5), None]);
     assert_eq!(c.gemma4.as_ref().unwrap().intermediate_sizes, [96, 64]);
-    let err = |change: &dyn Fn(&mut Vec<(&'static str, MetaValue)>)| gguf(change).unwrap_err().to_string();
+    let err = |change: &dyn Fn(&mut Meta)| gguf(change).unwrap_err().to_string();
     let missing = err(&|m| m.retain(|(k, _)| *k != "gemma3n.altup.num_inputs"));
     assert!(missing.contains("gemma3n.altup.num_inputs"), "{missing}");
     let many = err(&|m| m.push(("gemma3n.altup.num_inputs", MetaValue::U32(9))));
