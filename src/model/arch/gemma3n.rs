@@ -550,7 +550,9 @@ impl Gemma3nModel {
 
 /// The n - 1 projections making streams 1.. from the embedding and back: Hugging Face keeps
 /// each as its own matrix (`altup_projections.{j}`), llama.cpp's converter stacks them in one
-/// (n - 1, hidden, hidden) tensor (`altup_proj`), split here into matrices.
+/// (n - 1, hidden, hidden) tensor (`altup_proj`), split here into matrices. The stacked one is
+/// decoded to F32 whatever its format (a quantized stack cannot be split into matrices of its
+/// own format row by row on every device): the same values, at 4 bytes each.
 fn stream_projections(w: &Loader<'_>, n: usize, hidden: usize) -> Result<(Vec<GpuTensor>, Vec<GpuTensor>)> {
     let each = |gguf: &str, hf: &str| -> Result<Vec<GpuTensor>> {
         match w.source.checkpoint() {
@@ -558,7 +560,16 @@ fn stream_projections(w: &Loader<'_>, n: usize, hidden: usize) -> Result<(Vec<Gp
                 (0..n - 1).map(|j| w.named_matrix(&format!("model.{hf}.{j}.weight"), &[hidden, hidden])).collect()
             }
             Checkpoint::Gguf => {
-                let all = w.named_f32(gguf, &[n - 1, hidden, hidden])?;
+                let file = w.source.file();
+                let t =
+                    w.source.get(gguf)?.ok_or_else(|| WeftError::model(file, format!("tensor {gguf} is missing")))?;
+                if t.shape != [n - 1, hidden, hidden] {
+                    return Err(WeftError::model(
+                        file,
+                        format!("tensor {gguf} has shape {:?}, expected {:?}", t.shape, [n - 1, hidden, hidden]),
+                    ));
+                }
+                let all = crate::quant::dequantize(t.dtype, &t.bytes)?;
                 all.chunks(hidden * hidden).map(|m| w.factory.upload_f32(&[hidden, hidden], m)).collect()
             }
         }
