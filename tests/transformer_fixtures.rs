@@ -1042,3 +1042,33 @@ fn gemma3n_gguf_config_names_what_is_wrong() {
     });
     assert!(pattern.contains("sliding_window_pattern has 1 entries; the model has 2 layers"), "{pattern}");
 }
+
+/// The engine builds and serves Gemma 3n within what `plan_kv` sets aside before anything is
+/// uploaded (the workspace estimate counts AltUp's streams and Laurel's buffers), and greedy
+/// decoding through the engine gives what the executor's steps give.
+#[test]
+fn gemma3n_engine_serves_within_its_plan() {
+    use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+    use weft::sampling::SamplingParams;
+    let Some(f) = factory() else { return };
+    let path = fixture("gemma3n/hf");
+    let builder = || weft::EngineBuilder::from_model(&path).unwrap();
+    let planned = builder().plan_kv(f.context()).unwrap();
+    let before = f.context().creations().bytes;
+    let engine = builder().build_on(f.context().clone()).unwrap();
+    let made = f.context().creations().bytes - before;
+    let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());
+    let token_values = ModelFiles::open(&path).unwrap().config.kv_token_values();
+    let pool = (kv.num_blocks * weft::kv::KvCacheConfig::block_bytes(kv.block_size, token_values, kv.dtype)) as u64;
+    assert!(made <= planned.weights_bytes + pool + planned.other_bytes, "{made} bytes made for {planned:?}");
+    let p = &expected_of("gemma3n")["prompts"][0];
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(8),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let request = InferenceRequest::new(Prompt::Tokens(u32s(&p["prompt_ids"])), params);
+    let out = weft::rt::block_on(engine.infer(request)).unwrap();
+    assert_eq!(out.token_ids, u32s(&p["greedy_ids"])[..8]);
+}
