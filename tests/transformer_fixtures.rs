@@ -56,6 +56,12 @@
 //!   fused `ffn_gate_up_exps` and `ffn_down_exps.scale`), 32 greedy tokens. All 8 experts are
 //!   reached; the smallest gap between a token's second and third router probability is 9.5e-5.
 //!   The four prompts together are 64 tokens: the experts run grouped by expert.
+//! - `tests/fixtures/gemma3n/` (`tools/make_gemma3n_fixtures.py`): a `Gemma3nForCausalLM`:
+//!   AltUp over 4 streams, Laurel of rank 32, activation sparsity 0.95 in the first two layers,
+//!   per-layer embeddings, KV sharing in the last two layers, MLP widths differing by layer,
+//!   both checkpoints, 4 prompts and 32 greedy tokens. Its logits are held to the same 1e-4: the
+//!   same f32 arithmetic in another order, a few more norms deep (AltUp's streams are f32 sums of
+//!   4 terms; printed differences are about 1e-6).
 //!
 //! transformers picks LongRoPE's factors per forward pass (long once a position passes 32);
 //! weft picks them by the context it serves, as llama.cpp does. So Phi-3's two short prompts (at
@@ -686,10 +692,10 @@ fn moe_batch_is_invariant(f: &GpuTensorFactory, family: &str) {
     }
 }
 
-/// Gemma 4's prompts (`family` gemma4 or gemma4moe): all four, or the first alone in the GPU
+/// A Gemma fixture's prompts (`gemma4`, `gemma3n`): all four, or the first alone in the GPU
 /// families' runs (`WEFT_ONE_PROMPT=1`, outside `WEFT_FULL=1`).
-fn gemma4_prompts(family: &str) -> Vec<Value> {
-    let mut prompts = expected_of(family)["prompts"].as_array().unwrap().clone();
+fn gemma_prompts(name: &str) -> Vec<Value> {
+    let mut prompts = expected_of(name)["prompts"].as_array().unwrap().clone();
     let env = |name: &str| std::env::var(name).as_deref() == Ok("1");
     if env("WEFT_ONE_PROMPT") && !env("WEFT_FULL") {
         prompts.truncate(1);
@@ -700,7 +706,7 @@ fn gemma4_prompts(family: &str) -> Vec<Value> {
 #[test]
 fn gemma4_llama_cpp_gguf_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/model.gguf", None, &gemma4_prompts("gemma4"), "gemma4/model.gguf");
+    fidelity(&f, "gemma4/model.gguf", None, &gemma_prompts("gemma4"), "gemma4/model.gguf");
 }
 
 /// llama.cpp's converter writes Gemma 4's layout in its own keys (per-layer KV heads and MLP
@@ -727,7 +733,7 @@ fn gemma4_checkpoints_read_the_same_config() {
 #[test]
 fn gemma4_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4/hf", None, &gemma4_prompts("gemma4"), "gemma4/hf");
+    fidelity(&f, "gemma4/hf", None, &gemma_prompts("gemma4"), "gemma4/hf");
 }
 
 /// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
@@ -770,18 +776,15 @@ fn gemma4_shared_layers_take_no_kv_memory() {
 #[test]
 fn gemma4_batch_and_chunk_invariance() {
     let Some(f) = factory() else { return };
-    gemma4_batch_and_chunk_invariance_of(&f, "gemma4");
+    batch_and_chunk_invariance(&f, "gemma4");
 }
 
-/// `family`'s 33-token prompt alone in one pass, in chunks, and beside the other prompts, then
-/// three greedy decode steps: the same bits every way.
-fn gemma4_batch_and_chunk_invariance_of(f: &GpuTensorFactory, family: &str) {
-    let exec = ModelFiles::open(&fixture(&format!("{family}/hf")))
-        .unwrap()
-        .executor(f, KvCacheConfig::new(BLOCK, 64))
-        .unwrap();
+/// [`gemma4_batch_and_chunk_invariance`] for the fixture `name` (its `hf/`, four prompts).
+fn batch_and_chunk_invariance(f: &GpuTensorFactory, name: &str) {
+    let hf = format!("{name}/hf");
+    let exec = ModelFiles::open(&fixture(&hf)).unwrap().executor(f, KvCacheConfig::new(BLOCK, 64)).unwrap();
     let prompts: Vec<Vec<u32>> =
-        expected_of(family)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
+        expected_of(name)["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"])).collect();
     // Prompt 2 prefilled `chunk` tokens a step (beside the other prompts' whole prefills
     // when `others`), then three decode steps; prompt 2's logits after each.
     let run = |chunk: usize, others: bool| -> Vec<Vec<f32>> {
@@ -836,13 +839,13 @@ fn gemma4_refusals_name_the_feature() {
 #[test]
 fn gemma4moe_llama_cpp_gguf_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4moe/model.gguf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/model.gguf");
+    fidelity(&f, "gemma4moe/model.gguf", None, &gemma_prompts("gemma4moe"), "gemma4moe/model.gguf");
 }
 
 #[test]
 fn gemma4moe_hf_directory_matches_transformers() {
     let Some(f) = factory() else { return };
-    fidelity(&f, "gemma4moe/hf", None, &gemma4_prompts("gemma4moe"), "gemma4moe/hf");
+    fidelity(&f, "gemma4moe/hf", None, &gemma_prompts("gemma4moe"), "gemma4moe/hf");
 }
 
 /// llama.cpp's converter writes Gemma 4's experts under the generic `expert_*` keys; both
@@ -893,7 +896,7 @@ fn gemma4moe_batch_and_chunk_invariance() {
     let lengths: usize =
         expected_of("gemma4moe")["prompts"].as_array().unwrap().iter().map(|p| u32s(&p["prompt_ids"]).len()).sum();
     assert!(lengths >= weft::model::layers::GROUPED_MIN_TOKENS, "the batch of all prompts runs the experts row by row");
-    gemma4_batch_and_chunk_invariance_of(&f, "gemma4moe");
+    batch_and_chunk_invariance(&f, "gemma4moe");
 }
 
 /// `weft info --model` finds nothing lacking in either checkpoint of the Gemma 4 with experts
@@ -951,7 +954,7 @@ fn gemma4moe_gguf_with_split_gate_up_experts_matches_transformers() {
         w.tensor(&format!("{prefix}.ffn_gate_exps.weight"), &split, f32, &part(0));
         w.tensor(&format!("{prefix}.ffn_up_exps.weight"), &split, f32, &part(1));
     });
-    let prompts = gemma4_prompts("gemma4moe");
+    let prompts = gemma_prompts("gemma4moe");
     fidelity(&f, path.to_str().unwrap(), None, &prompts, "gemma4moe split");
     std::fs::remove_file(&path).unwrap();
 }
@@ -994,6 +997,90 @@ fn gemma4moe_router_scales_and_norms_are_visible() {
     }
 }
 
+#[test]
+fn gemma3n_hf_directory_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma3n/hf", None, &gemma_prompts("gemma3n"), "gemma3n/hf");
+}
+
+#[test]
+fn gemma3n_llama_cpp_gguf_matches_transformers() {
+    let Some(f) = factory() else { return };
+    fidelity(&f, "gemma3n/model.gguf", None, &gemma_prompts("gemma3n"), "gemma3n/model.gguf");
+}
+
+/// Both checkpoints read the same model. The sparsity's cutoff is the outside truth for weft's
+/// normal quantile: the GGUF carries torch's `icdf(0.95)` (f32) as llama.cpp's converter wrote
+/// it, the Hugging Face config only 0.95, which weft turns into the same f32.
+#[test]
+fn gemma3n_checkpoints_read_the_same_config() {
+    let gguf = ModelFiles::open(&fixture("gemma3n/model.gguf")).unwrap().config;
+    let hf = ModelFiles::open(&fixture("gemma3n/hf")).unwrap().config;
+    let g = gguf.gemma4.as_ref().unwrap();
+    let x = g.gemma3n.as_ref().unwrap();
+    assert_eq!(g.sliding, [true, true, true, false, true, false]);
+    assert_eq!(
+        (g.kv_sources.as_slice(), g.intermediate_sizes.as_slice()),
+        (&[0, 1, 2, 3, 2, 3][..], &[96, 64, 96, 96, 64, 96][..])
+    );
+    assert_eq!((g.per_layer_input_size, g.per_layer_vocab_size, g.final_logit_softcapping), (32, 304, Some(5.0)));
+    assert_eq!((x.altup_num_inputs, x.altup_active_idx, x.altup_correct_scale, x.laurel_rank), (4, 0, true, 32));
+    let cut = Some(1.644_853_6f32);
+    assert_eq!(x.sparsity_std_multipliers, [cut, cut, None, None, None, None]);
+    assert_eq!(gguf.gemma4, hf.gemma4);
+    let shape = |c: &weft::model::config::ModelConfig| {
+        (c.num_heads, c.num_kv_heads, c.head_dim, c.rope_theta, c.rope_local_theta, c.sliding_window, c.rms_norm_eps)
+    };
+    assert_eq!(shape(&gguf), shape(&hf));
+    assert_eq!((gguf.architecture.as_str(), hf.architecture.as_str()), ("gemma3n", "gemma3n_text"));
+}
+
+/// A multimodal Gemma 3n's `config.json` (model_type "gemma3n") is read through its
+/// `text_config`, the towers' configs ignored; its weights are looked up under
+/// `model.language_model.` (`Gemma3nForConditionalGeneration`'s names).
+#[test]
+fn gemma3n_multimodal_config_reads_its_text_config() {
+    use weft::model::config::ModelConfig;
+    let text: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("gemma3n/hf/config.json")).unwrap()).unwrap();
+    let outer = serde_json::json!({
+        "model_type": "gemma3n",
+        "architectures": ["Gemma3nForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"model_type": "gemma3n_vision"},
+        "audio_config": {"model_type": "gemma3n_audio"},
+    });
+    let wrapped = ModelConfig::from_hf_json("config.json", &outer.to_string()).unwrap();
+    let plain = ModelConfig::from_hf_json("config.json", &text.to_string()).unwrap();
+    assert_eq!(wrapped.architecture, "gemma3n");
+    assert_eq!(wrapped.gemma4, plain.gemma4);
+    let bare = serde_json::json!({"model_type": "gemma3n"});
+    let err = ModelConfig::from_hf_json("config.json", &bare.to_string()).unwrap_err().to_string();
+    assert!(err.contains("text_config"), "{err}");
+}
+
+/// The fixture exercises what Gemma 3n adds: each changed alone moves the longest prompt's
+/// last logits (33 tokens: past the window of 8) ten times the fidelity tolerance or more.
+#[test]
+fn gemma3n_features_are_visible() {
+    let Some(f) = factory() else { return };
+    type Change = fn(&mut weft::model::config::Gemma4Config);
+    let changes: [(&str, Change); 4] = [
+        ("no activation sparsity", |g| g.gemma3n.as_mut().unwrap().sparsity_std_multipliers.fill(None)),
+        ("no correct_output_scale", |g| g.gemma3n.as_mut().unwrap().altup_correct_scale = false),
+        ("layer 4 reading layer 0's cache instead of layer 2's", |g| g.kv_sources[4] = 0),
+        ("no final soft-cap", |g| g.final_logit_softcapping = None),
+    ];
+    for (what, change) in changes {
+        let mut files = ModelFiles::open(&fixture("gemma3n/hf")).unwrap();
+        change(files.config.gemma4.as_mut().unwrap());
+        let exec = files.executor(&f, KvCacheConfig::new(BLOCK, 64)).unwrap();
+        let diff = last_logits_diff(&exec, "gemma3n", 2);
+        eprintln!("gemma3n with {what}: last-position logits differ by {diff}");
+        assert!(diff > 1e-3, "{what} differs by only {diff}");
+    }
+}
+
 /// A Gemma 4 GGUF with experts but without a layer's router input scale is refused at load,
 /// naming the tensor, rather than run with some other scale.
 #[test]
@@ -1008,4 +1095,162 @@ fn gemma4moe_gguf_without_its_router_scale_is_refused() {
     std::fs::remove_file(&path).unwrap();
     let err = err.expect("a Gemma 4 without a router scale loads").to_string();
     assert!(err.contains("blk.2.ffn_gate_inp.scale"), "{err}");
+}
+
+/// The 33-token prompt alone, in chunks and beside the others: the same bits every way (the
+/// AltUp streams and the sparsity's row statistics are per token).
+#[test]
+fn gemma3n_batch_and_chunk_invariance() {
+    let Some(f) = factory() else { return };
+    batch_and_chunk_invariance(&f, "gemma3n");
+}
+
+/// What weft cannot run of a Gemma 3n config is refused by name.
+#[test]
+fn gemma3n_refusals_name_the_feature() {
+    use weft::model::config::ModelConfig;
+    let text = std::fs::read_to_string(fixture("gemma3n/hf/config.json")).unwrap();
+    let base: Value = serde_json::from_str(&text).unwrap();
+    let refusal = |change: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        change(&mut v);
+        ModelConfig::from_hf_json("config.json", &v.to_string()).unwrap_err().to_string()
+    };
+    let act = refusal(&|v| v["hidden_activation"] = "silu".into());
+    assert!(act.contains("hidden_activation \"silu\""), "{act}");
+    let streams = refusal(&|v| v["altup_num_inputs"] = 9.into());
+    assert!(streams.contains("altup_num_inputs is 9") && streams.contains("2 to 8"), "{streams}");
+    let active = refusal(&|v| v["altup_active_idx"] = 4.into());
+    assert!(active.contains("altup_active_idx 4 of 4"), "{active}");
+    let rope = refusal(&|v| v["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into());
+    assert!(rope.contains("rope_type \"yarn\""), "{rope}");
+    let sparsity = refusal(&|v| v["activation_sparsity_pattern"] = serde_json::json!([0.95]));
+    assert!(sparsity.contains("do not cover the model's 6 layers"), "{sparsity}");
+    assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());
+}
+
+/// A multimodal Gemma 3n directory (`Gemma3nForConditionalGeneration`: model_type "gemma3n",
+/// the text model's weights under `model.language_model.`) runs its text model: the fixture's
+/// directory rewritten so (same tensor bytes, renamed; the config wrapped as `text_config`)
+/// matches transformers as the plain one does.
+#[test]
+fn gemma3n_multimodal_directory_runs_its_text_model() {
+    let Some(f) = factory() else { return };
+    let src = fixture("gemma3n/hf");
+    let dir = std::env::temp_dir().join(format!("weft-gemma3n-multimodal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let text: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let config =
+        serde_json::json!({"model_type": "gemma3n", "text_config": text, "vision_config": {}, "audio_config": {}});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    // safetensors: an 8-byte little-endian header length, the JSON header, then the data, which
+    // the header's offsets index from its end, so renaming keys leaves the data as it is.
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let renamed: serde_json::Map<String, Value> = header
+        .into_iter()
+        .map(|(k, v)| match k.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), v),
+            None => (k, v),
+        })
+        .collect();
+    let mut header = serde_json::to_vec(&renamed).unwrap();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&bytes[8 + header_len..]);
+    std::fs::write(dir.join("model.safetensors"), out).unwrap();
+    let prompts = &gemma_prompts("gemma3n")[..1];
+    fidelity(&f, dir.to_str().unwrap(), None, prompts, "gemma3n multimodal directory");
+    assert_eq!(ModelFiles::open(&dir).unwrap().config.architecture, "gemma3n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A Gemma 3n GGUF's metadata is read as llama.cpp's converter writes it, and what is missing
+/// or beyond weft is refused naming the key: a small file of metadata and the three tensors the
+/// config reads its sizes from (the token tables' rows, Laurel's rank).
+#[test]
+fn gemma3n_gguf_config_names_what_is_wrong() {
+    use weft::model::config::ModelConfig;
+    use weft::model::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue};
+    type Meta = Vec<(&'static str, MetaValue)>;
+    let gguf = |change: &dyn Fn(&mut Meta)| {
+        let mut meta = vec![
+            ("general.architecture", MetaValue::String("gemma3n".into())),
+            ("gemma3n.block_count", MetaValue::U32(2)),
+            ("gemma3n.context_length", MetaValue::U32(128)),
+            ("gemma3n.embedding_length", MetaValue::U32(64)),
+            ("gemma3n.feed_forward_length", MetaValue::Array(vec![MetaValue::I32(96), MetaValue::I32(64)])),
+            ("gemma3n.attention.head_count", MetaValue::U32(4)),
+            ("gemma3n.attention.head_count_kv", MetaValue::U32(2)),
+            ("gemma3n.attention.key_length", MetaValue::U32(16)),
+            ("gemma3n.attention.sliding_window", MetaValue::U32(8)),
+            (
+                "gemma3n.attention.sliding_window_pattern",
+                MetaValue::Array(vec![MetaValue::Bool(true), MetaValue::Bool(false)]),
+            ),
+            ("gemma3n.altup.num_inputs", MetaValue::U32(4)),
+            ("gemma3n.embedding_length_per_layer_input", MetaValue::U32(32)),
+            (
+                "gemma3n.activation_sparsity_scale",
+                MetaValue::Array(vec![MetaValue::F32(1.5), MetaValue::F32(f32::NEG_INFINITY)]),
+            ),
+        ];
+        change(&mut meta);
+        let mut w = GgufWriter::new();
+        for (key, value) in meta {
+            w.metadata(key, value);
+        }
+        w.tensor("token_embd.weight", &[64, 8], GgmlType::F32, &[0; 64 * 8 * 4])
+            .tensor("per_layer_token_embd.weight", &[64, 8], GgmlType::F32, &[0; 64 * 8 * 4])
+            .tensor("blk.0.laurel_l.weight", &[64, 16], GgmlType::F32, &[0; 64 * 16 * 4]);
+        ModelConfig::from_gguf(&GgufFile::from_bytes("gemma3n.gguf", w.to_bytes()).unwrap())
+    };
+    let c = gguf(&|_| {}).unwrap();
+    let x = c.gemma4.as_ref().unwrap().gemma3n.as_ref().unwrap();
+    assert_eq!((x.altup_num_inputs, x.laurel_rank, x.altup_correct_scale), (4, 16, false));
+    assert_eq!(x.sparsity_std_multipliers, [Some(1.5), None]);
+    assert_eq!(c.gemma4.as_ref().unwrap().intermediate_sizes, [96, 64]);
+    let err = |change: &dyn Fn(&mut Meta)| gguf(change).unwrap_err().to_string();
+    let missing = err(&|m| m.retain(|(k, _)| *k != "gemma3n.altup.num_inputs"));
+    assert!(missing.contains("gemma3n.altup.num_inputs"), "{missing}");
+    let many = err(&|m| m.push(("gemma3n.altup.num_inputs", MetaValue::U32(9))));
+    assert!(many.contains("altup_num_inputs is 9"), "{many}");
+    let pattern = err(&|m| {
+        m.retain(|(k, _)| *k != "gemma3n.attention.sliding_window_pattern");
+        m.push(("gemma3n.attention.sliding_window_pattern", MetaValue::Array(vec![MetaValue::Bool(true)])));
+    });
+    assert!(pattern.contains("sliding_window_pattern has 1 entries; the model has 2 layers"), "{pattern}");
+}
+
+/// The engine builds and serves Gemma 3n within what `plan_kv` sets aside before anything is
+/// uploaded (the workspace estimate counts AltUp's streams and Laurel's buffers), and greedy
+/// decoding through the engine gives what the executor's steps give.
+#[test]
+fn gemma3n_engine_serves_within_its_plan() {
+    use weft::engine::request::{GenerationParams, InferenceRequest, Prompt};
+    use weft::sampling::SamplingParams;
+    let Some(f) = factory() else { return };
+    let path = fixture("gemma3n/hf");
+    let builder = || weft::EngineBuilder::from_model(&path).unwrap();
+    let planned = builder().plan_kv(f.context()).unwrap();
+    let before = f.context().creations().bytes;
+    let engine = builder().build_on(f.context().clone()).unwrap();
+    let made = f.context().creations().bytes - before;
+    let kv = weft::step::ModelExecutor::kv_config(engine.executor().as_ref());
+    let token_values = ModelFiles::open(&path).unwrap().config.kv_token_values();
+    let pool = (kv.num_blocks * weft::kv::KvCacheConfig::block_bytes(kv.block_size, token_values, kv.dtype)) as u64;
+    assert!(made <= planned.weights_bytes + pool + planned.other_bytes, "{made} bytes made for {planned:?}");
+    let p = &expected_of("gemma3n")["prompts"][0];
+    let params = GenerationParams {
+        sampling: SamplingParams::greedy(),
+        max_tokens: Some(8),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let request = InferenceRequest::new(Prompt::Tokens(u32s(&p["prompt_ids"])), params);
+    let out = weft::rt::block_on(engine.infer(request)).unwrap();
+    assert_eq!(out.token_ids, u32s(&p["greedy_ids"])[..8]);
 }

@@ -5,6 +5,7 @@
 //! Shapes are row-major and named as in the kernel headers.
 
 pub mod gemma3;
+pub mod gemma3n;
 pub mod llama;
 pub mod moe;
 pub mod ssm;

@@ -21,6 +21,10 @@ use crate::quant::DType;
 /// Every WGSL file, embedded so the library works in a browser without fetching them.
 const SOURCES: &[(&str, &str)] = &[
     ("add.wgsl", include_str!("../../shaders/add.wgsl")),
+    ("altup_correct.wgsl", include_str!("../../shaders/altup_correct.wgsl")),
+    ("altup_predict.wgsl", include_str!("../../shaders/altup_predict.wgsl")),
+    ("gaussian_topk.wgsl", include_str!("../../shaders/gaussian_topk.wgsl")),
+    ("magnitude_match.wgsl", include_str!("../../shaders/magnitude_match.wgsl")),
     ("add_layer_norm.wgsl", include_str!("../../shaders/add_layer_norm.wgsl")),
     ("add_rms_norm.wgsl", include_str!("../../shaders/add_rms_norm.wgsl")),
     ("argmax.wgsl", include_str!("../../shaders/argmax.wgsl")),
@@ -105,6 +109,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("shared/kv_write_storage_f16.wgsl", include_str!("../../shaders/shared/kv_write_storage_f16.wgsl")),
     ("shared/kv_write_texture.wgsl", include_str!("../../shaders/shared/kv_write_texture.wgsl")),
     ("shared/row_norm.wgsl", include_str!("../../shaders/shared/row_norm.wgsl")),
+    ("shared/row_sum.wgsl", include_str!("../../shaders/shared/row_sum.wgsl")),
     ("shared/softplus.wgsl", include_str!("../../shaders/shared/softplus.wgsl")),
     ("shared/ssd_params.wgsl", include_str!("../../shaders/shared/ssd_params.wgsl")),
     ("shared/weight_storage.wgsl", include_str!("../../shaders/shared/weight_storage.wgsl")),

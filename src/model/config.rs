@@ -175,6 +175,27 @@ pub struct Gemma4Config {
     pub per_layer_vocab_size: usize,
     /// Logits become cap · tanh(logits / cap).
     pub final_logit_softcapping: Option<f32>,
+    /// What Gemma 3n adds on this shape (architecture "gemma3n"); `None` for Gemma 4.
+    pub gemma3n: Option<Gemma3nConfig>,
+}
+
+/// Gemma 3n's text model beyond what it shares with Gemma 4's "E" models (transformers'
+/// `Gemma3nTextConfig`, llama.cpp's `gemma3n`): AltUp, Laurel and activation sparsity. Read by
+/// `model::arch::gemma3n`, which explains each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemma3nConfig {
+    /// AltUp's parallel copies of the hidden state (`altup_num_inputs`) and the one the layers
+    /// compute on (`altup_active_idx`).
+    pub altup_num_inputs: usize,
+    pub altup_active_idx: usize,
+    /// The corrected active stream is scaled by `correct_output_scale` before the per-layer
+    /// branch (`altup_correct_scale`).
+    pub altup_correct_scale: bool,
+    /// Laurel's low-rank residual width.
+    pub laurel_rank: usize,
+    /// Per layer, the standard deviations above the mean of its MLP gate's row below which the
+    /// gate is cut (the normal quantile of `activation_sparsity_pattern`); `None`: no sparsity.
+    pub sparsity_std_multipliers: Vec<Option<f32>>,
 }
 
 /// A mixture-of-experts layer's shape and routing (llama.cpp's `expert_*` keys, transformers'
@@ -621,6 +642,9 @@ impl ModelConfig {
         if arch == "gemma4" {
             return Self::gemma4_from_gguf(gguf);
         }
+        if arch == "gemma3n" {
+            return crate::model::arch::gemma3n::config_from_gguf(gguf);
+        }
         let int = |key: &str| -> Result<usize> {
             let full = format!("{arch}.{key}");
             gguf.get_u64(&full).map(|v| v as usize).ok_or_else(|| missing(file, &full))
@@ -943,6 +967,7 @@ impl ModelConfig {
                 per_layer_input_size,
                 per_layer_vocab_size,
                 final_logit_softcapping: float("final_logit_softcapping").filter(|&c| c > 0.0),
+                gemma3n: None,
             }),
         };
         config.check(file)?;
@@ -1027,12 +1052,16 @@ impl ModelConfig {
         if arch == "gemma4_text" {
             return Self::gemma4_from_hf(file, &v);
         }
+        if arch == "gemma3n_text" || arch == "gemma3n" {
+            return crate::model::arch::gemma3n::config_from_hf(file, &v);
+        }
         if arch.starts_with("gemma") {
             return Err(WeftError::model(
                 file,
                 format!(
-                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's and Gemma 4's text \
-                     models (model_type gemma3_text, gemma4_text) there, and Gemma 3 and Gemma 4 GGUF files"
+                    "{arch} is not supported from a Hugging Face directory; weft reads Gemma 3's, Gemma 3n's and Gemma \
+                     4's text models (model_type gemma3_text, gemma3n_text or gemma3n, gemma4_text) there, and Gemma \
+                     3, Gemma 3n and Gemma 4 GGUF files"
                 ),
             ));
         }
@@ -1380,6 +1409,7 @@ impl ModelConfig {
                 per_layer_input_size,
                 per_layer_vocab_size: if per_layer_input_size > 0 { int("vocab_size_per_layer_input")? } else { 0 },
                 final_logit_softcapping: v["final_logit_softcapping"].as_f64().map(|c| c as f32),
+                gemma3n: None,
             }),
         };
         config.check(file)?;
@@ -1743,7 +1773,7 @@ impl ModelConfig {
         self.rotary_dim.unwrap_or(self.head_dim)
     }
 
-    fn check(&self, file: &str) -> Result<()> {
+    pub(crate) fn check(&self, file: &str) -> Result<()> {
         if let Some(m) = &self.moe {
             if m.experts_per_token == 0 || m.experts_per_token > m.num_experts {
                 return Err(WeftError::model(

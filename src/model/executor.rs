@@ -319,6 +319,10 @@ impl GpuExecutor {
             + attention_partials_cols(split_attention, c.num_heads, head_dim)
             + 3 * c.intermediate_size.max(widest_mlp)
             + c.gemma4.as_ref().map_or(0, |g| (2 * c.num_layers + 1) * g.per_layer_input_size)
+            + c.gemma4
+                .as_ref()
+                .and_then(|g| g.gemma3n.as_ref())
+                .map_or(0, |x| 2 * x.altup_num_inputs * c.hidden_size + x.altup_num_inputs + x.laurel_rank)
             + c.ssm.map_or(0, |s| s.in_proj_size() + s.conv_channels() + 2 * s.inner_size())
             + c.short_conv.map_or(0, |_| 4 * c.hidden_size)
             + c.delta_net.map_or(0, |d| d.in_proj_size() + d.conv_channels() + 2 * d.value_size())

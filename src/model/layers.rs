@@ -132,6 +132,19 @@ pub struct Activations {
     pub delta_net: Option<DeltaNetActivations>,
     /// Gemma 4's per-layer embeddings' buffers.
     pub per_layer: Option<PerLayerActivations>,
+    /// Gemma 3n's AltUp streams and Laurel branch.
+    pub altup: Option<AltUpActivations>,
+}
+
+/// The buffers of Gemma 3n's AltUp and Laurel. The streams keep their whole height in a view
+/// of fewer tokens: stream j's rows start at j · capacity (the most tokens a step holds,
+/// rounded up to 64), and a step uses the first rows of each (`gpu::kernels::altup`).
+#[derive(Clone)]
+pub struct AltUpActivations {
+    pub streams: GpuTensor,     // (n · capacity, hidden): the hidden state's n copies
+    pub predictions: GpuTensor, // (n · capacity, hidden): a layer's prediction of each
+    pub modal: GpuTensor,       // (tokens, n): the router's tanh outputs
+    pub laurel: GpuTensor,      // (tokens, laurel_rank): Laurel's low-rank middle
 }
 
 /// The buffers of Gemma 4's per-layer embeddings.
@@ -256,6 +269,21 @@ impl Activations {
             }
             _ => None,
         };
+        let altup = match c.gemma4.as_ref().and_then(|g| g.gemma3n.as_ref()) {
+            Some(x) => {
+                // Each stream's height a multiple of 64 rows, so that every stream starts at a
+                // storage-offset-aligned byte (256) whatever the hidden size.
+                let rows = x.altup_num_inputs * num_tokens.next_multiple_of(64);
+                let streams = || factory.activations(&[rows, c.hidden_size]);
+                Some(AltUpActivations {
+                    streams: streams()?,
+                    predictions: streams()?,
+                    modal: t(x.altup_num_inputs)?,
+                    laurel: t(x.laurel_rank)?,
+                })
+            }
+            None => None,
+        };
         // Layers may differ (Gemma 4's full layers, its double-wide MLPs): sized for the widest,
         // viewed narrower by `Activations::for_layer`.
         let (qkv_cols, attn_cols, head_dim) = c.widest_attention();
@@ -276,6 +304,7 @@ impl Activations {
             short_conv,
             delta_net,
             per_layer,
+            altup,
         })
     }
 
@@ -302,6 +331,7 @@ impl Activations {
             short_conv: None,
             delta_net: None,
             per_layer: self.per_layer.clone(),
+            altup: self.altup.clone(),
         })
     }
 
@@ -390,6 +420,15 @@ impl Activations {
                 Some(p) => {
                     Some(PerLayerActivations { inputs: t(&p.inputs)?, scratch: t(&p.scratch)?, gate: t(&p.gate)? })
                 }
+                None => None,
+            },
+            altup: match &self.altup {
+                Some(x) => Some(AltUpActivations {
+                    streams: x.streams.clone(),
+                    predictions: x.predictions.clone(),
+                    modal: t(&x.modal)?,
+                    laurel: t(&x.laurel)?,
+                }),
                 None => None,
             },
         })

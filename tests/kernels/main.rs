@@ -4,6 +4,7 @@
 //! GPU tests run on whatever adapter wgpu picks (lavapipe in CI). With no adapter they print a
 //! notice and pass, unless `WEFT_REQUIRE_GPU=1` (set by `cargo xtask test`), where they fail.
 
+mod altup;
 mod common;
 mod delta_net;
 mod elementwise;

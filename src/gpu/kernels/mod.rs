@@ -4,6 +4,7 @@
 //! Every `Params` struct mirrors the WGSL struct of the same kernel field for field; the
 //! `wgsl_params_match_rust` test compares them through naga.
 
+pub mod altup;
 pub mod elementwise;
 pub mod embedding;
 pub mod lora;
@@ -55,6 +56,10 @@ pub fn params_layouts() -> Vec<ParamsLayout> {
     }
     vec![
         entry::<matmul::Params>("matmul", "Params"),
+        entry::<altup::PredictParams>("altup_predict", "Params"),
+        entry::<altup::CorrectParams>("altup_correct", "Params"),
+        entry::<altup::MagnitudeParams>("magnitude_match", "Params"),
+        entry::<altup::TopkParams>("gaussian_topk", "Params"),
         entry::<embedding::Params>("embedding", "Params"),
         entry::<reduce::RmsNormParams>("rms_norm", "Params"),
         entry::<reduce::AddRmsNormParams>("add_rms_norm", "Params"),

@@ -47,14 +47,15 @@
 //! `ffn_down_exps.scale`) multiply the routing weights.
 
 use crate::error::{Result, WeftError};
-use crate::gpu::kernels::elementwise::{add, gelu_mul_at, scale, softcap};
-use crate::gpu::kernels::embedding::{embedding, embedding_scaled};
+use crate::gpu::kernels::elementwise::{add, scale, softcap};
+use crate::gpu::kernels::embedding::embedding;
 use crate::gpu::kernels::matmul::matmul;
 use crate::gpu::kernels::paged::{PagedKv, QkvLayout, paged_attention, rope_kv_write};
 use crate::gpu::kernels::reduce::{QkvPart, add_rms_norm, head_rms_norm, qkv_part_rms_norm, rms_norm};
 use crate::gpu::kernels::rope::{RopePairing, cos_sin_table, inv_freq};
 use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
+use crate::model::arch::per_layer::{PerLayerBranch, PerLayerInputs, own_name};
 use crate::model::config::{Gemma4Config, ModelConfig};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Gate, HfExperts, Linear, Mlp, MoeMlp, StepInputs};
@@ -67,13 +68,6 @@ struct Attention {
     o: Linear,
     q_norm: GpuTensor,         // (head_dim)
     k_norm: Option<GpuTensor>, // (head_dim); `None` in a KV-sharing layer
-}
-
-/// A layer's per-layer-embedding branch.
-struct PerLayerBranch {
-    gate: GpuTensor, // (per_layer, hidden): inp_gate
-    proj: GpuTensor, // (hidden, per_layer)
-    norm: GpuTensor, // (hidden): post_norm
 }
 
 /// A mixture-of-experts layer's routed experts and the norms around them and the dense MLP.
@@ -98,13 +92,6 @@ struct Layer {
     scalar: f32,
 }
 
-/// The model-level half of the per-layer embeddings.
-struct PerLayerInputs {
-    embed: GpuTensor,      // (per_layer_vocab, layers · per_layer): per_layer_token_embd, any format
-    model_proj: GpuTensor, // (layers · per_layer, hidden)
-    proj_norm: GpuTensor,  // (per_layer)
-}
-
 pub struct Gemma4Model {
     config: ModelConfig,
     embed: GpuTensor,           // (vocab, hidden)
@@ -120,20 +107,6 @@ pub struct Gemma4Model {
 
 /// Positions the RoPE tables cover at most.
 const MAX_TABLE_POSITIONS: usize = 32768;
-
-/// Workgroups one dimension of a dispatch holds (row kernels take one per row).
-const MAX_WORKGROUPS: usize = 65535;
-
-/// A checkpoint's name of a Gemma 4 tensor the `Part` table does not hold: (GGUF, Hugging Face)
-/// suffixes of layer `layer`'s tensor, or of a model-level one.
-fn own_name(checkpoint: Checkpoint, layer: Option<usize>, gguf: &str, hf: &str) -> String {
-    match (checkpoint, layer) {
-        (Checkpoint::Gguf, Some(i)) => format!("blk.{i}.{gguf}"),
-        (Checkpoint::Gguf, None) => gguf.to_string(),
-        (Checkpoint::HuggingFace, Some(i)) => format!("model.layers.{i}.{hf}"),
-        (Checkpoint::HuggingFace, None) => format!("model.{hf}"),
-    }
-}
 
 impl Gemma4Model {
     /// Upload every weight of `config`'s model from `source`, calling `progress(layers done,
@@ -164,27 +137,7 @@ impl Gemma4Model {
                 if shares { &[(Part::Q, q_rows)] } else { &[(Part::Q, q_rows), (Part::K, kv_rows), (values, kv_rows)] };
             let inter = c.layer_intermediate_size(i);
             let norm = |part| w.vector(Some(i), part, hidden);
-            let per_layer = if per_layer > 0 {
-                Some(PerLayerBranch {
-                    gate: w.named_matrix(
-                        &named(Some(i), "inp_gate.weight", "per_layer_input_gate.weight"),
-                        &[per_layer, hidden],
-                    )?,
-                    proj: w.named_matrix(
-                        &named(Some(i), "proj.weight", "per_layer_projection.weight"),
-                        &[hidden, per_layer],
-                    )?,
-                    norm: factory.upload_f32(
-                        &[hidden],
-                        &w.named_values(
-                            &named(Some(i), "post_norm.weight", "post_per_layer_input_norm.weight"),
-                            hidden,
-                        )?,
-                    )?,
-                })
-            } else {
-                None
-            };
+            let per_layer = if per_layer > 0 { Some(PerLayerBranch::load(&w, i, hidden, per_layer)?) } else { None };
             let experts = match c.moe {
                 Some(moe) => {
                     let vector = |gguf, hf| -> Result<GpuTensor> {
@@ -228,24 +181,7 @@ impl Gemma4Model {
             progress(i + 1, c.num_layers);
         }
         let per_layer = if per_layer > 0 {
-            let all = c.num_layers * per_layer;
-            Some(PerLayerInputs {
-                embed: w.named_matrix(
-                    &named(None, "per_layer_token_embd.weight", "embed_tokens_per_layer.weight"),
-                    &[g.per_layer_vocab_size, all],
-                )?,
-                model_proj: w.named_matrix(
-                    &named(None, "per_layer_model_proj.weight", "per_layer_model_projection.weight"),
-                    &[all, hidden],
-                )?,
-                proj_norm: factory.upload_f32(
-                    &[per_layer],
-                    &w.named_values(
-                        &named(None, "per_layer_proj_norm.weight", "per_layer_projection_norm.weight"),
-                        per_layer,
-                    )?,
-                )?,
-            })
+            Some(PerLayerInputs::load(&w, c.num_layers, hidden, per_layer, g.per_layer_vocab_size)?)
         } else {
             None
         };
@@ -273,36 +209,6 @@ impl Gemma4Model {
             config,
         })
     }
-
-    /// Every layer's per-layer input, side by side in `a.per_layer.inputs` (tokens, layers ·
-    /// per_layer), from `a.x` (the scaled token embeddings) and the per-layer token table.
-    fn record_per_layer_inputs(
-        &self,
-        ctx: &GpuContext,
-        rec: &mut Recording,
-        inputs: &StepInputs<'_>,
-        a: &Activations,
-    ) -> Result<()> {
-        let (Some(p), Some(buffers)) = (&self.per_layer, &a.per_layer) else { return Ok(()) };
-        let c = &self.config;
-        let per_layer = p.proj_norm.shape()[0];
-        matmul(ctx, rec, &a.x, &p.model_proj, &buffers.scratch)?;
-        scale(ctx, rec, &buffers.scratch, (c.hidden_size as f64).powf(-0.5) as f32)?;
-        // Each layer's slice normed on its own, as rows of per_layer: tokens · layers rows, a
-        // workgroup each, so a long prefill takes several dispatches of at most 65535.
-        let tokens_per_dispatch = (MAX_WORKGROUPS / c.num_layers).max(1);
-        let tokens = a.x.shape()[0];
-        for first in (0..tokens).step_by(tokens_per_dispatch) {
-            let range = first..(first + tokens_per_dispatch).min(tokens);
-            let rows = [range.len() * c.num_layers, per_layer];
-            let (x, y) = (buffers.scratch.slice_rows(range.clone())?, buffers.inputs.slice_rows(range)?);
-            rms_norm(ctx, rec, &x.reshape(&rows)?, &p.proj_norm, &y.reshape(&rows)?, c.rms_norm_eps)?;
-        }
-        let token_scale = (per_layer as f64).sqrt() as f32;
-        embedding_scaled(ctx, rec, &p.embed, inputs.token_ids, &buffers.scratch, token_scale)?;
-        add(ctx, rec, &buffers.inputs, &buffers.scratch)?;
-        scale(ctx, rec, &buffers.inputs, std::f64::consts::FRAC_1_SQRT_2 as f32)
-    }
 }
 
 impl Architecture for Gemma4Model {
@@ -327,7 +233,9 @@ impl Architecture for Gemma4Model {
         let eps = c.rms_norm_eps;
         embedding(ctx, rec, &self.embed, inputs.token_ids, &a.x)?;
         scale(ctx, rec, &a.x, (c.hidden_size as f32).sqrt())?;
-        self.record_per_layer_inputs(ctx, rec, inputs, a)?;
+        if let (Some(p), Some(buffers)) = (&self.per_layer, &a.per_layer) {
+            p.record(ctx, rec, inputs, &a.x, buffers, eps)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let (num_kv_heads, head_dim) = c.attention_shape(i);
             let layout = QkvLayout { num_heads: c.num_heads, num_kv_heads, head_dim };
@@ -385,10 +293,7 @@ impl Architecture for Gemma4Model {
 
             // The per-layer embedding's branch.
             if let (Some(branch), Some(buffers)) = (&layer.per_layer, &la.per_layer) {
-                matmul(ctx, rec, &la.x, &branch.gate, &buffers.gate)?;
-                gelu_mul_at(ctx, rec, &buffers.gate, &buffers.inputs, i * buffers.gate.shape()[1])?;
-                matmul(ctx, rec, &buffers.gate, &branch.proj, &la.proj)?;
-                rms_norm(ctx, rec, &la.proj, &branch.norm, &la.normed, eps)?;
+                branch.record(ctx, rec, i, &la.x, buffers, &la.proj, &la.normed, eps)?;
                 add(ctx, rec, &la.x, &la.normed)?;
             }
             if layer.scalar != 1.0 {

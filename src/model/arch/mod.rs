@@ -7,6 +7,7 @@
 
 mod bert;
 mod gemma3;
+pub(crate) mod gemma3n;
 mod gemma4;
 mod gpt_oss;
 mod granite_hybrid;
@@ -14,12 +15,14 @@ mod lfm2;
 mod llama;
 mod mamba2;
 mod olmo2;
+mod per_layer;
 mod phi3;
 mod qwen35;
 mod qwen3moe;
 
 pub use bert::BertModel;
 pub use gemma3::Gemma3Model;
+pub use gemma3n::Gemma3nModel;
 pub use gemma4::Gemma4Model;
 pub use gpt_oss::GptOssModel;
 pub use granite_hybrid::GraniteHybridModel;
@@ -55,6 +58,8 @@ pub const SUPPORTED: &[&str] = &[
     "granitemoeshared",
     "olmo2",
     "gemma3",
+    "gemma3n",
+    "gemma3n_text",
     "gemma4",
     "gemma4_text",
     "phi3",
@@ -142,6 +147,7 @@ fn load_layers(
             Ok(Box::new(LlamaModel::load(config, source, factory, progress)?))
         }
         "gemma3" => Ok(Box::new(Gemma3Model::load(config, source, factory, progress)?)),
+        "gemma3n" | "gemma3n_text" => Ok(Box::new(Gemma3nModel::load(config, source, factory, progress)?)),
         "gemma4" => Ok(Box::new(Gemma4Model::load(config, source, factory, progress)?)),
         "bert" => Ok(Box::new(BertModel::load(config, source, factory, progress)?)),
         "olmo2" => Ok(Box::new(Olmo2Model::load(config, source, factory, progress)?)),

@@ -77,7 +77,7 @@ fn layer_name(checkpoint: Checkpoint, layer: usize, gguf: &str, hf: &str) -> Str
 
 /// The name of a `Qwen3_5ForCausalLM` tensor in a `Qwen3_5ForConditionalGeneration`
 /// checkpoint (`model.X` is `model.language_model.X`; the LM head keeps its name).
-fn language_model_name(checkpoint: Checkpoint, name: &str) -> Option<String> {
+pub(super) fn language_model_name(checkpoint: Checkpoint, name: &str) -> Option<String> {
     let rest = name.strip_prefix("model.").filter(|_| checkpoint == Checkpoint::HuggingFace)?;
     Some(format!("model.language_model.{rest}"))
 }
