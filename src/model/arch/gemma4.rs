@@ -59,7 +59,7 @@ use crate::model::arch::per_layer::{PerLayerBranch, PerLayerInputs, own_name};
 use crate::model::config::{Gemma4Config, ModelConfig};
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Gate, HfExperts, Linear, Mlp, MoeMlp, StepInputs};
-use crate::model::weights::{Checkpoint, Loader, Part, WeightSource};
+use crate::model::weights::{Loader, Part, WeightSource};
 use crate::tensor::TensorFactory;
 
 /// A layer's attention: q (and, where the layer keeps its own cache, k and v) side by side.
