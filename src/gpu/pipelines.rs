@@ -128,7 +128,7 @@ pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
 const KV_KERNELS: &[&str] = &["flash_attention", "paged_attention", "rope_kv_write"];
 
 /// Head sizes the attention kernel is compiled for up front (others compile on first use).
-pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
+pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256, 512];
 
 /// Invocations of a `flash_attention` workgroup.
 const FLASH_WG: u16 = 64;
@@ -137,8 +137,8 @@ const FLASH_WG: u16 = 64;
 /// (invocations, keys a tile, query rows a workgroup). The keys a tile are part of a row's
 /// bits (its online softmax steps once a tile), so they depend on the head size alone; the
 /// rows only share each staged tile. About 8 KiB of keys (or values) and 4 KiB of queries at
-/// every head size: within WebGPU's 16 KiB of workgroup memory at 256
-/// ([`flash_workgroup_bytes`]).
+/// every head size: within WebGPU's 16 KiB of workgroup memory up to 512, whose 4 keys and 2
+/// rows take 12.2 KiB ([`flash_workgroup_bytes`]).
 pub fn flash_tile(head_dim: usize) -> [u16; 3] {
     let hd = head_dim.max(4);
     let keys = (2048 / hd).clamp(1, 32) as u16;

@@ -219,6 +219,7 @@ fn flash_attention_matches_cpu_at_every_head_size() {
         (4, 2, 96, DType::F32, true),
         (4, 1, 128, DType::F16, false),
         (4, 1, 256, DType::F32, true), // Gemma 3 270M's heads
+        (2, 1, 512, DType::F32, true), // Gemma 4's full-attention heads: 4 keys a tile, 2 rows
     ];
     for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
         let Some(f) = gpu_with_family(family) else { continue };
@@ -229,6 +230,18 @@ fn flash_attention_matches_cpu_at_every_head_size() {
             check_attention_in(f, layout, true, dtype, sinks);
         }
     }
+}
+
+/// The CPU family's kernel at Gemma 4's full-attention heads of 512 (its lanes' outputs merged
+/// in two turns of 64 vec4s), f32 and f16 caches, with sinks, the query heads of a KV head
+/// apart or grouped as the driver's threads decide (decode rows alone, a prefill chunk
+/// together on a driver of up to 5 threads): the CPU's attention within the bound above.
+#[test]
+fn cpu_family_attention_matches_cpu_at_head_size_512() {
+    let Some(f) = gpu_with_family(KernelFamily::Cpu) else { return };
+    let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 512 };
+    check_attention_in(f, layout, false, DType::F32, Some(&[0.5, -1.0]));
+    check_attention_in(f, layout, false, DType::F16, None);
 }
 
 /// Split contexts of 300 to 2100 positions take 2 to 8 splits (and one under a window of 8);
