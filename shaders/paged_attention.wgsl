@@ -29,8 +29,9 @@
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
 // QH query heads that share one KV head go through a workgroup together (the largest divisor
-// of the group up to 4 where that leaves the driver's threads enough workgroups, else 1): each
-// K and V vec4 is loaded once for all of them, where CPU drivers gather it lane by lane.
+// of the group up to 4, or 2 at heads of 512, where that leaves the driver's threads enough
+// workgroups, else 1; gpu::attention_query_heads): each K and V vec4 is loaded once for all
+// of them, where CPU drivers gather it lane by lane.
 // Workgroup: WG = 8 invocations per (QH heads, token). Lane j takes positions first + j,
 // first + j + 8, … with one online softmax per head (running max, sum, weighted V); scores are
 // vec4 fma chains folded (x + y) + (z + w). Each head's 8 partial states are merged in lane

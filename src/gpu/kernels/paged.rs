@@ -418,7 +418,8 @@ fn attention_on_cpu_driver(
     const OP: &str = "paged_attention";
     let num_tokens = params.num_tokens as usize;
     let group = layout.num_heads / layout.num_kv_heads;
-    let heads = attention_query_heads(layout.num_heads, group, num_tokens, ctx.cpu_driver().threads);
+    let threads = ctx.cpu_driver().threads;
+    let heads = attention_query_heads(layout.num_heads, group, layout.head_dim, num_tokens, threads);
     let head_dim16 = u16::try_from(layout.head_dim).unwrap_or(u16::MAX);
     let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
     let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, 1];
