@@ -169,12 +169,12 @@ pub fn max_query_heads(head_dim: usize) -> u16 {
 }
 
 /// Query heads a workgroup of the CPU family's attention takes (its cache in textures), for
-/// `heads` query heads of `head_dim` in groups of `group` per KV head over `tokens` query tokens:
-/// the largest divisor of the group up to [`max_query_heads`] (each lane gathers its K and V vec4s lane by
-/// lane there, and grouped heads share every gather), unless that leaves fewer than two
-/// workgroups per thread of the driver (a lone sequence's decode): then one, so every thread has
-/// heads to take; where the threads are unknown (a browser), as for one. The GPU families' flash
-/// kernel takes rows instead (`flash_tile`).
+/// `heads` query heads of `head_dim` in groups of `group` per KV head over `tokens` query
+/// tokens: the largest divisor of the group up to [`max_query_heads`] (each lane gathers its K
+/// and V vec4s lane by lane there, and grouped heads share every gather), unless that leaves
+/// fewer than two workgroups per thread of the driver (a lone sequence's decode): then one, so
+/// every thread has heads to take; where the threads are unknown (a browser), as for one. The
+/// GPU families' flash kernel takes rows instead (`flash_tile`).
 /// Only those two counts, growing with `tokens`, so the shapes `GpuExecutor::warm_up` records
 /// compile every variant serving dispatches.
 pub fn attention_query_heads(
