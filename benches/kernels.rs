@@ -180,14 +180,16 @@ LoRA, one layer's 7 projections at rank {RANK}, {SLOTS} slots, median of {RUNS} 
 /// activations, the cache in the driver's KV source, room for split-K partials where the
 /// family splits): in the default model's shape (9 query heads over 3 KV heads of 64) one and
 /// 16 sequences decoding at position 143 and a 128-token prefill; then at head sizes 64 (9 over
-/// 3) and 128 (32 over 8, Llama 3.1 8B's) one sequence decoding at 2048 (split-K on GPUs) and a
-/// 512-token prefill from position 0.
+/// 3), 128 (32 over 8, Llama 3.1 8B's) and 512 (8 over 2: a Gemma 4 full-attention layer's
+/// heads) one sequence decoding at 2048 (split-K on GPUs) and a 512-token prefill from
+/// position 0.
 fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     println!("\nattention, f16 cache, median of {RUNS} runs, {}", clock(ctx));
     let decode16: Vec<(usize, usize)> = (0..16).map(|s| (s, 143)).collect();
     let prefill = |n: usize| (0..n).map(|p| (0, p)).collect::<Vec<_>>();
     let small = QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 };
     let wide = QkvLayout { num_heads: 32, num_kv_heads: 8, head_dim: 128 };
+    let full = QkvLayout { num_heads: 8, num_kv_heads: 2, head_dim: 512 };
     let cases = [
         ("head 64, decode, 1 sequence at 144", small, 144, vec![(0, 143)]),
         ("head 64, decode, 16 sequences at 144", small, 144, decode16),
@@ -196,6 +198,8 @@ fn attention(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
         ("head 64, prefill, 512 tokens", small, 2048, prefill(512)),
         ("head 128, decode, 1 sequence at 2048", wide, 2048, vec![(0, 2047)]),
         ("head 128, prefill, 512 tokens", wide, 2048, prefill(512)),
+        ("head 512, decode, 1 sequence at 2048", full, 2048, vec![(0, 2047)]),
+        ("head 512, prefill, 512 tokens", full, 2048, prefill(512)),
     ];
     for (label, layout, len, tokens) in cases {
         let seconds = attention_case(ctx, factory, layout, len, &tokens)?;

@@ -46,6 +46,9 @@
 #include shared/attention_splits.wgsl
 #include shared/attention_params.wgsl
 
+@group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> sinks: array<f32>;
+
 const WG: u32 = {{WG}}u;
 const TK: u32 = {{TN}}u; // keys a tile
 const R: u32 = {{TM}}u; // the most query rows a workgroup takes (params.rows of them)

@@ -1,18 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // paged_attention: the CPU family's grouped-query attention of each query token over its
-// sequence's paged KV cache (the GPU families run flash_attention.wgsl). One kernel serves decode (one token per sequence) and prefill chunks that start at any
-// position: token t of sequence s attends to positions [first, p] of s, where p is the last
-// position token_info gives it and first = 0, or p + 1 - window with a sliding window. The mask
-// mode is p: the token's own position (causal), or its sequence's last (bidirectional: an
-// encoder's prompt, whole in one step; gpu::kernels::paged::AttentionMask). The chunk's own K/V
-// are written first (rope_kv_write). Split-K: with params.split_min > 0, a token with more than split_min
-// positions has them shared among up to SPLITS workgroups (shared/attention_splits.wgsl, grid
-// z); each leaves its partial state in `partials` and attention_merge joins them. A token with
-// one split is finished here, exactly as without splitting. With params.has_sinks = 1 each head
-// h has a learned sink logit sinks[h] (gpt-oss) that joins the softmax's denominator and adds
-// no value: out = Σ_p e^(s_p - M) v_p / (Σ_p e^(s_p - M) + e^(sink - M)), M = max(max_p s_p,
-// sink). It is applied where a head's result is finished (here for one split, in
-// attention_merge for several); without sinks those lines are skipped, not multiplied by 1.
+// sequence's paged KV cache (the GPU families run flash_attention.wgsl). One kernel serves
+// decode (one token per sequence) and prefill chunks that start at any position: token t of
+// sequence s attends to positions [first, p] of s, where p is the last position token_info
+// gives it and first = 0, or p + 1 - window with a sliding window. The mask mode is p: the
+// token's own position (causal), or its sequence's last (bidirectional: an encoder's prompt,
+// whole in one step; gpu::kernels::paged::AttentionMask). The chunk's own K/V are written
+// first (rope_kv_write). A token's whole context is one workgroup's: CPU drivers' threads are
+// kept busy by heads and tokens, so split-K (the GPU families') would only add a second pass.
+// With params.has_sinks = 1 each head h has a learned sink logit sinks[h] (gpt-oss) that joins
+// the softmax's denominator and adds no value: out = Σ_p e^(s_p - M) v_p / (Σ_p e^(s_p - M) +
+// e^(sink - M)), M = max(max_p s_p, sink); without sinks those lines are skipped, not
+// multiplied by 1.
 //
 // Bindings (group 0)
 //   0 params        uniform     Params                  mirrors gpu::kernels::paged::AttentionParams
@@ -24,24 +23,23 @@
 //   4 block_tables  read        u32 (num_seqs, max_blocks_per_seq)  physical block of each block
 //   5 token_info    read        u32 (num_tokens, 2)     (sequence index, last position seen) per token
 //   6 out           read_write  vec4 (num_tokens, num_heads · HD / 4)
-//   7 partials      read_write  vec4 (num_tokens, num_heads, SPLITS, 1 + HD/4): per split
-//                               (running max, sum, 0, 0) then the unnormalised weighted V sum;
-//                               unused (any size) when split_min is 0
-//   8 sinks         read        f32 (num_heads)         each head's sink logit; unused (any
+//   7 sinks         read        f32 (num_heads)         each head's sink logit; unused (any
 //                                                       buffer) when has_sinks is 0
 // HD (the head size) is a compile-time constant and the loops over a head's HV = HD/4 vec4s are
 // unrolled when composed (`#for`), so q and the running output are HV vec4 variables: CPU
 // drivers lower a private array indexed in a loop to per-lane gathers and scatters.
 // QH query heads that share one KV head go through a workgroup together (the largest divisor
-// of the group up to 4 where that leaves the driver's threads enough workgroups, else 1): each K and V vec4 is loaded once for all of them, where CPU drivers gather
-// it lane by lane.
-// Workgroup: WG = 8 invocations per (QH heads, token, split). Lane j takes positions start + j,
-// start + j + 8, … of its split with one online softmax per head (running max, sum, weighted
-// V); scores are vec4 fma chains folded (x + y) + (z + w). Each head's 8 partial states are
-// merged in lane order through workgroup memory, one head after another, so a head's result
-// depends only on the token's own keys, and not on QH: batch invariant, the same bits at any QH.
-// Grid: (num_heads / QH, tokens, 1), or (num_heads / QH, tokens, SPLITS) when splitting: the
-// dispatch's tokens from token0 on.
+// of the group up to 4, or 2 at heads of 512, where that leaves the driver's threads enough
+// workgroups, else 1; gpu::attention_query_heads): each K and V vec4 is loaded once for all
+// of them, where CPU drivers gather it lane by lane.
+// Workgroup: WG = 8 invocations per (QH heads, token). Lane j takes positions first + j,
+// first + j + 8, … with one online softmax per head (running max, sum, weighted V); scores are
+// vec4 fma chains folded (x + y) + (z + w). Each head's 8 partial states are merged in lane
+// order through workgroup memory, one head after another and CH vec4s of the head at a time,
+// so a head's result depends only on the token's own keys, and not on QH: batch invariant, the
+// same bits at any QH. Workgroup memory: 8 · CH vec4s and 16 words, CH = min(HV, 64): 8 KiB
+// at most (a whole head of 512 would fill WebGPU's 16 KiB before the maxima and sums).
+// Grid: (num_heads / QH, tokens, 1): the dispatch's tokens from token0 on.
 
 #include kv_read
 #include x_source
@@ -52,25 +50,23 @@ const WG: u32 = 8u; // the merges below unroll over its 8 lanes
 const HD: u32 = {{HD}}u;
 const HV: u32 = HD / 4u;
 const QH: u32 = {{QH}}u;
+const CH: u32 = min(HV, 64u); // a head's vec4s merged at a time
+
+// Declared here, not in shared/attention_params.wgsl: flash_attention's binding 7 is its
+// split-K partials, which this kernel has none of.
+@group(0) @binding(7) var<storage, read> sinks: array<f32>;
 
 var<workgroup> sh_max: array<f32, WG>;
 var<workgroup> sh_sum: array<f32, WG>;
-var<workgroup> sh_acc: array<vec4<f32>, WG * HV>;
+var<workgroup> sh_acc: array<vec4<f32>, WG * CH>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let head0 = wid.x * QH;
     let t = params.token0 + wid.y;
-    let split = wid.z;
     let seq = token_info[2u * t];
     let pos = token_info[2u * t + 1u];
     let first = first_position(pos, params.window);
-    let parts = split_layout(pos + 1u - first, params.split_min);
-    // A workgroup past the token's last split walks no positions (no early return: the
-    // barriers below must be reached by the whole workgroup) and writes nothing.
-    let in_range = split < parts.y;
-    let start = first + split * parts.x;
-    let stop = select(start, min(pos + 1u, start + parts.x), in_range);
     let kv_head = head0 / (params.num_heads / params.num_kv_heads);
     let kv_stride = params.num_kv_heads * HV;
     let q_base = (t - params.q_row0) * (params.q_stride / 4u) + head0 * HV;
@@ -82,7 +78,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var run_max_{{h}} = NEG_MAX;
     var run_sum_{{h}} = 0.0;
 #end
-    for (var p = start + lid; p < stop; p += WG) {
+    for (var p = first + lid; p <= pos; p += WG) {
         let block = block_tables[seq * params.max_blocks_per_seq + p / params.block_size];
         let slot = block * params.block_size + p % params.block_size;
         let base = params.cache_offset + slot * kv_stride + kv_head * HV;
@@ -113,25 +109,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #for h in 0..QH
     sh_max[lid] = run_max_{{h}};
     sh_sum[lid] = run_sum_{{h}};
+    for (var c = 0u; c < HV; c += CH) {
 #for d in 0..HV
-    sh_acc[lid * HV + {{d}}u] = acc_{{h}}_{{d}};
+        // d - c wraps past CH for the vec4s before this chunk.
+        if ({{d}}u - c < CH) {
+            sh_acc[lid * CH + {{d}}u - c] = acc_{{h}}_{{d}};
+        }
 #end
-    workgroupBarrier();
-    if (in_range) {
-        finish_head(lid, t, head0 + {{h}}u, split, parts.y);
+        workgroupBarrier();
+        finish_head(lid, t, head0 + {{h}}u, c);
+        workgroupBarrier();
     }
-    workgroupBarrier();
 #end
 }
 
-// Merge the 8 lanes' states of one head (left in sh_*) in lane order and write the head's
-// output, or with several splits this split's partial state.
-fn finish_head(lid: u32, t: u32, head: u32, split: u32, splits: u32) {
+// Merge the 8 lanes' states of one head (left in sh_*) in lane order and write vec4s c ..
+// c + CH of the head's output.
+fn finish_head(lid: u32, t: u32, head: u32, c: u32) {
     var total_max = NEG_MAX;
     for (var j = 0u; j < WG; j++) {
         total_max = max(total_max, sh_max[j]);
     }
-    // Each lane's weight in the merge, computed once (exp is the merge's costly part).
+    // Each lane's weight in the merge, computed once a chunk (exp is the merge's costly part).
 #for j in 0..8
     let scale_{{j}} = exp(sh_max[{{j}}] - total_max);
 #end
@@ -139,30 +138,24 @@ fn finish_head(lid: u32, t: u32, head: u32, split: u32, splits: u32) {
 #for j in 0..8
     total_sum += sh_sum[{{j}}] * scale_{{j}};
 #end
-    // A finished head's sink: the sum and the weighted V sum move to M = max(total_max, sink).
+    // The sink: the sum and the weighted V sum move to M = max(total_max, sink).
     var sink_scale = 1.0;
-    if (splits == 1u && params.has_sinks == 1u) {
+    if (params.has_sinks == 1u) {
         let sink = sinks[head];
         let m = max(total_max, sink);
         sink_scale = exp(total_max - m);
         total_sum = total_sum * sink_scale + exp(sink - m);
     }
-    let out_base = (t * params.num_heads + head) * HV;
-    let part_base = ((t * params.num_heads + head) * SPLITS + split) * (HV + 1u);
-    if (splits > 1u && lid == 0u) {
-        partials[part_base] = vec4<f32>(total_max, total_sum, 0.0, 0.0);
-    }
-    for (var d = lid; d < HV; d += WG) {
+    let out_base = (t * params.num_heads + head) * HV + c;
+    for (var d = lid; d < CH; d += WG) {
         var o = vec4<f32>(0.0);
 #for j in 0..8
-        o += sh_acc[{{j}}u * HV + d] * scale_{{j}};
+        o += sh_acc[{{j}}u * CH + d] * scale_{{j}};
 #end
-        if (splits == 1u && params.has_sinks == 1u) {
+        if (params.has_sinks == 1u) {
             out[out_base + d] = o * sink_scale / total_sum;
-        } else if (splits == 1u) {
-            out[out_base + d] = o / total_sum;
         } else {
-            partials[part_base + 1u + d] = o;
+            out[out_base + d] = o / total_sum;
         }
     }
 }

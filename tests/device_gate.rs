@@ -1,7 +1,7 @@
 //! The device check's correctness gate: `cargo xtask device-check` runs this binary first on the
 //! GPU under test (from its packed folder), and CI runs it on lavapipe. Every kernel family the
 //! adapter can run goes through the forward pass of models with the layer widths of Llama 3.2
-//! 1B and Llama 3.1 8B, and through attention at head sizes 128 and 256 over a context long
+//! 1B and Llama 3.1 8B, and through attention at head sizes 128, 256 and 512 over a context long
 //! enough to split, against the plain CPU model (`cpu::llama`).
 //!
 //! Widths matter more than depth here: a subgroup reduction or a tile that loses a lane's or a
@@ -146,12 +146,13 @@ fn llama_3_1_8b_widths_match_cpu_in_every_family() {
     check_model("8B widths", &wide(4096, 14_336, 128, false, 8.0), DType::Q4_1);
 }
 
-/// Attention at head sizes 128 and 256 over 600 tokens (split attention in the GPU families),
-/// then decode steps, in narrow models so the CPU's whole-sequence recomputation stays cheap.
+/// Attention at head sizes 128, 256 and 512 (Gemma 4's full layers) over 600 tokens (split
+/// attention in the GPU families), then decode steps, in narrow models so the CPU's
+/// whole-sequence recomputation stays cheap.
 #[test]
-fn attention_at_head_sizes_128_and_256_over_long_contexts_matches_cpu() {
+fn attention_at_head_sizes_128_to_512_over_long_contexts_matches_cpu() {
     let families = families();
-    for head_dim in [128, 256] {
+    for head_dim in [128, 256, 512] {
         let config = ModelConfig {
             hidden_size: 256,
             intermediate_size: 256,

@@ -736,6 +736,21 @@ fn gemma4_hf_directory_matches_transformers() {
     fidelity(&f, "gemma4/hf", None, &gemma_prompts("gemma4"), "gemma4/hf");
 }
 
+/// The published checkpoints' full-attention heads of 512 (`gemma4_wide`: 2 query heads and
+/// 1 KV head of 512 in layers 1 and 3, the sliding ones of 16; tools/make_gemma4_fixtures.py
+/// --only gemma4_wide), both checkpoints, its one prompt of 33 tokens past the window of 8 and 12 greedy
+/// tokens: transformers' logits within 1e-4 and its tokens.
+#[test]
+fn gemma4_wide_heads_match_transformers() {
+    let Some(f) = factory() else { return };
+    let prompts = expected_of("gemma4_wide")["prompts"].as_array().unwrap().clone();
+    for path in ["gemma4_wide/hf", "gemma4_wide/model.gguf"] {
+        let g = ModelFiles::open(&fixture(path)).unwrap().config.gemma4.unwrap();
+        assert_eq!((g.global_head_dim, g.global_kv_heads, g.global_rope_angles), (512, 1, 64), "{path}");
+        fidelity(&f, path, None, &prompts, path);
+    }
+}
+
 /// The fixture exercises what Gemma 4 adds: each changed alone moves the longest prompt's last
 /// logits (33 tokens: past the sliding window of 8) ten times the fidelity tolerance or more.
 /// Reading another sliding layer's cache in layer 4 shows that the KV-sharing layers attend
@@ -815,8 +830,8 @@ fn batch_and_chunk_invariance(f: &GpuTensorFactory, name: &str) {
 }
 
 /// What weft cannot run of Gemma 4 is refused by name: experts without their number
-/// (`enable_moe_block` alone), full-attention heads past attention's 256 dimensions (the
-/// published checkpoints' 512), and an MLP activation other than the tanh GELU.
+/// (`enable_moe_block` alone), full-attention heads past attention's 512 dimensions (the
+/// published checkpoints' size), and an MLP activation other than the tanh GELU.
 #[test]
 fn gemma4_refusals_name_the_feature() {
     use weft::model::config::ModelConfig;
@@ -829,8 +844,8 @@ fn gemma4_refusals_name_the_feature() {
     };
     let experts = refusal(&|v| v["enable_moe_block"] = true.into());
     assert!(experts.contains("missing or malformed metadata num_experts"), "{experts}");
-    let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 512.into());
-    assert!(wide.contains("heads of 512 dimensions") && wide.contains("at most 256"), "{wide}");
+    let wide = refusal(&|v| v["per_layer_config"]["3"]["head_dim"] = 1024.into());
+    assert!(wide.contains("heads of 1024 dimensions") && wide.contains("at most 512"), "{wide}");
     let act = refusal(&|v| v["hidden_activation"] = "silu".into());
     assert!(act.contains("hidden_activation \"silu\""), "{act}");
     assert!(ModelConfig::from_hf_json("config.json", &text).is_ok());

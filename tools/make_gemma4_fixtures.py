@@ -5,8 +5,12 @@ own ``convert_hf_to_gguf.py``, with transformers' logits and greedy tokens (``ex
 ``tools/make_recurrent_fixtures.py`` writes it, whose prompts, tokenizer, weight randomizer and
 conversion this reuses: 4 prompts, 32 greedy tokens; its tokenizer is Gemma's kind, below).
 
-Writes ``tests/fixtures/gemma4/`` (``hf/``, ``model.gguf``, ``expected.json``), and
-``tests/fixtures/gemma4moe/`` (below); ``--only NAME`` makes one.
+Writes ``tests/fixtures/gemma4/`` (``hf/``, ``model.gguf``, ``expected.json``),
+``tests/fixtures/gemma4moe/`` (below) and ``tests/fixtures/gemma4_wide/``: the published checkpoints'
+full-attention heads of 512 (``global_head_dim``) in an otherwise narrower model (hidden 32, MLPs of 64,
+2 query heads, 4 layers: sliding, full, then the two sharing their KV: layer 2 reads layer 0's cache,
+layer 3 layer 1's), so attention at head size 512 is held to transformers while the files stay near
+1 MB; one prompt of 33 tokens (past the window) and 12 greedy tokens. ``--only NAME`` makes one.
 
 The model has the small "E" models' features, each made to show if weft got it wrong:
 
@@ -133,6 +137,27 @@ def gemma4moe(vocab: int):
     return model
 
 
+def gemma4_wide(vocab: int):
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, global_head_dim=512, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=32, vocab_size_per_layer_input=vocab,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}},
+        final_logit_softcapping=5.0, max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=1, bos_token_id=0, eos_token_id=0,
+    )
+    model = Gemma4ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.layer_scalar.copy_(0.6 + 0.8 * torch.rand(1))
+    return model
+
+
 MODELS = []
 DENSE_RANDOMIZE = recurrent.randomize
 
@@ -176,17 +201,22 @@ def routing_report(model, sequences) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="vendor/llama.cpp of llama-cpp-python")
-    parser.add_argument("--only", choices=["gemma4", "gemma4moe"], help="make one fixture")
+    parser.add_argument("--only", choices=["gemma4", "gemma4moe", "gemma4_wide"], help="make one fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.llama_cpp))
     sys.path.insert(1, str(args.llama_cpp / "gguf-py"))
     # Gemma 4's converter reads a SentencePiece-style BPE, not the other fixtures' byte-level one.
     recurrent.tokenizer = gemma_tokenizer
-    for name, build in [("gemma4", gemma4), ("gemma4moe", gemma4moe)]:
+    fixtures = [
+        ("gemma4", gemma4, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32),
+        ("gemma4moe", gemma4moe, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32),
+        ("gemma4_wide", gemma4_wide, recurrent.PROMPTS[2:], recurrent.NUM_GREEDY),
+    ]
+    for name, build, prompts, greedy in fixtures:
         if args.only not in (None, name):
             continue
         recurrent.randomize = randomize_moe if name == "gemma4moe" else DENSE_RANDOMIZE
-        recurrent.make(name, build, args.llama_cpp, recurrent.PROMPTS_4, recurrent.NUM_GREEDY_32)
+        recurrent.make(name, build, args.llama_cpp, prompts, greedy)
         expected = recurrent.FIXTURES / name / "expected.json"
         data = json.loads(expected.read_text())
         data["meta"]["generator"] = "tools/make_gemma4_fixtures.py"

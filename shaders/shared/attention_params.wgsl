@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the two kernels of attention over the paged cache, the CPU family's (paged_attention)
 // and the GPU families' (flash_attention), share: their parameters (mirroring
-// gpu::kernels::paged::AttentionParams) and their bindings but the queries and the cache
-// (x_source and kv_read's); each kernel's header lists them all.
+// gpu::kernels::paged::AttentionParams) and their bindings up to the output, but the queries
+// and the cache (x_source and kv_read's); each kernel declares the rest (flash_attention's
+// split-K partials, then the sinks) and its header lists them all.
 struct Params {
     num_tokens: u32,
     num_heads: u32,
@@ -26,5 +27,3 @@ struct Params {
 @group(0) @binding(4) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(5) var<storage, read> token_info: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> partials: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read> sinks: array<f32>;

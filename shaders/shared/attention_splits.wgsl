@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // How split-K attention shares one query token's context among workgroups, for
-// paged_attention (which computes the splits) and attention_merge (which joins them). A token
-// whose last position seen is pos attends to positions first ..= pos; with split_min > 0 and more than
-// split_min of them, up to SPLITS workgroups take consecutive spans of at least split_min
-// positions (a multiple of 8) each. The layout depends only on the token's own range, never
-// on its batch, so split results stay batch invariant.
+// flash_attention (which computes the splits) and attention_merge (which joins them); the
+// CPU family's paged_attention, which never splits, takes the window and NEG_MAX from here. A
+// token whose last position seen is pos attends to positions first ..= pos; with split_min > 0
+// and more than split_min of them, up to SPLITS workgroups take consecutive spans of at least
+// split_min positions (a multiple of 8) each. The layout depends only on the token's own
+// range, never on its batch, so split results stay batch invariant.
 
 const SPLITS: u32 = 8u;
 // -f32::MAX written exactly: browsers reject a longer decimal (like 3.4028235e38) that lies above it.

@@ -24,7 +24,7 @@ pub use memory::{
 pub use pipelines::{
     BindingKind, CpuDriver, Epilogue, HEAD_DIMS, KvSource, SUBGROUP_GEMM_TILE, SUBGROUP_KERNELS, ShaderVariant,
     WeightSource, XSource, attention_query_heads, binding_kinds, compose_shader, embedded_shader_files, flash_tile,
-    flash_workgroup_bytes, matmul_tile, shader_variants,
+    flash_workgroup_bytes, matmul_tile, max_query_heads, shader_variants,
 };
 pub use plan::{
     AdapterProfile, DevicePlan, FakeAdapter, GEMM_MIN_ROWS, GemmMinRows, LimitsMode, VENDOR_MESA,

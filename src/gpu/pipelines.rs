@@ -130,7 +130,7 @@ pub const SUBGROUP_KERNELS: &[&str] = &["matmul_subgroup"];
 const KV_KERNELS: &[&str] = &["flash_attention", "paged_attention", "rope_kv_write"];
 
 /// Head sizes the attention kernel is compiled for up front (others compile on first use).
-pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256];
+pub const HEAD_DIMS: &[u16] = &[16, 32, 64, 80, 96, 128, 256, 512];
 
 /// Invocations of a `flash_attention` workgroup.
 const FLASH_WG: u16 = 64;
@@ -139,8 +139,8 @@ const FLASH_WG: u16 = 64;
 /// (invocations, keys a tile, query rows a workgroup). The keys a tile are part of a row's
 /// bits (its online softmax steps once a tile), so they depend on the head size alone; the
 /// rows only share each staged tile. About 8 KiB of keys (or values) and 4 KiB of queries at
-/// every head size: within WebGPU's 16 KiB of workgroup memory at 256
-/// ([`flash_workgroup_bytes`]).
+/// every head size: within WebGPU's 16 KiB of workgroup memory up to 512, whose 4 keys and 2
+/// rows take 12.2 KiB ([`flash_workgroup_bytes`]).
 pub fn flash_tile(head_dim: usize) -> [u16; 3] {
     let hd = head_dim.max(4);
     let keys = (2048 / hd).clamp(1, 32) as u16;
@@ -162,17 +162,31 @@ pub fn flash_workgroup_bytes(head_dim: usize) -> usize {
 /// load among them); the GPU families run flash attention instead.
 pub const MAX_QUERY_HEADS: u16 = 4;
 
+/// The most query heads a workgroup of the CPU family's attention takes at `head_dim`:
+/// [`MAX_QUERY_HEADS`] up to 256, fewer past it, so that a lane's queries and outputs (2 · heads
+/// · head_dim / 4 vec4 registers, unrolled) stay within what 4 heads of 256 take: 2 at 512.
+/// Wider groups would only spill more, and take lavapipe longer to compile.
+pub fn max_query_heads(head_dim: usize) -> u16 {
+    (usize::from(MAX_QUERY_HEADS) * 256 / head_dim.max(1)).clamp(1, usize::from(MAX_QUERY_HEADS)) as u16
+}
+
 /// Query heads a workgroup of the CPU family's attention takes (its cache in textures), for
-/// `heads` query heads in groups of `group` per KV head over `tokens` query tokens: the largest
-/// divisor of the group up to [`MAX_QUERY_HEADS`] (each lane gathers its K and V vec4s lane by
-/// lane there, and grouped heads share every gather), unless that leaves fewer than two
-/// workgroups per thread of the driver (a lone sequence's decode): then one, so every thread has
-/// heads to take; where the threads are unknown (a browser), as for one. The GPU families' flash
-/// kernel takes rows instead (`flash_tile`).
+/// `heads` query heads of `head_dim` in groups of `group` per KV head over `tokens` query
+/// tokens: the largest divisor of the group up to [`max_query_heads`] (each lane gathers its K
+/// and V vec4s lane by lane there, and grouped heads share every gather), unless that leaves
+/// fewer than two workgroups per thread of the driver (a lone sequence's decode): then one, so
+/// every thread has heads to take; where the threads are unknown (a browser), as for one. The
+/// GPU families' flash kernel takes rows instead (`flash_tile`).
 /// Only those two counts, growing with `tokens`, so the shapes `GpuExecutor::warm_up` records
 /// compile every variant serving dispatches.
-pub fn attention_query_heads(heads: usize, group: usize, tokens: usize, threads: Option<usize>) -> u16 {
-    let grouped = (1..=MAX_QUERY_HEADS).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1);
+pub fn attention_query_heads(
+    heads: usize,
+    group: usize,
+    head_dim: usize,
+    tokens: usize,
+    threads: Option<usize>,
+) -> u16 {
+    let grouped = (1..=max_query_heads(head_dim)).rev().find(|&h| group.is_multiple_of(usize::from(h))).unwrap_or(1);
     let busy = heads / usize::from(grouped) * tokens >= 2 * threads.unwrap_or(1);
     if busy { grouped } else { 1 }
 }
@@ -484,12 +498,14 @@ pub fn shader_variants() -> Vec<ShaderVariant> {
                         // The CPU family's, whose cache is in textures: grouped heads, and
                         // queries from uniform windows or a buffer.
                         if source == KvSource::Texture {
-                            for heads in 1..=MAX_QUERY_HEADS {
-                                for x_in in [XSource::Uniform, XSource::Storage] {
-                                    out.extend(HEAD_DIMS.iter().map(|&hd| ShaderVariant {
-                                        x_in,
-                                        ..ShaderVariant::attention(source, f16, hd, heads)
-                                    }));
+                            for &hd in HEAD_DIMS {
+                                for heads in 1..=max_query_heads(usize::from(hd)) {
+                                    for x_in in [XSource::Uniform, XSource::Storage] {
+                                        out.push(ShaderVariant {
+                                            x_in,
+                                            ..ShaderVariant::attention(source, f16, hd, heads)
+                                        });
+                                    }
                                 }
                             }
                         }

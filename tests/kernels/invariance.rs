@@ -63,40 +63,50 @@ fn rms_norm_rows_are_bit_identical_alone_and_in_a_batch() {
     }
 }
 
+/// At head sizes 64 (9 heads over 3 KV heads; a long context of 900) and 512 (2 over 1:
+/// Gemma 4's full layers; 300, still split in the GPU families, keeps lavapipe's time down).
 #[test]
 fn attention_is_bit_identical_alone_and_in_a_batch() {
+    use weft::gpu::kernels::paged::QkvLayout;
     for family in [KernelFamily::Cpu, KernelFamily::Baseline, KernelFamily::Subgroup] {
         let Some(f) = gpu_with_family(family) else { continue };
         let split = family.splits_attention();
-        let filled = crate::paged::fill(f, &[5, 33, 70, 900]);
-        // The first query (a split one where splitting is on) alone and among others.
-        for queries in [[(0, 4), (1, 32), (2, 69), (2, 10)], [(3, 899), (1, 32), (3, 10), (2, 69)]] {
-            // Same seed: the batch's first query row equals the lone query's row.
-            let (_, batch, _) = crate::paged::attend(f, &filled, &queries, None, split, 11, false);
-            let (_, alone, _) = crate::paged::attend(f, &filled, &queries[..1], None, split, 11, false);
-            let row = alone.len();
-            let same = alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{family:?}: {:?} alone differs from in a batch", queries[0]);
+        for (layout, long) in [
+            (QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 }, 900),
+            (QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 512 }, 300),
+        ] {
+            let filled = crate::paged::fill_layout(f, &[5, 33, 70, long], DType::F32, layout);
+            // The first query (a split one where splitting is on) alone and among others.
+            for queries in [[(0, 4), (1, 32), (2, 69), (2, 10)], [(3, long - 1), (1, 32), (3, 10), (2, 69)]] {
+                // Same seed: the batch's first query row equals the lone query's row.
+                let (_, batch, _) = crate::paged::attend(f, &filled, &queries, None, split, 11, false);
+                let (_, alone, _) = crate::paged::attend(f, &filled, &queries[..1], None, split, 11, false);
+                let row = alone.len();
+                let same = alone.iter().zip(&batch[..row]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{family:?} {layout:?}: {:?} alone differs from in a batch", queries[0]);
+            }
         }
     }
 }
 
 /// Chunk invariance of flash attention (the GPU families'): each token of a 40-token prefill
 /// chunk, its rows sharing workgroups and K/V tiles with its neighbours' and, split-K, over
-/// 860 to 900 positions, has the bits it has decoded alone; at head sizes 64 (rows straddling
-/// tokens: 16 rows, 3 heads a token) and 256 (4 rows, the 4 heads of a token), with a sliding
-/// window too.
+/// the last 40 positions of 900, has the bits it has decoded alone; at head sizes 64 (rows
+/// straddling tokens: 16 rows, 3 heads a token), 256 (4 rows, the 4 heads of a token) and 512
+/// (2 rows, the 2 heads of a token; of 300 positions, still split, for lavapipe's time), with
+/// a sliding window too.
 #[test]
 fn attention_prefill_rows_are_bit_identical_to_decodes() {
     use weft::gpu::kernels::paged::QkvLayout;
     for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
         let Some(f) = gpu_with_family(family) else { continue };
-        for layout in [
-            QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 },
-            QkvLayout { num_heads: 4, num_kv_heads: 1, head_dim: 256 },
+        for (layout, len) in [
+            (QkvLayout { num_heads: 9, num_kv_heads: 3, head_dim: 64 }, 900),
+            (QkvLayout { num_heads: 4, num_kv_heads: 1, head_dim: 256 }, 900),
+            (QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 512 }, 300),
         ] {
-            let filled = crate::paged::fill_layout(f, &[5, 900], DType::F32, layout);
-            let chunk: Vec<(usize, usize)> = (860..900).map(|p| (1, p)).collect();
+            let filled = crate::paged::fill_layout(f, &[5, len], DType::F32, layout);
+            let chunk: Vec<(usize, usize)> = (len - 40..len).map(|p| (1, p)).collect();
             for window in [None, Some(100)] {
                 let (q, batch, _) = crate::paged::attend_with_q(f, &filled, &chunk, window, None);
                 let row = layout.num_heads * layout.head_dim;

@@ -219,6 +219,7 @@ fn flash_attention_matches_cpu_at_every_head_size() {
         (4, 2, 96, DType::F32, true),
         (4, 1, 128, DType::F16, false),
         (4, 1, 256, DType::F32, true), // Gemma 3 270M's heads
+        (2, 1, 512, DType::F32, true), // Gemma 4's full-attention heads: 4 keys a tile, 2 rows
     ];
     for family in [KernelFamily::Baseline, KernelFamily::Subgroup] {
         let Some(f) = gpu_with_family(family) else { continue };
@@ -229,6 +230,18 @@ fn flash_attention_matches_cpu_at_every_head_size() {
             check_attention_in(f, layout, true, dtype, sinks);
         }
     }
+}
+
+/// The CPU family's kernel at Gemma 4's full-attention heads of 512 (its lanes' outputs merged
+/// in two turns of 64 vec4s), f32 and f16 caches, with sinks, the query heads of a KV head
+/// apart or grouped as the driver's threads decide (decode rows alone, a prefill chunk
+/// together on a driver of up to 5 threads): the CPU's attention within the bound above.
+#[test]
+fn cpu_family_attention_matches_cpu_at_head_size_512() {
+    let Some(f) = gpu_with_family(KernelFamily::Cpu) else { return };
+    let layout = QkvLayout { num_heads: 2, num_kv_heads: 1, head_dim: 512 };
+    check_attention_in(f, layout, false, DType::F32, Some(&[0.5, -1.0]));
+    check_attention_in(f, layout, false, DType::F16, None);
 }
 
 /// Split contexts of 300 to 2100 positions take 2 to 8 splits (and one under a window of 8);
@@ -267,11 +280,12 @@ fn grouped_heads_and_query_windows_keep_the_bits() {
     }
 }
 
-/// Grouped heads (the largest divisor of the group up to 4) where the dispatch keeps two
-/// workgroups per driver thread, else one.
+/// Grouped heads (the largest divisor of the group up to 4, up to 2 at heads of 512) where the
+/// dispatch keeps two workgroups per driver thread, else one.
 #[test]
 fn query_heads_group_where_the_threads_stay_busy() {
-    use weft::gpu::attention_query_heads as heads;
+    use weft::gpu::attention_query_heads;
+    let heads = |heads, group, tokens, threads| attention_query_heads(heads, group, 64, tokens, threads);
     // SmolLM2: 9 query heads over 3 KV heads.
     assert_eq!(heads(9, 3, 1, Some(2)), 1); // a lone decode: 3 workgroups, 2 threads
     assert_eq!(heads(9, 3, 2, Some(2)), 3); // 6
@@ -284,6 +298,11 @@ fn query_heads_group_where_the_threads_stay_busy() {
     // Threads unknown (a browser): as for one thread.
     assert_eq!(heads(9, 3, 1, None), 3);
     assert_eq!(heads(32, 8, 1, None), 4);
+    // Heads of 256 group as many; of 512 (Gemma 4's full layers: 8 over 2) at most 2.
+    assert_eq!(attention_query_heads(32, 4, 256, 16, Some(2)), 4);
+    assert_eq!(attention_query_heads(8, 4, 512, 16, Some(2)), 2);
+    assert_eq!(attention_query_heads(8, 4, 512, 1, Some(4)), 1); // a lone decode: 4 workgroups, 4 threads
+    assert_eq!(weft::gpu::max_query_heads(128), 4);
 }
 
 /// Bidirectional attention (an encoder's mask): every token of a sequence sees all of its
@@ -455,6 +474,19 @@ fn short_contexts_are_untouched_by_splitting() {
     let (_, split, _) = attend(f, &filled, &queries, None, true, 7, false);
     let (_, whole, _) = attend(f, &filled, &queries, None, false, 7, false);
     assert!(split.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// The CPU family never splits (its driver's threads are busy with heads and tokens): partials
+/// with room for splits over a context of 300 record no merge and change no bit.
+#[test]
+fn cpu_family_never_splits() {
+    let Some(f) = gpu_with_family(KernelFamily::Cpu) else { return };
+    let filled = fill(f, &[100, 300]);
+    let queries = [(1, 299), (0, 99), (1, 40)];
+    let (_, room, rec) = attend(f, &filled, &queries, None, true, 7, false);
+    assert!(rec.kernels().all(|v| v.kernel != "attention_merge"));
+    let (_, none, _) = attend(f, &filled, &queries, None, false, 7, false);
+    assert!(room.iter().zip(&none).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 
 /// With room for splits, tables too narrow for any context to pass SPLIT_MIN_POSITIONS record

@@ -14,7 +14,7 @@
 //!    M = 1 to 512 on the default model's shapes (the kernels bench's `gemm`), and prints the
 //!    batch size from which the GEMM wins, the row of `weft::gpu::GEMM_MIN_ROWS` to record;
 //!    then times each GPU family's attention layer (the kernels bench's `attention`: decodes
-//!    and prefills at head sizes 64 and 128, up to 2048 positions);
+//!    and prefills at head sizes 64, 128 and 512, up to 2048 positions);
 //!    then times each GPU family's experts' matmul row by row against grouped by expert on
 //!    a Qwen3-30B-A3B-shaped layer at 1, 16 and 128 tokens (the kernels bench's `moe`);
 //! 4. benchmarks each shape in each kernel family the gate ran, at 1, 16 and 64 sequences;

@@ -62,10 +62,11 @@ pub fn attention_partials_cols(split: bool, num_heads: usize, head_dim: usize) -
     if split { num_heads * ATTENTION_SPLITS * (head_dim + 4) } else { 4 }
 }
 
-/// Largest head_dim attention is compiled for: the CPU family's query and output live in HD/4
-/// vec4 registers per lane and its merge in 8 · HD floats of workgroup memory; flash
-/// attention's tiles are sized for it ([`crate::gpu::flash_tile`]).
-pub const MAX_HEAD_DIM: usize = 256;
+/// Largest head_dim attention is compiled for (Gemma 4's full-attention layers): the CPU
+/// family's query and output live in HD/4 vec4 registers per lane, merged 64 vec4s at a time;
+/// flash attention's tiles are sized for it within WebGPU's 16 KiB of workgroup memory
+/// ([`crate::gpu::flash_tile`]), and its split-K merge joins a head's vec4s in turns of 64.
+pub const MAX_HEAD_DIM: usize = 512;
 
 /// One layer's view of the paged cache: K and V tensors of shape (total_slots, num_kv_heads,
 /// head_dim), both F32 or both F16, of which this layer owns slots `first_slot .. first_slot +
@@ -257,9 +258,11 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// (sequence index, last position it sees): its own position for causal attention, its
 /// sequence's last for bidirectional ([`AttentionMask::token_info`]). `window` limits attention
 /// to the `window` positions up to that last one.
-/// `partials` (num_tokens, [`attention_partials_cols`]) chooses split-K: with room for the
-/// splits, contexts over [`SPLIT_MIN_POSITIONS`] are shared among workgroups and joined by a
-/// second pass (shaders/attention_merge.wgsl); with 4 columns every context takes one. When the
+/// `partials` (num_tokens, [`attention_partials_cols`]) chooses split-K for a cache in storage
+/// buffers: with room for the splits, contexts over [`SPLIT_MIN_POSITIONS`] are shared among
+/// workgroups and joined by a second pass (shaders/attention_merge.wgsl); with 4 columns every
+/// context takes one. A cache in textures (the CPU family, whose driver's threads the heads and
+/// tokens keep busy) never splits, and leaves the partials alone. When the
 /// block tables are too narrow for any context to pass [`SPLIT_MIN_POSITIONS`], nothing would
 /// split: one pass without the idle split workgroups, and no merge (the same bits).
 /// `sinks` (num_heads) F32, when given, is each head's attention-sink logit (gpt-oss): it joins
@@ -322,7 +325,8 @@ pub fn paged_attention(
         ));
     }
     // A token sees at most its sequence's blocks: the tables' width bounds every context.
-    let split = room && block_tables.shape()[1] * cache.block_size > SPLIT_MIN_POSITIONS;
+    let split =
+        room && cache.source() == KvSource::Storage && block_tables.shape()[1] * cache.block_size > SPLIT_MIN_POSITIONS;
     let split_min = if split { u32_of(OP, "split_min", SPLIT_MIN_POSITIONS)? } else { 0 };
     let params = AttentionParams {
         num_tokens: u32_of(OP, "num_tokens", num_tokens)?,
@@ -343,19 +347,17 @@ pub fn paged_attention(
     };
     // Without sinks the binding is never read: any read-only buffer of the dispatch fills it.
     let sinks_res = sinks.unwrap_or(token_info).single_part(OP)?.resource(ctx)?;
+    // Bindings 2..=6 of both kernels: the cache, the tables and the output.
     let kv = [
         cache.k_cache.single_part(OP)?.resource(ctx)?,
         cache.v_cache.single_part(OP)?.resource(ctx)?,
         block_tables.single_part(OP)?.resource(ctx)?,
         token_info.single_part(OP)?.resource(ctx)?,
         out.single_part(OP)?.resource(ctx)?,
-        partials.single_part(OP)?.resource(ctx)?,
-        sinks_res.clone(),
     ];
     let head_dim16 = u16::try_from(head_dim).unwrap_or(u16::MAX);
     let splits = if split { ATTENTION_SPLITS as u32 } else { 1 };
     let qkv_part = qkv.single_part(OP)?;
-    let with = |q: Resource| std::iter::once(q).chain(kv.iter().cloned()).collect::<Vec<_>>();
     if cache.source() == KvSource::Storage {
         // The GPU families: flash attention, R rows of (token, query head) a workgroup.
         check_flash_memory(head_dim, ctx.limits().max_compute_workgroup_storage_size)?;
@@ -369,9 +371,15 @@ pub fn paged_attention(
         let groups = u32_of(OP, "row blocks", (num_tokens * group).div_ceil(rows))?;
         let grid = [groups, params.num_kv_heads, splits];
         let params = AttentionParams { rows: rows as u32, ..params };
-        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), with(qkv_part.resource(ctx)?), None, grid)?;
+        let tail = [partials.single_part(OP)?.resource(ctx)?, sinks_res.clone()];
+        let bindings = std::iter::once(qkv_part.resource(ctx)?).chain(kv).chain(tail).collect();
+        ctx.dispatch(rec, variant, bytemuck::bytes_of(&params), bindings, None, grid)?;
     } else {
-        attention_on_cpu_driver(ctx, rec, &params, qkv_part, layout, cache, splits, &with)?;
+        // Its binding 7 is the sinks: it has no partials.
+        let with = |q: Resource| -> Vec<Resource> {
+            std::iter::once(q).chain(kv.iter().cloned()).chain([sinks_res.clone()]).collect()
+        };
+        attention_on_cpu_driver(ctx, rec, &params, qkv_part, layout, cache, &with)?;
     }
     if split {
         let merge = MergeParams {
@@ -405,16 +413,16 @@ fn attention_on_cpu_driver(
     qkv_part: &TensorPart,
     layout: QkvLayout,
     cache: &PagedKv<'_>,
-    splits: u32,
     with: &dyn Fn(Resource) -> Vec<Resource>,
 ) -> Result<()> {
     const OP: &str = "paged_attention";
     let num_tokens = params.num_tokens as usize;
     let group = layout.num_heads / layout.num_kv_heads;
-    let heads = attention_query_heads(layout.num_heads, group, num_tokens, ctx.cpu_driver().threads);
+    let threads = ctx.cpu_driver().threads;
+    let heads = attention_query_heads(layout.num_heads, group, layout.head_dim, num_tokens, threads);
     let head_dim16 = u16::try_from(layout.head_dim).unwrap_or(u16::MAX);
     let variant = ShaderVariant::attention(cache.source(), cache.f16(), head_dim16, heads);
-    let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, splits];
+    let grid = |tokens: usize| [params.num_heads / u32::from(heads), tokens as u32, 1];
     match q_window_tokens(ctx, cache.source(), qkv_part, layout.row_stride()) {
         Some(per_window) => {
             let row_bytes = (layout.row_stride() * 4) as u64;
