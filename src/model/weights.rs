@@ -12,7 +12,7 @@ use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
 use crate::model::layers::Linear;
 use crate::quant::DType;
-use crate::tensor::TensorFactory;
+use crate::tensor::{ByteSource, Joined, TensorFactory};
 
 /// Which naming and RoPE convention a checkpoint follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +174,13 @@ impl WeightSource for Renamed<'_> {
         }
     }
 
+    fn get_source(&self, name: &str) -> Result<Option<SourcedTensor<'_>>> {
+        match (self.rename)(self.checkpoint(), name) {
+            Some(own) => self.source.get_source(&own),
+            None => self.source.get_source(name),
+        }
+    }
+
     fn get_u8(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
         match (self.rename)(self.checkpoint(), name) {
             Some(own) => self.source.get_u8(&own),
@@ -193,6 +200,31 @@ pub struct HostTensor<'a> {
     pub bytes: Cow<'a, [u8]>,
 }
 
+/// A tensor as a checkpoint holds it, its bytes read a slice at a time as they are uploaded
+/// ([`WeightSource::get_source`]).
+pub struct SourcedTensor<'a> {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub bytes: Box<dyn ByteSource + 'a>,
+}
+
+/// Bytes a source has already read whole (the default [`WeightSource::get_source`]).
+struct HeldBytes<'a>(Cow<'a, [u8]>);
+
+impl ByteSource for HeldBytes<'_> {
+    fn len_bytes(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn in_memory(&self) -> Option<&[u8]> {
+        Some(&self.0)
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        (&self.0[..]).read_into(offset, out)
+    }
+}
+
 /// Where weights come from: a GGUF file or a safetensors directory.
 pub trait WeightSource {
     fn checkpoint(&self) -> Checkpoint;
@@ -200,6 +232,16 @@ pub trait WeightSource {
     fn file(&self) -> &str;
     /// The tensor called `name`, `None` if absent, in its own format.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
+    /// The tensor called `name`, `None` if absent, in its own format, its bytes read a slice
+    /// at a time when uploaded: a file read through a reader is never whole in memory. By
+    /// default [`get`](Self::get)'s bytes, read whole.
+    fn get_source(&self, name: &str) -> Result<Option<SourcedTensor<'_>>> {
+        Ok(self.get(name)?.map(|t| SourcedTensor {
+            shape: t.shape,
+            dtype: t.dtype,
+            bytes: Box::new(HeldBytes(t.bytes)),
+        }))
+    }
     /// The shape and bytes of the U8 tensor called `name` (packed codes: a safetensors
     /// checkpoint's MXFP4 blocks and scales), `None` if absent or not U8.
     fn get_u8(&self, _name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
@@ -233,6 +275,23 @@ impl Loader<'_> {
         Ok(Some((name, t)))
     }
 
+    /// [`host_named`](Self::host_named), the bytes left in the file until uploaded.
+    fn sourced_named(&self, name: String, shape: &[usize]) -> Result<Option<(String, SourcedTensor<'_>)>> {
+        let Some(t) = self.source.get_source(&name)? else { return Ok(None) };
+        if t.shape != shape {
+            return Err(WeftError::model(
+                self.source.file(),
+                format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape),
+            ));
+        }
+        Ok(Some((name, t)))
+    }
+
+    /// A matrix read a slice at a time into its GPU tensor, then the file's pages dropped.
+    fn upload_sourced(&self, name: &str, t: &SourcedTensor<'_>) -> Result<GpuTensor> {
+        self.released(upload_matrix_from(self.source.file(), name, &t.shape, t.dtype, &*t.bytes, self.factory))
+    }
+
     fn required_host(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<(String, HostTensor<'_>)> {
         self.host(layer, part, shape)?.ok_or_else(|| {
             let name = tensor_name(self.source.checkpoint(), layer, part);
@@ -242,21 +301,22 @@ impl Loader<'_> {
 
     /// A weight matrix or embedding table, kept in the checkpoint's format.
     pub fn matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<GpuTensor> {
-        let (name, t) = self.required_host(layer, part, shape)?;
-        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
+        let name = tensor_name(self.source.checkpoint(), layer, part);
+        let (name, t) = self.sourced_named(name.clone(), shape)?.ok_or_else(|| self.missing(&name))?;
+        self.upload_sourced(&name, &t)
     }
 
     /// The tensor called `name`, a matrix of `shape` kept in the checkpoint's format (for
     /// architectures whose names are not the Llama family's).
     pub fn named_matrix(&self, name: &str, shape: &[usize]) -> Result<GpuTensor> {
-        let (name, t) = self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
-        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
+        let (name, t) = self.sourced_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
+        self.upload_sourced(&name, &t)
     }
 
     /// The tensor called `name`, if present, as a matrix of `shape`.
     pub fn optional_named_matrix(&self, name: &str, shape: &[usize]) -> Result<Option<GpuTensor>> {
-        match self.host_named(name.to_string(), shape)? {
-            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
+        match self.sourced_named(name.to_string(), shape)? {
+            Some((name, t)) => self.upload_sourced(&name, &t).map(Some),
             None => Ok(None),
         }
     }
@@ -312,8 +372,8 @@ impl Loader<'_> {
 
     /// A matrix that may be absent (an untied LM head).
     pub fn optional_matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<GpuTensor>> {
-        match self.host(layer, part, shape)? {
-            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
+        match self.sourced_named(tensor_name(self.source.checkpoint(), layer, part), shape)? {
+            Some((name, t)) => self.upload_sourced(&name, &t).map(Some),
             None => Ok(None),
         }
     }
@@ -340,19 +400,20 @@ impl Loader<'_> {
         let file = self.source.file();
         let mut hosts = Vec::with_capacity(parts.len());
         for (name, rows) in parts {
-            hosts.push(self.host_named(name.clone(), &[*rows, cols])?.ok_or_else(|| self.missing(name))?);
+            hosts.push(self.sourced_named(name.clone(), &[*rows, cols])?.ok_or_else(|| self.missing(name))?);
         }
         let weights = if hosts.iter().all(|(_, t)| t.dtype == hosts[0].1.dtype) && hosts.len() > 1 {
+            // One matrix of their rows, read part after part a slice at a time (never joined
+            // in memory).
             let rows: usize = parts.iter().map(|(_, r)| r).sum();
-            let mut bytes = Vec::with_capacity(hosts.iter().map(|(_, t)| t.bytes.len()).sum());
-            for (_, t) in &hosts {
-                bytes.extend_from_slice(&t.bytes);
-            }
-            let fused = HostTensor { shape: vec![rows, cols], dtype: hosts[0].1.dtype, bytes: Cow::Owned(bytes) };
+            let fused = Joined(hosts.iter().map(|(_, t)| &*t.bytes).collect());
             let names: Vec<&str> = hosts.iter().map(|(n, _)| n.as_str()).collect();
-            vec![upload_matrix(file, &names.join("+"), &fused, self.factory)?]
+            vec![upload_matrix_from(file, &names.join("+"), &[rows, cols], hosts[0].1.dtype, &fused, self.factory)?]
         } else {
-            hosts.iter().map(|(name, t)| upload_matrix(file, name, t, self.factory)).collect::<Result<_>>()?
+            hosts
+                .iter()
+                .map(|(name, t)| upload_matrix_from(file, name, &t.shape, t.dtype, &*t.bytes, self.factory))
+                .collect::<Result<_>>()?
         };
         drop(hosts);
         self.source.release_pages();
@@ -435,7 +496,20 @@ pub(crate) fn upload_matrix(
     t: &HostTensor<'_>,
     factory: &dyn TensorFactory,
 ) -> Result<GpuTensor> {
-    let cols = t.shape[t.shape.len() - 1];
+    let bytes: &[u8] = &t.bytes;
+    upload_matrix_from(file, name, &t.shape, t.dtype, &bytes, factory)
+}
+
+/// [`upload_matrix`] of bytes read a slice at a time as they are uploaded.
+pub(crate) fn upload_matrix_from(
+    file: &str,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    bytes: &dyn ByteSource,
+    factory: &dyn TensorFactory,
+) -> Result<GpuTensor> {
+    let cols = shape[shape.len() - 1];
     if !cols.is_multiple_of(crate::quant::QK) {
         return Err(WeftError::model(
             file,
@@ -445,5 +519,5 @@ pub(crate) fn upload_matrix(
             ),
         ));
     }
-    factory.upload_weight(&t.shape, t.dtype, &t.bytes)
+    factory.upload_weight_from(shape, dtype, bytes)
 }
