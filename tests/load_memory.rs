@@ -1,6 +1,8 @@
 //! Loading a model holds a bounded amount of host memory whatever the model's size (issue 38
-//! item 4): tensors go from the file to the GPU through a fixed staging ring, so the host holds
-//! at most [`HOST_BOUND_BYTES`] beyond the device's allocations plus the largest tensor.
+//! item 4): tensors go from the file to the GPU a slice at a time through a fixed staging ring,
+//! each slice's file pages dropped once copied, so the host holds at most [`HOST_BOUND_BYTES`]
+//! beyond the device's allocations, whatever the largest tensor (before slices, a whole tensor's
+//! pages stayed until it was uploaded: 345 MiB for the 600 MB model, now 192 MiB).
 //!
 //! How it is measured: the peak resident set size of the load (`VmHWM` of /proc/self/status,
 //! reset through /proc/self/clear_refs just before) less the bytes weft allocated in GPU buffers
@@ -22,7 +24,8 @@ use weft::model::gguf::Metadata;
 use weft::model::load::ModelFiles;
 use weft::model::synthetic::{Shape, shape, write_gguf};
 
-/// The host memory a load may hold beyond the device's allocations and the largest tensor.
+/// The host memory a load may hold beyond the device's allocations: less than the measured
+/// figure plus the largest tensor, so a load that held a whole tensor again would fail.
 const HOST_BOUND_BYTES: u64 = 300 << 20;
 
 /// A field of /proc/self/status in bytes (it is given in kB).
@@ -90,11 +93,11 @@ fn loading_holds_bounded_host_memory() {
     drop(files);
 
     let host = peak.saturating_sub(device);
-    let bound = HOST_BOUND_BYTES + largest;
+    let bound = HOST_BOUND_BYTES;
     eprintln!(
         "load memory: {} ({:.0} MiB file, written in {wrote_s:.1} s, loaded in {loaded_s:.1} s): peak RSS \
          {:.0} MiB (before the load {:.0} MiB), GPU allocations {:.0} MiB, peak RSS less GPU allocations \
-         {:.0} MiB; bound {:.0} MiB (300 MiB + the largest tensor, {:.0} MiB); sampled peaks: file-backed {:.0} \
+         {:.0} MiB; bound {:.0} MiB (the largest tensor {:.0} MiB); sampled peaks: file-backed {:.0} \
          MiB, anonymous {:.0} MiB",
         model.name,
         mib(written),

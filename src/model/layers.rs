@@ -790,7 +790,7 @@ impl MoeMlp {
         // experts stacked (the per-expert form is what its save_pretrained writes).
         let stacked_hf = match (w.source.checkpoint(), hf) {
             (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
-                w.source.get(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
+                w.source.get_source(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
             }
             _ => false,
         };
@@ -800,12 +800,12 @@ impl MoeMlp {
                 let bias_name = |part: &str| format!("blk.{layer}.{part}.bias");
                 let optional = |part: &str, len: usize| -> Result<Option<Vec<f32>>> {
                     let name = bias_name(part);
-                    if w.source.get(&name)?.is_none() {
+                    if w.source.get_source(&name)?.is_none() {
                         return Ok(None);
                     }
                     w.named_values(&name, len).map(Some)
                 };
-                let (gate_up, gate_up_bias) = if w.source.get(&name("ffn_gate_up_exps"))?.is_some() {
+                let (gate_up, gate_up_bias) = if w.source.get_source(&name("ffn_gate_up_exps"))?.is_some() {
                     // The converter's --fuse-gate-up-exps: already each expert's gate rows,
                     // then its up rows.
                     let fused = w.named_host(&name("ffn_gate_up_exps"), &[experts, 2 * ff, hidden])?;
@@ -856,7 +856,7 @@ impl MoeMlp {
                 let router_bias = bias_name("ffn_gate_inp");
                 HostExperts {
                     router: name("ffn_gate_inp"),
-                    router_bias: w.source.get(&router_bias)?.is_some().then_some(router_bias),
+                    router_bias: w.source.get_source(&router_bias)?.is_some().then_some(router_bias),
                     gate_up,
                     gate_up_bias,
                     down: HostTensor { shape: vec![experts * hidden, ff], ..down },
@@ -1044,7 +1044,7 @@ impl MoeMlp {
             _ => None,
         };
         let choice_bias = match choice_bias {
-            Some(name) if w.source.get(&name)?.is_some() => {
+            Some(name) if w.source.get_source(&name)?.is_some() => {
                 Some(w.factory.upload_f32(&[experts], &w.named_values(&name, experts)?)?)
             }
             _ => None,
