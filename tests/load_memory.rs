@@ -15,7 +15,7 @@
 //!
 //! The model is written by `weft::model::synthetic`: Llama 3.2 1B's shape cut to 13 layers in
 //! Q4_1 (about 600 MB, seconds to write and load), or with `WEFT_FULL=1` (`cargo xtask test
-//! --full`) Llama 3.1 8B's shape in Q4_1, 4.5 GB: larger than 4 GiB, so no 32-bit offset or
+//! --full`) Llama 3.1 8B's shape in Q4_1, 5.0 GB: larger than 4 GiB, so no 32-bit offset or
 //! whole-file buffer can hold it.
 
 use weft::DType;
@@ -235,7 +235,7 @@ fn a_read_failing_mid_tensor_names_the_tensor() {
     assert!(message.contains("the stored file went away"), "the reader's reason is lost: {message}");
 }
 
-/// A directory removed when the test ends, passed or not (the full model's file is 4.5 GB).
+/// A directory removed when the test ends, passed or not (the full model's file is 5.0 GB).
 struct TempDir(std::path::PathBuf);
 
 impl Drop for TempDir {
