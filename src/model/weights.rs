@@ -208,6 +208,43 @@ pub struct SourcedTensor<'a> {
     pub bytes: Box<dyn ByteSource + 'a>,
 }
 
+impl<'a> From<HostTensor<'a>> for SourcedTensor<'a> {
+    /// A tensor already read whole, as a source.
+    fn from(t: HostTensor<'a>) -> SourcedTensor<'a> {
+        SourcedTensor { shape: t.shape, dtype: t.dtype, bytes: Box::new(HeldBytes(t.bytes)) }
+    }
+}
+
+/// Sources read in turns of `chunk_bytes` each (the first chunk of every part, then the second
+/// of every part, …): a mixture's stacked gate and up experts read as each expert's gate rows
+/// then its up rows, a slice at a time.
+pub struct Alternating<'a> {
+    pub parts: Vec<Box<dyn ByteSource + 'a>>,
+    pub chunk_bytes: u64,
+}
+
+impl ByteSource for Alternating<'_> {
+    fn len_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.len_bytes()).sum()
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let (chunk, turn) = (self.chunk_bytes.max(1), self.chunk_bytes.max(1) * self.parts.len() as u64);
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done as u64;
+            let within = at % turn;
+            let part = &self.parts[(within / chunk) as usize];
+            let from = at / turn * chunk + within % chunk;
+            // At most `out.len()` bytes: fits in usize.
+            let take = ((chunk - within % chunk) as usize).min(out.len() - done);
+            part.read_into(from, &mut out[done..done + take])?;
+            done += take;
+        }
+        Ok(())
+    }
+}
+
 /// Bytes a source has already read whole (the default [`WeightSource::get_source`]).
 struct HeldBytes<'a>(Cow<'a, [u8]>);
 
@@ -342,6 +379,12 @@ impl Loader<'_> {
         float_values(self.source.file(), name, &t)
     }
 
+    /// The tensor called `name`, which must have `shape`, its bytes left in the file until
+    /// uploaded.
+    pub(crate) fn named_source(&self, name: &str, shape: &[usize]) -> Result<SourcedTensor<'_>> {
+        Ok(self.sourced_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
+    }
+
     /// The host tensor called `name`, which must have `shape`.
     pub(crate) fn named_host(&self, name: &str, shape: &[usize]) -> Result<HostTensor<'_>> {
         Ok(self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
@@ -442,12 +485,11 @@ pub fn upload_experts(
     name: &str,
     shape: [usize; 2],
     dtype: DType,
-    bytes: &[u8],
+    bytes: &dyn ByteSource,
     num_experts: usize,
     factory: &dyn TensorFactory,
 ) -> Result<GpuTensor> {
-    let whole = HostTensor { shape: shape.to_vec(), dtype, bytes: Cow::Borrowed(bytes) };
-    let tensor = upload_matrix(file, name, &whole, factory)?;
+    let tensor = upload_matrix_from(file, name, &shape, dtype, bytes, factory)?;
     let expert_rows = shape[0] / num_experts.max(1);
     if tensor
         .parts()
@@ -458,7 +500,7 @@ pub fn upload_experts(
     }
     let per_part = tensor.parts()[0].num_rows() / expert_rows;
     drop(tensor);
-    let expert_bytes = bytes.len() / num_experts;
+    let expert_bytes = bytes.len_bytes() / num_experts.max(1) as u64;
     if per_part == 0 {
         return Err(WeftError::model(
             file,
@@ -466,14 +508,18 @@ pub fn upload_experts(
         ));
     }
     let mut joined: Option<GpuTensor> = None;
-    for group in bytes.chunks(per_part * expert_bytes) {
-        let rows = group.len() / expert_bytes * expert_rows;
-        let host = HostTensor { shape: vec![rows, shape[1]], dtype, bytes: Cow::Borrowed(group) };
-        let part = upload_matrix(file, name, &host, factory)?;
+    let group_bytes = per_part as u64 * expert_bytes;
+    let mut start = 0;
+    while start < bytes.len_bytes() {
+        let len = group_bytes.min(bytes.len_bytes() - start);
+        let group = crate::tensor::Window { source: bytes, start, len };
+        let rows = (len / expert_bytes) as usize * expert_rows;
+        let part = upload_matrix_from(file, name, &[rows, shape[1]], dtype, &group, factory)?;
         joined = Some(match joined {
             None => part,
             Some(head) => head.then_rows(&part)?,
         });
+        start += len;
     }
     joined.ok_or_else(|| WeftError::model(file, format!("{name} holds no experts")))
 }
