@@ -180,6 +180,20 @@ impl MappedFile {
         // memmap2 for private writable mappings, whose changes it would discard.)
         let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
     }
+
+    /// [`release_pages`](Self::release_pages) of the pages holding bytes `offset..offset + len`
+    /// alone (the pages at either end may hold bytes beside them; those are read back if asked
+    /// for again): a tensor read a slice at a time drops each slice's pages once uploaded.
+    pub fn release_range(&self, offset: usize, len: usize) {
+        #[cfg(all(unix, not(target_arch = "wasm32")))]
+        if offset.checked_add(len).is_some_and(|end| end <= self.map.len()) {
+            // SAFETY: as in `release_pages`: a read-only shared mapping, whose dropped pages the
+            // next read faults back in with the same bytes.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+        }
+        #[cfg(not(all(unix, not(target_arch = "wasm32"))))]
+        let _ = (offset, len);
+    }
 }
 
 /// Map `path` read-only into memory.

@@ -33,7 +33,15 @@ pub struct GpuOptions {
     /// (GEMV), instead of the per-adapter table's (`gpu::plan::GEMM_MIN_ROWS`): what the device
     /// check sets to time both kernels at every batch size, and tests to reach both.
     pub gemm_min_rows: Option<usize>,
+    /// Bytes of a tensor read from its source and uploaded at a time (default
+    /// [`UPLOAD_SLICE_BYTES`]; at least 16): tests set a few hundred bytes so that slices cut
+    /// through blocks and rows.
+    pub upload_slice_bytes: Option<u64>,
 }
+
+/// Bytes of a weight read from its file and uploaded at a time: what a load holds of a tensor
+/// on the host (in the browser, in WebAssembly memory) whatever the tensor's size.
+pub const UPLOAD_SLICE_BYTES: u64 = 16 << 20;
 
 impl GpuOptions {
     /// These options with what the environment says filled in where they leave a choice open:
@@ -225,6 +233,9 @@ pub struct GpuContext {
     /// Natively, the staging ring uploads go through (`staging.rs`), while a load lasts.
     #[cfg(not(target_arch = "wasm32"))]
     pub(crate) staging: Mutex<Option<super::staging::Ring>>,
+    /// Bytes of a tensor uploaded at a time ([`GpuOptions::upload_slice_bytes`]), a multiple of
+    /// 16 (a texel; buffers' copies move 4-byte words).
+    pub(crate) upload_slice_bytes: u64,
     /// Command submissions so far (each a round trip when waited for).
     submissions: AtomicU64,
     /// Why the device was lost, once it is (wgpu's device-lost callback).
@@ -327,6 +338,7 @@ impl GpuContext {
             staged: AtomicU64::new(0),
             #[cfg(not(target_arch = "wasm32"))]
             staging: Mutex::new(None),
+            upload_slice_bytes: (options.upload_slice_bytes.unwrap_or(UPLOAD_SLICE_BYTES) / 16).max(1) * 16,
             submissions: AtomicU64::new(0),
             lost,
             uncaptured,

@@ -17,7 +17,7 @@ mod tensor;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use context::open_or_skip;
-pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily};
+pub use context::{Creations, GpuContext, GpuFeatures, GpuOptions, KernelFamily, UPLOAD_SLICE_BYTES};
 pub use memory::{
     CPU_DRIVER_KV_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, DeviceMemory, KvBudget, KvDemand, KvLimit, MemorySource, gib,
 };

@@ -46,8 +46,8 @@ pub(crate) enum Destination<'a> {
 }
 
 /// What writes one piece of an upload: the bytes of a range (relative to the upload's start)
-/// into the slot's mapped memory.
-pub(crate) type Fill<'a> = dyn FnMut(std::ops::Range<u64>, &mut wgpu::WriteOnly<'_, [u8]>) + 'a;
+/// into the slot's mapped memory. Its error (a read of the file that failed) ends the upload.
+pub(crate) type Fill<'a> = dyn FnMut(std::ops::Range<u64>, &mut wgpu::WriteOnly<'_, [u8]>) -> Result<()> + 'a;
 
 /// The outcome of a slot's request to map, once the device reports it.
 type MapOutcome = Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>>;
@@ -144,7 +144,8 @@ impl Ring {
             let padded = take.next_multiple_of(align);
             {
                 let mut view = slot.buffer.slice(..padded).get_mapped_range_mut().map_err(gpu_error)?;
-                fill(done..done + take, &mut view.slice(..take as usize));
+                // On an error the slot stays mapped (it was never unmapped), ready for the next upload.
+                fill(done..done + take, &mut view.slice(..take as usize))?;
                 view.slice(take as usize..).fill(0);
             }
             slot.buffer.unmap();
@@ -223,7 +224,8 @@ impl GpuContext {
     /// Copy `data` into `dst` from byte `at` on through the staging ring (made on first use).
     pub(crate) fn upload_bytes(&self, dst: Destination<'_>, at: u64, data: &[u8]) -> Result<()> {
         self.upload_with(dst, at, data.len() as u64, SLOT_BYTES, &mut |range, out| {
-            out.copy_from_slice(&data[range.start as usize..range.end as usize])
+            out.copy_from_slice(&data[range.start as usize..range.end as usize]);
+            Ok(())
         })
     }
 

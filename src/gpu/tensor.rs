@@ -21,7 +21,7 @@ use crate::gpu::pipelines::X_WINDOW_BYTES;
 use crate::gpu::recording::Resource;
 use crate::quant::DType;
 use crate::rt::BoxFuture;
-use crate::tensor::TensorFactory;
+use crate::tensor::{ByteSource, TensorFactory, Window};
 
 /// Texels per row of a weight or KV texture, the core WebGPU 2D texture limit;
 /// `shared/weight_texture.wgsl` finds word i at texel (i/4 % 8192, i/4 / 8192).
@@ -326,6 +326,31 @@ impl TensorPart {
     }
 }
 
+/// `each(offset, bytes)` over `src` in slices of `slice` bytes (the last shorter), in order:
+/// borrowed where `src` is in memory, else read into one reused buffer; each released once
+/// `each` is done with it. The first error (a failed read, a failed write) ends it.
+fn for_each_slice(src: &dyn ByteSource, slice: usize, each: &mut dyn FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
+    let len = src.len_bytes();
+    let mut scratch = Vec::new();
+    let mut at = 0;
+    while at < len {
+        // At most a slice: fits in usize.
+        let take = (slice.max(1) as u64).min(len - at) as usize;
+        let bytes = match src.in_memory() {
+            Some(whole) => &whole[at as usize..at as usize + take],
+            None => {
+                scratch.resize(take, 0);
+                src.read_into(at, &mut scratch)?;
+                &scratch[..]
+            }
+        };
+        each(at, bytes)?;
+        src.release(at..at + take as u64);
+        at += take as u64;
+    }
+    Ok(())
+}
+
 /// The wgpu-backed [`TensorFactory`].
 #[derive(Clone, Debug)]
 pub struct GpuTensorFactory {
@@ -387,7 +412,7 @@ impl GpuTensorFactory {
         Ok((probe.num_rows(), row_bytes, (cap / row_bytes).max(1)))
     }
 
-    fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&[u8]>, kind: Kind) -> Result<GpuTensor> {
+    fn create(&self, shape: &[usize], dtype: DType, bytes: Option<&dyn ByteSource>, kind: Kind) -> Result<GpuTensor> {
         let texture = match kind {
             Kind::Texture => Some(wgpu::TextureFormat::Rgba32Uint),
             Kind::KvTexture(format) => Some(format),
@@ -410,22 +435,23 @@ impl GpuTensorFactory {
             texture
         };
         if let Some(bytes) = bytes
-            && bytes.len() != num_rows * row_bytes
+            && bytes.len_bytes() != (num_rows * row_bytes) as u64
         {
             return Err(WeftError::shape(
                 "upload",
                 format!(
                     "a {dtype} tensor of shape {shape:?} takes {} bytes, got {}",
                     num_rows * row_bytes,
-                    bytes.len()
+                    bytes.len_bytes()
                 ),
             ));
         }
         let mut parts = Vec::new();
         for first in (0..num_rows).step_by(rows_per_part) {
             let rows = first..(first + rows_per_part).min(num_rows);
-            let src = bytes.map(|b| &b[rows.start * row_bytes..rows.end * row_bytes]);
             let len = (rows.len() * row_bytes) as u64;
+            let window = bytes.map(|source| Window { source, start: (rows.start * row_bytes) as u64, len });
+            let src = window.as_ref().map(|w| w as &dyn ByteSource);
             let storage = match (texture, interleave) {
                 (Some(format), Some(unit)) => {
                     let len = (rows.len().div_ceil(INTERLEAVE) * INTERLEAVE * row_bytes) as u64;
@@ -467,7 +493,7 @@ impl GpuTensorFactory {
     fn texture(
         &self,
         len: u64,
-        src: Option<&[u8]>,
+        src: Option<&dyn ByteSource>,
         grouped: Option<(usize, usize)>,
         format: wgpu::TextureFormat,
     ) -> Result<PartStorage> {
@@ -490,63 +516,122 @@ impl GpuTensorFactory {
         });
         match (src, grouped) {
             (Some(src), Some((weight_row, unit))) => self.write_grouped(&texture, src, weight_row, unit)?,
-            (Some(src), None) => self.write_texture_bytes(&texture, 0, src)?,
+            (Some(src), None) => self.write_texture_source(&texture, src)?,
             (None, _) => {}
         }
         let view = texture.create_view(&Default::default());
         Ok(PartStorage::Texture(texture, view))
     }
 
-    /// `src` into a new buffer: natively through the staging ring; in the browser through the
-    /// queue, straight from WebAssembly memory into the browser's staging. (Not a mapping at
-    /// creation: wgpu's web backend copies a written mapping whole into WebAssembly memory
-    /// first, which doubled the heap's peak by the largest tensor while a model loaded.)
-    fn fill_buffer(&self, buffer: &wgpu::Buffer, src: &[u8]) -> Result<()> {
+    /// `src` into a new buffer, a slice of [`GpuOptions::upload_slice_bytes`](super::GpuOptions)
+    /// at a time at increasing offsets, so the host never holds more of it than a slice:
+    /// natively through the staging ring; in the browser through the queue, each slice read
+    /// into one reused buffer of WebAssembly memory and copied from there into the browser's
+    /// staging. (Not a mapping at creation: wgpu's web backend copies a written mapping whole
+    /// into WebAssembly memory first, which doubled the heap's peak by the largest tensor while
+    /// a model loaded.)
+    fn fill_buffer(&self, buffer: &wgpu::Buffer, src: &dyn ByteSource) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.ctx.upload_bytes(super::staging::Destination::Buffer(buffer), 0, src)?;
+        self.upload_source(super::staging::Destination::Buffer(buffer), src)?;
         #[cfg(target_arch = "wasm32")]
-        {
-            // Queue writes move whole 4-byte words; the buffer is sized up to one.
-            let whole = src.len() - src.len() % 4;
+        for_each_slice(src, self.ctx.upload_slice_bytes as usize, &mut |at, bytes| {
+            // Queue writes move whole 4-byte words (slices are whole words but the last); the
+            // buffer is sized up to one.
+            let whole = bytes.len() - bytes.len() % 4;
             if whole > 0 {
-                self.ctx.queue.write_buffer(buffer, 0, &src[..whole]);
+                self.ctx.queue.write_buffer(buffer, at, &bytes[..whole]);
             }
-            if whole < src.len() {
+            if whole < bytes.len() {
                 let mut last = [0u8; 4];
-                last[..src.len() - whole].copy_from_slice(&src[whole..]);
-                self.ctx.queue.write_buffer(buffer, whole as u64, &last);
+                last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                self.ctx.queue.write_buffer(buffer, at + whole as u64, &last);
             }
-            self.ctx.staged_upload(src.len() as u64)?;
-        }
+            self.ctx.staged_upload(bytes.len() as u64)
+        })?;
         Ok(())
     }
 
+    /// `src` into `texture` from its start, in order, a slice at a time (see
+    /// [`fill_buffer`](Self::fill_buffer)).
+    fn write_texture_source(&self, texture: &wgpu::Texture, src: &dyn ByteSource) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.upload_source(super::staging::Destination::Texture(texture), src);
+        #[cfg(target_arch = "wasm32")]
+        for_each_slice(src, self.ctx.upload_slice_bytes as usize, &mut |at, bytes| {
+            self.write_texture_bytes(texture, at, bytes)
+        })
+    }
+
+    /// `src` into `dst` from its start through the staging ring, in pieces of a slice: each
+    /// piece copied straight into staging memory where the source is in memory (a mapped file),
+    /// else read into one reused buffer first; then released (a mapped file's pages dropped).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn upload_source(&self, dst: super::staging::Destination<'_>, src: &dyn ByteSource) -> Result<()> {
+        let piece = self.ctx.upload_slice_bytes.min(super::staging::SLOT_BYTES);
+        let mut scratch = Vec::new();
+        self.ctx.upload_with(dst, 0, src.len_bytes(), piece, &mut |range, out| {
+            match src.in_memory() {
+                Some(whole) => out.copy_from_slice(&whole[range.start as usize..range.end as usize]),
+                None => {
+                    // At most a slice: fits in usize.
+                    scratch.resize((range.end - range.start) as usize, 0);
+                    src.read_into(range.start, &mut scratch)?;
+                    out.copy_from_slice(&scratch);
+                }
+            }
+            src.release(range);
+            Ok(())
+        })
+    }
+
     /// Whole rows `src` (`row_bytes` each) into `texture` in groups of [`INTERLEAVE`] rows
-    /// ([`interleave_rows`]), a few groups at a time so that a large tensor is never on the host
-    /// twice: natively straight into the staging ring's memory.
-    fn write_grouped(&self, texture: &wgpu::Texture, src: &[u8], row_bytes: usize, unit: usize) -> Result<()> {
+    /// ([`interleave_rows`]), as many whole groups at a time as a slice holds (at least one), so
+    /// that a large tensor is never on the host twice, nor whole: natively straight into the
+    /// staging ring's memory.
+    fn write_grouped(
+        &self,
+        texture: &wgpu::Texture,
+        src: &dyn ByteSource,
+        row_bytes: usize,
+        unit: usize,
+    ) -> Result<()> {
         let group_bytes = INTERLEAVE * row_bytes;
+        let slice = self.ctx.upload_slice_bytes as usize;
         #[cfg(not(target_arch = "wasm32"))]
         if group_bytes as u64 <= super::staging::SLOT_BYTES {
             // Output group g holds source rows 16g..16g + 16: the same byte range, interleaved.
-            let piece = (super::staging::SLOT_BYTES / group_bytes as u64) * group_bytes as u64;
-            let len = src.len().div_ceil(group_bytes) * group_bytes;
+            let groups = (slice.min(super::staging::SLOT_BYTES as usize) / group_bytes).max(1);
+            let piece = (groups * group_bytes) as u64;
+            let src_len = src.len_bytes();
+            let len = src_len.div_ceil(group_bytes as u64) * group_bytes as u64;
+            let mut scratch = Vec::new();
             return self.ctx.upload_with(
                 super::staging::Destination::Texture(texture),
                 0,
-                len as u64,
+                len,
                 piece,
                 &mut |range, out| {
-                    let rows = &src[range.start as usize..(range.end as usize).min(src.len())];
-                    interleave_rows_into(rows, row_bytes, unit, out);
+                    // The last group's rows end before its padding.
+                    let rows = range.start..range.end.min(src_len);
+                    let bytes = match src.in_memory() {
+                        Some(whole) => &whole[rows.start as usize..rows.end as usize],
+                        None => {
+                            // At most a piece: fits in usize.
+                            scratch.resize((rows.end - rows.start) as usize, 0);
+                            src.read_into(rows.start, &mut scratch)?;
+                            &scratch[..]
+                        }
+                    };
+                    interleave_rows_into(bytes, row_bytes, unit, out);
+                    src.release(rows);
+                    Ok(())
                 },
             );
         }
-        let chunk = (UPLOAD_CHUNK_BYTES / group_bytes).max(1) * group_bytes;
-        for (i, rows) in src.chunks(chunk).enumerate() {
-            self.write_texture_bytes(texture, (i * chunk) as u64, &interleave_rows(rows, row_bytes, unit))?;
-        }
-        Ok(())
+        let chunk = (slice.min(UPLOAD_CHUNK_BYTES) / group_bytes).max(1) * group_bytes;
+        for_each_slice(src, chunk, &mut |at, rows| {
+            self.write_texture_bytes(texture, at, &interleave_rows(rows, row_bytes, unit))
+        })
     }
 
     /// `data` into `texture` from byte `at` on (a whole texel), through the staging ring.
@@ -619,7 +704,7 @@ impl GpuTensorFactory {
             Kind::Buffer
         };
         let bytes = values.map(|v| crate::quant::quantize(dtype, v)).transpose()?;
-        let tensor = self.create(shape, dtype, bytes.as_deref(), kind)?;
+        let tensor = self.create(shape, dtype, bytes.as_deref().as_ref().map(|b| b as &dyn ByteSource), kind)?;
         if tensor.parts().len() > 1 {
             return Err(WeftError::Unsupported(format!(
                 "a KV cache layer of shape {shape:?} does not fit one binding of this device; use less KV memory"
@@ -630,7 +715,8 @@ impl GpuTensorFactory {
 
     /// [`TensorFactory::activations`] holding `values`.
     pub fn upload_activations(&self, shape: &[usize], values: &[f32]) -> Result<GpuTensor> {
-        self.create(shape, DType::F32, Some(bytemuck::cast_slice(values)), Kind::Activations)
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        self.create(shape, DType::F32, Some(&bytes), Kind::Activations)
     }
 }
 
@@ -648,10 +734,14 @@ enum Kind {
 
 impl TensorFactory for GpuTensorFactory {
     fn upload(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
-        self.create(shape, dtype, Some(bytes), Kind::Buffer)
+        self.create(shape, dtype, Some(&bytes), Kind::Buffer)
     }
 
     fn upload_weight(&self, shape: &[usize], dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
+        self.upload_weight_from(shape, dtype, &bytes)
+    }
+
+    fn upload_weight_from(&self, shape: &[usize], dtype: DType, bytes: &dyn ByteSource) -> Result<GpuTensor> {
         let kind = if self.ctx.reads_textures() && dtype != DType::U32 { Kind::Texture } else { Kind::Buffer };
         self.create(shape, dtype, Some(bytes), kind)
     }

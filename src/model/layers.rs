@@ -33,7 +33,9 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::lora::LoraModule;
 use crate::model::config::{ExpertGate, ModelConfig, MoeConfig, Routing, SsmConfig};
 use crate::model::lora_pool::LoraStep;
-use crate::model::weights::{Checkpoint, HostTensor, Loader, upload_experts, upload_matrix};
+use crate::model::weights::{
+    Alternating, Checkpoint, HostTensor, Loader, SourcedTensor, upload_experts, upload_matrix,
+};
 use crate::tensor::TensorFactory;
 
 /// `y = x · Wᵀ (+ b)`, where W is one matrix or several whose outputs sit side by side in y's
@@ -754,9 +756,9 @@ fn stacked_experts<'w>(
     Ok(HostExperts {
         router,
         router_bias: None,
-        gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up },
+        gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], ..gate_up }.into(),
         gate_up_bias: None,
-        down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+        down: HostTensor { shape: vec![experts * hidden, ff], ..down }.into(),
         down_bias: None,
     })
 }
@@ -765,9 +767,9 @@ fn stacked_experts<'w>(
 struct HostExperts<'a> {
     router: String,
     router_bias: Option<String>,
-    gate_up: HostTensor<'a>,        // (experts · 2 · ff, hidden)
+    gate_up: SourcedTensor<'a>,     // (experts · 2 · ff, hidden)
     gate_up_bias: Option<Vec<f32>>, // (experts · 2 · ff)
-    down: HostTensor<'a>,           // (experts · hidden, ff)
+    down: SourcedTensor<'a>,        // (experts · hidden, ff)
     down_bias: Option<Vec<f32>>,    // (experts · hidden)
 }
 
@@ -835,7 +837,7 @@ impl MoeMlp {
         // experts stacked (the per-expert form is what its save_pretrained writes).
         let stacked_hf = match (w.source.checkpoint(), hf) {
             (Checkpoint::HuggingFace, HfExperts::PerExpert(prefix)) => {
-                w.source.get(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
+                w.source.get_source(&format!("{prefix}.experts.gate_up_proj"))?.is_some()
             }
             _ => false,
         };
@@ -845,20 +847,20 @@ impl MoeMlp {
                 let bias_name = |part: &str| format!("blk.{layer}.{part}.bias");
                 let optional = |part: &str, len: usize| -> Result<Option<Vec<f32>>> {
                     let name = bias_name(part);
-                    if w.source.get(&name)?.is_none() {
+                    if w.source.get_source(&name)?.is_none() {
                         return Ok(None);
                     }
                     w.named_values(&name, len).map(Some)
                 };
-                let (gate_up, gate_up_bias) = if w.source.get(&name("ffn_gate_up_exps"))?.is_some() {
+                let (gate_up, gate_up_bias) = if w.source.get_source(&name("ffn_gate_up_exps"))?.is_some() {
                     // The converter's --fuse-gate-up-exps: already each expert's gate rows,
                     // then its up rows.
-                    let fused = w.named_host(&name("ffn_gate_up_exps"), &[experts, 2 * ff, hidden])?;
-                    let gate_up = HostTensor { shape: vec![experts * 2 * ff, hidden], ..fused };
+                    let fused = w.named_source(&name("ffn_gate_up_exps"), &[experts, 2 * ff, hidden])?;
+                    let gate_up = SourcedTensor { shape: vec![experts * 2 * ff, hidden], ..fused };
                     (gate_up, optional("ffn_gate_up_exps", experts * 2 * ff)?)
                 } else {
-                    let gate = w.named_host(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
-                    let up = w.named_host(&name("ffn_up_exps"), &[experts, ff, hidden])?;
+                    let gate = w.named_source(&name("ffn_gate_exps"), &[experts, ff, hidden])?;
+                    let up = w.named_source(&name("ffn_up_exps"), &[experts, ff, hidden])?;
                     if gate.dtype != up.dtype {
                         return Err(crate::error::WeftError::model(
                             file,
@@ -869,15 +871,11 @@ impl MoeMlp {
                             ),
                         ));
                     }
-                    // Each expert's gate rows, then its up rows.
-                    let half = gate.bytes.len() / experts;
-                    let gate_up: Vec<u8> = (0..experts)
-                        .flat_map(|e| [&gate.bytes[e * half..][..half], &up.bytes[e * half..][..half]])
-                        .flatten()
-                        .copied()
-                        .collect();
-                    let gate_up =
-                        HostTensor { shape: vec![experts * 2 * ff, hidden], dtype: gate.dtype, bytes: gate_up.into() };
+                    // Each expert's gate rows, then its up rows, read from the two tensors in turn.
+                    let half = gate.bytes.len_bytes() / experts as u64;
+                    let (shape, dtype) = (vec![experts * 2 * ff, hidden], gate.dtype);
+                    let bytes = Box::new(Alternating { parts: vec![gate.bytes, up.bytes], chunk_bytes: half });
+                    let gate_up = SourcedTensor { shape, dtype, bytes };
                     let gate_up_bias =
                         match (optional("ffn_gate_exps", experts * ff)?, optional("ffn_up_exps", experts * ff)?) {
                             (Some(g), Some(u)) => Some(
@@ -897,14 +895,14 @@ impl MoeMlp {
                         };
                     (gate_up, gate_up_bias)
                 };
-                let down = w.named_host(&name("ffn_down_exps"), &[experts, hidden, ff])?;
+                let down = w.named_source(&name("ffn_down_exps"), &[experts, hidden, ff])?;
                 let router_bias = bias_name("ffn_gate_inp");
                 HostExperts {
                     router: name("ffn_gate_inp"),
-                    router_bias: w.source.get(&router_bias)?.is_some().then_some(router_bias),
+                    router_bias: w.source.get_source(&router_bias)?.is_some().then_some(router_bias),
                     gate_up,
                     gate_up_bias,
-                    down: HostTensor { shape: vec![experts * hidden, ff], ..down },
+                    down: SourcedTensor { shape: vec![experts * hidden, ff], ..down },
                     down_bias: optional("ffn_down_exps", experts * hidden)?,
                 }
             }
@@ -948,9 +946,9 @@ impl MoeMlp {
                 HostExperts {
                     router: name("gate.weight"),
                     router_bias: None,
-                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() },
+                    gate_up: HostTensor { shape: vec![experts * 2 * ff, hidden], dtype, bytes: gate_up.into() }.into(),
                     gate_up_bias: None,
-                    down: HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() },
+                    down: HostTensor { shape: vec![experts * hidden, ff], dtype, bytes: down.into() }.into(),
                     down_bias: None,
                 }
             }
@@ -970,9 +968,9 @@ impl MoeMlp {
                     HostExperts {
                         router: name("router.weight"),
                         router_bias: Some(name("router.bias")),
-                        gate_up,
+                        gate_up: gate_up.into(),
                         gate_up_bias: Some(gate_up_bias),
-                        down,
+                        down: down.into(),
                         down_bias: Some(down_bias),
                     }
                 } else {
@@ -1004,17 +1002,17 @@ impl MoeMlp {
                     HostExperts {
                         router: name("router.weight"),
                         router_bias: Some(name("router.bias")),
-                        gate_up: f32_host(vec![experts * 2 * ff, hidden], gate_up),
+                        gate_up: f32_host(vec![experts * 2 * ff, hidden], gate_up).into(),
                         gate_up_bias: Some(gate_up_bias),
-                        down: f32_host(vec![experts * hidden, ff], down),
+                        down: f32_host(vec![experts * hidden, ff], down).into(),
                         down_bias: Some(down_bias),
                     }
                 }
             }
         };
-        let upload = |what: &str, t: &HostTensor<'_>, rows: usize, cols: usize| {
+        let upload = |what: &str, t: &SourcedTensor<'_>, rows: usize, cols: usize| {
             let name = format!("layer {layer}'s {what} experts");
-            upload_experts(file, &name, [rows, cols], t.dtype, &t.bytes, experts, w.factory)
+            upload_experts(file, &name, [rows, cols], t.dtype, &*t.bytes, experts, w.factory)
         };
         let shared = match (shape.shared_expert_size, w.source.checkpoint(), hf) {
             (0, ..) => None,
@@ -1094,7 +1092,7 @@ impl MoeMlp {
             _ => None,
         };
         let choice_bias = match choice_bias {
-            Some(name) if w.source.get(&name)?.is_some() => {
+            Some(name) if w.source.get_source(&name)?.is_some() => {
                 Some(w.factory.upload_f32(&[experts], &w.named_values(&name, experts)?)?)
             }
             _ => None,

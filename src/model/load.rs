@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use crate::error::{Result, WeftError};
 use crate::model::gguf::GgufFile;
-use crate::model::weights::{Checkpoint, HostTensor, WeightSource};
+use crate::model::weights::{Checkpoint, HostTensor, SourcedTensor, WeightSource};
 use crate::quant::DType;
 
 /// Weights read from a GGUF file.
@@ -26,6 +26,12 @@ impl WeightSource for GgufWeights<'_> {
         let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
         let dtype = info.dtype()?;
         Ok(Some(HostTensor { shape: info.shape(), dtype, bytes: self.gguf.tensor_bytes(info)? }))
+    }
+
+    fn get_source(&self, name: &str) -> Result<Option<SourcedTensor<'_>>> {
+        let Some(info) = self.gguf.tensor(name) else { return Ok(None) };
+        let dtype = info.dtype()?;
+        Ok(Some(SourcedTensor { shape: info.shape(), dtype, bytes: Box::new(self.gguf.tensor_source(info)?) }))
     }
 
     fn release_pages(&self) {

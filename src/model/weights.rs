@@ -12,7 +12,7 @@ use crate::error::{Result, WeftError};
 use crate::gpu::GpuTensor;
 use crate::model::layers::Linear;
 use crate::quant::DType;
-use crate::tensor::TensorFactory;
+use crate::tensor::{ByteSource, Joined, TensorFactory};
 
 /// Which naming and RoPE convention a checkpoint follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,6 +174,13 @@ impl WeightSource for Renamed<'_> {
         }
     }
 
+    fn get_source(&self, name: &str) -> Result<Option<SourcedTensor<'_>>> {
+        match (self.rename)(self.checkpoint(), name) {
+            Some(own) => self.source.get_source(&own),
+            None => self.source.get_source(name),
+        }
+    }
+
     fn get_u8(&self, name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
         match (self.rename)(self.checkpoint(), name) {
             Some(own) => self.source.get_u8(&own),
@@ -193,6 +200,68 @@ pub struct HostTensor<'a> {
     pub bytes: Cow<'a, [u8]>,
 }
 
+/// A tensor as a checkpoint holds it, its bytes read a slice at a time as they are uploaded
+/// ([`WeightSource::get_source`]).
+pub struct SourcedTensor<'a> {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub bytes: Box<dyn ByteSource + 'a>,
+}
+
+impl<'a> From<HostTensor<'a>> for SourcedTensor<'a> {
+    /// A tensor already read whole, as a source.
+    fn from(t: HostTensor<'a>) -> SourcedTensor<'a> {
+        SourcedTensor { shape: t.shape, dtype: t.dtype, bytes: Box::new(HeldBytes(t.bytes)) }
+    }
+}
+
+/// Sources read in turns of `chunk_bytes` each (the first chunk of every part, then the second
+/// of every part, …): a mixture's stacked gate and up experts read as each expert's gate rows
+/// then its up rows, a slice at a time.
+pub struct Alternating<'a> {
+    pub parts: Vec<Box<dyn ByteSource + 'a>>,
+    pub chunk_bytes: u64,
+}
+
+impl ByteSource for Alternating<'_> {
+    fn len_bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.len_bytes()).sum()
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let (chunk, turn) = (self.chunk_bytes.max(1), self.chunk_bytes.max(1) * self.parts.len() as u64);
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done as u64;
+            let within = at % turn;
+            let part = &self.parts[(within / chunk) as usize];
+            let from = at / turn * chunk + within % chunk;
+            // At most `out.len()` bytes: fits in usize.
+            let take = ((chunk - within % chunk) as usize).min(out.len() - done);
+            part.read_into(from, &mut out[done..done + take])?;
+            done += take;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a source has already read whole (the default [`WeightSource::get_source`]).
+struct HeldBytes<'a>(Cow<'a, [u8]>);
+
+impl ByteSource for HeldBytes<'_> {
+    fn len_bytes(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn in_memory(&self) -> Option<&[u8]> {
+        Some(&self.0)
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        (&self.0[..]).read_into(offset, out)
+    }
+}
+
 /// Where weights come from: a GGUF file or a safetensors directory.
 pub trait WeightSource {
     fn checkpoint(&self) -> Checkpoint;
@@ -200,6 +269,16 @@ pub trait WeightSource {
     fn file(&self) -> &str;
     /// The tensor called `name`, `None` if absent, in its own format.
     fn get(&self, name: &str) -> Result<Option<HostTensor<'_>>>;
+    /// The tensor called `name`, `None` if absent, in its own format, its bytes read a slice
+    /// at a time when uploaded: a file read through a reader is never whole in memory. By
+    /// default [`get`](Self::get)'s bytes, read whole.
+    fn get_source(&self, name: &str) -> Result<Option<SourcedTensor<'_>>> {
+        Ok(self.get(name)?.map(|t| SourcedTensor {
+            shape: t.shape,
+            dtype: t.dtype,
+            bytes: Box::new(HeldBytes(t.bytes)),
+        }))
+    }
     /// The shape and bytes of the U8 tensor called `name` (packed codes: a safetensors
     /// checkpoint's MXFP4 blocks and scales), `None` if absent or not U8.
     fn get_u8(&self, _name: &str) -> Result<Option<(Vec<usize>, &[u8])>> {
@@ -233,6 +312,23 @@ impl Loader<'_> {
         Ok(Some((name, t)))
     }
 
+    /// [`host_named`](Self::host_named), the bytes left in the file until uploaded.
+    fn sourced_named(&self, name: String, shape: &[usize]) -> Result<Option<(String, SourcedTensor<'_>)>> {
+        let Some(t) = self.source.get_source(&name)? else { return Ok(None) };
+        if t.shape != shape {
+            return Err(WeftError::model(
+                self.source.file(),
+                format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape),
+            ));
+        }
+        Ok(Some((name, t)))
+    }
+
+    /// A matrix read a slice at a time into its GPU tensor, then the file's pages dropped.
+    fn upload_sourced(&self, name: &str, t: &SourcedTensor<'_>) -> Result<GpuTensor> {
+        self.released(upload_matrix_from(self.source.file(), name, &t.shape, t.dtype, &*t.bytes, self.factory))
+    }
+
     fn required_host(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<(String, HostTensor<'_>)> {
         self.host(layer, part, shape)?.ok_or_else(|| {
             let name = tensor_name(self.source.checkpoint(), layer, part);
@@ -242,21 +338,22 @@ impl Loader<'_> {
 
     /// A weight matrix or embedding table, kept in the checkpoint's format.
     pub fn matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<GpuTensor> {
-        let (name, t) = self.required_host(layer, part, shape)?;
-        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
+        let name = tensor_name(self.source.checkpoint(), layer, part);
+        let (name, t) = self.sourced_named(name.clone(), shape)?.ok_or_else(|| self.missing(&name))?;
+        self.upload_sourced(&name, &t)
     }
 
     /// The tensor called `name`, a matrix of `shape` kept in the checkpoint's format (for
     /// architectures whose names are not the Llama family's).
     pub fn named_matrix(&self, name: &str, shape: &[usize]) -> Result<GpuTensor> {
-        let (name, t) = self.host_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
-        self.released(upload_matrix(self.source.file(), &name, &t, self.factory))
+        let (name, t) = self.sourced_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?;
+        self.upload_sourced(&name, &t)
     }
 
     /// The tensor called `name`, if present, as a matrix of `shape`.
     pub fn optional_named_matrix(&self, name: &str, shape: &[usize]) -> Result<Option<GpuTensor>> {
-        match self.host_named(name.to_string(), shape)? {
-            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
+        match self.sourced_named(name.to_string(), shape)? {
+            Some((name, t)) => self.upload_sourced(&name, &t).map(Some),
             None => Ok(None),
         }
     }
@@ -280,6 +377,12 @@ impl Loader<'_> {
     pub fn named_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.named_host(name, shape)?;
         float_values(self.source.file(), name, &t)
+    }
+
+    /// The tensor called `name`, which must have `shape`, its bytes left in the file until
+    /// uploaded.
+    pub(crate) fn named_source(&self, name: &str, shape: &[usize]) -> Result<SourcedTensor<'_>> {
+        Ok(self.sourced_named(name.to_string(), shape)?.ok_or_else(|| self.missing(name))?.1)
     }
 
     /// The host tensor called `name`, which must have `shape`.
@@ -312,8 +415,8 @@ impl Loader<'_> {
 
     /// A matrix that may be absent (an untied LM head).
     pub fn optional_matrix(&self, layer: Option<usize>, part: Part, shape: &[usize]) -> Result<Option<GpuTensor>> {
-        match self.host(layer, part, shape)? {
-            Some((name, t)) => self.released(upload_matrix(self.source.file(), &name, &t, self.factory)).map(Some),
+        match self.sourced_named(tensor_name(self.source.checkpoint(), layer, part), shape)? {
+            Some((name, t)) => self.upload_sourced(&name, &t).map(Some),
             None => Ok(None),
         }
     }
@@ -340,19 +443,20 @@ impl Loader<'_> {
         let file = self.source.file();
         let mut hosts = Vec::with_capacity(parts.len());
         for (name, rows) in parts {
-            hosts.push(self.host_named(name.clone(), &[*rows, cols])?.ok_or_else(|| self.missing(name))?);
+            hosts.push(self.sourced_named(name.clone(), &[*rows, cols])?.ok_or_else(|| self.missing(name))?);
         }
         let weights = if hosts.iter().all(|(_, t)| t.dtype == hosts[0].1.dtype) && hosts.len() > 1 {
+            // One matrix of their rows, read part after part a slice at a time (never joined
+            // in memory).
             let rows: usize = parts.iter().map(|(_, r)| r).sum();
-            let mut bytes = Vec::with_capacity(hosts.iter().map(|(_, t)| t.bytes.len()).sum());
-            for (_, t) in &hosts {
-                bytes.extend_from_slice(&t.bytes);
-            }
-            let fused = HostTensor { shape: vec![rows, cols], dtype: hosts[0].1.dtype, bytes: Cow::Owned(bytes) };
+            let fused = Joined(hosts.iter().map(|(_, t)| &*t.bytes).collect());
             let names: Vec<&str> = hosts.iter().map(|(n, _)| n.as_str()).collect();
-            vec![upload_matrix(file, &names.join("+"), &fused, self.factory)?]
+            vec![upload_matrix_from(file, &names.join("+"), &[rows, cols], hosts[0].1.dtype, &fused, self.factory)?]
         } else {
-            hosts.iter().map(|(name, t)| upload_matrix(file, name, t, self.factory)).collect::<Result<_>>()?
+            hosts
+                .iter()
+                .map(|(name, t)| upload_matrix_from(file, name, &t.shape, t.dtype, &*t.bytes, self.factory))
+                .collect::<Result<_>>()?
         };
         drop(hosts);
         self.source.release_pages();
@@ -381,12 +485,11 @@ pub fn upload_experts(
     name: &str,
     shape: [usize; 2],
     dtype: DType,
-    bytes: &[u8],
+    bytes: &dyn ByteSource,
     num_experts: usize,
     factory: &dyn TensorFactory,
 ) -> Result<GpuTensor> {
-    let whole = HostTensor { shape: shape.to_vec(), dtype, bytes: Cow::Borrowed(bytes) };
-    let tensor = upload_matrix(file, name, &whole, factory)?;
+    let tensor = upload_matrix_from(file, name, &shape, dtype, bytes, factory)?;
     let expert_rows = shape[0] / num_experts.max(1);
     if tensor
         .parts()
@@ -397,7 +500,7 @@ pub fn upload_experts(
     }
     let per_part = tensor.parts()[0].num_rows() / expert_rows;
     drop(tensor);
-    let expert_bytes = bytes.len() / num_experts;
+    let expert_bytes = bytes.len_bytes() / num_experts.max(1) as u64;
     if per_part == 0 {
         return Err(WeftError::model(
             file,
@@ -405,14 +508,18 @@ pub fn upload_experts(
         ));
     }
     let mut joined: Option<GpuTensor> = None;
-    for group in bytes.chunks(per_part * expert_bytes) {
-        let rows = group.len() / expert_bytes * expert_rows;
-        let host = HostTensor { shape: vec![rows, shape[1]], dtype, bytes: Cow::Borrowed(group) };
-        let part = upload_matrix(file, name, &host, factory)?;
+    let group_bytes = per_part as u64 * expert_bytes;
+    let mut start = 0;
+    while start < bytes.len_bytes() {
+        let len = group_bytes.min(bytes.len_bytes() - start);
+        let group = crate::tensor::Window { source: bytes, start, len };
+        let rows = (len / expert_bytes) as usize * expert_rows;
+        let part = upload_matrix_from(file, name, &[rows, shape[1]], dtype, &group, factory)?;
         joined = Some(match joined {
             None => part,
             Some(head) => head.then_rows(&part)?,
         });
+        start += len;
     }
     joined.ok_or_else(|| WeftError::model(file, format!("{name} holds no experts")))
 }
@@ -435,7 +542,20 @@ pub(crate) fn upload_matrix(
     t: &HostTensor<'_>,
     factory: &dyn TensorFactory,
 ) -> Result<GpuTensor> {
-    let cols = t.shape[t.shape.len() - 1];
+    let bytes: &[u8] = &t.bytes;
+    upload_matrix_from(file, name, &t.shape, t.dtype, &bytes, factory)
+}
+
+/// [`upload_matrix`] of bytes read a slice at a time as they are uploaded.
+pub(crate) fn upload_matrix_from(
+    file: &str,
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    bytes: &dyn ByteSource,
+    factory: &dyn TensorFactory,
+) -> Result<GpuTensor> {
+    let cols = shape[shape.len() - 1];
     if !cols.is_multiple_of(crate::quant::QK) {
         return Err(WeftError::model(
             file,
@@ -445,5 +565,5 @@ pub(crate) fn upload_matrix(
             ),
         ));
     }
-    factory.upload_weight(&t.shape, t.dtype, &t.bytes)
+    factory.upload_weight_from(shape, dtype, bytes)
 }

@@ -540,7 +540,7 @@ fn experts_split_over_bindings_give_the_same_bits() {
             "experts",
             [shape[0], shape[1]],
             DType::F32,
-            bytes,
+            &bytes,
             EXPERTS,
             tiny,
         )

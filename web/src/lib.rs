@@ -34,8 +34,8 @@ fn start() {
 }
 
 /// A model file that loading reads in slices, never whole in WebAssembly memory: the GGUF
-/// reader takes its header, metadata and tensor infos in windows of a MiB, then each tensor as
-/// it is uploaded (so the heap holds about the largest tensor at most).
+/// reader takes its header, metadata and tensor infos in windows of a MiB, then each weight 16
+/// MiB at a time as it is uploaded (so the heap holds a slice, whatever the largest tensor).
 #[wasm_bindgen]
 pub struct ModelFile {
     reader: Box<dyn ReadAt>,

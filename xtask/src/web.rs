@@ -356,7 +356,7 @@ pub fn test_web() -> Result {
 
 /// The model the bounded-loading case loads (web/e2e/run.mjs, "a model larger than WebAssembly
 /// memory holds"): random weights in Llama 3.2 1B's shape, Q4_1, 775 MB; with `WEFT_FULL=1`
-/// Llama 3.1 8B's, 4.5 GB, more than a wasm32 heap can hold at all. Written once (the same
+/// Llama 3.1 8B's, 5.0 GB (the browser test picks it as a file), more than a wasm32 heap can hold at all. Written once (the same
 /// command writes the same file).
 fn big_model(out_dir: &Path) -> Result<PathBuf> {
     let shape = if std::env::var("WEFT_FULL").as_deref() == Ok("1") { "llama-3.1-8b" } else { "llama-3.2-1b" };

@@ -118,7 +118,7 @@ impl BertModel {
             progress(i + 1, c.num_layers);
         }
         // Type 0's row of the token-type table (rows of `hidden`; BERT has 2).
-        let types_len = source.get("token_types.weight")?.map_or(hidden, |t| t.shape.iter().product());
+        let types_len = source.get_source("token_types.weight")?.map_or(hidden, |t| t.shape.iter().product());
         let types = w.named_values("token_types.weight", types_len)?;
         if types.len() < hidden {
             return Err(WeftError::model(source.file(), format!("tensor token_types.weight holds no row of {hidden}")));

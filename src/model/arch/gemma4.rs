@@ -157,7 +157,7 @@ impl Gemma4Model {
                 None => None,
             };
             let scalar = named(Some(i), "layer_output_scale.weight", "layer_scalar");
-            let scalar = if source.get(&scalar)?.is_some() { w.named_values(&scalar, 1)?[0] } else { 1.0 };
+            let scalar = if source.get_source(&scalar)?.is_some() { w.named_values(&scalar, 1)?[0] } else { 1.0 };
             layers.push(Layer {
                 attn_norm: norm(Part::AttnNorm)?,
                 attention: Attention {

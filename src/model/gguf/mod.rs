@@ -31,7 +31,7 @@ mod tests;
 mod types;
 mod writer;
 
-pub use reader::{GgufFile, ReadAt, WINDOW_BYTES};
+pub use reader::{GgufFile, ReadAt, TensorSource, WINDOW_BYTES};
 pub use types::{GgmlType, MetaValue, Metadata, TensorInfo, decoded_types};
 pub use writer::{GgufStream, GgufWriter, TensorDecl};
 

@@ -112,6 +112,12 @@ impl GgufFile {
         &self.name
     }
 
+    /// Where the data section starts, from the start of the file: tensor `t`'s data lies at
+    /// `data_offset() + t.offset`.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
@@ -151,6 +157,18 @@ impl GgufFile {
         Ok(Cow::Owned(data))
     }
 
+    /// The data of `info`, one of this file's `tensors`, as a source read a slice at a time
+    /// when uploaded (never whole in memory through a reader; a mapped file's pages dropped as
+    /// each slice is uploaded). An info whose data lies outside this file is an error naming the
+    /// tensor; so is a read that fails later.
+    pub fn tensor_source<'a>(&'a self, info: &'a TensorInfo) -> Result<TensorSource<'a>> {
+        let outside = || WeftError::model(&self.name, format!("tensor {} lies outside the file", shown(&info.name)));
+        let start = self.data_offset.checked_add(info.offset).ok_or_else(outside)?;
+        let end =
+            start.checked_add(info.size_bytes()).filter(|&end| end <= self.bytes.len_bytes()).ok_or_else(outside)?;
+        Ok(TensorSource { file: self, name: &info.name, start, len_bytes: end - start })
+    }
+
     /// Fails on the first tensor whose type weft cannot compute with, naming it and its type.
     pub fn check_tensor_types(&self) -> Result<()> {
         for info in &self.tensors {
@@ -174,6 +192,56 @@ impl fmt::Debug for GgufFile {
             .field("data_offset", &self.data_offset)
             .field("file_bytes", &self.bytes.len_bytes())
             .finish()
+    }
+}
+
+/// One tensor's data in its file, read a slice at a time ([`GgufFile::tensor_source`]).
+pub struct TensorSource<'a> {
+    file: &'a GgufFile,
+    name: &'a str,
+    /// Where the data starts, from the start of the file (inside it, with `len_bytes`).
+    start: u64,
+    len_bytes: u64,
+}
+
+impl crate::tensor::ByteSource for TensorSource<'_> {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    fn in_memory(&self) -> Option<&[u8]> {
+        // Inside the file, so inside a slice.
+        let whole = self.file.bytes.in_memory()?;
+        Some(&whole[self.start as usize..(self.start + self.len_bytes) as usize])
+    }
+
+    fn read_into(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let from = self.start + offset;
+        let to = from + out.len() as u64;
+        if offset + out.len() as u64 > self.len_bytes {
+            return Err(WeftError::model(
+                &self.file.name,
+                format!("bytes {from}..{to} lie past the end of tensor {}", shown(self.name)),
+            ));
+        }
+        self.file.bytes.read_at(from, out).map_err(|e| {
+            WeftError::model(
+                &self.file.name,
+                format!(
+                    "cannot read tensor {} (bytes {from}..{to} of its {}..{}): {e}",
+                    shown(self.name),
+                    self.start,
+                    self.start + self.len_bytes
+                ),
+            )
+        })
+    }
+
+    fn release(&self, range: std::ops::Range<u64>) {
+        if let FileBytes::Mapped(map) = &self.file.bytes {
+            // Inside the file, so inside the mapping.
+            map.release_range((self.start + range.start) as usize, (range.end - range.start) as usize);
+        }
     }
 }
 
