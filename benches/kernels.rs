@@ -343,7 +343,15 @@ fn moe_layer(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     };
     let upload = |name: &str, rows: usize, cols: usize| {
         let bytes = q4_0(rows, cols);
-        weft::model::weights::upload_experts("bench", name, [rows, cols], DType::Q4_0, &bytes, EXPERTS, factory)
+        weft::model::weights::upload_experts(
+            "bench",
+            name,
+            [rows, cols],
+            DType::Q4_0,
+            &bytes.as_slice(),
+            EXPERTS,
+            factory,
+        )
     };
     let gate_up = upload("gate_up", EXPERTS * 2 * FF, HIDDEN)?;
     let down = upload("down", EXPERTS * HIDDEN, FF)?;
@@ -359,7 +367,8 @@ fn moe_layer(ctx: &GpuContext, factory: &GpuTensorFactory) -> weft::Result<()> {
     for tokens in [1, 16, 128] {
         let rows = tokens * TOP_K;
         let logits: Vec<f32> = (0..tokens * EXPERTS).map(|i| ((i * 7919 + 13) % 1009) as f32 / 100.0).collect();
-        let (ids, _) = weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, Routing::Softmax { normalize: false }, None);
+        let (ids, _) =
+            weft::cpu::moe::moe_route(&logits, EXPERTS, TOP_K, Routing::Softmax { normalize: false }, None, None);
         let ids = factory.upload_u32(&[tokens, TOP_K], &ids)?;
         let x = factory.upload_f32(&[tokens, HIDDEN], &vec![0.5; tokens * HIDDEN])?;
         let act = factory.zeros(&[rows, FF], DType::F32)?;
