@@ -11,6 +11,8 @@
 // Workgroup: 64 invocations; one invocation decodes one 32-element block of one token's row
 // (w_block_at) and writes value = d · q + m exactly as quant::dequantize computes it.
 // Tokens whose id lies outside this part are left to the dispatch of the part that holds them.
+// An id at or past the table's rows reads row 0: a per-layer token table shorter than the
+// vocabulary (Gemma 3n's, whose last ids are multimodal placeholders), as transformers reads it.
 // Grid: (ceil(k / 32 / 64), num_tokens, 1). Requires k % 32 == 0.
 
 #include weight_source
@@ -24,6 +26,7 @@ struct Params {
     part_rows: u32,
     w_base: u32,
     scale: f32,
+    table_rows: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -35,7 +38,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = gid.x;
     let t = gid.y;
     let k = params.k;
-    let row = ids[t] - params.first_row; // wraps past part_rows when ids[t] < first_row
+    var id = ids[t];
+    if (id >= params.table_rows) {
+        id = 0u;
+    }
+    let row = id - params.first_row; // wraps past part_rows when id < first_row
     if (b * 32u >= k || row >= params.part_rows) {
         return;
     }

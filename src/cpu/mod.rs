@@ -35,9 +35,11 @@ pub fn lora_delta(x: &[f32], a: &[f32], b: &[f32], rank: usize, scale: f32) -> V
         .collect()
 }
 
-/// `out (ids.len(), k) = table[ids[t], :]`.
+/// `out (ids.len(), k) = table[ids[t], :]`, an id past the table reading row 0 (as the GPU does).
 pub fn embedding(table: &[f32], k: usize, ids: &[u32]) -> Vec<f32> {
-    ids.iter().flat_map(|&id| table[id as usize * k..(id as usize + 1) * k].iter().copied()).collect()
+    let rows = table.len() / k;
+    let row = |id: u32| if (id as usize) < rows { id as usize } else { 0 };
+    ids.iter().flat_map(|&id| table[row(id) * k..(row(id) + 1) * k].iter().copied()).collect()
 }
 
 /// `y = x / sqrt(mean(x²) + eps) * weight`, row by row over rows of length `weight.len()`.

@@ -1,6 +1,7 @@
 //! Embedding gather for every table format. Decoding is exact (see matmul.rs), so the GPU must
 //! equal `quant::dequantize` bit for bit: on encoded weights, and for the block formats on
-//! random but valid blocks (every bit pattern of codes and packed scales).
+//! random but valid blocks (every bit pattern of codes and packed scales). Ids past the table
+//! read its row 0, as transformers gathers Gemma 3n's per-layer table.
 
 use weft::DType;
 use weft::gpu::Recording;
@@ -19,7 +20,8 @@ fn check(dtype: DType) {
             let vocab = 300;
             let (bytes, table) =
                 if raw { random_blocks(dtype, vocab * k, k as u64) } else { weights(dtype, vocab * k, k as u64) };
-            let ids: Vec<u32> = vec![0, 299, 7, 7, 150, 1];
+            // 300 and 1000 lie past the table: they read row 0.
+            let ids: Vec<u32> = vec![0, 299, 7, 7, 150, 1, 300, 1000];
             let tt = setup.weights(f, &[vocab, k], dtype, &bytes);
             let it = f.upload_u32(&[ids.len()], &ids).unwrap();
             let out = f.zeros(&[ids.len(), k], DType::F32).unwrap();

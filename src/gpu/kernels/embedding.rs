@@ -14,11 +14,13 @@ shader_params!(Params {
     first_row: u32,
     part_rows: u32,
     w_base: u32,
-    scale: f32
+    scale: f32,
+    table_rows: u32
 });
 
 /// Record `out[t] = table[ids[t]]`: table (rows, k) in any weight format with k a multiple of
-/// 32, ids (num_tokens) U32, out (num_tokens, k) F32.
+/// 32, ids (num_tokens) U32, out (num_tokens, k) F32. An id at or past the table's rows reads
+/// row 0 (as transformers gathers Gemma 3n's per-layer table, shorter than the vocabulary).
 pub fn embedding(
     ctx: &GpuContext,
     rec: &mut Recording,
@@ -68,6 +70,7 @@ pub fn embedding_scaled(
             part_rows: u32_of(OP, "rows", part.num_rows())?,
             w_base: u32_of(OP, "table offset", part.base_bytes(table.row_bytes())? as usize)?,
             scale,
+            table_rows: u32_of(OP, "table rows", table.shape()[0])?,
         };
         let grid = [(k / 32).div_ceil(64) as u32, params.num_tokens, 1];
         let resources = vec![ids_res.clone(), part.resource(ctx)?, out_res.clone()];
