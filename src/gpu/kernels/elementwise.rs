@@ -174,12 +174,14 @@ fn gated(
     expect(op, "out", out, DType::F32, &[None, None])?;
     let (rows, cols) = (out.shape()[0], out.shape()[1]);
     expect(op, "gate_up", gate_up, DType::F32, &[Some(rows), Some(2 * cols)])?;
+    let cols32 = u32_of(op, "cols", cols)?;
     let params = GateMulParams {
         len: u32_of(op, "len", rows * cols)?,
-        cols: u32_of(op, "cols", cols)?,
+        cols: cols32,
         src_stride: u32_of(op, "gate_up columns", 2 * cols)?,
         gate_col: 0,
-        up_col: u32_of(op, "cols", cols)?,
+        // The up projection sits right after the gate's columns.
+        up_col: cols32,
         act: act as u32,
         gate_in_out: 0,
     };
