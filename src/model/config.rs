@@ -624,7 +624,8 @@ fn gpt_oss_swa_pattern(gguf: &GgufFile) -> Result<usize> {
     Ok(GPT_OSS_PATTERN)
 }
 
-fn missing(file: &str, key: &str) -> WeftError {
+/// The error for a config key (GGUF metadata or config.json) that is absent or of the wrong type.
+pub(crate) fn missing(file: &str, key: &str) -> WeftError {
     WeftError::model(file, format!("missing or malformed metadata {key}"))
 }
 

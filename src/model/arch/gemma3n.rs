@@ -48,7 +48,7 @@ use crate::gpu::{GpuContext, GpuTensor, Recording};
 use crate::model::arch::Architecture;
 use crate::model::arch::per_layer::{PerLayerBranch, PerLayerInputs, own_name};
 use crate::model::arch::qwen35::language_model_name;
-use crate::model::config::{Gemma3nConfig, Gemma4Config, ModelConfig, gemma4_kv_sources};
+use crate::model::config::{Gemma3nConfig, Gemma4Config, ModelConfig, gemma4_kv_sources, missing};
 use crate::model::gguf::GgufFile;
 use crate::model::kv_pool::KvPool;
 use crate::model::layers::{Activations, Gate, Linear, Mlp, StepInputs};
@@ -104,10 +104,6 @@ fn torch_normal_icdf(p: f32) -> f32 {
     let t = 2.0 * p - 1.0;
     let erfinv = (normal_icdf((1.0 + f64::from(t)) / 2.0) / std::f64::consts::SQRT_2) as f32;
     erfinv * std::f32::consts::SQRT_2
-}
-
-fn missing(file: &str, key: &str) -> WeftError {
-    WeftError::model(file, format!("missing or malformed metadata {key}"))
 }
 
 /// The shape both readers find, made into a `ModelConfig` and checked.
